@@ -1,0 +1,203 @@
+"""The ``shardbench`` command line: parse, validate, then call into the harness.
+
+Subcommands: ``run`` (a suite or an ad-hoc cross product of cells), ``list`` (workloads with
+presets and parameter counts, strategies, suites), ``env`` (what this machine offers). Every
+argument is validated before anything is started or written: a mistake is one line on stderr
+naming what is allowed, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from bench.config import DEVICES, PRECISIONS, SuiteSpec, load_suite, override, suite_names
+
+DEFAULT_RUNS_DIR = Path("results/runs")
+
+
+class UsageError(ValueError):
+    """A user mistake: reported in one line with exit code 2."""
+
+
+def _csv(kind: type) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        try:
+            return tuple(kind(t) for t in items)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {kind.__name__}s, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="shardbench",
+        description="Memory and throughput benchmarks for distributed PyTorch training strategies.",
+    )
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a suite (default: smoke) or the cells given by flags")
+    run.add_argument(
+        "--suite", default="smoke", help=f"suite name ({', '.join(suite_names())}) or a .toml path"
+    )
+    run.add_argument("--workload", type=_csv(str), help="comma-separated workloads")
+    run.add_argument("--strategy", type=_csv(str), help="comma-separated strategies")
+    run.add_argument("--world-size", type=_csv(int), help="comma-separated world sizes")
+    run.add_argument("--preset", type=_csv(str), help="comma-separated size presets")
+    run.add_argument("--precision", type=_csv(str), help="fp32 and/or bf16")
+    run.add_argument("--batch-size", type=_csv(int), help="per-rank batch size(s)")
+    run.add_argument("--steps", type=int, help="measured steps per cell")
+    run.add_argument("--warmup", type=int, help="unmeasured warm-up steps per cell")
+    run.add_argument("--device", choices=DEVICES, help="cpu or cuda (default: the suite's)")
+    run.add_argument("--timeout", type=float, help="seconds per cell before it is recorded as timeout")
+    run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
+    lst = sub.add_parser("list", help="workloads (presets, parameter counts), strategies, suites")
+    lst.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("env", help="versions and devices of this machine")
+    return ap
+
+
+def resolve_suite(args: argparse.Namespace) -> SuiteSpec:
+    """The suite with command-line overrides applied, fully validated (raises UsageError)."""
+    from bench.strategies.registry import canonical_name, get_strategy
+    from models.registry import get_workload
+
+    try:
+        spec = load_suite(args.suite)
+        spec = override(
+            spec,
+            workloads=args.workload,
+            strategies=args.strategy,
+            world_sizes=args.world_size,
+            presets=args.preset,
+            precisions=args.precision,
+            batch_sizes=args.batch_size,
+            steps=args.steps,
+            warmup=args.warmup,
+            device=args.device,
+            timeout_s=args.timeout,
+        )
+        spec = replace(spec, strategies=tuple(canonical_name(s) for s in spec.strategies))
+        for w in spec.workloads:
+            workload = get_workload(w)
+            for p in spec.presets:
+                workload.check_preset(p)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for n in spec.world_sizes:
+        if n < 1:
+            raise UsageError(f"world size must be >= 1, got {n}")
+    for pr in spec.precisions:
+        if pr not in PRECISIONS:
+            raise UsageError(f"unknown precision {pr!r}; allowed: {', '.join(PRECISIONS)}")
+    for b in spec.batch_sizes:
+        if b < 1:
+            raise UsageError(f"batch size must be >= 1, got {b}")
+    if spec.steps < 1 or spec.warmup < 0:
+        raise UsageError(f"steps must be >= 1 and warmup >= 0, got steps={spec.steps} warmup={spec.warmup}")
+    if spec.device not in DEVICES:
+        raise UsageError(f"unknown device {spec.device!r}; allowed: {', '.join(DEVICES)}")
+    if spec.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda requested but CUDA is not available here; use --device cpu")
+    for s in spec.strategies:
+        for n in spec.world_sizes:
+            try:
+                get_strategy(s).plan_world(n, spec.device)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+    return spec
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = resolve_suite(args)
+    from bench.runner import run_cells
+
+    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{spec.name}"
+    out = args.out or DEFAULT_RUNS_DIR / run_id
+    records, table = run_cells(spec.cells(), out_dir=out, run_id=run_id)
+    print(table)
+    ok = sum(r.status == "ok" for r in records)
+    print(f"{len(records)} cells, {ok} ok; records: {out / 'records.jsonl'}")
+    return 0 if all(r.status == "ok" for r in records) else 1
+
+
+def listing() -> dict:
+    from bench.strategies.registry import strategy_classes
+    from models.registry import get_workload, workload_names
+
+    workloads = {}
+    for name in workload_names():
+        w = get_workload(name)
+        workloads[name] = {"presets": {p: {"params": w.param_count(p)} for p in w.presets}}
+    strategies = {
+        c.name: {
+            "aliases": list(c.aliases),
+            "description": c.description,
+            "shards_optimizer_state": c.shards_optimizer_state,
+            "shards_gradients": c.shards_gradients,
+            "shards_parameters": c.shards_parameters,
+            "simulatable": c.simulatable,
+        }
+        for c in strategy_classes()
+    }
+    suites = {n: load_suite(n).description for n in suite_names()}
+    return {"workloads": workloads, "strategies": strategies, "suites": suites}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    data = listing()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print("workloads:")
+    for name, w in data["workloads"].items():
+        presets = ", ".join(f"{p} ({v['params'] / 1e6:.1f}M)" for p, v in w["presets"].items())
+        print(f"  {name}: {presets}")
+    print("strategies:")
+    for name, s in data["strategies"].items():
+        alias = f" (alias: {', '.join(s['aliases'])})" if s["aliases"] else ""
+        print(f"  {name}{alias}: {s['description']}")
+    print("suites:")
+    for name, desc in data["suites"].items():
+        print(f"  {name}: {desc}")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    import torch
+
+    from bench.records import capture_env
+
+    env = capture_env("cuda" if torch.cuda.is_available() else "cpu")
+    env["cuda_available"] = torch.cuda.is_available()
+    env["gloo_available"] = torch.distributed.is_gloo_available()
+    env["nccl_available"] = torch.distributed.is_nccl_available()
+    print(json.dumps(env, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"run": cmd_run, "list": cmd_list, "env": cmd_env}[args.command]
+    try:
+        return handler(args)
+    except UsageError as e:
+        print(f"shardbench {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

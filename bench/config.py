@@ -1,0 +1,149 @@
+"""Run configuration: frozen dataclasses and suite loading.
+
+A *cell* is one measured combination (workload x preset x strategy x world size x precision x
+batch). A *suite* is a TOML file in ``bench/suites/`` whose lists expand, by cross product, into
+cells. Command-line flags override a suite's lists. Everything is validated here, before any
+process starts or any file is written, so bad input fails fast with a message naming what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+SUITES_DIR = Path(__file__).parent / "suites"
+PRECISIONS = ("fp32", "bf16")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class CellConfig:
+    """One measured cell; serialised to JSON to hand to each rank's worker."""
+
+    workload: str
+    preset: str
+    strategy: str
+    world_size: int
+    precision: str = "fp32"
+    batch_size: int = 8  # per rank
+    steps: int = 5  # measured (timed) steps
+    warmup: int = 2
+    device: str = "cpu"
+    seed: int = 0
+    timeout_s: float = 600.0
+    suite: str = "adhoc"
+    #: dropout off: identical updates across world sizes (parity tests, not benchmarks).
+    dropout: bool = True
+    #: fail this rank on purpose (tests of failure handling): "raise" or "hang"; None in real runs.
+    inject_failure: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> CellConfig:
+        return CellConfig(**d)
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """A suite: lists that expand into cells, plus shared settings."""
+
+    name: str
+    description: str = ""
+    workloads: tuple[str, ...] = ("transformer",)
+    strategies: tuple[str, ...] = ("ddp",)
+    world_sizes: tuple[int, ...] = (2,)
+    presets: tuple[str, ...] = ("tiny",)
+    precisions: tuple[str, ...] = ("fp32",)
+    batch_sizes: tuple[int, ...] = (8,)
+    steps: int = 5
+    warmup: int = 2
+    device: str = "cpu"
+    timeout_s: float = 600.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def cells(self) -> list[CellConfig]:
+        return [
+            CellConfig(
+                workload=w,
+                preset=p,
+                strategy=s,
+                world_size=n,
+                precision=pr,
+                batch_size=b,
+                steps=self.steps,
+                warmup=self.warmup,
+                device=self.device,
+                timeout_s=self.timeout_s,
+                suite=self.name,
+            )
+            for w, p, s, n, pr, b in itertools.product(
+                self.workloads,
+                self.presets,
+                self.strategies,
+                self.world_sizes,
+                self.precisions,
+                self.batch_sizes,
+            )
+        ]
+
+
+_LIST_KEYS = {
+    "workloads": str,
+    "strategies": str,
+    "world_sizes": int,
+    "presets": str,
+    "precisions": str,
+    "batch_sizes": int,
+}
+_SCALAR_KEYS = {"description": str, "steps": int, "warmup": int, "device": str, "timeout_s": float}
+
+
+def suite_names() -> list[str]:
+    return sorted(p.stem for p in SUITES_DIR.glob("*.toml"))
+
+
+def load_suite(name_or_path: str) -> SuiteSpec:
+    """Load a suite by name (``bench/suites/<name>.toml``) or by path to a TOML file."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = SUITES_DIR / f"{name_or_path}.toml"
+        if not path.exists():
+            raise ValueError(
+                f"unknown suite {name_or_path!r}; allowed: {', '.join(suite_names())} "
+                "or a path to a .toml file"
+            )
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"cannot read suite file {str(path)!r}: {e}") from None
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _LIST_KEYS:
+            values = value if isinstance(value, list) else [value]
+            if not values or not all(isinstance(v, _LIST_KEYS[key]) for v in values):
+                raise ValueError(
+                    f"suite {str(path)!r}: {key!r} must be a non-empty list of {_LIST_KEYS[key].__name__}"
+                )
+            kwargs[key] = tuple(values)
+        elif key in _SCALAR_KEYS:
+            typ = _SCALAR_KEYS[key]
+            if typ is float and isinstance(value, int):
+                value = float(value)
+            if not isinstance(value, typ):
+                raise ValueError(f"suite {str(path)!r}: {key!r} must be {typ.__name__}")
+            kwargs[key] = value
+        else:
+            allowed = ", ".join([*_LIST_KEYS, *_SCALAR_KEYS])
+            raise ValueError(f"suite {str(path)!r}: unknown key {key!r}; allowed: {allowed}")
+    return SuiteSpec(name=path.stem, **kwargs)
+
+
+def override(spec: SuiteSpec, **changes: Any) -> SuiteSpec:
+    """Apply command-line overrides (None means keep the suite's value)."""
+    return replace(spec, **{k: v for k, v in changes.items() if v is not None})

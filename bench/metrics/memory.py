@@ -1,0 +1,123 @@
+"""Per-rank peak memory, by category, on CPU and CUDA.
+
+CPU has no allocator counter, and RSS mixes in the interpreter, libraries and allocator caches,
+so on every device we track *tensor* memory with PyTorch's ``MemTracker`` (a dispatch mode that
+follows each tensor storage and types it as parameter, buffer, gradient, activation, temporary or
+optimizer state). Its peak snapshot is the breakdown at the moment total tracked memory peaked.
+On CUDA we also read the allocator's ``max_memory_allocated`` / ``max_memory_reserved`` and the
+retry and OOM counters, which include what the tracker cannot see (workspace, fragmentation).
+
+Model state created before tracking starts (parameters, gradients, optimizer state, buckets) is
+registered with ``track_external``; that is why the default train step clears gradients at the
+*start* of a step: between steps they still exist and are seen as gradients, which is also what
+attributes DDP's gradient buckets (with ``gradient_as_bucket_view`` the gradients are views of
+them) to gradients rather than activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
+
+# MemTracker's reference types -> our categories.
+_CATEGORY_OF = {
+    "Parameter": "params",
+    "Gradient": "grads",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Temp": "activations",  # autograd temporaries (gradients of activations) count as activations
+    "Buffer": "other",
+    "Other": "other",
+}
+
+
+def _mem_tracker_class() -> type:
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError as e:  # private API: fail with a clear message, not a deep traceback
+        raise RuntimeError(
+            f"this torch ({torch.__version__}) lacks torch.distributed._tools.mem_tracker.MemTracker, "
+            "which shardbench needs to measure tensor memory by category (torch >= 2.5)"
+        ) from e
+    return MemTracker
+
+
+def breakdown_from_snapshot(dev_snap: dict[Any, int]) -> dict[str, int]:
+    """Fold one device's MemTracker snapshot into our five categories."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    for key, nbytes in dev_snap.items():
+        name = str(getattr(key, "value", key))
+        if name == "Total":
+            continue
+        out[_CATEGORY_OF.get(name, "other")] += int(nbytes)
+    return out
+
+
+class MemoryProbe:
+    """Context manager tracking tensor memory by category over the steps run inside it.
+
+    ``external`` are objects created before tracking (the model, the optimizer, inputs, a
+    strategy's own buffers); tensors among them that are not parameters, gradients or optimizer
+    state count as "other".
+    """
+
+    def __init__(
+        self, device: torch.device, external: Iterable[nn.Module | torch.optim.Optimizer | torch.Tensor]
+    ) -> None:
+        self.device = device
+        self._tracker = _mem_tracker_class()()
+        self._tracker.track_external(*[e for e in external if e is not None])
+        self._steps = 0
+
+    def __enter__(self) -> MemoryProbe:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tracker.__exit__(*exc)
+
+    def next_step(self) -> None:
+        """Call between steps: MemTracker refuses a second forward of the root module otherwise."""
+        self._tracker.reset_mod_stats()
+        self._steps += 1
+
+    def peak(self) -> tuple[int, dict[str, int]]:
+        """(peak tracked bytes, breakdown at that peak) on this rank's compute device."""
+        snap = self._tracker.get_tracker_snapshot("peak")
+        dev_snap = _device_entry(snap, self.device)
+        breakdown = breakdown_from_snapshot(dev_snap)
+        return sum(breakdown.values()), breakdown
+
+
+def _device_entry(snap: dict[torch.device, dict[Any, int]], device: torch.device) -> dict[Any, int]:
+    for dev, dev_snap in snap.items():
+        if dev.type == device.type and (device.index is None or dev.index in (None, device.index)):
+            return dev_snap
+    return {}
+
+
+def cuda_allocator_stats(device: torch.device) -> dict[str, int] | None:
+    """The allocator's peaks since the last reset, or None off CUDA."""
+    if device.type != "cuda":
+        return None
+    stats = torch.cuda.memory_stats(device)
+    return {
+        "max_allocated": int(torch.cuda.max_memory_allocated(device)),
+        "max_reserved": int(torch.cuda.max_memory_reserved(device)),
+        "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        "num_ooms": int(stats.get("num_ooms", 0)),
+    }
+
+
+def reset_cuda_peaks(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)

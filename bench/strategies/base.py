@@ -1,0 +1,96 @@
+"""The strategy interface: how a distribution method wraps a model and its optimizer.
+
+The harness never branches on a strategy's name. What differs between strategies is expressed
+here: ``setup`` wraps the model and builds the optimizer, ``train_step`` runs one step (the
+default is forward, backward, step), capability flags say what is sharded, ``resolve_world_size``
+says how many ranks/devices a request really gets, and ``settings`` is recorded verbatim so every
+record states how the strategy was configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Where this rank runs: its place in the world and its device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    #: the default process group, or None for single-process strategies (dp).
+    process_group: dist.ProcessGroup | None = None
+
+
+@dataclass(frozen=True)
+class WorldPlan:
+    """What a requested world size becomes for a strategy on a device.
+
+    ``processes`` ranks are launched; ``world_size`` is what the record reports (the number of
+    devices/ranks that really share the work). ``note`` explains any difference from the request.
+    """
+
+    processes: int
+    world_size: int
+    note: str = ""
+
+
+class Strategy:
+    """Base class: override ``setup`` (and ``train_step`` only if the default does not fit)."""
+
+    name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+    description: ClassVar[str] = ""
+    shards_optimizer_state: ClassVar[bool] = False
+    shards_gradients: ClassVar[bool] = False
+    shards_parameters: ClassVar[bool] = False
+    #: can run as rank 0 of a fake world of N (simulated world sizes).
+    simulatable: ClassVar[bool] = True
+    #: needs torch.distributed initialised in every rank.
+    needs_process_group: ClassVar[bool] = True
+
+    def plan_world(self, requested: int, device_type: str) -> WorldPlan:
+        if device_type == "cuda" and torch.cuda.is_available() and requested > torch.cuda.device_count():
+            raise ValueError(
+                f"strategy {self.name!r} on cuda needs one GPU per rank: world size {requested} > "
+                f"{torch.cuda.device_count()} visible devices"
+            )
+        return WorldPlan(processes=requested, world_size=requested)
+
+    def settings(self) -> dict[str, Any]:
+        """How this strategy is configured; stored in every record."""
+        return {}
+
+    def setup(
+        self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def train_step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: Any, loss_fn: LossFn
+    ) -> torch.Tensor:
+        """One step. Gradients are cleared first, so after the step they still exist and a
+        memory tracker started between steps sees them (gradients are model state)."""
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model, inputs)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    def teardown(self) -> None:
+        """Release anything ``setup`` created beyond the model and optimizer."""
+
+    def tracked_buffers(self) -> list[torch.Tensor]:
+        """Tensors this strategy allocated outside the model and optimizer (e.g. communication
+        buckets), so the memory tracker can count them as "other"."""
+        return []

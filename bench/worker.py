@@ -1,0 +1,214 @@
+"""What one rank does for one cell: build the workload, wrap it with the strategy, warm up,
+time the steps, then measure memory by category over a few more steps.
+
+Timing and memory tracking are separate phases on purpose: the memory tracker is a dispatch mode
+that slows every op, so timed steps run without it. Run directly by ``bench.launch`` (one process
+per rank, result written to a file) or by torchrun for multi-node runs::
+
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m bench.worker --cell cell.json --out results/runs/x
+
+Under torchrun, rank 0 gathers every rank's result and appends the record to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bench.config import CellConfig
+from bench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
+from bench.metrics.timing import timed
+from bench.strategies.base import RankContext
+from bench.strategies.registry import get_strategy
+from models.base import concat_inputs
+from models.registry import get_workload
+
+MEMORY_STEPS = 2  # steady-state steps tracked for the breakdown (optimizer state exists by then)
+
+
+def threads_per_rank(local_world_size: int) -> int:
+    """Share the cores among the ranks on this host: N ranks with default threads each
+    oversubscribe the CPU (measured: 4 ranks on 2 cores ran 2x slower)."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def run_rank(
+    cell: CellConfig, *, rank: int, world_size: int, processes: int, local_rank: int, local_world_size: int
+) -> dict[str, Any]:
+    """Run one cell on this rank; return its measurements (raises on failure)."""
+    torch.set_num_threads(threads_per_rank(local_world_size))
+    if cell.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    strategy = get_strategy(cell.strategy)
+    workload = get_workload(cell.workload)
+    pg = None
+    if strategy.needs_process_group:
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo",
+                rank=rank,
+                world_size=processes,
+                timeout=timedelta(seconds=cell.timeout_s),
+                **({"device_id": device} if device.type == "cuda" else {}),
+            )
+        pg = dist.group.WORLD
+    if cell.inject_failure == "raise" and rank == processes - 1:
+        raise RuntimeError(f"injected failure on rank {rank}")
+    if cell.inject_failure == "hang" and rank == processes - 1:
+        time.sleep(10 * cell.timeout_s)
+
+    torch.manual_seed(cell.seed)  # identical initial weights on every rank
+    with torch.device(device):
+        model = workload.build(cell.preset, dropout=cell.dropout)
+    num_params = sum(p.numel() for p in model.parameters())
+    ctx = RankContext(rank=rank, world_size=world_size, device=device, process_group=pg)
+    model, optimizer = strategy.setup(model, workload.optimizer_factory(), ctx)
+    model.train()
+
+    # Each process covers world_size/processes data ranks (dp drives several devices from one).
+    per_process = world_size // processes
+    data_ranks = range(rank * per_process, (rank + 1) * per_process)
+
+    def batch(step: int) -> Any:
+        return concat_inputs(
+            [
+                workload.batch(cell.preset, cell.batch_size, seed=cell.seed, step=step, rank=r, device=device)
+                for r in data_ranks
+            ]
+        )
+
+    def loss_fn(m: torch.nn.Module, inputs: Any) -> torch.Tensor:
+        autocast = (
+            torch.autocast(device.type, dtype=torch.bfloat16)
+            if cell.precision == "bf16"
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            return workload.loss(m, inputs)
+
+    step = 0
+    for _ in range(cell.warmup):
+        strategy.train_step(model, optimizer, batch(step), loss_fn)
+        step += 1
+
+    reset_cuda_peaks(device)
+    step_times, losses = [], []
+    for _ in range(cell.steps):
+        step_fn = functools.partial(strategy.train_step, model, optimizer, batch(step), loss_fn)
+        loss, seconds = timed(step_fn, device)
+        step_times.append(seconds)
+        losses.append(float(loss))
+        step += 1
+    allocator = cuda_allocator_stats(device)
+
+    probe = MemoryProbe(device, [model, optimizer, *strategy.tracked_buffers()])
+    with probe:
+        for _ in range(MEMORY_STEPS):
+            strategy.train_step(model, optimizer, batch(step), loss_fn)
+            probe.next_step()
+            step += 1
+    tracked_peak, breakdown = probe.peak()
+    strategy.teardown()
+    return {
+        "rank": rank,
+        "status": "ok",
+        "num_params": num_params,
+        "step_times": step_times,
+        "losses": losses,
+        "tracked_peak": tracked_peak,
+        "breakdown": breakdown,
+        "cuda_allocator": allocator,
+        "settings": strategy.settings(),
+    }
+
+
+def run_rank_safely(cell: CellConfig, **kw: Any) -> dict[str, Any]:
+    """``run_rank``, with any failure turned into a result carrying this rank's traceback."""
+    try:
+        return run_rank(cell, **kw)
+    except BaseException as e:  # noqa: BLE001 - a failed cell is data, not a crash of the run
+        return {
+            "rank": kw["rank"],
+            "status": "oom" if _is_oom(e) else "error",
+            "failed_at": time.time(),
+            "error": f"rank {kw['rank']}: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+        }
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.worker", description=__doc__.split("\n")[0])
+    ap.add_argument("--cell", required=True, help="cell config: a JSON file or a JSON string")
+    ap.add_argument("--result-dir", type=Path, help="(launcher) write rank<R>.json here")
+    ap.add_argument("--out", type=Path, help="(torchrun) rank 0 appends the record to OUT/records.jsonl")
+    ap.add_argument("--run-id", default=None)
+    args = ap.parse_args(argv)
+    text = Path(args.cell).read_text() if not args.cell.lstrip().startswith("{") else args.cell
+    cell = CellConfig.from_json(json.loads(text))
+    rank, processes = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    plan = get_strategy(cell.strategy).plan_world(cell.world_size, cell.device)
+    kw = dict(
+        rank=rank,
+        world_size=plan.world_size if processes == plan.processes else processes,
+        processes=processes,
+        local_rank=_env_int("LOCAL_RANK", rank),
+        local_world_size=_env_int("LOCAL_WORLD_SIZE", processes),
+    )
+    start = time.perf_counter()
+    result = run_rank_safely(cell, **kw)
+    if args.result_dir is not None:  # launched by bench.launch: it assembles the record
+        (args.result_dir / f"rank{rank}.json").write_text(json.dumps(result))
+        if dist.is_initialized() and result["status"] == "ok":
+            dist.destroy_process_group()
+        return 0 if result["status"] == "ok" else 1
+    # torchrun: gather every rank's result on rank 0, which writes the record.
+    from bench.launch import build_record
+
+    gathered: list[Any] = [None] * processes if rank == 0 else []
+    if dist.is_initialized():
+        dist.gather_object(result, gathered if rank == 0 else None, dst=0)
+    else:
+        gathered = [result]
+    if rank == 0:
+        from bench.records import append_record
+
+        out = args.out or Path("results/runs") / (args.run_id or time.strftime("%Y%m%d-%H%M%S"))
+        record = build_record(
+            cell,
+            plan,
+            gathered,
+            run_id=args.run_id or out.name,
+            wall_s=time.perf_counter() - start,
+            processes=processes,
+        )
+        append_record(out / "records.jsonl", record)
+        print(json.dumps(record.to_json(), indent=1))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if result["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The workload contract every model family implements.
+
+A workload is the unit the harness benchmarks: it knows how to build its model from a named
+size preset (never downloading weights), how to make a deterministic synthetic batch for one
+rank, and how to compute the training loss. The harness only ever talks to this interface, so a
+new model family is one new file in ``models/`` plus a line in ``models/registry.py``.
+
+Data determinism is per (seed, step, rank): rank ``r`` of a world of ``N`` trains on the chunk
+``batch(..., rank=r)``, and a single-process reference trains on the concatenation of chunks
+``0..N-1``. That makes "same global batch" exact for parity tests without any rank generating
+data it does not use.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+Inputs = dict[str, torch.Tensor]
+
+
+def batch_generator(*, seed: int, step: int, rank: int) -> torch.Generator:
+    """A CPU generator whose stream depends only on (seed, step, rank)."""
+    g = torch.Generator()
+    g.manual_seed((seed * 1_000_003 + step) * 65_537 + rank)
+    return g
+
+
+class Workload(ABC):
+    """A model family with size presets; see the module docstring for the contract."""
+
+    name: str
+    #: preset name -> config overrides; ``tiny`` must exist and train a step in well under 1 s on CPU.
+    presets: dict[str, dict[str, Any]]
+    #: learning rate and optimizer of the paper/reference setting.
+    lr: float = 1e-4
+
+    def check_preset(self, preset: str) -> None:
+        if preset not in self.presets:
+            allowed = ", ".join(self.presets)
+            raise ValueError(f"unknown preset {preset!r} for workload {self.name!r}; allowed: {allowed}")
+
+    @abstractmethod
+    def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
+        """Build the model in fp32 on the current default device, from config only.
+
+        ``dropout=False`` zeroes every dropout probability so runs on different world sizes
+        compute identical updates (parity tests); benchmarks keep the reference dropout.
+        """
+
+    @abstractmethod
+    def batch(
+        self,
+        preset: str,
+        batch_size: int,
+        *,
+        seed: int,
+        step: int,
+        rank: int,
+        device: torch.device | str = "cpu",
+    ) -> Inputs:
+        """Deterministic synthetic inputs for one rank at one step."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
+        """Mean training loss over the batch (mean, so DDP's gradient averaging is exact)."""
+
+    def optimizer_factory(self) -> Callable[..., torch.optim.Optimizer]:
+        """The reference optimizer as ``factory(params) -> Optimizer``."""
+        lr = self.lr
+        return lambda params: torch.optim.AdamW(params, lr=lr)
+
+    def param_count(self, preset: str) -> int:
+        """Parameter count without allocating: the model is built on the meta device."""
+        self.check_preset(preset)
+        with torch.device("meta"):
+            model = self.build(preset)
+        return sum(p.numel() for p in model.parameters())
+
+
+def concat_inputs(chunks: list[Inputs]) -> Inputs:
+    """Concatenate per-rank chunks along the batch dimension (a reference's global batch)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}

@@ -1,0 +1,99 @@
+"""BERT-style Transformer classifier: the seed's ``transformer`` workload.
+
+``BertModel`` built from a ``BertConfig`` (never downloaded), dropout 0.3 on the pooled output,
+a linear head and cross-entropy over synthetic token sequences, trained with AdamW at lr 2e-5 as
+in the seed. ``base`` is the bert-base-uncased shape (109.5M parameters in encoder + pooler).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig, BertModel
+
+from models.base import Inputs, Workload, batch_generator
+
+_BERT_BASE: dict[str, Any] = dict(
+    vocab_size=30522,
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    max_position_embeddings=512,
+    seq_len=128,
+    num_labels=2,
+)
+
+
+class BertClassifier(nn.Module):
+    """BERT encoder + pooled-output dropout + linear head, as the seed trains it."""
+
+    def __init__(self, config: BertConfig, *, num_labels: int, head_dropout: float) -> None:
+        super().__init__()
+        self.bert = BertModel(config, add_pooling_layer=True)
+        self.drop = nn.Dropout(head_dropout)
+        self.head = nn.Linear(config.hidden_size, num_labels)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        pooled = self.bert(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+        return self.head(self.drop(pooled))
+
+
+class TransformerWorkload(Workload):
+    name = "transformer"
+    lr = 2e-5
+    presets = {
+        "tiny": dict(
+            _BERT_BASE,
+            vocab_size=1024,
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=512,
+            max_position_embeddings=128,
+            seq_len=32,
+        ),
+        "small": dict(
+            _BERT_BASE, hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048
+        ),
+        "base": dict(_BERT_BASE),
+    }
+
+    def _config(self, preset: str, dropout: bool) -> tuple[BertConfig, dict[str, Any]]:
+        self.check_preset(preset)
+        p = dict(self.presets[preset])
+        extra = {k: p.pop(k) for k in ("seq_len", "num_labels")}
+        if not dropout:
+            p.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return BertConfig(**p), extra
+
+    def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
+        config, extra = self._config(preset, dropout)
+        return BertClassifier(config, num_labels=extra["num_labels"], head_dropout=0.3 if dropout else 0.0)
+
+    def batch(
+        self,
+        preset: str,
+        batch_size: int,
+        *,
+        seed: int,
+        step: int,
+        rank: int,
+        device: torch.device | str = "cpu",
+    ) -> Inputs:
+        config, extra = self._config(preset, True)
+        g = batch_generator(seed=seed, step=step, rank=rank)
+        seq = extra["seq_len"]
+        ids = torch.randint(0, config.vocab_size, (batch_size, seq), generator=g)
+        # Variable true lengths (at least half the sequence) so attention masking is exercised.
+        lengths = torch.randint(seq // 2, seq + 1, (batch_size,), generator=g)
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+        labels = torch.randint(0, extra["num_labels"], (batch_size,), generator=g)
+        return {k: v.to(device) for k, v in dict(input_ids=ids, attention_mask=mask, labels=labels).items()}
+
+    def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
+        logits = model(inputs["input_ids"], inputs["attention_mask"])
+        return F.cross_entropy(logits.float(), inputs["labels"])

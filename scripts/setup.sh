@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Idempotent set-up: create .venv and install the project (with dev extras) only when
+# pyproject.toml changed since the last successful install. Safe to run before every command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.shardbench-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "setup: installing shardbench and its pinned stack into .venv (first time: several minutes)" >&2
+    # This machine's pip config lists local mirrors that lack most packages; pip warns about each.
+    .venv/bin/python -m pip install --quiet -e '.[dev]' 2> >(grep -v "is ignored: it is neither" >&2)
+    echo "$want" > "$stamp"
+fi

@@ -1,0 +1,105 @@
+"""Run a function on N gloo ranks on the CPU, for distributed tests.
+
+Each rank is a spawned process joined through a FileStore in a temporary directory (no network
+ports to collide). Every wait is bounded: a rank that raises has its traceback re-raised in the
+parent, and a world that does not finish within ``timeout_s`` is killed and reported, never left
+hanging. ``fn(rank, world_size, *args)`` must be a module-level (picklable) function; its return
+value comes back to the parent, one per rank.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class RankFailed(RuntimeError):
+    """A rank raised; the message holds its traceback."""
+
+
+def _entry(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    store_path: str,
+    timeout_s: float,
+    results: Any,
+    args: tuple[Any, ...],
+) -> None:
+    torch.set_num_threads(1)  # N ranks share the 2 CI cores
+    try:
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+        )
+        out = fn(rank, world_size, *args)
+        # Serialised by value: tensors sent as shared-memory handles would die with this process.
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        results.put((rank, "ok", buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0
+) -> list[Any]:
+    """Run ``fn`` on ``world_size`` gloo ranks; return the per-rank results in rank order."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="shardbench-dist-") as tmp:
+        store_path = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(
+                target=_entry, args=(fn, r, world_size, store_path, timeout_s, results, args), daemon=True
+            )
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        got: dict[int, Any] = {}
+        try:
+            while len(got) < world_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"{world_size - len(got)} of {world_size} ranks did not finish "
+                        f"within {timeout_s:.0f}s (done: {sorted(got)})"
+                    )
+                try:
+                    rank, status, payload = results.get(timeout=min(remaining, 1.0))
+                except queue.Empty:
+                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in got]
+                    if dead:
+                        code = procs[dead[0]].exitcode
+                        raise RankFailed(f"rank {dead[0]} died with exit code {code}") from None
+                    continue
+                if status == "error":
+                    raise RankFailed(f"rank {rank} failed:\n{payload}")
+                got[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+        finally:
+            # Finished worlds get a moment to exit cleanly; failed ones are killed at once,
+            # since their surviving ranks are blocked in a collective with the dead one.
+            grace_end = time.monotonic() + (5.0 if len(got) == world_size else 0.5)
+            for p in procs:
+                p.join(timeout=max(0.0, grace_end - time.monotonic()))
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    return [got[r] for r in range(world_size)]

@@ -1,0 +1,104 @@
+"""Shared parity machinery: train a strategy on N ranks and a plain single-process reference on
+the same global batch, and compare parameters.
+
+The reference trains on the concatenation of every rank's chunk (``models.base`` makes chunks
+depend only on seed, step and rank), with a mean loss, so with exact arithmetic it computes
+exactly what data parallelism computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.strategies.base import RankContext
+from bench.strategies.registry import get_strategy
+from models.base import Workload, concat_inputs
+from models.registry import get_workload
+
+SEED = 0
+
+
+def _workload(w: str | Workload) -> Workload:
+    return w if isinstance(w, Workload) else get_workload(w)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)
+
+
+def train_reference(
+    workload_name: str | Workload,
+    preset: str,
+    world_size: int,
+    steps: int,
+    batch_size: int,
+    optimizer_factory: Callable[..., torch.optim.Optimizer] | None = None,
+) -> dict[str, torch.Tensor]:
+    workload = _workload(workload_name)
+    torch.manual_seed(SEED)
+    model = workload.build(preset, dropout=False)
+    opt = (optimizer_factory or workload.optimizer_factory())(model.parameters())
+    for step in range(steps):
+        inputs = concat_inputs(
+            [workload.batch(preset, batch_size, seed=SEED, step=step, rank=r) for r in range(world_size)]
+        )
+        opt.zero_grad(set_to_none=True)
+        workload.loss(model, inputs).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def train_strategy_rank(
+    rank: int,
+    world_size: int,
+    strategy_name: str,
+    workload_name: str | Workload,
+    preset: str,
+    steps: int,
+    batch_size: int,
+    optimizer_factory: Callable[..., torch.optim.Optimizer] | None = None,
+) -> dict[str, Any]:
+    """Run on each rank (inside tests.dist.run_distributed); returns rank 0's final state."""
+    import torch.distributed as dist
+
+    workload = _workload(workload_name)
+    strategy = get_strategy(strategy_name)
+    torch.manual_seed(SEED)
+    model = workload.build(preset, dropout=False)
+    ctx = RankContext(
+        rank=rank, world_size=world_size, device=torch.device("cpu"), process_group=dist.group.WORLD
+    )
+    model, opt = strategy.setup(model, optimizer_factory or workload.optimizer_factory(), ctx)
+    for step in range(steps):
+        inputs = workload.batch(preset, batch_size, seed=SEED, step=step, rank=rank)
+        strategy.train_step(model, opt, inputs, workload.loss)
+    state = {k: v.detach().clone() for k, v in _unwrap(model).state_dict().items()}
+    strategy.teardown()
+    return state
+
+
+def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """Largest per-tensor relative difference max|a-b| / max|b|, and the tensor it was in.
+
+    Per tensor, not per element: Adam moves every element by ~lr whatever its size, so an element
+    that happens to sit near zero would turn rounding noise into a huge elementwise ratio. The
+    denominator is floored at 1% of the model's largest parameter magnitude, because some
+    parameters (attention key biases) receive gradients that are pure rounding noise and stay
+    near zero, where any ratio is meaningless.
+    """
+    assert a.keys() == b.keys(), set(a) ^ set(b)
+    floats = [k for k in a if a[k].is_floating_point()]
+    for k in set(a) - set(floats):
+        assert torch.equal(a[k], b[k]), k
+    scale = max(b[k].float().abs().max().item() for k in floats)
+    worst, where = 0.0, ""
+    for k in floats:
+        denom = max(b[k].float().abs().max().item(), 1e-2 * scale, 1e-30)
+        diff = (a[k].float() - b[k].float()).abs().max().item() / denom
+        if diff > worst:
+            worst, where = diff, k
+    return worst, where

@@ -1,0 +1,68 @@
+"""The command line: bad input is one line, exit 2, nothing written; list/env work."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["run", "--workload", "nope"], "allowed: transformer"),
+        (["run", "--strategy", "nope"], "allowed: dp, ddp"),
+        (["run", "--suite", "nope"], "allowed: smoke"),
+        (["run", "--preset", "huge"], "allowed: tiny"),
+        (["run", "--world-size", "0"], "world size must be >= 1"),
+        (["run", "--precision", "fp8"], "allowed: fp32, bf16"),
+        (["run", "--batch-size", "0"], "batch size must be >= 1"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(argv, needle, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_unreadable_suite_file(tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("workloads = [")
+    assert main(["run", "--suite", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "cannot read suite file" in capsys.readouterr().err
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("colour = 'blue'\n")
+    assert main(["run", "--suite", str(unknown), "--out", str(tmp_path / "o")]) == 2
+    assert "unknown key 'colour'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_cuda_without_cuda(tmp_path, capsys) -> None:
+    assert main(["run", "--device", "cuda", "--out", str(tmp_path / "o")]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_list_json_is_valid_and_complete(capsys) -> None:
+    assert main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workloads"]["transformer"]["presets"]["base"]["params"] == 109_483_778
+    assert {"dp", "ddp"} <= set(data["strategies"])
+    assert "smoke" in data["suites"]
+
+
+def test_env_reports_versions(capsys) -> None:
+    assert main(["env"]) == 0
+    env = json.loads(capsys.readouterr().out)
+    assert env["torch"] == torch.__version__ and env["gloo_available"] is True
+
+
+def test_suites_shipped_are_valid() -> None:
+    from bench.config import load_suite, suite_names
+
+    for name in suite_names():
+        assert load_suite(name).cells(), name
+    assert Path("bench/suites/smoke.toml").exists()

@@ -1,0 +1,115 @@
+"""`shardbench run` end to end on the tiny preset, failure handling, and torchrun."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.config import CellConfig
+from bench.records import read_records
+from bench.runner import run_cells
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("smoke")
+    assert (
+        main(
+            [
+                "run",
+                "--suite",
+                "smoke",
+                "--workload",
+                "transformer",
+                "--steps",
+                "3",
+                "--warmup",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    return out
+
+
+def test_run_writes_records_and_tables(smoke_run: Path) -> None:
+    records = read_records([smoke_run])
+    assert {(r.strategy, r.status) for r in records} == {("dp", "ok"), ("ddp", "ok")}
+    for name in ("table.md", "table.csv"):
+        assert (smoke_run / name).stat().st_size > 0
+    assert len((smoke_run / "table.csv").read_text().strip().splitlines()) == 1 + len(records)
+    for r in records:
+        assert r.step_time_s["n"] == 3 and r.step_time_s["median"] > 0
+        assert r.env["torch"] and r.peak_mem_bytes["max"] > 0
+        assert (
+            sum(r.mem_breakdown_bytes.values())
+            == r.peak_mem_bytes["tracked_per_rank"][
+                r.peak_mem_bytes["per_rank"].index(r.peak_mem_bytes["max"])
+            ]
+        )
+
+
+def test_dp_on_cpu_is_recorded_as_single_device(smoke_run: Path) -> None:
+    (dp,) = [r for r in read_records([smoke_run]) if r.strategy == "dp"]
+    assert dp.world_size == 1 and dp.requested_world_size == 2
+    assert "pass-through" in dp.note
+
+
+def test_ddp_model_states_are_16_bytes_per_parameter(smoke_run: Path) -> None:
+    """fp32 AdamW under DDP with gradient_as_bucket_view: 4 (param) + 4 (grad) + 8 (Adam)."""
+    (ddp,) = [r for r in read_records([smoke_run]) if r.strategy == "ddp"]
+    assert ddp.world_size == 2 and ddp.strategy_settings["gradient_as_bucket_view"] is True
+    bd = ddp.mem_breakdown_bytes
+    model_state = bd["params"] + bd["grads"] + bd["optimizer"]
+    assert model_state == pytest.approx(16 * ddp.params, rel=0.01)
+    assert ddp.predicted_mem_bytes["total"] == 16 * ddp.params
+
+
+def _cell(**kw) -> CellConfig:
+    base = dict(
+        workload="transformer", preset="tiny", strategy="ddp", world_size=2, steps=1, warmup=0, timeout_s=60
+    )
+    return CellConfig(**{**base, **kw})
+
+
+def test_failed_cells_are_recorded_and_the_run_goes_on(tmp_path: Path) -> None:
+    cells = [_cell(inject_failure="raise"), _cell(inject_failure="hang", timeout_s=8), _cell()]
+    records, table = run_cells(cells, out_dir=tmp_path, run_id="t")
+    assert [r.status for r in records] == ["error", "timeout", "ok"]
+    assert "injected failure on rank 1" in records[0].error and "Traceback" in records[0].error
+    assert [r.status for r in read_records([tmp_path])] == ["error", "timeout", "ok"]
+    assert "timeout" in table
+
+
+def test_worker_runs_under_torchrun(tmp_path: Path) -> None:
+    cell = _cell(steps=2, warmup=1)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "bench.worker",
+            "--cell",
+            json.dumps(cell.to_json()),
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "tr",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = read_records([tmp_path])
+    assert record.status == "ok" and record.world_size == 2 and record.run_id == "tr"
+    assert len(record.peak_mem_bytes["per_rank"]) == 2

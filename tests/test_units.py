@@ -1,0 +1,88 @@
+"""Exact behaviour of the small pure pieces: timing statistics, the analytic model, records."""
+
+import pytest
+
+from bench.metrics.analytic import Sharding, predicted_model_state_bytes
+from bench.metrics.memory import breakdown_from_snapshot
+from bench.metrics.timing import slowest_rank, summarize
+from bench.records import Record, append_record, read_records
+
+
+def test_summarize_median_mad_percentiles() -> None:
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s["median"] == 3.0 and s["mad"] == 1.0 and s["n"] == 5
+    assert s["p10"] == pytest.approx(1.4) and s["p90"] == pytest.approx(61.6)
+    assert summarize([]) is None
+
+
+def test_slowest_rank_per_step() -> None:
+    assert slowest_rank([[1.0, 5.0], [2.0, 3.0]]) == [2.0, 5.0]
+
+
+@pytest.mark.parametrize(
+    "sharding, n, expected",
+    [
+        (Sharding(), 4, 16 * 1000),
+        (Sharding(optimizer_state=True), 4, 4000 + 4000 + 2000),
+        (Sharding(True, True), 4, 4000 + 3000),
+        (Sharding(True, True, True), 4, 4000),
+    ],
+)
+def test_analytic_fp32(sharding, n, expected) -> None:
+    assert predicted_model_state_bytes(1000, n, "fp32", sharding)["total"] == expected
+
+
+def test_analytic_bf16_mixed_is_2_2_12() -> None:
+    p = predicted_model_state_bytes(1000, 8, "bf16", Sharding(True, True))
+    assert (p["params"], p["grads"], p["optimizer"]) == (2000, 250, 1500)
+    with pytest.raises(ValueError, match="allowed: fp32, bf16"):
+        predicted_model_state_bytes(10, 1, "fp8", Sharding())
+
+
+def test_breakdown_folds_tracker_categories() -> None:
+    snap = {
+        "Parameter": 4,
+        "Buffer": 1,
+        "Gradient": 4,
+        "Activation": 3,
+        "Temp": 2,
+        "Optstate": 8,
+        "Other": 5,
+        "Total": 27,
+    }
+    assert breakdown_from_snapshot(snap) == {
+        "params": 4,
+        "grads": 4,
+        "optimizer": 8,
+        "activations": 5,
+        "other": 6,
+    }
+
+
+def test_record_round_trip(tmp_path) -> None:
+    r = Record(
+        run_id="r",
+        suite="s",
+        workload="transformer",
+        preset="tiny",
+        params=10,
+        strategy="ddp",
+        world_size=2,
+        requested_world_size=2,
+        simulated=False,
+        backend="gloo",
+        device="cpu",
+        precision="fp32",
+        batch_size_per_rank=8,
+        steps=5,
+        warmup=2,
+        status="ok",
+        step_time_s={"median": 0.1, "mad": 0.0, "p10": 0.1, "p90": 0.1, "n": 5},
+        mem_breakdown_bytes={"params": 1},
+        env={"torch": "x"},
+    )
+    append_record(tmp_path / "records.jsonl", r)
+    append_record(tmp_path / "records.jsonl", r)
+    assert read_records([tmp_path]) == [r, r]
+    with pytest.raises(AssertionError):
+        Record(**{**r.to_json(), "status": "great"})
