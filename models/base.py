@@ -13,6 +13,7 @@ data it does not use.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,10 @@ import torch
 from torch import nn
 
 Inputs = dict[str, torch.Tensor]
+
+
+def _adamw_over_trainable(model: nn.Module, *, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
 
 
 def batch_generator(*, seed: int, step: int, rank: int) -> torch.Generator:
@@ -69,10 +74,12 @@ class Workload(ABC):
     def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         """Mean training loss over the batch (mean, so DDP's gradient averaging is exact)."""
 
-    def optimizer_factory(self) -> Callable[..., torch.optim.Optimizer]:
-        """The reference optimizer as ``factory(params) -> Optimizer``."""
-        lr = self.lr
-        return lambda params: torch.optim.AdamW(params, lr=lr)
+    def optimizer_factory(self) -> Callable[[nn.Module], torch.optim.Optimizer]:
+        """The reference optimizer as ``factory(model) -> Optimizer``.
+
+        It takes the (unwrapped) model, not a parameter list, so a workload can define parameter
+        groups; sharded strategies rebuild the same optimizer class and groups over shards."""
+        return functools.partial(_adamw_over_trainable, lr=self.lr)
 
     def param_count(self, preset: str) -> int:
         """Parameter count without allocating: the model is built on the meta device."""

@@ -41,7 +41,7 @@ def train_reference(
     workload = _workload(workload_name)
     torch.manual_seed(SEED)
     model = workload.build(preset, dropout=False)
-    opt = (optimizer_factory or workload.optimizer_factory())(model.parameters())
+    opt = (optimizer_factory or workload.optimizer_factory())(model)
     for step in range(steps):
         inputs = concat_inputs(
             [workload.batch(preset, batch_size, seed=SEED, step=step, rank=r) for r in range(world_size)]

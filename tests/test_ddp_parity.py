@@ -10,8 +10,8 @@ from tests.tiny_models import MLPWorkload
 STEPS, BATCH = 3, 4
 
 
-def _sgd(params):  # module-level: passed to spawned ranks
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+def _sgd(model):  # module-level: passed to spawned ranks
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])

@@ -17,7 +17,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-OptimizerFactory = Callable[..., torch.optim.Optimizer]
+#: builds the optimizer for an (unwrapped) model; sharded strategies read its class, groups and
+#: hyperparameters and rebuild it over their shards.
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 

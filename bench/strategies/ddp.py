@@ -34,4 +34,4 @@ class DDPStrategy(Strategy):
             gradient_as_bucket_view=True,
             bucket_cap_mb=25,
         )
-        return ddp, optimizer_factory(ddp.parameters())
+        return ddp, optimizer_factory(model)

@@ -42,6 +42,7 @@ class DPStrategy(Strategy):
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        optimizer = optimizer_factory(model)
         if ctx.device.type == "cuda" and ctx.world_size >= 2:
             model = nn.DataParallel(model, device_ids=list(range(ctx.world_size)))
-        return model, optimizer_factory(model.parameters())
+        return model, optimizer
