@@ -80,7 +80,10 @@ def run_rank(
     with torch.device(device):
         model = workload.build(cell.preset, dropout=cell.dropout)
     num_params = sum(p.numel() for p in model.parameters())
-    ctx = RankContext(rank=rank, world_size=world_size, device=device, process_group=pg)
+    model, use_autocast = strategy.prepare_precision(model, cell.precision)
+    ctx = RankContext(
+        rank=rank, world_size=world_size, device=device, process_group=pg, precision=cell.precision
+    )
     model, optimizer = strategy.setup(model, workload.optimizer_factory(), ctx)
     model.train()
 
@@ -98,9 +101,7 @@ def run_rank(
 
     def loss_fn(m: torch.nn.Module, inputs: Any) -> torch.Tensor:
         autocast = (
-            torch.autocast(device.type, dtype=torch.bfloat16)
-            if cell.precision == "bf16"
-            else contextlib.nullcontext()
+            torch.autocast(device.type, dtype=torch.bfloat16) if use_autocast else contextlib.nullcontext()
         )
         with autocast:
             return workload.loss(m, inputs)
@@ -120,7 +121,7 @@ def run_rank(
         step += 1
     allocator = cuda_allocator_stats(device)
 
-    probe = MemoryProbe(device, [model, optimizer, *strategy.tracked_buffers()])
+    probe = MemoryProbe(device, [model, optimizer], typed=strategy.memory_tensors())
     with probe:
         for _ in range(MEMORY_STEPS):
             strategy.train_step(model, optimizer, batch(step), loss_fn)

@@ -103,3 +103,36 @@ def run_distributed(
                     p.kill()
                     p.join()
     return [got[r] for r in range(world_size)]
+
+
+def _simulated_entry(fn: Callable[..., Any], world_size: int, results: Any, args: tuple[Any, ...]) -> None:
+    torch.set_num_threads(1)
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        buf = io.BytesIO()
+        torch.save(fn(0, world_size, *args), buf)
+        results.put(("ok", buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put(("error", traceback.format_exc()))
+
+
+def run_simulated(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0) -> Any:
+    """Run ``fn(0, world_size, *args)`` in one fresh process as rank 0 of a fake world of N
+    (PyTorch's fake process group: collectives return at once and move no data)."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(target=_simulated_entry, args=(fn, world_size, results, args), daemon=True)
+    proc.start()
+    try:
+        status, payload = results.get(timeout=timeout_s)
+    except queue.Empty:
+        raise TimeoutError(f"simulated rank did not finish within {timeout_s:.0f}s") from None
+    finally:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+    if status == "error":
+        raise RankFailed(f"simulated rank 0 failed:\n{payload}")
+    return torch.load(io.BytesIO(payload), weights_only=False)

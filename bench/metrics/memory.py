@@ -67,12 +67,43 @@ class MemoryProbe:
     """
 
     def __init__(
-        self, device: torch.device, external: Iterable[nn.Module | torch.optim.Optimizer | torch.Tensor]
+        self,
+        device: torch.device,
+        external: Iterable[nn.Module | torch.optim.Optimizer | torch.Tensor],
+        typed: dict[str, list[torch.Tensor]] | None = None,
     ) -> None:
         self.device = device
         self._tracker = _mem_tracker_class()()
         self._tracker.track_external(*[e for e in external if e is not None])
+        for category, tensors in (typed or {}).items():
+            self._register(category, tensors)
         self._steps = 0
+
+    def _register(self, category: str, tensors: list[torch.Tensor]) -> None:
+        """Type tensors a strategy holds outside params/grads/optimizer state (gradient shards,
+        master weights). MemTracker's public API types such tensors only as "Other", so this
+        uses its internal re-typing, which is what its own gradient hooks call."""
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown memory category {category!r}; allowed: {', '.join(CATEGORIES)}")
+        if category == "other":
+            self._tracker.track_external(*tensors)
+            return
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
+        reftype = {
+            "params": _MemRefType.PARAM,
+            "grads": _MemRefType.GRAD,
+            "optimizer": _MemRefType.OPT,
+            "activations": _MemRefType.ACT,
+        }[category]
+        retype = getattr(self._tracker, "_update_and_maybe_create_winfos", None)
+        if retype is None:
+            raise RuntimeError(
+                f"MemTracker in torch {torch.__version__} has no "
+                "_update_and_maybe_create_winfos; cannot attribute strategy tensors"
+            )
+        for t in tensors:
+            retype(t, reftype)
 
     def __enter__(self) -> MemoryProbe:
         if self.device.type == "cuda":

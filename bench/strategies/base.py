@@ -32,6 +32,7 @@ class RankContext:
     device: torch.device
     #: the default process group, or None for single-process strategies (dp).
     process_group: dist.ProcessGroup | None = None
+    precision: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,12 @@ class Strategy:
         """How this strategy is configured; stored in every record."""
         return {}
 
+    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
+        """Ready ``model`` for ``precision``; returns it and whether to run forward under bf16
+        autocast. The default keeps fp32 parameters and uses autocast for bf16 (PyTorch's
+        recommended mixed precision for DDP); sharded strategies override it."""
+        return model, precision == "bf16"
+
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -92,7 +99,8 @@ class Strategy:
     def teardown(self) -> None:
         """Release anything ``setup`` created beyond the model and optimizer."""
 
-    def tracked_buffers(self) -> list[torch.Tensor]:
-        """Tensors this strategy allocated outside the model and optimizer (e.g. communication
-        buckets), so the memory tracker can count them as "other"."""
-        return []
+    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Persistent tensors this strategy holds outside the model's parameters and gradients
+        and the optimizer's state, by category ("grads", "optimizer", "other"), so memory
+        accounting types them correctly (e.g. gradient shards, fp32 master weights)."""
+        return {}

@@ -5,8 +5,24 @@ from __future__ import annotations
 from bench.strategies.base import Strategy
 from bench.strategies.ddp import DDPStrategy
 from bench.strategies.dp import DPStrategy
+from bench.strategies.fsdp2_zero2 import FSDP2Zero2Strategy
+from bench.strategies.fsdp2_zero3 import FSDP2Zero3Strategy
+from bench.strategies.torch_zero1 import TorchZero1Strategy
+from bench.strategies.zero1 import Zero1Strategy
+from bench.strategies.zero2 import Zero2Strategy
 
-_STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DPStrategy, DDPStrategy)}
+_STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls
+    for cls in (
+        DPStrategy,
+        DDPStrategy,
+        Zero1Strategy,
+        Zero2Strategy,
+        TorchZero1Strategy,
+        FSDP2Zero2Strategy,
+        FSDP2Zero3Strategy,
+    )
+}
 _ALIASES: dict[str, str] = {a: cls.name for cls in _STRATEGIES.values() for a in cls.aliases}
 
 

@@ -1,0 +1,65 @@
+"""Shared set-up of the FSDP2 peers (``fully_shard``): the two differ only in whether
+parameters are resharded after forward.
+
+Configured as the FSDP2 documentation and torchtitan do: ``fully_shard`` on every repeated
+block (each module held in an ``nn.ModuleList``: transformer layers, ResNet stages' blocks...),
+then on the root; bf16 via ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over
+fp32 sharded parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from bench.strategies.base import OptimizerFactory, RankContext, Strategy
+
+
+def _fsdp_api() -> tuple[Any, Any, Any]:
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError as e:
+        raise RuntimeError(
+            f"FSDP2 (torch.distributed.fsdp.fully_shard) is not available in torch "
+            f"{torch.__version__}; it needs torch >= 2.6"
+        ) from e
+    return init_device_mesh, MixedPrecisionPolicy, fully_shard
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules to wrap before the root: every direct child of an ``nn.ModuleList``."""
+    return [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+
+
+class FSDP2Strategy(Strategy):
+    reshard_after_forward: ClassVar[bool]
+    shards_optimizer_state = True
+    shards_gradients = True
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "reshard_after_forward": self.reshard_after_forward,
+            "wrap": "each nn.ModuleList child, then the root",
+            "mixed_precision": "param bf16, reduce fp32 (bf16 runs only)",
+        }
+
+    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
+        return model, False  # fp32 sharded parameters; bf16 comes from the MixedPrecisionPolicy
+
+    def setup(
+        self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        init_device_mesh, MixedPrecisionPolicy, fully_shard = _fsdp_api()
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if ctx.precision == "bf16"
+            else MixedPrecisionPolicy()
+        )
+        for unit in shard_units(model):
+            fully_shard(unit, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
+        fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
+        return model, optimizer_factory(model)

@@ -1,0 +1,210 @@
+"""``ShardedDataParallel``: ZeRO stage 2, gradients reduced to their owners and sharded.
+
+Wraps a module whose parameters a ``ShardedOptimizer`` has already packed into flat buckets.
+During backward, as each parameter's gradient is accumulated, a hook copies it into its bucket's
+flat gradient buffer and drops ``param.grad`` at once. When a bucket is complete it is
+reduce-scattered (asynchronously, overlapping the rest of backward) so each rank receives the
+sum for its own chunk only, which it keeps as its gradient shard; the bucket buffer is freed as
+soon as its reduction completes. No rank ever holds a full set of gradients: at any time it
+holds its gradient shards (1/N), the few buckets in flight, and the gradients autograd has just
+produced.
+
+Buckets are launched strictly in bucket order on every rank (a ready bucket waits for earlier
+ones), so collectives match across ranks even when ranks produce gradients in different orders.
+At the end of backward (an autograd engine callback) any bucket not yet launched is launched with
+zeros for parameters that got no gradient, and a small all-reduce of "used" flags tells which
+parameters received no gradient on any rank: those get no gradient at all, so the optimizer skips
+them exactly as it would in a single process.
+
+Gradient accumulation works two ways: backward passes without ``zero_grad`` in between add into
+the shards (reduced every pass, memory stays sharded), or ``with model.no_sync():`` keeps full
+local gradients, DDP-style, and the next synchronised backward reduces their sum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.profiler import record_function
+
+from bench.strategies.sharded.layout import Bucket
+from bench.strategies.sharded.optimizer import ShardedOptimizer
+
+#: buckets whose reduction may be in flight at once before backward waits for the oldest.
+MAX_IN_FLIGHT = 2
+
+
+class ShardedDataParallel(nn.Module):
+    """Gradient sharding (ZeRO-2) around ``module``; pair it with the ``ShardedOptimizer``
+    that packed ``module``'s parameters. See the module docstring for the design."""
+
+    def __init__(
+        self, module: nn.Module, sharded_optimizer: ShardedOptimizer, *, broadcast_buffers: bool = True
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.optimizer = sharded_optimizer
+        self.broadcast_buffers = broadcast_buffers
+        self.process_group = sharded_optimizer.process_group
+        self.world_size = sharded_optimizer.world_size
+        self._src = dist.get_global_rank(self.process_group, 0)
+        buckets = sharded_optimizer.buckets
+        # Persistent, like DDP's buckets: allocated once, so memory does not churn per step.
+        # ``_fresh[i]`` means "holds no gradient since zero_grad": the next reduction overwrites.
+        self._grad_shards = [
+            torch.zeros(b.chunk, dtype=b.params[0].dtype, device=b.params[0].device) for b in buckets
+        ]
+        self._fresh = [True] * len(buckets)
+        self._buffers: dict[int, torch.Tensor] = {}
+        self._pending = [len(b.params) for b in buckets]
+        self._ready: set[int] = set()
+        self._next = 0
+        self._in_flight: list[tuple[Any, int, torch.Tensor, torch.Tensor]] = []
+        self._slot: dict[nn.Parameter, int] = {}  # index into the "used" flags
+        for b in buckets:
+            for p in b.params:
+                self._slot[p] = len(self._slot)
+        self._used = torch.zeros(
+            len(self._slot), dtype=torch.int32, device=buckets[0].params[0].device if buckets else "cpu"
+        )
+        self._globally_used: torch.Tensor | None = None
+        self._sync = True
+        self._callback_queued = False
+        sharded_optimizer.label = "zero2"
+        sharded_optimizer.grad_source = self._grads_from_shards
+        sharded_optimizer.zero_grad_hooks.append(self._on_zero_grad)
+        if self.world_size > 1:  # start from identical weights, as DDP does
+            with torch.no_grad():
+                for flat in sharded_optimizer.flats:
+                    dist.broadcast(flat, src=self._src, group=self.process_group)
+        for b in buckets:
+            for i, p in enumerate(b.params):
+                p.register_post_accumulate_grad_hook(self._make_hook(b, i))
+
+    # ----- forward -----------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.broadcast_buffers and self.world_size > 1:
+            with torch.no_grad():
+                for buf in self.module.buffers():
+                    dist.broadcast(buf, src=self._src, group=self.process_group)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate full local gradients without communication (DDP semantics)."""
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
+
+    # ----- backward: bucket, reduce, shard -----------------------------------------------------
+    def _make_hook(self, bucket: Bucket, i: int) -> Any:
+        def hook(p: torch.Tensor) -> None:
+            if not self._sync or p.grad is None:
+                return
+            if not self._callback_queued:
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+                self._callback_queued = True
+            buf = self._buffer(bucket)
+            off = bucket.offsets[i]
+            buf[off : off + p.numel()].copy_(p.grad.reshape(-1))
+            p.grad = None  # the full gradient is not kept: this is what stage 2 saves
+            self._used[self._slot[p]] = 1
+            self._pending[bucket.index] -= 1
+            if self._pending[bucket.index] == 0:
+                self._ready.add(bucket.index)
+                self._launch_ready()
+
+        return hook
+
+    def _buffer(self, bucket: Bucket) -> torch.Tensor:
+        buf = self._buffers.get(bucket.index)
+        if buf is None:
+            first = bucket.params[0]
+            buf = torch.zeros(bucket.padded, dtype=first.dtype, device=first.device)
+            self._buffers[bucket.index] = buf
+        return buf
+
+    def _launch_ready(self) -> None:
+        buckets = self.optimizer.buckets
+        while self._next < len(buckets) and self._next in self._ready:
+            self._launch(buckets[self._next])
+            self._next += 1
+
+    def _launch(self, bucket: Bucket) -> None:
+        while len(self._in_flight) >= MAX_IN_FLIGHT:
+            self._complete_oldest()
+        buf = self._buffers.pop(bucket.index)
+        fresh = self._fresh[bucket.index]
+        # Reduce straight into the shard when it holds nothing yet; accumulate via a temporary.
+        out = self._grad_shards[bucket.index] if fresh else buf.new_empty(bucket.chunk)
+        with record_function("shardbench::zero2::reduce"):
+            if self.world_size > 1:
+                buf.div_(self.world_size)  # average, as DDP does (pre-divided, then summed)
+                work = dist.reduce_scatter_tensor(out, buf, group=self.process_group, async_op=True)
+            else:
+                out.copy_(buf[: bucket.chunk])
+                work = None
+        self._in_flight.append((work, bucket.index, buf, out))
+
+    def _complete_oldest(self) -> None:
+        work, index, buf, out = self._in_flight.pop(0)
+        if work is not None:
+            work.wait()
+        if self._fresh[index]:
+            self._fresh[index] = False
+        else:
+            self._grad_shards[index].add_(out)
+        del buf, out  # the bucket buffer dies here
+
+    def _finish_backward(self) -> None:
+        """End of backward: flush every bucket in order, then agree on which params were used."""
+        with record_function("shardbench::zero2::reduce"):
+            for b in self.optimizer.buckets[self._next :]:
+                self._buffer(b)  # params without a gradient contribute zeros
+                self._ready.add(b.index)
+            self._launch_ready()
+            while self._in_flight:
+                self._complete_oldest()
+            used = self._used.clone()
+            if self.world_size > 1:
+                dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.process_group)
+        prev = self._globally_used
+        self._globally_used = used if prev is None else torch.maximum(prev, used)
+        self._used.zero_()
+        self._pending = [len(b.params) for b in self.optimizer.buckets]
+        self._ready.clear()
+        self._next = 0
+        self._callback_queued = False
+
+    # ----- what the optimizer sees -------------------------------------------------------------
+    def _grads_from_shards(self) -> None:
+        used = self._globally_used
+        for b, shards, gshard in zip(
+            self.optimizer.buckets, self.optimizer._shards, self._grad_shards, strict=True
+        ):
+            for pc, shard in zip(b.pieces, shards, strict=True):
+                p = b.params[pc.param_index]
+                if self._fresh[b.index] or used is None or not used[self._slot[p]]:
+                    shard.grad = None
+                    continue
+                g = gshard[pc.chunk_offset : pc.chunk_offset + pc.numel]
+                shard.grad = g if g.dtype == shard.dtype else g.to(shard.dtype)
+
+    def _on_zero_grad(self, set_to_none: bool) -> None:
+        if set_to_none:  # "no gradient": the shards are marked empty, their memory stays
+            self._fresh = [True] * len(self._fresh)
+            self._globally_used = None
+        else:
+            for g in self._grad_shards:
+                g.zero_()
+
+    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Persistent tensors by category, for memory accounting: the gradient shards."""
+        return {"grads": list(self._grad_shards)}

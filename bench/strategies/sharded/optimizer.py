@@ -1,0 +1,360 @@
+"""``ShardedOptimizer``: ZeRO stage 1, optimizer state sharded across ranks.
+
+Wraps any elementwise ``torch.optim`` class. Trainable parameters are moved into flat buckets
+(see ``layout.py``) and each rank builds the wrapped optimizer over only the pieces of each
+bucket it owns, so it keeps optimizer state for ~1/N of the elements. A step then reads in three
+phases, each labelled for the profiler:
+
+1. ``grads``: point each owned piece's ``.grad`` at its slice of the full gradient (stage 1:
+   ``param.grad`` as DDP left it) or of the reduced gradient shard (stage 2 attaches a source);
+2. ``step``: the wrapped optimizer updates the owned pieces in place (views of the parameters,
+   or of fp32 master copies when the parameters are low precision);
+3. ``gather``: ``all_gather_into_tensor`` per bucket brings every rank the updated parameters.
+
+Only optimizers whose update is elementwise give results identical to the unsharded optimizer
+when run on slices; others (LARS, LAMB, Adafactor: per-tensor norms or factored statistics) are
+refused unless the caller vouches for them with ``assume_elementwise=True``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.profiler import record_function
+
+from bench.strategies.sharded.layout import Bucket, build_buckets, flatten_into_buckets
+
+#: optimizers whose update of each element depends only on that element's gradient and state.
+ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.RMSprop,
+    torch.optim.Adagrad,
+    torch.optim.Adamax,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.Adadelta,
+    torch.optim.Rprop,
+)
+
+
+def check_elementwise(optim: type, assume_elementwise: bool) -> None:
+    if assume_elementwise or (isinstance(optim, type) and issubclass(optim, ELEMENTWISE_OPTIMIZERS)):
+        return
+    allowed = ", ".join(c.__name__ for c in ELEMENTWISE_OPTIMIZERS)
+    raise ValueError(
+        f"ShardedOptimizer cannot shard {getattr(optim, '__name__', optim)!r} exactly: its update may "
+        f"need whole-tensor statistics (like LARS/LAMB trust ratios). Allowed: {allowed}; pass "
+        "assume_elementwise=True only if every element's update depends on that element alone"
+    )
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """Optimizer state sharding (ZeRO-1), balanced to the element; see the module docstring.
+
+    ``param_groups`` are the user-facing groups over the full parameters (LR schedulers work on
+    them); hyperparameters are copied to the wrapped optimizer's groups before every step.
+    ``state`` is the wrapped optimizer's state, keyed by this rank's shard tensors.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        optim: type[torch.optim.Optimizer] = torch.optim.AdamW,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        bucket_cap_mb: float = 25.0,
+        assume_elementwise: bool = False,
+        **optim_kwargs: Any,
+    ) -> None:
+        check_elementwise(optim, assume_elementwise)
+        if not dist.is_initialized():
+            raise RuntimeError("ShardedOptimizer needs torch.distributed initialised (a process group)")
+        self._optim_cls = optim
+        self._optim_kwargs = optim_kwargs
+        self.process_group = process_group or dist.group.WORLD
+        self.world_size = dist.get_world_size(self.process_group)
+        self.rank = dist.get_rank(self.process_group)
+        self._cap_bytes = max(1, int(bucket_cap_mb * 2**20))
+        self.buckets: list[Bucket] = []
+        self.flats: list[torch.Tensor] = []  # the parameters live in these (one per bucket)
+        self._masters: list[torch.Tensor | None] = []  # fp32 own chunk for low-precision params
+        self._shards: list[list[nn.Parameter]] = []  # per bucket: one tensor per owned piece
+        self._bucket_group: list[int] = []
+        self.local: torch.optim.Optimizer | None = None
+        self.label = "zero1"
+        #: fills the shards' .grad; stage 2 replaces it with its reduced-gradient source.
+        self.grad_source: Callable[[], None] = self._grads_from_params
+        self.zero_grad_hooks: list[Callable[[bool], None]] = []
+        self._grads_ready = False
+        self._consolidated: dict[str, Any] | None = None
+        self._ready = False
+        super().__init__(params, optim_kwargs)
+        self._ready = True
+        self._shard_groups(list(range(len(self.param_groups))))
+
+    @classmethod
+    def from_optimizer(cls, template: torch.optim.Optimizer, **kwargs: Any) -> ShardedOptimizer:
+        """Shard an already-built (still stateless) optimizer: same class, groups, hyperparameters."""
+        groups = [dict(g) for g in template.param_groups]
+        return cls(groups, optim=type(template), **kwargs)
+
+    # ----- building the shards ---------------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if self._ready:
+            self._shard_groups([len(self.param_groups) - 1])
+
+    def _shard_groups(self, group_indices: list[int]) -> None:
+        local_groups = []
+        for gi in group_indices:
+            group = self.param_groups[gi]
+            trainable = [p for p in group["params"] if p.requires_grad]
+            elem = trainable[0].element_size() if trainable else 4
+            buckets = build_buckets(
+                trainable,
+                world_size=self.world_size,
+                rank=self.rank,
+                cap_numel=max(1, self._cap_bytes // elem),
+                first_index=len(self.buckets),
+            )
+            group_shards: list[nn.Parameter] = []
+            for b, flat in zip(buckets, flatten_into_buckets(buckets), strict=True):
+                chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
+                low_precision = flat.is_floating_point() and flat.dtype != torch.float32
+                master = chunk.detach().float() if low_precision else None
+                src = master if master is not None else chunk
+                shards = [nn.Parameter(src[pc.chunk_offset : pc.chunk_offset + pc.numel]) for pc in b.pieces]
+                self.buckets.append(b)
+                self.flats.append(flat)
+                self._masters.append(master)
+                self._shards.append(shards)
+                self._bucket_group.append(gi)
+                group_shards.extend(shards)
+            local_groups.append({**_hyperparameters(group), "params": group_shards})
+        if self.local is None:
+            self.local = self._optim_cls(local_groups, **self._optim_kwargs)
+            self.state = self.local.state  # type: ignore[assignment]
+            self.defaults = dict(self.local.defaults)
+        else:
+            for g in local_groups:
+                self.local.add_param_group(g)
+        # The user-facing groups show every hyperparameter the wrapped optimizer filled in, so
+        # schedulers and state dicts see what a plain optimizer would show.
+        for gi, local_group in zip(
+            group_indices, self.local.param_groups[-len(group_indices) :], strict=True
+        ):
+            for k, v in _hyperparameters(local_group).items():
+                self.param_groups[gi].setdefault(k, v)
+
+    # ----- the step ----------------------------------------------------------------------------
+    def _grads_from_params(self) -> None:
+        """Stage 1: the full gradient is in ``param.grad`` (all-reduced by DDP)."""
+        for b, shards in zip(self.buckets, self._shards, strict=True):
+            for pc, shard in zip(b.pieces, shards, strict=True):
+                grad = b.params[pc.param_index].grad
+                shard.grad = None if grad is None else _as(grad.reshape(-1)[pc.lo : pc.hi], shard)
+
+    def prepare_grads(self) -> None:
+        """Point every owned shard's ``.grad`` at its gradient (idempotent within a step)."""
+        if not self._grads_ready:
+            with record_function(f"shardbench::{self.label}::grads"):
+                self.grad_source()
+            self._grads_ready = True
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        assert self.local is not None
+        self.prepare_grads()
+        with record_function(f"shardbench::{self.label}::step"):
+            for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
+                local_group.update(_hyperparameters(group))
+            self.local.step()
+        for b, shards in zip(self.buckets, self._shards, strict=True):
+            for shard in shards:  # gradients converted for the step (bf16 -> fp32) are released
+                if shard.grad is not None and shard.grad.dtype != b.params[0].dtype:
+                    shard.grad = None
+        self._grads_ready = False
+        with record_function(f"shardbench::{self.label}::gather"):
+            self._gather_params()
+        return loss
+
+    def _gather_params(self) -> None:
+        works = []
+        for b, flat, master in zip(self.buckets, self.flats, self._masters, strict=True):
+            chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
+            if master is not None:
+                chunk.copy_(master)
+            if self.world_size > 1:
+                works.append(
+                    dist.all_gather_into_tensor(flat, chunk, group=self.process_group, async_op=True)
+                )
+        for w in works:
+            w.wait()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+        for shards in self._shards:
+            for shard in shards:
+                shard.grad = None
+        self._grads_ready = False
+        for hook in self.zero_grad_hooks:
+            hook(set_to_none)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the global gradient norm over all shards (as ``nn.utils.clip_grad_norm_``
+        over the full model would); returns the total norm."""
+        self.prepare_grads()
+        grads = [s.grad for shards in self._shards for s in shards if s.grad is not None]
+        device = self.flats[0].device if self.flats else torch.device("cpu")
+        norm_type = float(norm_type)
+        if norm_type == math.inf:
+            local = (
+                torch.stack([g.abs().max() for g in grads]).max() if grads else torch.zeros((), device=device)
+            )
+            total = local.float().clone()
+            if self.world_size > 1:
+                dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.process_group)
+        else:
+            local = (
+                torch.stack([g.float().norm(norm_type) ** norm_type for g in grads]).sum()
+                if grads
+                else torch.zeros((), device=device)
+            )
+            total = local.clone()
+            if self.world_size > 1:
+                dist.all_reduce(total, group=self.process_group)
+            total = total ** (1.0 / norm_type)
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return total
+
+    def refresh_master_weights(self) -> None:
+        """Re-read fp32 master copies from the (low-precision) parameters, e.g. after loading a
+        model checkpoint into them."""
+        for b, flat, master in zip(self.buckets, self.flats, self._masters, strict=True):
+            if master is not None:
+                master.copy_(flat[b.chunk_start : b.chunk_start + b.chunk])
+
+    # ----- accounting --------------------------------------------------------------------------
+    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Tensors by category for memory accounting: fp32 master weights are optimizer state
+        (the ZeRO paper's K=12 counts them there)."""
+        return {"optimizer": [m for m in self._masters if m is not None]}
+
+    def owned_numel(self) -> int:
+        return sum(b.chunk for b in self.buckets)
+
+    # ----- checkpoints -------------------------------------------------------------------------
+    def _param_index(self) -> dict[int, int]:
+        """id(param) -> index in the plain optimizer's state_dict numbering (over all groups)."""
+        return {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gather the full optimizer state on rank ``to`` (a collective: call on every rank)."""
+        assert self.local is not None
+        index = self._param_index()
+        payload: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
+        for b, shards in zip(self.buckets, self._shards, strict=True):
+            for pc, shard in zip(b.pieces, shards, strict=True):
+                st = self.local.state.get(shard)
+                if st:
+                    cpu = {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in st.items()}
+                    payload.setdefault(index[id(b.params[pc.param_index])], []).append((pc.lo, pc.hi, cpu))
+        gathered: list[Any] | None = [None] * self.world_size if self.rank == to else None
+        if self.world_size > 1:
+            dist.gather_object(
+                payload, gathered, dst=dist.get_global_rank(self.process_group, to), group=self.process_group
+            )
+        else:
+            gathered = [payload]
+        self._consolidated = self._assemble(gathered) if self.rank == to else None
+
+    def _assemble(self, payloads: list[Any] | None) -> dict[str, Any]:
+        params = [p for g in self.param_groups for p in g["params"]]
+        state: dict[int, dict[str, Any]] = {}
+        for payload in payloads or []:
+            for idx, pieces in payload.items():
+                p = params[idx]
+                full = state.setdefault(idx, {})
+                for lo, hi, st in pieces:
+                    for k, v in st.items():
+                        if torch.is_tensor(v) and v.dim() > 0:
+                            if k not in full:
+                                full[k] = torch.zeros(p.numel(), dtype=v.dtype)
+                            full[k][lo:hi] = v
+                        else:
+                            full.setdefault(k, v)
+        for idx, full in state.items():
+            for k, v in full.items():
+                if torch.is_tensor(v) and v.dim() > 0:
+                    full[k] = v.view(params[idx].shape)
+        groups, start = [], 0
+        for g in self.param_groups:
+            groups.append({**_hyperparameters(g), "params": list(range(start, start + len(g["params"])))})
+            start += len(g["params"])
+        return {"state": state, "param_groups": groups}
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The consolidated state, in the plain optimizer's format (load it into ``optim`` over
+        the same parameters, or into a ShardedOptimizer of any world size)."""
+        if self._consolidated is None:
+            raise RuntimeError(
+                "call consolidate_state_dict(to=RANK) on every rank first; state_dict() "
+                "is then available on rank RANK"
+            )
+        return self._consolidated
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        """Load a full (plain-format) state dict; each rank keeps the slices it owns."""
+        assert self.local is not None
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+            len(g["params"]) != len(s["params"]) for g, s in zip(groups, self.param_groups, strict=True)
+        ):
+            raise ValueError("state dict parameter groups do not match this optimizer's groups")
+        for g, saved in zip(self.param_groups, groups, strict=True):
+            g.update({k: v for k, v in saved.items() if k != "params"})
+        index = self._param_index()
+        saved_state = {int(k): v for k, v in state_dict["state"].items()}
+        for b, shards in zip(self.buckets, self._shards, strict=True):
+            for pc, shard in zip(b.pieces, shards, strict=True):
+                st = saved_state.get(index[id(b.params[pc.param_index])])
+                if st is None:
+                    self.local.state.pop(shard, None)
+                    continue
+                self.local.state[shard] = {
+                    k: (
+                        v.reshape(-1)[pc.lo : pc.hi].to(shard.device, copy=True)
+                        if torch.is_tensor(v) and v.dim() > 0
+                        else v.clone()
+                        if torch.is_tensor(v)
+                        else v
+                    )
+                    for k, v in st.items()
+                }
+        for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
+            local_group.update(_hyperparameters(group))
+        self.refresh_master_weights()
+        self._consolidated = None
+
+
+def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+def _as(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The gradient in the shard's dtype (a view when it already matches)."""
+    return grad if grad.dtype == like.dtype else grad.to(like.dtype)
