@@ -39,7 +39,7 @@ def smoke_run(tmp_path_factory) -> Path:
 
 def test_run_writes_records_and_tables(smoke_run: Path) -> None:
     records = read_records([smoke_run])
-    assert {(r.strategy, r.status) for r in records} == {("dp", "ok"), ("ddp", "ok")}
+    assert {(r.strategy, r.status) for r in records} == {("dp", "ok"), ("ddp", "ok"), ("zero2", "ok")}
     for name in ("table.md", "table.csv"):
         assert (smoke_run / name).stat().st_size > 0
     assert len((smoke_run / "table.csv").read_text().strip().splitlines()) == 1 + len(records)
