@@ -122,11 +122,13 @@ def run_rank(
     allocator = cuda_allocator_stats(device)
 
     probe = MemoryProbe(device, [model, optimizer], typed=strategy.memory_tensors())
+    strategy.observe_memory(probe.attribute)
     with probe:
         for _ in range(MEMORY_STEPS):
             strategy.train_step(model, optimizer, batch(step), loss_fn)
             probe.next_step()
             step += 1
+    strategy.observe_memory(None)
     tracked_peak, breakdown = probe.peak()
     strategy.teardown()
     return {

@@ -43,6 +43,8 @@ class Workload(ABC):
     presets: dict[str, dict[str, Any]]
     #: learning rate and optimizer of the paper/reference setting.
     lr: float = 1e-4
+    #: presets in increasing parameter count, for the largest-trainable-size search.
+    ladder: tuple[str, ...] = ()
 
     def check_preset(self, preset: str) -> None:
         if preset not in self.presets:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from models.base import Workload
+from models.deepspeech2 import DeepSpeech2Workload
+from models.imagegpt import ImageGPTWorkload
+from models.swav import SwAVWorkload
 from models.transformer import TransformerWorkload
 
 _WORKLOADS: dict[str, type[Workload]] = {
-    TransformerWorkload.name: TransformerWorkload,
+    cls.name: cls for cls in (TransformerWorkload, ImageGPTWorkload, SwAVWorkload, DeepSpeech2Workload)
 }
 
 

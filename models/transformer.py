@@ -2,7 +2,9 @@
 
 ``BertModel`` built from a ``BertConfig`` (never downloaded), dropout 0.3 on the pooled output,
 a linear head and cross-entropy over synthetic token sequences, trained with AdamW at lr 2e-5 as
-in the seed. ``base`` is the bert-base-uncased shape (109.5M parameters in encoder + pooler).
+in the seed. ``base`` is the bert-base-uncased shape (109.5M parameters in encoder + pooler),
+``large`` bert-large (335M); ``1b`` to ``20b`` widen and deepen the same architecture for the
+model-size ladder (sequence length 128 throughout).
 """
 
 from __future__ import annotations
@@ -60,7 +62,43 @@ class TransformerWorkload(Workload):
             _BERT_BASE, hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048
         ),
         "base": dict(_BERT_BASE),
+        "large": dict(
+            _BERT_BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+        ),
+        "1b": dict(
+            _BERT_BASE, hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, intermediate_size=8192
+        ),
+        "2.5b": dict(
+            _BERT_BASE,
+            hidden_size=2560,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            intermediate_size=10240,
+        ),
+        "6b": dict(
+            _BERT_BASE,
+            hidden_size=4096,
+            num_hidden_layers=30,
+            num_attention_heads=32,
+            intermediate_size=16384,
+        ),
+        "13b": dict(
+            _BERT_BASE,
+            hidden_size=5120,
+            num_hidden_layers=40,
+            num_attention_heads=40,
+            intermediate_size=20480,
+        ),
+        "20b": dict(
+            _BERT_BASE,
+            hidden_size=6144,
+            num_hidden_layers=44,
+            num_attention_heads=48,
+            intermediate_size=24576,
+        ),
     }
+    #: presets in increasing parameter count, for the max-size search (depth and width grow).
+    ladder = ("tiny", "small", "base", "large", "1b", "2.5b", "6b", "13b", "20b")
 
     def _config(self, preset: str, dropout: bool) -> tuple[BertConfig, dict[str, Any]]:
         self.check_preset(preset)

@@ -16,6 +16,7 @@ them) to gradients rather than activations.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -104,6 +105,17 @@ class MemoryProbe:
             )
         for t in tensors:
             retype(t, reftype)
+
+    def attribute(self, tensor: torch.Tensor, category: str) -> None:
+        """Type a tensor a strategy just allocated (the tracker would call it a temporary).
+
+        If that allocation set the peak, the peak's breakdown is refreshed so it shows the new
+        type (the total is unchanged)."""
+        self._register(category, [tensor])
+        t = self._tracker
+        for dev, snap in getattr(t, "_curr_mem_snap", {}).items():
+            if snap.get("Total") == getattr(t, "_peak_mem", {}).get(dev):
+                t._peak_mem_snap[dev] = copy.deepcopy(snap)
 
     def __enter__(self) -> MemoryProbe:
         if self.device.type == "cuda":

@@ -96,6 +96,10 @@ class Strategy:
         optimizer.step()
         return loss.detach()
 
+    def observe_memory(self, observer: Callable[[torch.Tensor, str], None] | None) -> None:
+        """Install (or remove, with None) a callback that the strategy calls with each tensor it
+        allocates during a step and its category, so memory accounting can type it."""
+
     def teardown(self) -> None:
         """Release anything ``setup`` created beyond the model and optimizer."""
 

@@ -3,6 +3,7 @@ ShardedDataParallel: optimizer state and gradients sharded, parameters replicate
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,6 +45,10 @@ class Zero2Strategy(Strategy):
         )
         self.model = ShardedDataParallel(model, self.optimizer)
         return self.model, self.optimizer
+
+    def observe_memory(self, observer: Callable[[torch.Tensor, str], None] | None) -> None:
+        if self.model is not None:
+            self.model.memory_observer = observer
 
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
         if self.optimizer is None or self.model is None:

@@ -24,7 +24,7 @@ local gradients, DDP-style, and the next synchronised backward reduces their sum
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -54,12 +54,12 @@ class ShardedDataParallel(nn.Module):
         self.world_size = sharded_optimizer.world_size
         self._src = dist.get_global_rank(self.process_group, 0)
         buckets = sharded_optimizer.buckets
-        # Persistent, like DDP's buckets: allocated once, so memory does not churn per step.
-        # ``_fresh[i]`` means "holds no gradient since zero_grad": the next reduction overwrites.
-        self._grad_shards = [
-            torch.zeros(b.chunk, dtype=b.params[0].dtype, device=b.params[0].device) for b in buckets
-        ]
-        self._fresh = [True] * len(buckets)
+        # Allocated by the first reduction after zero_grad(set_to_none=True), freed by it: the
+        # forward pass, where activations peak, then holds no gradient memory at all.
+        self._grad_shards: list[torch.Tensor | None] = [None] * len(buckets)
+        #: memory accounting observer: called with each tensor allocated here and its category
+        #: ("grads" for gradient shards, "other" for communication buffers).
+        self.memory_observer: Callable[[torch.Tensor, str], None] | None = None
         self._buffers: dict[int, torch.Tensor] = {}
         self._pending = [len(b.params) for b in buckets]
         self._ready: set[int] = set()
@@ -128,8 +128,13 @@ class ShardedDataParallel(nn.Module):
         if buf is None:
             first = bucket.params[0]
             buf = torch.zeros(bucket.padded, dtype=first.dtype, device=first.device)
+            self._observe(buf, "other")
             self._buffers[bucket.index] = buf
         return buf
+
+    def _observe(self, tensor: torch.Tensor, category: str) -> None:
+        if self.memory_observer is not None:
+            self.memory_observer(tensor, category)
 
     def _launch_ready(self) -> None:
         buckets = self.optimizer.buckets
@@ -141,9 +146,10 @@ class ShardedDataParallel(nn.Module):
         while len(self._in_flight) >= MAX_IN_FLIGHT:
             self._complete_oldest()
         buf = self._buffers.pop(bucket.index)
-        fresh = self._fresh[bucket.index]
-        # Reduce straight into the shard when it holds nothing yet; accumulate via a temporary.
-        out = self._grad_shards[bucket.index] if fresh else buf.new_empty(bucket.chunk)
+        # The reduction's output becomes the shard when there is none yet; else it is a
+        # temporary that is added into the shard (gradient accumulation).
+        out = buf.new_empty(bucket.chunk)
+        self._observe(out, "grads" if self._grad_shards[bucket.index] is None else "other")
         with record_function("shardbench::zero2::reduce"):
             if self.world_size > 1:
                 buf.div_(self.world_size)  # average, as DDP does (pre-divided, then summed)
@@ -157,10 +163,11 @@ class ShardedDataParallel(nn.Module):
         work, index, buf, out = self._in_flight.pop(0)
         if work is not None:
             work.wait()
-        if self._fresh[index]:
-            self._fresh[index] = False
+        shard = self._grad_shards[index]
+        if shard is None:
+            self._grad_shards[index] = out
         else:
-            self._grad_shards[index].add_(out)
+            shard.add_(out)
         del buf, out  # the bucket buffer dies here
 
     def _finish_backward(self) -> None:
@@ -191,20 +198,21 @@ class ShardedDataParallel(nn.Module):
         ):
             for pc, shard in zip(b.pieces, shards, strict=True):
                 p = b.params[pc.param_index]
-                if self._fresh[b.index] or used is None or not used[self._slot[p]]:
+                if gshard is None or used is None or not used[self._slot[p]]:
                     shard.grad = None
                     continue
                 g = gshard[pc.chunk_offset : pc.chunk_offset + pc.numel]
                 shard.grad = g if g.dtype == shard.dtype else g.to(shard.dtype)
 
     def _on_zero_grad(self, set_to_none: bool) -> None:
-        if set_to_none:  # "no gradient": the shards are marked empty, their memory stays
-            self._fresh = [True] * len(self._fresh)
+        if set_to_none:
+            self._grad_shards = [None] * len(self._grad_shards)
             self._globally_used = None
         else:
             for g in self._grad_shards:
-                g.zero_()
+                if g is not None:
+                    g.zero_()
 
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
-        """Persistent tensors by category, for memory accounting: the gradient shards."""
-        return {"grads": list(self._grad_shards)}
+        """Tensors held now, by category, for memory accounting: the gradient shards."""
+        return {"grads": [g for g in self._grad_shards if g is not None]}

@@ -27,6 +27,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.profiler import record_function
 
+from bench.strategies.sharded.checkpoint import (
+    assemble_full_state,
+    hyperparameters,
+    slice_state,
+    state_pieces,
+)
 from bench.strategies.sharded.layout import Bucket, build_buckets, flatten_into_buckets
 
 #: optimizers whose update of each element depends only on that element's gradient and state.
@@ -137,7 +143,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self._shards.append(shards)
                 self._bucket_group.append(gi)
                 group_shards.extend(shards)
-            local_groups.append({**_hyperparameters(group), "params": group_shards})
+            local_groups.append({**hyperparameters(group), "params": group_shards})
         if self.local is None:
             self.local = self._optim_cls(local_groups, **self._optim_kwargs)
             self.state = self.local.state  # type: ignore[assignment]
@@ -150,7 +156,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for gi, local_group in zip(
             group_indices, self.local.param_groups[-len(group_indices) :], strict=True
         ):
-            for k, v in _hyperparameters(local_group).items():
+            for k, v in hyperparameters(local_group).items():
                 self.param_groups[gi].setdefault(k, v)
 
     # ----- the step ----------------------------------------------------------------------------
@@ -178,7 +184,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.prepare_grads()
         with record_function(f"shardbench::{self.label}::step"):
             for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
-                local_group.update(_hyperparameters(group))
+                local_group.update(hyperparameters(group))
             self.local.step()
         for b, shards in zip(self.buckets, self._shards, strict=True):
             for shard in shards:  # gradients converted for the step (bf16 -> fp32) are released
@@ -266,13 +272,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Gather the full optimizer state on rank ``to`` (a collective: call on every rank)."""
         assert self.local is not None
         index = self._param_index()
-        payload: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
-        for b, shards in zip(self.buckets, self._shards, strict=True):
-            for pc, shard in zip(b.pieces, shards, strict=True):
-                st = self.local.state.get(shard)
-                if st:
-                    cpu = {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in st.items()}
-                    payload.setdefault(index[id(b.params[pc.param_index])], []).append((pc.lo, pc.hi, cpu))
+        owned = [
+            (index[id(b.params[pc.param_index])], pc.lo, pc.hi, self.local.state.get(shard))
+            for b, shards in zip(self.buckets, self._shards, strict=True)
+            for pc, shard in zip(b.pieces, shards, strict=True)
+        ]
+        payload = state_pieces(owned)
         gathered: list[Any] | None = [None] * self.world_size if self.rank == to else None
         if self.world_size > 1:
             dist.gather_object(
@@ -280,32 +285,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             )
         else:
             gathered = [payload]
-        self._consolidated = self._assemble(gathered) if self.rank == to else None
-
-    def _assemble(self, payloads: list[Any] | None) -> dict[str, Any]:
-        params = [p for g in self.param_groups for p in g["params"]]
-        state: dict[int, dict[str, Any]] = {}
-        for payload in payloads or []:
-            for idx, pieces in payload.items():
-                p = params[idx]
-                full = state.setdefault(idx, {})
-                for lo, hi, st in pieces:
-                    for k, v in st.items():
-                        if torch.is_tensor(v) and v.dim() > 0:
-                            if k not in full:
-                                full[k] = torch.zeros(p.numel(), dtype=v.dtype)
-                            full[k][lo:hi] = v
-                        else:
-                            full.setdefault(k, v)
-        for idx, full in state.items():
-            for k, v in full.items():
-                if torch.is_tensor(v) and v.dim() > 0:
-                    full[k] = v.view(params[idx].shape)
-        groups, start = [], 0
-        for g in self.param_groups:
-            groups.append({**_hyperparameters(g), "params": list(range(start, start + len(g["params"])))})
-            start += len(g["params"])
-        return {"state": state, "param_groups": groups}
+        self._consolidated = assemble_full_state(self.param_groups, gathered) if self.rank == to else None
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """The consolidated state, in the plain optimizer's format (load it into ``optim`` over
@@ -334,25 +314,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 st = saved_state.get(index[id(b.params[pc.param_index])])
                 if st is None:
                     self.local.state.pop(shard, None)
-                    continue
-                self.local.state[shard] = {
-                    k: (
-                        v.reshape(-1)[pc.lo : pc.hi].to(shard.device, copy=True)
-                        if torch.is_tensor(v) and v.dim() > 0
-                        else v.clone()
-                        if torch.is_tensor(v)
-                        else v
-                    )
-                    for k, v in st.items()
-                }
+                else:
+                    self.local.state[shard] = slice_state(st, pc.lo, pc.hi, shard.device)
         for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
-            local_group.update(_hyperparameters(group))
+            local_group.update(hyperparameters(group))
         self.refresh_master_weights()
         self._consolidated = None
-
-
-def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in group.items() if k != "params"}
 
 
 def _as(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

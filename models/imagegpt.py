@@ -1,0 +1,73 @@
+"""Image GPT: ``ImageGPTForCausalImageModeling`` from an ``ImageGPTConfig`` (never downloaded).
+
+Images are 32x32 grids of colour-cluster tokens (512 clusters; token 512 is the start token), so
+a sequence is the start token followed by the first 1023 pixels in raster order, and the loss is
+next-token cross-entropy over the pixels (transformers shifts the labels). Presets follow the
+Image GPT paper: iGPT-S (n_embd 512, 24 layers, 8 heads, 76M parameters), iGPT-M (1024, 36, 8,
+455M), iGPT-L (1536, 48, 16, 1.36B). Optimizer: AdamW (the paper uses Adam with weight decay;
+the lr is ours, the benchmark measures memory and time, not convergence).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import ImageGPTConfig, ImageGPTForCausalImageModeling
+
+from models.base import Inputs, Workload, batch_generator
+
+CLUSTERS = 512
+
+
+class ImageGPTWorkload(Workload):
+    name = "imagegpt"
+    lr = 1e-4
+    presets: dict[str, dict[str, Any]] = {
+        "tiny": dict(n_embd=64, n_layer=2, n_head=2, side=8),
+        "igpt-s": dict(n_embd=512, n_layer=24, n_head=8, side=32),
+        "igpt-m": dict(n_embd=1024, n_layer=36, n_head=8, side=32),
+        "igpt-l": dict(n_embd=1536, n_layer=48, n_head=16, side=32),
+    }
+    #: width/depth steps for the max-size search, parameter counts increasing.
+    ladder = ("tiny", "igpt-s", "igpt-m", "igpt-l")
+
+    def _config(self, preset: str, dropout: bool) -> tuple[ImageGPTConfig, int]:
+        self.check_preset(preset)
+        p = dict(self.presets[preset])
+        side = p.pop("side")
+        drop = 0.1 if dropout else 0.0
+        config = ImageGPTConfig(
+            vocab_size=CLUSTERS + 1,
+            n_positions=side * side,
+            resid_pdrop=drop,
+            embd_pdrop=drop,
+            attn_pdrop=drop,
+            **p,
+        )
+        return config, side
+
+    def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
+        config, _ = self._config(preset, dropout)
+        return ImageGPTForCausalImageModeling(config)
+
+    def batch(
+        self,
+        preset: str,
+        batch_size: int,
+        *,
+        seed: int,
+        step: int,
+        rank: int,
+        device: torch.device | str = "cpu",
+    ) -> Inputs:
+        _, side = self._config(preset, True)
+        g = batch_generator(seed=seed, step=step, rank=rank)
+        pixels = torch.randint(0, CLUSTERS, (batch_size, side * side - 1), generator=g)
+        start = torch.full((batch_size, 1), CLUSTERS)
+        return {"input_ids": torch.cat([start, pixels], dim=1).to(device)}
+
+    def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
+        ids = inputs["input_ids"]
+        return model(input_ids=ids, labels=ids).loss
