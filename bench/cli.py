@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench.config import DEVICES, PRECISIONS, SuiteSpec, load_suite, override, suite_names
+from bench.config import DEVICES, PRECISIONS, CellConfig, SuiteSpec, load_suite, override, suite_names
 
 DEFAULT_RUNS_DIR = Path("results/runs")
 
@@ -67,15 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def resolve_suite(args: argparse.Namespace) -> SuiteSpec:
-    """The suite with command-line overrides applied, fully validated (raises UsageError)."""
+def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]]:
+    """The suite with command-line overrides applied and its cells, every value validated
+    (raises UsageError naming what is allowed)."""
     from bench.strategies.registry import canonical_name, get_strategy
     from models.registry import get_workload
 
     try:
-        spec = load_suite(args.suite)
         spec = override(
-            spec,
+            load_suite(args.suite),
             workloads=args.workload,
             strategies=args.strategy,
             world_sizes=args.world_size,
@@ -87,22 +87,11 @@ def resolve_suite(args: argparse.Namespace) -> SuiteSpec:
             device=args.device,
             timeout_s=args.timeout,
         )
-        spec = replace(spec, strategies=tuple(canonical_name(s) for s in spec.strategies))
-        for w in spec.workloads:
-            workload = get_workload(w)
-            for p in spec.presets:
-                workload.check_preset(p)
+        cells = [replace(c, strategy=canonical_name(c.strategy)) for c in spec.cells()]
+        for w, p in {(c.workload, c.preset) for c in cells}:
+            get_workload(w).check_preset(p)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    for n in spec.world_sizes:
-        if n < 1:
-            raise UsageError(f"world size must be >= 1, got {n}")
-    for pr in spec.precisions:
-        if pr not in PRECISIONS:
-            raise UsageError(f"unknown precision {pr!r}; allowed: {', '.join(PRECISIONS)}")
-    for b in spec.batch_sizes:
-        if b < 1:
-            raise UsageError(f"batch size must be >= 1, got {b}")
     if spec.steps < 1 or spec.warmup < 0:
         raise UsageError(f"steps must be >= 1 and warmup >= 0, got steps={spec.steps} warmup={spec.warmup}")
     if spec.device not in DEVICES:
@@ -112,22 +101,27 @@ def resolve_suite(args: argparse.Namespace) -> SuiteSpec:
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda requested but CUDA is not available here; use --device cpu")
-    for s in spec.strategies:
-        for n in spec.world_sizes:
-            try:
-                get_strategy(s).plan_world(n, spec.device)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
-    return spec
+    for c in cells:
+        if c.world_size < 1:
+            raise UsageError(f"world size must be >= 1, got {c.world_size}")
+        if c.precision not in PRECISIONS:
+            raise UsageError(f"unknown precision {c.precision!r}; allowed: {', '.join(PRECISIONS)}")
+        if c.batch_size < 1:
+            raise UsageError(f"batch size must be >= 1, got {c.batch_size}")
+        try:
+            get_strategy(c.strategy).plan_world(c.world_size, spec.device)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return spec, cells
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    spec = resolve_suite(args)
+    spec, cells = resolve_cells(args)
     from bench.runner import run_cells
 
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{spec.name}"
     out = args.out or DEFAULT_RUNS_DIR / run_id
-    records, table = run_cells(spec.cells(), out_dir=out, run_id=run_id)
+    records, table = run_cells(cells, out_dir=out, run_id=run_id)
     print(table)
     ok = sum(r.status == "ok" for r in records)
     print(f"{len(records)} cells, {ok} ok; records: {out / 'records.jsonl'}")

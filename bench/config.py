@@ -67,37 +67,39 @@ class SuiteSpec:
     timeout_s: float = 600.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    #: extra cross products (a suite's ``[[matrix]]`` tables): each overrides some of the lists
+    #: above, e.g. a different preset per workload. Empty: the lists above are the one matrix.
+    matrices: tuple[dict[str, tuple[Any, ...]], ...] = ()
+
     def cells(self) -> list[CellConfig]:
-        return [
-            CellConfig(
-                workload=w,
-                preset=p,
-                strategy=s,
-                world_size=n,
-                precision=pr,
-                batch_size=b,
-                steps=self.steps,
-                warmup=self.warmup,
-                device=self.device,
-                timeout_s=self.timeout_s,
-                suite=self.name,
-            )
-            for w, p, s, n, pr, b in itertools.product(
-                self.workloads,
-                self.presets,
-                self.strategies,
-                self.world_sizes,
-                self.precisions,
-                self.batch_sizes,
-            )
-        ]
+        cells: list[CellConfig] = []
+        for matrix in self.matrices or ({},):
+            lists = {key: matrix.get(key, getattr(self, key)) for key in _LIST_KEYS}
+            for w, p, s, n, pr, b in itertools.product(*(lists[k] for k in _LIST_KEYS)):
+                cell = CellConfig(
+                    workload=w,
+                    preset=p,
+                    strategy=s,
+                    world_size=n,
+                    precision=pr,
+                    batch_size=b,
+                    steps=self.steps,
+                    warmup=self.warmup,
+                    device=self.device,
+                    timeout_s=self.timeout_s,
+                    suite=self.name,
+                )
+                if cell not in cells:
+                    cells.append(cell)
+        return cells
 
 
+# order matters: the cross product in SuiteSpec.cells() follows it
 _LIST_KEYS = {
     "workloads": str,
+    "presets": str,
     "strategies": str,
     "world_sizes": int,
-    "presets": str,
     "precisions": str,
     "batch_sizes": int,
 }
@@ -122,28 +124,44 @@ def load_suite(name_or_path: str) -> SuiteSpec:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read suite file {str(path)!r}: {e}") from None
+    where = f"suite {str(path)!r}"
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        if key in _LIST_KEYS:
-            values = value if isinstance(value, list) else [value]
-            if not values or not all(isinstance(v, _LIST_KEYS[key]) for v in values):
-                raise ValueError(
-                    f"suite {str(path)!r}: {key!r} must be a non-empty list of {_LIST_KEYS[key].__name__}"
-                )
-            kwargs[key] = tuple(values)
+        if key == "matrix":
+            if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+                raise ValueError(f"{where}: 'matrix' must be an array of tables ([[matrix]])")
+            kwargs["matrices"] = tuple(_lists(m, f"{where} [[matrix]]") for m in value)
+        elif key in _LIST_KEYS:
+            kwargs.update(_lists({key: value}, where))
         elif key in _SCALAR_KEYS:
             typ = _SCALAR_KEYS[key]
             if typ is float and isinstance(value, int):
                 value = float(value)
             if not isinstance(value, typ):
-                raise ValueError(f"suite {str(path)!r}: {key!r} must be {typ.__name__}")
+                raise ValueError(f"{where}: {key!r} must be {typ.__name__}")
             kwargs[key] = value
         else:
-            allowed = ", ".join([*_LIST_KEYS, *_SCALAR_KEYS])
-            raise ValueError(f"suite {str(path)!r}: unknown key {key!r}; allowed: {allowed}")
+            allowed = ", ".join([*_LIST_KEYS, *_SCALAR_KEYS, "matrix"])
+            raise ValueError(f"{where}: unknown key {key!r}; allowed: {allowed}")
     return SuiteSpec(name=path.stem, **kwargs)
 
 
+def _lists(table: dict[str, Any], where: str) -> dict[str, tuple[Any, ...]]:
+    """Validate the list keys of a table (a scalar counts as a one-element list)."""
+    out = {}
+    for key, value in table.items():
+        if key not in _LIST_KEYS:
+            raise ValueError(f"{where}: unknown key {key!r}; allowed: {', '.join(_LIST_KEYS)}")
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, _LIST_KEYS[key]) for v in values):
+            raise ValueError(f"{where}: {key!r} must be a non-empty list of {_LIST_KEYS[key].__name__}")
+        out[key] = tuple(values)
+    return out
+
+
 def override(spec: SuiteSpec, **changes: Any) -> SuiteSpec:
-    """Apply command-line overrides (None means keep the suite's value)."""
-    return replace(spec, **{k: v for k, v in changes.items() if v is not None})
+    """Apply command-line overrides (None keeps the suite's value). An overridden list replaces
+    that list in every ``[[matrix]]`` too: the command line wins everywhere."""
+    given = {k: v for k, v in changes.items() if v is not None}
+    matrices = tuple({k: v for k, v in m.items() if k not in given} for m in spec.matrices)
+    return replace(spec, matrices=matrices, **given)

@@ -62,7 +62,33 @@ def test_env_reports_versions(capsys) -> None:
 
 def test_suites_shipped_are_valid() -> None:
     from bench.config import load_suite, suite_names
+    from bench.strategies.registry import canonical_name
+    from models.registry import get_workload
 
     for name in suite_names():
-        assert load_suite(name).cells(), name
+        cells = load_suite(name).cells()
+        assert cells, name
+        for c in cells:
+            get_workload(c.workload).check_preset(c.preset)
+            canonical_name(c.strategy)
     assert Path("bench/suites/smoke.toml").exists()
+
+
+def test_suite_matrices_and_overrides(tmp_path) -> None:
+    from bench.config import load_suite, override
+
+    path = tmp_path / "m.toml"
+    path.write_text(
+        'strategies = ["ddp"]\nworld_sizes = [2]\n'
+        '[[matrix]]\nworkloads = ["transformer"]\npresets = ["tiny", "small"]\n'
+        '[[matrix]]\nworkloads = ["imagegpt"]\npresets = ["tiny"]\nstrategies = ["ddp", "zero2"]\n'
+    )
+    spec = load_suite(str(path))
+    got = [(c.workload, c.preset, c.strategy) for c in spec.cells()]
+    assert got == [("transformer", "tiny", "ddp"), ("transformer", "small", "ddp"),
+                   ("imagegpt", "tiny", "ddp"), ("imagegpt", "tiny", "zero2")]
+    # a command-line list wins in every matrix
+    assert {c.strategy for c in override(spec, strategies=("zero1",)).cells()} == {"zero1"}
+    path.write_text("[[matrix]]\nworkload = ['x']\n")
+    with pytest.raises(ValueError, match="unknown key 'workload'"):
+        load_suite(str(path))

@@ -111,9 +111,14 @@ class ShardedDataParallel(nn.Module):
             if not self._callback_queued:
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
                 self._callback_queued = True
-            buf = self._buffer(bucket)
-            off = bucket.offsets[i]
-            buf[off : off + p.numel()].copy_(p.grad.reshape(-1))
+            if len(bucket.params) == 1 and bucket.padded == p.numel() and p.grad.is_contiguous():
+                # A bucket of one parameter that splits evenly (a big embedding, typically):
+                # reduce its gradient in place rather than copy it into a second buffer.
+                self._buffers[bucket.index] = p.grad.view(-1)
+                self._observe(p.grad, "other")
+            else:
+                off = bucket.offsets[i]
+                self._buffer(bucket)[off : off + p.numel()].copy_(p.grad.reshape(-1))
             p.grad = None  # the full gradient is not kept: this is what stage 2 saves
             self._used[self._slot[p]] = 1
             self._pending[bucket.index] -= 1
@@ -143,6 +148,10 @@ class ShardedDataParallel(nn.Module):
             self._next += 1
 
     def _launch(self, bucket: Bucket) -> None:
+        # Release reductions that have finished, without waiting; block only when the limit
+        # of buckets in flight would be exceeded (that wait is what bounds the memory).
+        while self._in_flight and (self._in_flight[0][0] is None or self._in_flight[0][0].is_completed()):
+            self._complete_oldest()
         while len(self._in_flight) >= MAX_IN_FLIGHT:
             self._complete_oldest()
         buf = self._buffers.pop(bucket.index)
