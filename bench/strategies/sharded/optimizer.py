@@ -182,31 +182,43 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         assert self.local is not None
         self.prepare_grads()
-        with record_function(f"shardbench::{self.label}::step"):
-            for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
-                local_group.update(hyperparameters(group))
-            self.local.step()
-        for b, shards in zip(self.buckets, self._shards, strict=True):
-            for shard in shards:  # gradients converted for the step (bf16 -> fp32) are released
-                if shard.grad is not None and shard.grad.dtype != b.params[0].dtype:
-                    shard.grad = None
-        self._grads_ready = False
-        with record_function(f"shardbench::{self.label}::gather"):
-            self._gather_params()
-        return loss
-
-    def _gather_params(self) -> None:
+        for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
+            local_group.update(hyperparameters(group))
+        # Bucket by bucket: update this rank's pieces of a bucket, then start gathering that
+        # bucket while the next one is updated (the wrapped optimizer skips pieces whose
+        # gradient is None, so each step() call touches one bucket's pieces only).
+        grads = [[shard.grad for shard in shards] for shards in self._shards]
+        for shards in self._shards:
+            for shard in shards:
+                shard.grad = None
         works = []
-        for b, flat, master in zip(self.buckets, self.flats, self._masters, strict=True):
-            chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
-            if master is not None:
-                chunk.copy_(master)
-            if self.world_size > 1:
-                works.append(
-                    dist.all_gather_into_tensor(flat, chunk, group=self.process_group, async_op=True)
-                )
-        for w in works:
-            w.wait()
+        for b, flat, master, shards, bucket_grads in zip(
+            self.buckets, self.flats, self._masters, self._shards, grads, strict=True
+        ):
+            with record_function(f"shardbench::{self.label}::step"):
+                for shard, g in zip(shards, bucket_grads, strict=True):
+                    shard.grad = g
+                if any(g is not None for g in bucket_grads):
+                    self.local.step()
+                for shard in shards:
+                    shard.grad = None
+            with record_function(f"shardbench::{self.label}::gather"):
+                chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
+                if master is not None:
+                    chunk.copy_(master)
+                if self.world_size > 1:
+                    works.append(
+                        dist.all_gather_into_tensor(flat, chunk, group=self.process_group, async_op=True)
+                    )
+        with record_function(f"shardbench::{self.label}::gather"):
+            for w in works:
+                w.wait()
+        # Gradients stay visible until zero_grad, except copies converted for the step (bf16).
+        for b, shards, bucket_grads in zip(self.buckets, self._shards, grads, strict=True):
+            for shard, g in zip(shards, bucket_grads, strict=True):
+                shard.grad = g if g is None or g.dtype == b.params[0].dtype else None
+        self._grads_ready = False
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
