@@ -121,13 +121,15 @@ def run_rank(
         step += 1
     allocator = cuda_allocator_stats(device)
 
-    probe = MemoryProbe(device, [model, optimizer], typed=strategy.memory_tensors())
+    # Inputs are made before tracking starts, so they count as "other", not as activations.
+    inputs = [batch(step + i) for i in range(MEMORY_STEPS)]
+    probe = MemoryProbe(device, [model, optimizer, inputs], typed=strategy.memory_tensors())
     strategy.observe_memory(probe.attribute)
     with probe:
-        for _ in range(MEMORY_STEPS):
-            strategy.train_step(model, optimizer, batch(step), loss_fn)
+        for step_inputs in inputs:
+            strategy.train_step(model, optimizer, step_inputs, loss_fn)
             probe.next_step()
-            step += 1
+    del inputs
     strategy.observe_memory(None)
     tracked_peak, breakdown = probe.peak()
     strategy.teardown()

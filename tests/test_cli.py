@@ -85,8 +85,12 @@ def test_suite_matrices_and_overrides(tmp_path) -> None:
     )
     spec = load_suite(str(path))
     got = [(c.workload, c.preset, c.strategy) for c in spec.cells()]
-    assert got == [("transformer", "tiny", "ddp"), ("transformer", "small", "ddp"),
-                   ("imagegpt", "tiny", "ddp"), ("imagegpt", "tiny", "zero2")]
+    assert got == [
+        ("transformer", "tiny", "ddp"),
+        ("transformer", "small", "ddp"),
+        ("imagegpt", "tiny", "ddp"),
+        ("imagegpt", "tiny", "zero2"),
+    ]
     # a command-line list wins in every matrix
     assert {c.strategy for c in override(spec, strategies=("zero1",)).cells()} == {"zero1"}
     path.write_text("[[matrix]]\nworkload = ['x']\n")

@@ -70,7 +70,7 @@ class MemoryProbe:
     def __init__(
         self,
         device: torch.device,
-        external: Iterable[nn.Module | torch.optim.Optimizer | torch.Tensor],
+        external: Iterable[Any],  # modules, optimizers, tensors or pytrees of tensors (inputs)
         typed: dict[str, list[torch.Tensor]] | None = None,
     ) -> None:
         self.device = device

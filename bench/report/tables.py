@@ -50,7 +50,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "other_MiB": _mib(bd.get("other")),
                 "pred_model_state_MiB": _mib(predicted),
                 "model_state_vs_pred": (model_state / predicted) if model_state and predicted else None,
-                "note": r.note or first_line(r.error),
+                "note": first_line(r.error) if r.status != "ok" else r.note,
             }
         )
     return pd.DataFrame(rows)

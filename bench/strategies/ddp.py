@@ -15,23 +15,30 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bench.strategies.base import OptimizerFactory, RankContext, Strategy
 
+#: how every DDP-based strategy here configures DDP (ddp, zero1, torch-zero1), so they differ
+#: only in what they add to it.
+DDP_SETTINGS: dict[str, Any] = {
+    "gradient_as_bucket_view": True,
+    "bucket_cap_mb": 25,
+    "broadcast_buffers": True,
+}
+
+
+def wrap_ddp(model: nn.Module, ctx: RankContext) -> DistributedDataParallel:
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(
+        model, device_ids=device_ids, process_group=ctx.process_group, **DDP_SETTINGS
+    )
+
 
 class DDPStrategy(Strategy):
     name = "ddp"
     description = "DistributedDataParallel (gradient_as_bucket_view=True), full replicas"
 
     def settings(self) -> dict[str, Any]:
-        return {"gradient_as_bucket_view": True, "bucket_cap_mb": 25, "broadcast_buffers": True}
+        return dict(DDP_SETTINGS)
 
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=device_ids,
-            process_group=ctx.process_group,
-            gradient_as_bucket_view=True,
-            bucket_cap_mb=25,
-        )
-        return ddp, optimizer_factory(model)
+        return wrap_ddp(model, ctx), optimizer_factory(model)

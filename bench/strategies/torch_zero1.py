@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.nn.parallel import DistributedDataParallel
 
 from bench.strategies.base import OptimizerFactory, RankContext, Strategy
+from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 
 
 class TorchZero1Strategy(Strategy):
@@ -31,7 +31,7 @@ class TorchZero1Strategy(Strategy):
         return {
             "parameters_as_bucket_view": True,
             "overlap_with_ddp": False,
-            "ddp_gradient_as_bucket_view": True,
+            "ddp": dict(DDP_SETTINGS),
             "partition": "whole parameters",
         }
 
@@ -47,15 +47,7 @@ class TorchZero1Strategy(Strategy):
             parameters_as_bucket_view=True,
             lr=template.defaults["lr"],
         )
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=device_ids,
-            process_group=ctx.process_group,
-            gradient_as_bucket_view=True,
-            bucket_cap_mb=25,
-        )
-        return ddp, self.optimizer
+        return wrap_ddp(model, ctx), self.optimizer
 
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
         if self.optimizer is None:

@@ -1,0 +1,39 @@
+"""What our two ZeRO strategies share: building the ShardedOptimizer from the workload's
+optimizer, bf16 handling, and declaring its memory (fp32 master weights)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.strategies.base import OptimizerFactory, RankContext, Strategy
+from bench.strategies.sharded import ShardedOptimizer
+
+
+class OursBase(Strategy):
+    shards_optimizer_state = True
+    bucket_cap_mb = 25.0
+
+    def __init__(self) -> None:
+        self.optimizer: ShardedOptimizer | None = None
+
+    def settings(self) -> dict[str, Any]:
+        return {"bucket_cap_mb": self.bucket_cap_mb, "partition": "flat buckets, element-balanced"}
+
+    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
+        """bf16 parameters and gradients; the ShardedOptimizer keeps fp32 master weights."""
+        return (model.to(torch.bfloat16) if precision == "bf16" else model), False
+
+    def build_optimizer(
+        self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
+    ) -> ShardedOptimizer:
+        """Must run before any wrapper sees the model: it moves parameters into flat buckets."""
+        self.optimizer = ShardedOptimizer.from_optimizer(
+            optimizer_factory(model), process_group=ctx.process_group, bucket_cap_mb=self.bucket_cap_mb
+        )
+        return self.optimizer
+
+    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
+        return self.optimizer.memory_tensors() if self.optimizer is not None else {}
