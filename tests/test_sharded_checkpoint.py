@@ -15,19 +15,10 @@ from tests.parity import max_rel_diff
 CHUNKS, FIRST, TOTAL = 4, 3, 5
 
 
-def _train(model, opt, wrapped, steps, rank, world_size) -> None:
-    for step in steps:
-        opt.zero_grad(set_to_none=True)
-        tricky.loss(
-            wrapped, tricky.rank_slice(tricky.global_batch(step, CHUNKS), rank, world_size), step
-        ).backward()
-        opt.step()
-
-
 def _first_phase(rank: int, world_size: int):
     model = tricky.build()
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW, bucket_cap_mb=0.001)
-    _train(model, opt, ShardedDataParallel(model, opt), range(FIRST), rank, world_size)
+    tricky.train_sharded_steps(ShardedDataParallel(model, opt), opt, range(FIRST), rank, world_size, CHUNKS)
     opt.consolidate_state_dict(to=0)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, (
         opt.state_dict() if rank == 0 else None
@@ -39,7 +30,9 @@ def _second_phase(rank: int, world_size: int, model_state, opt_state):
     model.load_state_dict(model_state)
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW, bucket_cap_mb=0.002)
     opt.load_state_dict(opt_state)
-    _train(model, opt, ShardedDataParallel(model, opt), range(FIRST, TOTAL), rank, world_size)
+    tricky.train_sharded_steps(
+        ShardedDataParallel(model, opt), opt, range(FIRST, TOTAL), rank, world_size, CHUNKS
+    )
     return tricky.state(model)
 
 

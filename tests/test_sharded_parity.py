@@ -111,13 +111,7 @@ BF16_LR = 1e-2  # updates must be well above bf16 resolution (2^-8 of a weight) 
 def _bf16(rank: int, world_size: int) -> dict[str, torch.Tensor]:
     model = tricky.build().to(torch.bfloat16)
     opt = ShardedOptimizer(tricky.param_groups(model, BF16_LR), optim=torch.optim.AdamW)
-    sdp = ShardedDataParallel(model, opt)
-    for step in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        tricky.loss(
-            sdp, tricky.rank_slice(tricky.global_batch(step, CHUNKS), rank, world_size), step
-        ).backward()
-        opt.step()
+    tricky.train_sharded_steps(ShardedDataParallel(model, opt), opt, range(STEPS), rank, world_size, CHUNKS)
     return tricky.state(model)
 
 
@@ -170,13 +164,7 @@ def _train_with(rank: int, world_size: int, stage: int, name: str) -> dict[str, 
     opt = ShardedOptimizer(
         [p for p in model.parameters() if p.requires_grad], optim=cls, bucket_cap_mb=0.0005, **kw
     )
-    wrapped = wrap(model, opt, stage)
-    for step in range(3):
-        opt.zero_grad(set_to_none=True)
-        tricky.loss(
-            wrapped, tricky.rank_slice(tricky.global_batch(step, CHUNKS), rank, world_size), step
-        ).backward()
-        opt.step()
+    tricky.train_sharded_steps(wrap(model, opt, stage), opt, range(3), rank, world_size, CHUNKS)
     return tricky.state(model)
 
 

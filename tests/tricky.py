@@ -68,3 +68,13 @@ def loss(model: nn.Module, batch: dict, step: int) -> torch.Tensor:
 
 def state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+
+
+def train_sharded_steps(
+    wrapped: nn.Module, opt: torch.optim.Optimizer, steps: range, rank: int, world_size: int, chunks: int = 4
+) -> None:
+    """The training loop the sharded tests share: this rank's slice of each global batch."""
+    for step in steps:
+        opt.zero_grad(set_to_none=True)
+        loss(wrapped, rank_slice(global_batch(step, chunks), rank, world_size), step).backward()
+        opt.step()

@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch import nn
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
 
