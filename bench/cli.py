@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--warmup", type=int, help="unmeasured warm-up steps per cell")
     run.add_argument("--device", choices=DEVICES, help="cpu or cuda (default: the suite's)")
     run.add_argument("--timeout", type=float, help="seconds per cell before it is recorded as timeout")
+    run.add_argument(
+        "--simulate",
+        action="store_true",
+        default=None,
+        help="one process plays rank 0 of each world size (fake process group): real "
+        "per-rank memory at any N, no communication",
+    )
     run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
     lst = sub.add_parser("list", help="workloads (presets, parameter counts), strategies, suites")
     lst.add_argument("--json", action="store_true", help="machine-readable output")
@@ -86,6 +93,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
             warmup=args.warmup,
             device=args.device,
             timeout_s=args.timeout,
+            simulate=args.simulate,
         )
         cells = [replace(c, strategy=canonical_name(c.strategy)) for c in spec.cells()]
         for w, p in {(c.workload, c.preset) for c in cells}:
@@ -109,7 +117,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
         if c.batch_size < 1:
             raise UsageError(f"batch size must be >= 1, got {c.batch_size}")
         try:
-            get_strategy(c.strategy).plan_world(c.world_size, spec.device)
+            get_strategy(c.strategy).plan_world(c.world_size, spec.device, c.simulate)
         except ValueError as e:
             raise UsageError(str(e)) from None
     return spec, cells

@@ -36,6 +36,8 @@ class CellConfig:
     seed: int = 0
     timeout_s: float = 600.0
     suite: str = "adhoc"
+    #: run as rank 0 of a fake world of ``world_size`` (memory real, no communication).
+    simulate: bool = False
     #: dropout off: identical updates across world sizes (parity tests, not benchmarks).
     dropout: bool = True
     #: fail this rank on purpose (tests of failure handling): "raise" or "hang"; None in real runs.
@@ -65,6 +67,7 @@ class SuiteSpec:
     warmup: int = 2
     device: str = "cpu"
     timeout_s: float = 600.0
+    simulate: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     #: extra cross products (a suite's ``[[matrix]]`` tables): each overrides some of the lists
@@ -88,6 +91,7 @@ class SuiteSpec:
                     device=self.device,
                     timeout_s=self.timeout_s,
                     suite=self.name,
+                    simulate=self.simulate,
                 )
                 if cell not in cells:
                     cells.append(cell)
@@ -103,7 +107,14 @@ _LIST_KEYS = {
     "precisions": str,
     "batch_sizes": int,
 }
-_SCALAR_KEYS = {"description": str, "steps": int, "warmup": int, "device": str, "timeout_s": float}
+_SCALAR_KEYS = {
+    "description": str,
+    "steps": int,
+    "warmup": int,
+    "device": str,
+    "timeout_s": float,
+    "simulate": bool,
+}
 
 
 def suite_names() -> list[str]:

@@ -50,7 +50,7 @@ def _tail(path: Path, chars: int = 4000) -> str:
 def run_cell(cell: CellConfig, *, run_id: str) -> Record:
     """Run one cell in fresh processes and return its record (never raises for a failed cell)."""
     strategy = get_strategy(cell.strategy)
-    plan = strategy.plan_world(cell.world_size, cell.device)
+    plan = strategy.plan_world(cell.world_size, cell.device, cell.simulate)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardbench-cell-") as tmp:
         tmpdir = Path(tmp)
@@ -187,8 +187,16 @@ def build_record(
         strategy=canonical_name(cell.strategy),
         world_size=world_size,
         requested_world_size=cell.world_size,
-        simulated=False,
-        backend=("none" if not strategy.needs_process_group else "nccl" if cell.device == "cuda" else "gloo"),
+        simulated=plan.simulated,
+        backend=(
+            "fake"
+            if plan.simulated
+            else "none"
+            if not strategy.needs_process_group
+            else "nccl"
+            if cell.device == "cuda"
+            else "gloo"
+        ),
         device=cell.device,
         precision=cell.precision,
         batch_size_per_rank=cell.batch_size,
@@ -206,7 +214,7 @@ def build_record(
         return record
     times = summarize(slowest_rank([r["step_times"] for r in results]))
     record.step_time_s = times
-    if times and times["median"] > 0:
+    if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
         record.samples_per_s = cell.batch_size * world_size / times["median"]
     allocators = [r.get("cuda_allocator") for r in results]
     if all(a is not None for a in allocators):

@@ -44,6 +44,20 @@ def threads_per_rank(local_world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
 
 
+def init_fake_world(world_size: int) -> None:
+    """Join PyTorch's fake process group as rank 0 of ``world_size``: collectives return at once
+    and move no data, so one process measures a rank's real memory at any N."""
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as e:
+        raise RuntimeError(
+            f"torch {torch.__version__} has no fake process group "
+            "(torch.testing._internal.distributed.fake_pg); --simulate needs it"
+        ) from e
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
@@ -61,7 +75,10 @@ def run_rank(
     strategy = get_strategy(cell.strategy)
     workload = get_workload(cell.workload)
     pg = None
-    if strategy.needs_process_group:
+    if cell.simulate:
+        init_fake_world(world_size)
+        pg = dist.group.WORLD
+    elif strategy.needs_process_group:
         if not dist.is_initialized():
             dist.init_process_group(
                 "nccl" if device.type == "cuda" else "gloo",
@@ -87,8 +104,9 @@ def run_rank(
     model, optimizer = strategy.setup(model, workload.optimizer_factory(), ctx)
     model.train()
 
-    # Each process covers world_size/processes data ranks (dp drives several devices from one).
-    per_process = world_size // processes
+    # Each process covers world_size/processes data ranks (dp drives several devices from one);
+    # a simulated world's one process is rank 0 and trains rank 0's data only.
+    per_process = 1 if cell.simulate else world_size // processes
     data_ranks = range(rank * per_process, (rank + 1) * per_process)
 
     def batch(step: int) -> Any:
@@ -173,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     text = Path(args.cell).read_text() if not args.cell.lstrip().startswith("{") else args.cell
     cell = CellConfig.from_json(json.loads(text))
     rank, processes = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    plan = get_strategy(cell.strategy).plan_world(cell.world_size, cell.device)
+    plan = get_strategy(cell.strategy).plan_world(cell.world_size, cell.device, cell.simulate)
     kw = dict(
         rank=rank,
         world_size=plan.world_size if processes == plan.processes else processes,

@@ -46,6 +46,14 @@ class WorldPlan:
     processes: int
     world_size: int
     note: str = ""
+    #: one process plays rank 0 of a fake world of ``world_size`` (PyTorch's fake process group).
+    simulated: bool = False
+
+
+SIMULATED_NOTE = (
+    "simulated: rank 0 of a fake world (collectives move no data); memory is real, "
+    "step time excludes communication, numerics are not comparable"
+)
 
 
 class Strategy:
@@ -62,7 +70,13 @@ class Strategy:
     #: needs torch.distributed initialised in every rank.
     needs_process_group: ClassVar[bool] = True
 
-    def plan_world(self, requested: int, device_type: str) -> WorldPlan:
+    def plan_world(self, requested: int, device_type: str, simulate: bool = False) -> WorldPlan:
+        if simulate:
+            if not self.simulatable:
+                raise ValueError(
+                    f"strategy {self.name!r} cannot run as a simulated world: it has no process group to fake"
+                )
+            return WorldPlan(processes=1, world_size=requested, note=SIMULATED_NOTE, simulated=True)
         if device_type == "cuda" and torch.cuda.is_available() and requested > torch.cuda.device_count():
             raise ValueError(
                 f"strategy {self.name!r} on cuda needs one GPU per rank: world size {requested} > "

@@ -22,7 +22,13 @@ class DPStrategy(Strategy):
     needs_process_group = False
     simulatable = False
 
-    def plan_world(self, requested: int, device_type: str) -> WorldPlan:
+    def plan_world(self, requested: int, device_type: str, simulate: bool = False) -> WorldPlan:
+        if simulate:
+            raise ValueError(
+                "strategy 'dp' cannot be simulated: DataParallel is one process driving "
+                "local GPUs, with no process group to fake; use --simulate with ddp or a "
+                "sharded strategy"
+            )
         gpus = torch.cuda.device_count() if device_type == "cuda" and torch.cuda.is_available() else 0
         if gpus >= 2:
             used = min(requested, gpus)
