@@ -184,3 +184,23 @@ def test_elementwise_optimizers_match_unsharded(stage: int, name: str) -> None:
     for st in run_distributed(_train_with, 2, stage, name):
         diff, where = max_rel_diff(st, ref)
         assert diff < 1e-6, f"{name} stage {stage}: {where} off by {diff:.2e}"
+
+
+def _add_group_later(rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    model = tricky.build()
+    first, second = tricky.param_groups(model)
+    opt = ShardedOptimizer([first], optim=torch.optim.AdamW)
+    opt.add_param_group(second)  # before the wrapper: it must see every bucket
+    sdp = ShardedDataParallel(model, opt)
+    with pytest.raises(RuntimeError, match="add groups before wrapping"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(3))]})
+    tricky.train_sharded_steps(sdp, opt, range(STEPS), rank, world_size, CHUNKS)
+    assert [g["lr"] for g in opt.param_groups] == [first["lr"], second["lr"]]
+    return tricky.state(model)
+
+
+def test_add_param_group() -> None:
+    ref = reference(clip=None)
+    for st in run_distributed(_add_group_later, 2):
+        diff, where = max_rel_diff(st, ref)
+        assert diff < 1e-6, f"{where} off by {diff:.2e}"

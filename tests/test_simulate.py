@@ -13,8 +13,18 @@ from bench.launch import run_cell
 @pytest.mark.parametrize("world_size", [8, 64])
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2"])
 def test_simulated_model_states_match_the_zero_formula(strategy: str, world_size: int) -> None:
-    r = run_cell(CellConfig(workload="transformer", preset="tiny", strategy=strategy, world_size=world_size,
-                            steps=1, warmup=1, simulate=True), run_id="sim")
+    r = run_cell(
+        CellConfig(
+            workload="transformer",
+            preset="tiny",
+            strategy=strategy,
+            world_size=world_size,
+            steps=1,
+            warmup=1,
+            simulate=True,
+        ),
+        run_id="sim",
+    )
     assert r.status == "ok", r.error
     assert r.simulated and r.backend == "fake" and r.world_size == world_size
     assert r.samples_per_s is None and "step time excludes communication" in r.note
@@ -31,9 +41,21 @@ def test_simulated_model_states_match_the_zero_formula(strategy: str, world_size
 def test_torch_zero1_simulated_shows_whole_parameter_imbalance() -> None:
     """At N=8 the tiny transformer's embedding alone exceeds 1/8 of the parameters, so the
     rank holding it keeps well over its share of optimizer state; ours stays at 1/N."""
-    cells = {s: run_cell(CellConfig(workload="transformer", preset="tiny", strategy=s, world_size=8,
-                                    steps=1, warmup=1, simulate=True), run_id="sim")
-             for s in ("torch-zero1", "zero1")}
+    cells = {
+        s: run_cell(
+            CellConfig(
+                workload="transformer",
+                preset="tiny",
+                strategy=s,
+                world_size=8,
+                steps=1,
+                warmup=1,
+                simulate=True,
+            ),
+            run_id="sim",
+        )
+        for s in ("torch-zero1", "zero1")
+    }
     ours, theirs = (cells[s].mem_breakdown_bytes["optimizer"] for s in ("zero1", "torch-zero1"))
     ideal = cells["zero1"].predicted_mem_bytes["optimizer"]
     assert ours <= 1.01 * ideal < 1.5 * ideal < theirs

@@ -80,6 +80,7 @@ class ShardedDataParallel(nn.Module):
         self._sync = True
         self._callback_queued = False
         sharded_optimizer.label = "zero2"
+        sharded_optimizer.layout_locked_by = "ShardedDataParallel"
         sharded_optimizer.grad_source = self._grads_from_shards
         sharded_optimizer.zero_grad_hooks.append(self._on_zero_grad)
         if self.world_size > 1:  # start from identical weights, as DDP does

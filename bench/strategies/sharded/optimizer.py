@@ -101,6 +101,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._grads_ready = False
         self._consolidated: dict[str, Any] | None = None
         self._ready = False
+        #: set by a wrapper whose hooks depend on the bucket layout (ShardedDataParallel).
+        self.layout_locked_by: str | None = None
         super().__init__(params, optim_kwargs)
         self._ready = True
         self._shard_groups(list(range(len(self.param_groups))))
@@ -113,6 +115,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ----- building the shards ---------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "layout_locked_by", None):
+            raise RuntimeError(
+                f"add_param_group after {self.layout_locked_by} wrapped the model: its "
+                "gradient hooks cover only the existing buckets; add groups before wrapping"
+            )
         super().add_param_group(param_group)
         if self._ready:
             self._shard_groups([len(self.param_groups) - 1])
