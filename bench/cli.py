@@ -12,32 +12,14 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from bench.cli_common import DEFAULT_RUNS_DIR, UsageError, csv_list
+from bench.cli_maxsize import add_max_size_parser, cmd_max_size
 from bench.config import DEVICES, PRECISIONS, CellConfig, SuiteSpec, load_suite, override, suite_names
 
-DEFAULT_RUNS_DIR = Path("results/runs")
-
-
-class UsageError(ValueError):
-    """A user mistake: reported in one line with exit code 2."""
-
-
-def _csv(kind: type) -> Callable[[str], tuple]:
-    def parse(text: str) -> tuple:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("expected a comma-separated list")
-        try:
-            return tuple(kind(t) for t in items)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated {kind.__name__}s, got {text!r}"
-            ) from None
-
-    return parse
+__all__ = ["UsageError", "build_parser", "main", "resolve_cells"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,12 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--suite", default="smoke", help=f"suite name ({', '.join(suite_names())}) or a .toml path"
     )
-    run.add_argument("--workload", type=_csv(str), help="comma-separated workloads")
-    run.add_argument("--strategy", type=_csv(str), help="comma-separated strategies")
-    run.add_argument("--world-size", type=_csv(int), help="comma-separated world sizes")
-    run.add_argument("--preset", type=_csv(str), help="comma-separated size presets")
-    run.add_argument("--precision", type=_csv(str), help="fp32 and/or bf16")
-    run.add_argument("--batch-size", type=_csv(int), help="per-rank batch size(s)")
+    run.add_argument("--workload", type=csv_list(str), help="comma-separated workloads")
+    run.add_argument("--strategy", type=csv_list(str), help="comma-separated strategies")
+    run.add_argument("--world-size", type=csv_list(int), help="comma-separated world sizes")
+    run.add_argument("--preset", type=csv_list(str), help="comma-separated size presets")
+    run.add_argument("--precision", type=csv_list(str), help="fp32 and/or bf16")
+    run.add_argument("--batch-size", type=csv_list(int), help="per-rank batch size(s)")
     run.add_argument("--steps", type=int, help="measured steps per cell")
     run.add_argument("--warmup", type=int, help="unmeasured warm-up steps per cell")
     run.add_argument("--device", choices=DEVICES, help="cpu or cuda (default: the suite's)")
@@ -67,7 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="one process plays rank 0 of each world size (fake process group): real "
         "per-rank memory at any N, no communication",
     )
+    run.add_argument(
+        "--fake",
+        action="store_true",
+        default=None,
+        help="plan without allocating: run each cell under FakeTensorMode on a simulated world "
+        "(implies --simulate); memory by category, no step time",
+    )
     run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
+    add_max_size_parser(sub)
+    rep = sub.add_parser(
+        "report",
+        help="table, charts and index.html from the records of one or more runs (merged)",
+    )
+    rep.add_argument("runs", nargs="+", type=Path, help="run directories or records .jsonl files")
+    rep.add_argument("--out", type=Path, help="report directory (default: the first run's directory)")
     lst = sub.add_parser("list", help="workloads (presets, parameter counts), strategies, suites")
     lst.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("env", help="versions and devices of this machine")
@@ -94,10 +90,14 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
             device=args.device,
             timeout_s=args.timeout,
             simulate=args.simulate,
+            fake=args.fake,
         )
         cells = [replace(c, strategy=canonical_name(c.strategy)) for c in spec.cells()]
         for w, p in {(c.workload, c.preset) for c in cells}:
             get_workload(w).check_preset(p)
+        for w in {c.workload for c in cells if c.fake}:
+            if why := get_workload(w).not_plannable:
+                raise ValueError(f"workload {w!r} cannot be planned with --fake: {why}")
     except ValueError as e:
         raise UsageError(str(e)) from None
     if spec.steps < 1 or spec.warmup < 0:
@@ -131,9 +131,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = args.out or DEFAULT_RUNS_DIR / run_id
     records, table = run_cells(cells, out_dir=out, run_id=run_id)
     print(table)
+    print(f"report: {write_report(out)}")
     ok = sum(r.status == "ok" for r in records)
     print(f"{len(records)} cells, {ok} ok; records: {out / 'records.jsonl'}")
     return 0 if all(r.status == "ok" for r in records) else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from bench.report.build import build_report
+
+    out = args.out or (args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent)
+    try:
+        result = build_report(args.runs, out)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(f"{result.records} records, {len(result.charts)} chart files; open {result.index_html}")
+    return 0
+
+
+def write_report(run_dir: Path) -> Path | str:
+    """The run's report (charts, index.html) beside its records. A chart that cannot be drawn
+    must not cost the run its measurements: they are already on disk, so say so and go on."""
+    from bench.report.build import build_report
+
+    try:
+        return build_report([run_dir], run_dir).index_html
+    except Exception as e:  # noqa: BLE001 - the records are written; the report is a by-product
+        return f"not written ({type(e).__name__}: {e}); rebuild with: shardbench report {run_dir}"
 
 
 def listing() -> dict:
@@ -193,7 +217,13 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "list": cmd_list, "env": cmd_env}[args.command]
+    handler = {
+        "run": cmd_run,
+        "max-size": cmd_max_size,
+        "report": cmd_report,
+        "list": cmd_list,
+        "env": cmd_env,
+    }[args.command]
     try:
         return handler(args)
     except UsageError as e:

@@ -38,6 +38,12 @@ class CellConfig:
     suite: str = "adhoc"
     #: run as rank 0 of a fake world of ``world_size`` (memory real, no communication).
     simulate: bool = False
+    #: plan under FakeTensorMode on top of the simulated world: every allocation is tracked,
+    #: nothing is allocated, no step time (implies ``simulate``).
+    fake: bool = False
+    #: CUDA only: cap this process's allocator at this many bytes (max-size probes emulating a
+    #: smaller card with torch.cuda.set_per_process_memory_fraction); None: no cap.
+    memory_budget_bytes: int | None = None
     #: dropout off: identical updates across world sizes (parity tests, not benchmarks).
     dropout: bool = True
     #: fail this rank on purpose (tests of failure handling): "raise" or "hang"; None in real runs.
@@ -68,6 +74,7 @@ class SuiteSpec:
     device: str = "cpu"
     timeout_s: float = 600.0
     simulate: bool = False
+    fake: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     #: extra cross products (a suite's ``[[matrix]]`` tables): each overrides some of the lists
@@ -91,7 +98,8 @@ class SuiteSpec:
                     device=self.device,
                     timeout_s=self.timeout_s,
                     suite=self.name,
-                    simulate=self.simulate,
+                    simulate=self.simulate or self.fake,
+                    fake=self.fake,
                 )
                 if cell not in cells:
                     cells.append(cell)
@@ -114,6 +122,7 @@ _SCALAR_KEYS = {
     "device": str,
     "timeout_s": float,
     "simulate": bool,
+    "fake": bool,
 }
 
 

@@ -172,12 +172,7 @@ def build_record(
     failure = _failure(results)
     ok = [r for r in results if r.get("status") == "ok"]
     num_params = ok[0]["num_params"] if ok else get_workload_params(cell)
-    predicted = predicted_model_state_bytes(
-        num_params,
-        world_size,
-        cell.precision,
-        Sharding(strategy.shards_optimizer_state, strategy.shards_gradients, strategy.shards_parameters),
-    )
+    predicted = predict(cell, world_size, num_params)
     record = Record(
         run_id=run_id,
         suite=cell.suite,
@@ -188,6 +183,7 @@ def build_record(
         world_size=world_size,
         requested_world_size=cell.world_size,
         simulated=plan.simulated,
+        fake=cell.fake,
         backend=(
             "fake"
             if plan.simulated
@@ -203,7 +199,7 @@ def build_record(
         steps=cell.steps,
         warmup=cell.warmup,
         status="ok",
-        note=plan.note,
+        note=_note(cell, plan, ok),
         strategy_settings=ok[0]["settings"] if ok else strategy.settings(),
         predicted_mem_bytes=predicted,
         wall_s=wall_s,
@@ -217,12 +213,12 @@ def build_record(
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
         record.samples_per_s = cell.batch_size * world_size / times["median"]
     allocators = [r.get("cuda_allocator") for r in results]
-    if all(a is not None for a in allocators):
+    if all(a is not None for a in allocators) and not cell.fake:
         per_rank = [a["max_allocated"] for a in allocators]  # type: ignore[index]
         source = "cuda max_memory_allocated"
     else:
         per_rank = [r["tracked_peak"] for r in results]
-        source = "tracked tensors (MemTracker)"
+        source = "tracked tensors (MemTracker" + (", FakeTensorMode)" if cell.fake else ")")
     peak_rank = max(range(len(results)), key=lambda i: per_rank[i])
     record.peak_mem_bytes = {
         "per_rank": per_rank,
@@ -231,10 +227,42 @@ def build_record(
         "tracked_per_rank": [r["tracked_peak"] for r in results],
     }
     record.mem_breakdown_bytes = results[peak_rank]["breakdown"]
+    record.model_state_bytes = results[peak_rank].get("model_state")
     record.cuda_allocator = allocators[peak_rank]
     losses = results[0]["losses"]
     record.loss = {"first": losses[0], "last": losses[-1]} if losses else None
     return record
+
+
+FAKE_NOTE = "fake: planned under FakeTensorMode, nothing allocated, no step time"
+
+
+def _note(cell: CellConfig, plan: WorldPlan, ok: list[dict[str, Any]]) -> str:
+    parts = [plan.note]
+    if cell.fake:
+        parts.append(FAKE_NOTE)
+        planned = ok[0]["settings"].get("planned") if ok else None
+        if planned:
+            parts.append(planned)
+    return "; ".join(p for p in parts if p)
+
+
+def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int]:
+    """The analytic model-state bytes per rank for this cell (bench/metrics/analytic.py)."""
+    strategy = get_strategy(cell.strategy)
+    sharding = Sharding(
+        strategy.shards_optimizer_state,
+        strategy.shards_gradients,
+        strategy.shards_parameters,
+        strategy.partitions_whole_parameters,
+    )
+    group_sizes = None
+    if strategy.partitions_whole_parameters:
+        from models.registry import get_workload
+
+        group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
+    precision = strategy.model_state_precision(cell.precision)
+    return predicted_model_state_bytes(num_params, world_size, precision, sharding, group_sizes)
 
 
 def get_workload_params(cell: CellConfig) -> int:

@@ -49,6 +49,13 @@ class Record:
     mem_breakdown_bytes: dict[str, int] | None = None  # of the peak rank, at its peak
     cuda_allocator: dict[str, int] | None = None  # of the peak rank
     predicted_mem_bytes: dict[str, int] | None = None
+    #: params/grads/optimizer held after a step (before the next zero_grad), with their total:
+    #: what the analytic prediction is compared with (of the peak rank)
+    model_state_bytes: dict[str, int] | None = None
+    #: planned under FakeTensorMode: memory is what the tracker saw allocated, none was
+    fake: bool = False
+    #: only on ``shardbench max-size`` summary records (suite "max-size"); see bench/maxsize.py
+    max_size: dict[str, Any] | None = None
     loss: dict[str, float] | None = None  # {"first", "last"}, rank 0
     wall_s: float | None = None
     env: dict[str, Any] = field(default_factory=dict)

@@ -58,6 +58,18 @@ def init_fake_world(world_size: int) -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
 
 
+def fake_tensor_mode() -> Any:
+    """PyTorch's FakeTensorMode: tensors with shapes, dtypes and storage sizes but no data, so a
+    memory tracker sees every allocation while nothing is allocated (``--fake`` planning)."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError as e:
+        raise RuntimeError(
+            f"torch {torch.__version__} has no torch._subclasses.fake_tensor.FakeTensorMode; --fake needs it"
+        ) from e
+    return FakeTensorMode()
+
+
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
@@ -70,6 +82,9 @@ def run_rank(
     if cell.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+        if cell.memory_budget_bytes is not None:  # emulate a smaller card: a real OOM past it
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cell.memory_budget_bytes / total), device)
     else:
         device = torch.device("cpu")
     strategy = get_strategy(cell.strategy)
@@ -93,14 +108,26 @@ def run_rank(
     if cell.inject_failure == "hang" and rank == processes - 1:
         time.sleep(10 * cell.timeout_s)
 
+    ctx = RankContext(
+        rank=rank, world_size=world_size, device=device, process_group=pg, precision=cell.precision
+    )
+    if cell.fake and workload.not_plannable:
+        why = workload.not_plannable
+        raise ValueError(f"workload {cell.workload!r} cannot be planned with --fake: {why}")
+    strategy.init_world(ctx)  # outside fake mode: a device mesh needs real values
+    with fake_tensor_mode() if cell.fake else contextlib.nullcontext():
+        return _train_and_measure(cell, strategy, workload, ctx, rank=rank, processes=processes)
+
+
+def _train_and_measure(
+    cell: CellConfig, strategy: Any, workload: Any, ctx: RankContext, *, rank: int, processes: int
+) -> dict[str, Any]:
+    device, world_size = ctx.device, ctx.world_size
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
     with torch.device(device):
         model = workload.build(cell.preset, dropout=cell.dropout)
     num_params = sum(p.numel() for p in model.parameters())
     model, use_autocast = strategy.prepare_precision(model, cell.precision)
-    ctx = RankContext(
-        rank=rank, world_size=world_size, device=device, process_group=pg, precision=cell.precision
-    )
     model, optimizer = strategy.setup(model, workload.optimizer_factory(), ctx)
     model.train()
 
@@ -125,13 +152,15 @@ def run_rank(
             return workload.loss(m, inputs)
 
     step = 0
-    for _ in range(cell.warmup):
+    # Under --fake nothing is timed, so warm-up is skipped: the tracked steps include the first
+    # (optimizer state created) and a steady one, which is all the memory phase needs.
+    for _ in range(0 if cell.fake else cell.warmup):
         strategy.train_step(model, optimizer, batch(step), loss_fn)
         step += 1
 
     reset_cuda_peaks(device)
     step_times, losses = [], []
-    for _ in range(cell.steps):
+    for _ in range(0 if cell.fake else cell.steps):  # fake tensors: no values, no meaningful time
         step_fn = functools.partial(strategy.train_step, model, optimizer, batch(step), loss_fn)
         loss, seconds = timed(step_fn, device)
         step_times.append(seconds)
@@ -147,9 +176,14 @@ def run_rank(
         for step_inputs in inputs:
             strategy.train_step(model, optimizer, step_inputs, loss_fn)
             probe.next_step()
+        # after a step, before the next zero_grad: exactly the model states a rank keeps
+        model_state = probe.current_model_state()
     del inputs
     strategy.observe_memory(None)
     tracked_peak, breakdown = probe.peak()
+    settings = strategy.settings()
+    if getattr(model, "planned_note", None):  # a stand-in for a wrapper fake tensors cannot build
+        settings["planned"] = model.planned_note
     strategy.teardown()
     return {
         "rank": rank,
@@ -159,8 +193,9 @@ def run_rank(
         "losses": losses,
         "tracked_peak": tracked_peak,
         "breakdown": breakdown,
+        "model_state": model_state,
         "cuda_allocator": allocator,
-        "settings": strategy.settings(),
+        "settings": settings,
     }
 
 

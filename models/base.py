@@ -45,6 +45,9 @@ class Workload(ABC):
     lr: float = 1e-4
     #: presets in increasing parameter count, for the largest-trainable-size search.
     ladder: tuple[str, ...] = ()
+    #: why the workload cannot run under FakeTensorMode (``--fake``), or "" when it can: a model
+    #: whose tensor shapes depend on its input's values has no fake-tensor equivalent.
+    not_plannable: str = ""
 
     def check_preset(self, preset: str) -> None:
         if preset not in self.presets:
@@ -82,6 +85,14 @@ class Workload(ABC):
         It takes the (unwrapped) model, not a parameter list, so a workload can define parameter
         groups; sharded strategies rebuild the same optimizer class and groups over shards."""
         return functools.partial(_adamw_over_trainable, lr=self.lr)
+
+    def param_group_sizes(self, preset: str) -> list[list[int]]:
+        """Elements of each parameter in each group of the reference optimizer, without
+        allocating (meta device): what a whole-parameter partition is computed from."""
+        self.check_preset(preset)
+        with torch.device("meta"):
+            optimizer = self.optimizer_factory()(self.build(preset))
+        return [[p.numel() for p in g["params"]] for g in optimizer.param_groups]
 
     def param_count(self, preset: str) -> int:
         """Parameter count without allocating: the model is built on the meta device."""

@@ -103,6 +103,10 @@ class DeepSpeech2Workload(Workload):
         "h2048-l7": dict(hidden=2048, layers=7, channels=32, seconds=(1.0, 2.0), max_chars=20),
     }
     ladder = ("tiny", "paper", "h1536", "h2048-l7")
+    not_plannable = (
+        "its clips have random lengths and pack_padded_sequence sizes the LSTM's work from their "
+        "values, which fake tensors do not have; use --simulate (real memory, one process)"
+    )
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         self.check_preset(preset)

@@ -65,8 +65,29 @@ class TransformerWorkload(Workload):
         "large": dict(
             _BERT_BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
         ),
+        # depth/width steps between the named shapes, so a max-size search resolves ~1.3x
+        "h768-l18": dict(_BERT_BASE, num_hidden_layers=18),
+        "h768-l24": dict(_BERT_BASE, num_hidden_layers=24),
+        "h1024-l18": dict(
+            _BERT_BASE, hidden_size=1024, num_hidden_layers=18, num_attention_heads=16, intermediate_size=4096
+        ),
+        "h1024-l32": dict(
+            _BERT_BASE, hidden_size=1024, num_hidden_layers=32, num_attention_heads=16, intermediate_size=4096
+        ),
+        "h1024-l40": dict(
+            _BERT_BASE, hidden_size=1024, num_hidden_layers=40, num_attention_heads=16, intermediate_size=4096
+        ),
+        "h1536-l24": dict(
+            _BERT_BASE, hidden_size=1536, num_hidden_layers=24, num_attention_heads=16, intermediate_size=6144
+        ),
+        "h1536-l32": dict(
+            _BERT_BASE, hidden_size=1536, num_hidden_layers=32, num_attention_heads=16, intermediate_size=6144
+        ),
         "1b": dict(
             _BERT_BASE, hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, intermediate_size=8192
+        ),
+        "h2048-l32": dict(
+            _BERT_BASE, hidden_size=2048, num_hidden_layers=32, num_attention_heads=32, intermediate_size=8192
         ),
         "2.5b": dict(
             _BERT_BASE,
@@ -75,10 +96,24 @@ class TransformerWorkload(Workload):
             num_attention_heads=32,
             intermediate_size=10240,
         ),
+        "h3072-l32": dict(
+            _BERT_BASE,
+            hidden_size=3072,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            intermediate_size=12288,
+        ),
         "6b": dict(
             _BERT_BASE,
             hidden_size=4096,
             num_hidden_layers=30,
+            num_attention_heads=32,
+            intermediate_size=16384,
+        ),
+        "h4096-l40": dict(
+            _BERT_BASE,
+            hidden_size=4096,
+            num_hidden_layers=40,
             num_attention_heads=32,
             intermediate_size=16384,
         ),
@@ -98,7 +133,27 @@ class TransformerWorkload(Workload):
         ),
     }
     #: presets in increasing parameter count, for the max-size search (depth and width grow).
-    ladder = ("tiny", "small", "base", "large", "1b", "2.5b", "6b", "13b", "20b")
+    ladder = (
+        "tiny",
+        "small",
+        "base",
+        "h768-l18",
+        "h768-l24",
+        "h1024-l18",
+        "large",
+        "h1024-l32",
+        "h1024-l40",
+        "h1536-l24",
+        "h1536-l32",
+        "1b",
+        "h2048-l32",
+        "2.5b",
+        "h3072-l32",
+        "6b",
+        "h4096-l40",
+        "13b",
+        "20b",
+    )
 
     def _config(self, preset: str, dropout: bool) -> tuple[BertConfig, dict[str, Any]]:
         self.check_preset(preset)

@@ -14,9 +14,29 @@ zero2      4+12/N Psi        2+14/N Psi
 zero3      16/N Psi          16/N Psi
 =========  ================  ==================
 
+torch-zero1 (PyTorch's ZeroRedundancyOptimizer) shards whole parameters, not elements: it sorts
+each parameter group by size and gives each tensor to the rank holding the fewest elements so far.
+Its largest rank can hold far more than 1/N (BERT's 23M-element word embedding alone is 1/5 of
+bert-base), so its prediction replays that partition on the actual parameter sizes
+(``whole_parameter_partition``) and takes the largest rank's share, not the ideal Psi/N.
+
+Which bytes each term counts, per rank:
+
+* params: the parameter storage a rank keeps between steps, plus, when parameters are not sharded,
+  the full replica (for FSDP2's ``reshard_after_forward=False`` "zero2" that is the unsharded
+  parameters it holds from forward to the end of backward, i.e. at its peak, not between steps);
+* grads: the gradient storage that survives backward (DDP: its buckets, of which the gradients
+  are views; ZeRO-2/3: the rank's reduced shard);
+* optimizer: AdamW's ``exp_avg`` and ``exp_avg_sq`` (and fp32 master weights in bf16 mixed
+  precision) for the elements the rank updates. The 4-byte ``step`` counters per tensor are left
+  out (under 0.01% for the presets here).
+
 The prediction is driven by a strategy's capability flags, not its name, so a new strategy gets
-the right formula by declaring what it shards. It counts model states only: activations, buffers,
-inputs and communication buckets are what the measured breakdown adds on top.
+the right formula by declaring what it shards; ``FORMULAS`` names the paper's rows. A strategy's
+storage precision is what it really keeps: DDP-style strategies run bf16 as autocast over fp32
+parameters (4+4+8), ours keep bf16 parameters with fp32 masters (2+2+12); see
+``Strategy.model_state_precision``. It counts model states only: activations, buffers, inputs and
+communication buckets are what the measured breakdown adds on top.
 """
 
 from __future__ import annotations
@@ -32,12 +52,42 @@ class Sharding:
     optimizer_state: bool = False
     gradients: bool = False
     parameters: bool = False
+    #: optimizer state partitioned by whole tensors (greedy by size) rather than by elements
+    whole_parameters: bool = False
+
+
+#: the ZeRO paper's rows (and DP's, which keeps a full replica like DDP)
+FORMULAS: dict[str, Sharding] = {
+    "dp": Sharding(),
+    "ddp": Sharding(),
+    "zero1": Sharding(optimizer_state=True),
+    "zero2": Sharding(optimizer_state=True, gradients=True),
+    "zero3": Sharding(optimizer_state=True, gradients=True, parameters=True),
+}
+
+
+def whole_parameter_partition(group_sizes: list[list[int]], world_size: int) -> list[int]:
+    """Elements of optimizer state per rank under ZeroRedundancyOptimizer's partition: for each
+    parameter group, tensors sorted by size (largest first), each to the rank with the fewest
+    elements so far (lowest rank on ties), as ``_partition_parameters`` does in torch 2.11."""
+    totals = [0] * world_size
+    for sizes in group_sizes:
+        for n in sorted(sizes, reverse=True):
+            rank = totals.index(min(totals))
+            totals[rank] += n
+    return totals
 
 
 def predicted_model_state_bytes(
-    num_params: int, world_size: int, precision: str, sharding: Sharding
+    num_params: int,
+    world_size: int,
+    precision: str,
+    sharding: Sharding,
+    group_sizes: list[list[int]] | None = None,
 ) -> dict[str, int]:
-    """Per-rank bytes of params, grads and optimizer state (and their total) for AdamW."""
+    """Per-rank bytes of params, grads and optimizer state (and their total) for AdamW, for the
+    largest rank. ``group_sizes`` (elements of each parameter in each optimizer group) is needed
+    for ``whole_parameters`` partitions."""
     if precision not in _BYTES:
         raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(_BYTES)}")
     if world_size < 1:
@@ -48,10 +98,15 @@ def predicted_model_state_bytes(
         total = nbytes_per_param * num_params
         return -(-total // world_size) if sharded else total  # ceil: the largest rank's share
 
+    optimizer = share(o, sharding.optimizer_state)
+    if sharding.optimizer_state and sharding.whole_parameters:
+        if group_sizes is None:
+            raise ValueError("a whole-parameter partition needs the parameter sizes (group_sizes)")
+        optimizer = o * max(whole_parameter_partition(group_sizes, world_size))
     out = {
         "params": share(p, sharding.parameters),
         "grads": share(g, sharding.gradients),
-        "optimizer": share(o, sharding.optimizer_state),
+        "optimizer": optimizer,
     }
     out["total"] = sum(out.values())
     return out

@@ -21,14 +21,21 @@ def _mib(nbytes: int | None) -> float | None:
 
 
 def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
-    """Flatten records into one row per cell (memory in MiB, time in ms)."""
+    """Flatten records into one row per cell (memory in MiB, time in ms).
+
+    Merged runs get a leading ``run_id`` column (two runs may measure the same cell; the row must
+    say which); a ``fake`` column appears once any record was planned under FakeTensorMode.
+    """
     rows = []
+    several_runs = len({r.run_id for r in records}) > 1
+    any_fake = any(getattr(r, "fake", False) for r in records)
     for r in records:
         bd = r.mem_breakdown_bytes or {}
-        model_state = sum(bd.get(k, 0) for k in ("params", "grads", "optimizer")) if bd else None
+        model_state = _model_state(r)
         predicted = (r.predicted_mem_bytes or {}).get("total")
         t = r.step_time_s or {}
-        rows.append(
+        row: dict[str, object] = {"run_id": r.run_id} if several_runs else {}
+        row.update(
             {
                 "workload": r.workload,
                 "preset": r.preset,
@@ -36,6 +43,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "strategy": r.strategy,
                 "world_size": r.world_size,
                 "simulated": r.simulated,
+                "fake": bool(getattr(r, "fake", False)),
                 "precision": r.precision,
                 "batch_per_rank": r.batch_size_per_rank,
                 "status": r.status,
@@ -50,18 +58,39 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "other_MiB": _mib(bd.get("other")),
                 "pred_model_state_MiB": _mib(predicted),
                 "model_state_vs_pred": (model_state / predicted) if model_state and predicted else None,
-                "note": first_line(r.error) if r.status != "ok" else r.note,
+                "note": _note(r),
             }
         )
-    return pd.DataFrame(rows)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    return frame if any_fake or frame.empty else frame.drop(columns="fake")
+
+
+def _model_state(r: Record) -> int | None:
+    """Model states to set against the prediction: those held after a step where the record has
+    them (``model_state_bytes``), else the params + grads + optimizer of the peak breakdown."""
+    held = getattr(r, "model_state_bytes", None)
+    if held:
+        return held.get("total", sum(held.get(k, 0) for k in ("params", "grads", "optimizer")))
+    bd = r.mem_breakdown_bytes or {}
+    return sum(bd.get(k, 0) for k in ("params", "grads", "optimizer")) if bd else None
+
+
+def _note(r: Record) -> str:
+    return first_line(r.error) if r.status != "ok" else r.note  # max-size summaries: the answer
+
+
+def format_value(value: object) -> str:
+    """How a table cell reads (Markdown and HTML alike): blank for missing, 2943 not 2.94e+03."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, float):  # three significant digits below 1000, whole numbers above
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    return str(value)
 
 
 def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value).replace("|", "\\|")
+    return format_value(value).replace("|", "\\|")
 
 
 def to_markdown(frame: pd.DataFrame) -> str:

@@ -65,6 +65,8 @@ class Strategy:
     shards_optimizer_state: ClassVar[bool] = False
     shards_gradients: ClassVar[bool] = False
     shards_parameters: ClassVar[bool] = False
+    #: partitions optimizer state by whole tensors (greedy by size), not evenly by elements
+    partitions_whole_parameters: ClassVar[bool] = False
     #: can run as rank 0 of a fake world of N (simulated world sizes).
     simulatable: ClassVar[bool] = True
     #: needs torch.distributed initialised in every rank.
@@ -88,11 +90,21 @@ class Strategy:
         """How this strategy is configured; stored in every record."""
         return {}
 
+    def model_state_precision(self, precision: str) -> str:
+        """The precision model states are stored in when training at ``precision``: the default
+        (autocast over fp32 parameters) keeps fp32 states, so "fp32" either way."""
+        return "fp32"
+
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
         """Ready ``model`` for ``precision``; returns it and whether to run forward under bf16
         autocast. The default keeps fp32 parameters and uses autocast for bf16 (PyTorch's
         recommended mixed precision for DDP); sharded strategies override it."""
         return model, precision == "bf16"
+
+    def init_world(self, ctx: RankContext) -> None:
+        """Create what must exist before any model tensor (e.g. a device mesh). Called outside
+        FakeTensorMode under ``--fake``: objects made from real values (a mesh's rank map) cannot
+        be built from fake tensors."""
 
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext

@@ -15,6 +15,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from bench.strategies.base import OptimizerFactory, RankContext, Strategy
+from bench.strategies.ddp_planned import PlannedDDP
+from bench.strategies.sharded.fake import is_fake
 
 #: how every DDP-based strategy here configures DDP (ddp, zero1, torch-zero1), so they differ
 #: only in what they add to it.
@@ -25,7 +27,14 @@ DDP_SETTINGS: dict[str, Any] = {
 }
 
 
-def wrap_ddp(model: nn.Module, ctx: RankContext) -> DistributedDataParallel:
+def wrap_ddp(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """DDP as configured by ``DDP_SETTINGS``; under ``--fake`` its planned equivalent."""
+    if any(is_fake(p) for p in model.parameters()):
+        return PlannedDDP(
+            model,
+            bucket_cap_mb=DDP_SETTINGS["bucket_cap_mb"],
+            gradient_as_bucket_view=DDP_SETTINGS["gradient_as_bucket_view"],
+        )
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     ddp = DistributedDataParallel(
         model, device_ids=device_ids, process_group=ctx.process_group, **DDP_SETTINGS

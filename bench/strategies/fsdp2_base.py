@@ -39,6 +39,13 @@ class FSDP2Strategy(Strategy):
     shards_optimizer_state = True
     shards_gradients = True
 
+    def __init__(self) -> None:
+        self.mesh: Any = None
+
+    def init_world(self, ctx: RankContext) -> None:
+        init_device_mesh = _fsdp_api()[0]
+        self.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+
     def settings(self) -> dict[str, Any]:
         return {
             "reshard_after_forward": self.reshard_after_forward,
@@ -52,8 +59,10 @@ class FSDP2Strategy(Strategy):
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        init_device_mesh, MixedPrecisionPolicy, fully_shard = _fsdp_api()
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        _, MixedPrecisionPolicy, fully_shard = _fsdp_api()
+        if self.mesh is None:
+            self.init_world(ctx)
+        mesh = self.mesh
         mp = (
             MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             if ctx.precision == "bf16"

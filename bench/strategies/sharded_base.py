@@ -22,6 +22,9 @@ class OursBase(Strategy):
     def settings(self) -> dict[str, Any]:
         return {"bucket_cap_mb": self.bucket_cap_mb, "partition": "flat buckets, element-balanced"}
 
+    def model_state_precision(self, precision: str) -> str:
+        return precision  # bf16 parameters and gradients, fp32 master weights (2+2+12)
+
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
         """bf16 parameters and gradients; the ShardedOptimizer keeps fp32 master weights."""
         return (model.to(torch.bfloat16) if precision == "bf16" else model), False

@@ -23,6 +23,7 @@ class TorchZero1Strategy(Strategy):
     name = "torch-zero1"
     description = "peer: torch ZeroRedundancyOptimizer (whole-parameter partition) + DDP"
     shards_optimizer_state = True
+    partitions_whole_parameters = True
 
     def __init__(self) -> None:
         self.optimizer: ZeroRedundancyOptimizer | None = None

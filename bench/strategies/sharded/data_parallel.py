@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.profiler import record_function
 
+from bench.strategies.sharded.fake import is_fake
 from bench.strategies.sharded.layout import Bucket
 from bench.strategies.sharded.optimizer import ShardedOptimizer
 
@@ -76,7 +77,8 @@ class ShardedDataParallel(nn.Module):
         self._used = torch.zeros(
             len(self._slot), dtype=torch.int32, device=buckets[0].params[0].device if buckets else "cpu"
         )
-        self._globally_used: torch.Tensor | None = None
+        self._used_here: set[int] = set()  # slots used in this backward, on this rank
+        self._globally_used: set[int] | None = None  # slots used on any rank since zero_grad
         self._sync = True
         self._callback_queued = False
         sharded_optimizer.label = "zero2"
@@ -126,6 +128,7 @@ class ShardedDataParallel(nn.Module):
                 self._buffer(bucket)[off : off + p.numel()].copy_(p.grad.reshape(-1))
             p.grad = None  # the full gradient is not kept: this is what stage 2 saves
             self._used[self._slot[p]] = 1
+            self._used_here.add(self._slot[p])
             self._pending[bucket.index] -= 1
             if self._pending[bucket.index] == 0:
                 self._ready.add(bucket.index)
@@ -201,13 +204,23 @@ class ShardedDataParallel(nn.Module):
             used = self._used.clone()
             if self.world_size > 1:
                 dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.process_group)
+        used_slots = self._used_slots(used)
         prev = self._globally_used
-        self._globally_used = used if prev is None else torch.maximum(prev, used)
+        self._globally_used = used_slots if prev is None else prev | used_slots
         self._used.zero_()
+        self._used_here.clear()
         self._pending = [len(b.params) for b in self.optimizer.buckets]
         self._ready.clear()
         self._next = 0
         self._callback_queued = False
+
+    def _used_slots(self, used: torch.Tensor) -> set[int]:
+        """The slots flagged in the all-reduced ``used`` tensor. Under FakeTensorMode (planning
+        with ``--fake``) its values do not exist; the world is then a fake one, in which no
+        other rank contributes, so this rank's own record of what it used is the answer."""
+        if is_fake(used):
+            return set(self._used_here)
+        return set(used.nonzero().flatten().tolist())
 
     # ----- what the optimizer sees -------------------------------------------------------------
     def _grads_from_shards(self) -> None:
@@ -217,7 +230,7 @@ class ShardedDataParallel(nn.Module):
         ):
             for pc, shard in zip(b.pieces, shards, strict=True):
                 p = b.params[pc.param_index]
-                if gshard is None or used is None or not used[self._slot[p]]:
+                if gshard is None or used is None or self._slot[p] not in used:
                     shard.grad = None
                     continue
                 g = gshard[pc.chunk_offset : pc.chunk_offset + pc.numel]

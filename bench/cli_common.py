@@ -1,0 +1,28 @@
+"""What every ``shardbench`` subcommand shares: the user-error type and list parsing."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+DEFAULT_RUNS_DIR = Path("results/runs")
+
+
+class UsageError(ValueError):
+    """A user mistake: reported in one line with exit code 2."""
+
+
+def csv_list(kind: type) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        try:
+            return tuple(kind(t) for t in items)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {kind.__name__}s, got {text!r}"
+            ) from None
+
+    return parse

@@ -1,0 +1,90 @@
+"""Build a report folder (table, charts, ``index.html``) from one or more runs' records.
+
+Several inputs are merged into one set of records, so runs from different days or machines are
+compared side by side; where two runs measured the same cell, the table gains a ``run_id``
+column and the charts split that cell by run instead of letting one hide the other.
+
+    python -m bench.report.build results/runs/A results/runs/B --out /tmp/report
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.records import Record, read_records
+from bench.report.html import write_index
+from bench.report.plots import plot_all
+from bench.report.tables import records_to_frame, write_tables
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    table_md: Path
+    table_csv: Path
+    index_html: Path
+    charts: list[Path] = field(default_factory=list)  # PNG and SVG of every chart, in report order
+    records: int = 0
+
+
+def resolve_inputs(paths: Sequence[Path | str]) -> list[Path]:
+    """Each input as a ``records.jsonl`` file; a ``ValueError`` names any input that has none."""
+    if not paths:
+        raise ValueError("no input: give run directories (holding records.jsonl) or .jsonl files")
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        f = p / "records.jsonl" if p.is_dir() else p
+        if not f.is_file():
+            where = f"{p} has no records.jsonl" if p.is_dir() else f"{p} does not exist"
+            raise ValueError(f"{where}: expected a run directory holding records.jsonl, or a .jsonl file")
+        if f.resolve() not in {g.resolve() for g in files}:  # the same run given twice counts once
+            files.append(f)
+    return files
+
+
+def load_records(paths: Sequence[Path | str]) -> list[Record]:
+    """Records of every input, in input order; an input with no records is an error, not a blank."""
+    records: list[Record] = []
+    for f in resolve_inputs(paths):
+        found = read_records([f])
+        if not found:
+            raise ValueError(f"{f} holds no records")
+        records.extend(found)
+    return records
+
+
+def build_report(paths: Sequence[Path | str], out_dir: Path) -> ReportResult:
+    """Merge the records of ``paths`` and write table.md, table.csv, the charts and index.html."""
+    records = load_records(paths)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_tables(records, out_dir)
+    charts = plot_all(records, out_dir)
+    index = write_index(records, frame=records_to_frame(records), charts=charts, out_dir=out_dir)
+    return ReportResult(
+        table_md=out_dir / "table.md",
+        table_csv=out_dir / "table.csv",
+        index_html=index,
+        charts=[p for paths_ in charts.values() for p in paths_],
+        records=len(records),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report.build", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run directories or records .jsonl files")
+    parser.add_argument("--out", type=Path, required=True, help="report directory to write")
+    args = parser.parse_args(argv)
+    try:
+        result = build_report(args.paths, args.out)
+    except ValueError as e:
+        parser.error(str(e))
+    print(f"{result.records} records, {len(result.charts)} chart files; open {result.index_html}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""What each chart shows, as plain values: the layer between records and matplotlib.
+
+Plots are drawn from these values and tests assert on them, so "is the failed cell in the chart?"
+is a question about a list, not about pixels. Everything here is pure (records in, values out) and
+nothing is dropped: a failed cell becomes a bar or point with no value and its status.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from bench.records import Record
+
+T = TypeVar("T")
+GIB, MIB = 2**30, 2**20
+# Same ZeRO stage next to each other: ours, then the peer that claims the same sharding.
+STRATEGY_ORDER = (
+    "dp", "ddp", "zero1", "torch-zero1", "zero2", "sharded", "fsdp2-zero2", "zero3", "fsdp2-zero3",
+)  # fmt: skip
+REFERENCE_STRATEGY = "ddp"  # the unsharded baseline every memory saving is measured against
+
+
+@dataclass(frozen=True)
+class Bar:
+    group: str  # x position (the cell without its strategy)
+    series: str  # strategy: colour and legend entry
+    value: float | None  # in the panel's unit; None when the cell failed or measured nothing
+    status: str = "ok"  # the record's status, or "no data" for an ok record without this value
+    err: float | None = None
+    parts: dict[str, float] | None = None  # stacked components (memory breakdown)
+    predicted: float | None = None  # analytic model-state prediction, drawn beside the bar
+    held: float | None = None  # measured model states held after a step, marked on the prediction
+
+
+@dataclass(frozen=True)
+class Line:
+    series: str  # legend label: the strategy, plus the run id when runs measured the same cell
+    strategy: str  # colour key
+    x: tuple[int, ...]
+    y: tuple[float | None, ...]  # None: a failed point, drawn on the axis with its status
+    status: tuple[str, ...]
+    hollow: tuple[bool, ...]  # simulated or fake (planned) points
+    dashed: bool = False  # predicted rather than measured
+    upper: tuple[float | None, ...] | None = None  # bisection bound (smallest failing size)
+
+
+@dataclass(frozen=True)
+class Panel:
+    ylabel: str
+    bars: tuple[Bar, ...] = ()
+    lines: tuple[Line, ...] = ()
+    reference: dict[str, float] = field(default_factory=dict)  # group -> DDP's value
+    title: str = ""
+    xlabel: str = ""
+
+
+@dataclass(frozen=True)
+class Chart:
+    kind: str  # peak_memory | breakdown | step_time | max_size | memory_scaling
+    name: str  # file stem, unique within a report
+    title: str
+    subtitle: str
+    panels: tuple[Panel, ...]
+    notes: tuple[str, ...] = ()
+
+
+def is_fake(r: Record) -> bool:
+    return bool(getattr(r, "fake", False))
+
+
+def max_size_of(r: Record) -> dict[str, Any] | None:
+    return getattr(r, "max_size", None)
+
+
+def is_summary(r: Record) -> bool:
+    """Max-size summary records describe a search, not a measured cell."""
+    return r.suite == "max-size" or max_size_of(r) is not None
+
+
+def strategy_key(name: str) -> tuple[int, str]:
+    return (STRATEGY_ORDER.index(name) if name in STRATEGY_ORDER else len(STRATEGY_ORDER), name)
+
+
+def mem_unit(values: Sequence[float | None]) -> tuple[str, int]:
+    """GiB for model-scale numbers, MiB when everything would read as 0.0x GiB."""
+    top = max((v for v in values if v is not None), default=0)
+    return ("GiB", GIB) if top >= GIB / 2 else ("MiB", MIB)
+
+
+def slug(*parts: object) -> str:
+    text = "-".join(str(p) for p in parts if p not in (None, ""))
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)
+
+
+def subtitle(records: Sequence[Record]) -> str:
+    """Where and how the numbers were taken: device, precision, simulated/fake, runs."""
+    devices = sorted({f"{r.device} ({r.env.get('device_name') or '?'})" for r in records})
+    parts = [", ".join(devices), "/".join(sorted({r.precision for r in records}))]
+    for flag, label in ((lambda r: r.simulated, "simulated"), (is_fake, "fake (planned)")):
+        n = sum(1 for r in records if flag(r))
+        if n:
+            parts.append(label if n == len(records) else f"{n} of {len(records)} cells {label}")
+    runs = sorted({r.run_id for r in records})
+    parts.append(f"run {runs[0]}" if len(runs) == 1 else f"{len(runs)} runs merged")
+    return " · ".join(parts)
+
+
+def flag_notes(records: Sequence[Record]) -> list[str]:
+    notes = []
+    if any(r.simulated for r in records):
+        notes.append("simulated: one process as rank 0 of a fake world of N; real memory, no communication.")
+    if any(is_fake(r) for r in records):
+        notes.append("fake (planned): sized under FakeTensorMode; nothing was allocated.")
+    return notes
+
+
+def cells(records: Sequence[Record]) -> list[Record]:
+    """Measured cells (probes included), in a stable reading order."""
+    return sorted((r for r in records if not is_summary(r)), key=_reading_order)
+
+
+def _reading_order(r: Record) -> tuple:
+    return (
+        r.workload, r.params, r.preset, r.world_size, r.simulated, is_fake(r), r.precision,
+        r.device, r.batch_size_per_rank, r.run_id, strategy_key(r.strategy),
+    )  # fmt: skip
+
+
+def by_key(items: Iterable[T], key: Callable[[T], Hashable]) -> list[tuple[Any, list[T]]]:
+    """Items grouped by key, groups in order of first appearance (the reading order is kept)."""
+    out: dict[Any, list[T]] = defaultdict(list)
+    for item in items:
+        out[key(item)].append(item)
+    return list(out.items())
+
+
+def group_labels(records: Sequence[Record]) -> list[str]:
+    """The x label of each record's cell (preset, and what else varies), without its strategy.
+
+    Where one strategy appears twice under a label (several runs measured the same cell), that
+    label is split by run id so the runs stand side by side instead of hiding each other.
+    """
+    vary = {a for a in ("world_size", "precision", "device", "batch_size_per_rank") if _varies(records, a)}
+    labels = [_label(r, vary) for r in records]
+    for label, idxs in by_key(range(len(records)), lambda i: labels[i]):
+        strategies = [records[i].strategy for i in idxs]
+        if len(set(strategies)) < len(strategies):
+            for i in idxs:
+                labels[i] = f"{label}\n{records[i].run_id}"
+    seen: Counter[tuple[str, str]] = Counter()
+    for i, r in enumerate(records):  # the same run repeated a cell: keep both, numbered
+        seen[(labels[i], r.strategy)] += 1
+        if seen[(labels[i], r.strategy)] > 1:
+            labels[i] += f" #{seen[(labels[i], r.strategy)]}"
+    return labels
+
+
+def _varies(records: Sequence[Record], attr: str) -> bool:
+    return len({getattr(r, attr) for r in records}) > 1
+
+
+def _label(r: Record, vary: set[str]) -> str:
+    head = [r.preset]
+    if "world_size" in vary:
+        head.append(f"N={r.world_size}")
+    if "precision" in vary:
+        head.append(r.precision)
+    if "device" in vary:
+        head.append(r.device)
+    if "batch_size_per_rank" in vary:
+        head.append(f"b={r.batch_size_per_rank}")
+    flags = [name for on, name in ((r.simulated, "simulated"), (is_fake(r), "fake (planned)")) if on]
+    return "\n".join([" ".join(head), *flags])
+
+
+def series_labels(records: Sequence[Record]) -> list[str]:
+    """Line labels for x = world size: the strategy, plus the run id where runs share a point."""
+    dup = {s for s, rs in by_key(records, lambda r: r.strategy) if len({r.world_size for r in rs}) < len(rs)}
+    return [f"{r.strategy} [{r.run_id}]" if r.strategy in dup else r.strategy for r in records]
+
+
+def status_of(r: Record, value: float | None) -> str:
+    return r.status if r.status != "ok" else ("ok" if value is not None else "no data")

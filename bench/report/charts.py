@@ -1,0 +1,257 @@
+"""The five report charts as data: which records go in, and what value each bar or point takes.
+
+One function per chart, each returning a list of ``Chart`` (one per workload or comparison group;
+empty when the records hold nothing for it). ``plots.py`` draws them; tests assert on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from bench.records import Record
+from bench.report.chartdata import (
+    GIB,
+    REFERENCE_STRATEGY,
+    Bar,
+    Chart,
+    Line,
+    Panel,
+    by_key,
+    cells,
+    flag_notes,
+    group_labels,
+    is_fake,
+    max_size_of,
+    mem_unit,
+    series_labels,
+    slug,
+    status_of,
+    strategy_key,
+    subtitle,
+)
+
+BREAKDOWN_PARTS = ("params", "grads", "optimizer", "activations", "other")
+
+
+def _peak(r: Record) -> int | None:
+    return (r.peak_mem_bytes or {}).get("max") if r.status == "ok" else None
+
+
+def _predicted(r: Record) -> int | None:
+    return (r.predicted_mem_bytes or {}).get("total")
+
+
+def _held(r: Record) -> int | None:
+    """Model states the rank held after a step (``model_state_bytes``), where the record has them."""
+    held = getattr(r, "model_state_bytes", None) if r.status == "ok" else None
+    return held.get("total") if isinstance(held, dict) else None
+
+
+def _source_note(records: Sequence[Record]) -> list[str]:
+    sources = sorted({str(r.peak_mem_bytes.get("source")) for r in records if r.peak_mem_bytes})
+    return [f"peak = the highest rank's peak; measured as {' / '.join(sources)}."] if sources else []
+
+
+def _chart(
+    kind: str, name: str, title: str, recs: Sequence[Record], panels: tuple[Panel, ...], notes: list[str]
+) -> Chart:
+    return Chart(kind, name, title, subtitle(recs), panels, tuple(notes))
+
+
+def peak_memory_charts(records: Sequence[Record]) -> list[Chart]:
+    """(a) Per-rank peak memory, one bar per strategy, grouped by preset (and world size)."""
+    out = []
+    for workload, recs in by_key(cells(records), lambda r: r.workload):
+        unit, scale = mem_unit([_peak(r) for r in recs])
+        bars, reference = [], {}
+        for group, r in zip(group_labels(recs), recs, strict=True):
+            peak = _peak(r)
+            value = None if peak is None else peak / scale
+            bars.append(Bar(group, r.strategy, value, status_of(r, value)))
+            if r.strategy == REFERENCE_STRATEGY and value is not None:
+                reference[group] = value
+        panel = Panel(ylabel=f"peak memory per rank ({unit})", bars=tuple(bars), reference=reference)
+        title = f"{workload}: peak memory per rank by strategy"
+        notes = [*_source_note(recs), *flag_notes(recs)]
+        out.append(_chart("peak_memory", slug("peak_memory", workload), title, recs, (panel,), notes))
+    return out
+
+
+def breakdown_charts(records: Sequence[Record]) -> list[Chart]:
+    """(b) What the peak rank held at its peak, stacked, beside the analytic model-state prediction.
+
+    One chart per workload/preset: stacked segments cannot go on a log axis, and a tiny preset
+    next to a base one would be a row of invisible bars.
+    """
+    out = []
+    for (workload, preset), recs in by_key(cells(records), lambda r: (r.workload, r.preset)):
+        unit, scale = mem_unit([_peak(r) for r in recs] + [_predicted(r) for r in recs])
+        bars = []
+        for group, r in zip(group_labels(recs), recs, strict=True):
+            bd = r.mem_breakdown_bytes if r.status == "ok" else None
+            parts = {k: bd.get(k, 0) / scale for k in BREAKDOWN_PARTS} if bd else None
+            total = None if parts is None else sum(parts.values())
+            pred = _predicted(r)
+            predicted = None if pred is None else pred / scale
+            held_bytes = _held(r)
+            held = None if held_bytes is None else held_bytes / scale
+            bars.append(
+                Bar(
+                    group, r.strategy, total, status_of(r, total), parts=parts, predicted=predicted, held=held
+                )
+            )
+        panel = Panel(ylabel=f"memory of the peak rank at its peak ({unit})", bars=tuple(bars))
+        notes = [
+            "predicted (outline) = analytic ZeRO model states only (params + grads + optimizer): "
+            "compare it with the bottom three segments, and with the diamond (model states held "
+            "after a step) where the record has it.",
+            *flag_notes(recs),
+        ]
+        title = f"{workload}/{preset}: memory breakdown vs prediction"
+        out.append(_chart("breakdown", slug("breakdown", workload, preset), title, recs, (panel,), notes))
+    return out
+
+
+def step_time_charts(records: Sequence[Record]) -> list[Chart]:
+    """(c) Step time (median, MAD error bars) and throughput; simulated and fake cells are left out."""
+    out = []
+    for workload, all_recs in by_key(cells(records), lambda r: r.workload):
+        recs = [r for r in all_recs if not r.simulated and not is_fake(r)]
+        if not recs:
+            continue
+        times, rates = [], []
+        for group, r in zip(group_labels(recs), recs, strict=True):
+            t = (r.step_time_s or {}) if r.status == "ok" else {}
+            ms = None if t.get("median") is None else t["median"] * 1e3
+            mad = None if t.get("mad") is None else t["mad"] * 1e3
+            times.append(Bar(group, r.strategy, ms, status_of(r, ms), err=mad))
+            rate = r.samples_per_s if r.status == "ok" else None
+            rates.append(Bar(group, r.strategy, rate, status_of(r, rate)))
+        panels = (
+            Panel(
+                ylabel="step time (ms)", bars=tuple(times), title="step time: median of the measured steps"
+            ),
+            Panel(ylabel="throughput (samples/s)", bars=tuple(rates), title="throughput, all ranks together"),
+        )
+        notes = ["step time is the slowest rank's median; error bars are the median absolute deviation."]
+        n_sim = sum(1 for r in all_recs if r.simulated)
+        n_fake = sum(1 for r in all_recs if is_fake(r) and not r.simulated)
+        if n_sim:
+            notes.append(f"{n_sim} simulated cell(s) left out: their step time has no communication.")
+        if n_fake:
+            notes.append(f"{n_fake} fake (planned) cell(s) left out: nothing ran.")
+        title = f"{workload}: step time and throughput by strategy"
+        out.append(_chart("step_time", slug("step_time", workload), title, recs, panels, notes))
+    return out
+
+
+def max_size_charts(records: Sequence[Record]) -> list[Chart]:
+    """(d) Largest trainable size against world size, from max-size summary records."""
+    summaries = sorted((r for r in records if isinstance(max_size_of(r), dict)), key=_line_order)
+
+    def key(r: Record) -> tuple:
+        ms = max_size_of(r) or {}
+        return (r.workload, ms.get("vary"), ms.get("budget_bytes"), r.device, r.precision, is_fake(r))
+
+    out = []
+    for (workload, vary, budget, *_), recs in by_key(summaries, key):
+        field_, scale, ylabel = _max_size_axis(vary, recs)
+        lines = [_max_size_line(series, rs, field_, scale) for series, rs in by_key(recs, _series_key(recs))]
+        fits_by = " / ".join(sorted({str((max_size_of(r) or {}).get("fits_by")) for r in recs}))
+        budget_text = "?" if budget is None else f"{budget / GIB:g} GiB"
+        notes = [
+            f"fits by {fits_by}; the pale bar above a point reaches the smallest size that failed.",
+            *flag_notes(recs),
+        ]
+        what = "model" if vary == "params" else "batch"
+        title = f"{workload}: largest trainable {what} per rank in {budget_text}"
+        panel = Panel(ylabel=ylabel, lines=tuple(lines), xlabel="world size N (log2)")
+        out.append(_chart("max_size", slug("max_size", workload, vary, budget), title, recs, (panel,), notes))
+    return out
+
+
+def _max_size_line(series: str, rs: Sequence[Record], field_: str, scale: float) -> Line:
+    ys, ups, status = [], [], []
+    for r in rs:
+        ms = max_size_of(r) or {}
+        fit, fail = ms.get("largest_fit"), ms.get("smallest_fail")
+        y = fit.get(field_) if r.status == "ok" and fit else None
+        up = fail.get(field_) if fail else None
+        ys.append(None if y is None else y / scale)
+        ups.append(None if up is None else up / scale)
+        status.append(r.status if r.status != "ok" else ("ok" if y is not None else "nothing fits"))
+    x = tuple(r.world_size for r in rs)
+    hollow = tuple(r.simulated or is_fake(r) for r in rs)
+    return Line(series, rs[0].strategy, x, tuple(ys), tuple(status), hollow, upper=tuple(ups))
+
+
+def _max_size_axis(vary: str | None, recs: Sequence[Record]) -> tuple[str, float, str]:
+    if vary != "params":
+        return "batch_size", 1, "largest batch per rank (samples)"
+    sizes = [((max_size_of(r) or {}).get("largest_fit") or {}).get("params") or 0 for r in recs]
+    if max(sizes) >= 1e9:
+        return "params", 1e9, "largest model (B parameters)"
+    return "params", 1e6, "largest model (M parameters)"
+
+
+def _series_key(recs: Sequence[Record]) -> Callable[[Record], str]:
+    labels = dict(zip(map(id, recs), series_labels(recs), strict=True))
+    return lambda r: labels[id(r)]
+
+
+def _line_order(r: Record) -> tuple:
+    return (strategy_key(r.strategy), r.world_size, r.simulated, r.run_id)
+
+
+def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
+    """(e) Memory per rank against world size, measured and predicted, per workload/preset."""
+
+    def key(r: Record) -> tuple:
+        return (r.workload, r.preset, r.device, r.precision, r.batch_size_per_rank, is_fake(r))
+
+    out = []
+    for (workload, preset, device, precision, batch, fake), recs in by_key(cells(records), key):
+        if len({r.world_size for r in recs}) < 2:
+            continue
+        recs = sorted(recs, key=_line_order)
+        unit, scale = mem_unit([_peak(r) for r in recs] + [_predicted(r) for r in recs])
+        lines = []
+        for series, rs in by_key(recs, _series_key(recs)):
+            lines.extend(_scaling_lines(series, rs, scale))
+        panel = Panel(ylabel=f"memory per rank ({unit})", lines=tuple(lines), xlabel="world size N (log2)")
+        notes = [
+            "solid: measured peak of the highest rank; dashed: predicted model states (params+grads+optim).",
+            *_source_note(recs),
+            *flag_notes(recs),
+        ]
+        title = f"{workload}/{preset}: memory per rank vs world size ({precision}, batch {batch} per rank)"
+        name = slug(
+            "memory_scaling", workload, preset, device, precision, f"b{batch}", "fake" if fake else ""
+        )
+        out.append(_chart("memory_scaling", name, title, recs, (panel,), notes))
+    return out
+
+
+def _scaling_lines(series: str, rs: Sequence[Record], scale: float) -> list[Line]:
+    """The measured line (failed points kept, valueless) and, where known, the predicted one."""
+    hollow = tuple(r.simulated or is_fake(r) for r in rs)
+    peaks = [_peak(r) for r in rs]
+    ys = tuple(None if p is None else p / scale for p in peaks)
+    status = tuple(status_of(r, y) for r, y in zip(rs, ys, strict=True))
+    lines = [Line(series, rs[0].strategy, tuple(r.world_size for r in rs), ys, status, hollow)]
+    pts = [(r, p) for r in rs if (p := _predicted(r)) is not None]
+    if pts:
+        x = tuple(r.world_size for r, _ in pts)
+        y = tuple(p / scale for _, p in pts)
+        h = tuple(r.simulated or is_fake(r) for r, _ in pts)
+        lines.append(Line(series, rs[0].strategy, x, y, ("ok",) * len(pts), h, dashed=True))
+    return lines
+
+
+ALL_CHARTS: dict[str, Callable[[Sequence[Record]], list[Chart]]] = {
+    "peak_memory": peak_memory_charts,
+    "breakdown": breakdown_charts,
+    "step_time": step_time_charts,
+    "memory_scaling": memory_scaling_charts,
+    "max_size": max_size_charts,
+}

@@ -1,0 +1,278 @@
+"""Charts from records, written as PNG and SVG: what `charts.py` decided, drawn with matplotlib.
+
+Figures are built on the Agg canvas directly (``Figure`` + ``FigureCanvasAgg``), never through
+``pyplot``: no global figure registry to leak in a long report run, and no backend switch that
+would disturb a notebook importing this module. Each ``plot_*`` function takes records and an
+output directory and returns the files it wrote, or ``[]`` when the records hold nothing for it.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from bench.records import Record
+from bench.report import charts as C
+from bench.report.chartdata import Bar, Chart, Panel, strategy_key
+
+FORMATS = ("png", "svg")
+# Ours saturated, its peer at the same ZeRO stage a lighter shade of the same hue.
+COLORS = {
+    "dp": "#bdbdbd", "ddp": "#525252",
+    "zero1": "#1f77b4", "torch-zero1": "#9ecae1",
+    "zero2": "#e6550d", "sharded": "#e6550d", "fsdp2-zero2": "#fdae6b",
+    "zero3": "#31a354", "fsdp2-zero3": "#a1d99b",
+}  # fmt: skip
+EXTRA_COLORS = ("#756bb1", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+PART_COLORS = {
+    "params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868",
+    "activations": "#c44e52", "other": "#8c8c8c",
+}  # fmt: skip
+FAILED_COLOR = "firebrick"
+LOG_RANGE = 30  # bars spanning more than this ratio go on a log axis, or the small ones vanish
+
+
+def color(strategy: str) -> str:
+    return COLORS.get(strategy) or EXTRA_COLORS[sum(map(ord, strategy)) % len(EXTRA_COLORS)]
+
+
+def plot_peak_memory(records: Sequence[Record], out_dir: Path) -> list[Path]:
+    return save_charts(C.peak_memory_charts(records), out_dir)
+
+
+def plot_breakdown(records: Sequence[Record], out_dir: Path) -> list[Path]:
+    return save_charts(C.breakdown_charts(records), out_dir)
+
+
+def plot_step_time(records: Sequence[Record], out_dir: Path) -> list[Path]:
+    return save_charts(C.step_time_charts(records), out_dir)
+
+
+def plot_max_size(records: Sequence[Record], out_dir: Path) -> list[Path]:
+    return save_charts(C.max_size_charts(records), out_dir)
+
+
+def plot_memory_scaling(records: Sequence[Record], out_dir: Path) -> list[Path]:
+    return save_charts(C.memory_scaling_charts(records), out_dir)
+
+
+def plot_all(records: Sequence[Record], out_dir: Path) -> dict[str, list[Path]]:
+    """Every chart kind (in report order) and the files written for it."""
+    return {kind: save_charts(build(records), out_dir) for kind, build in C.ALL_CHARTS.items()}
+
+
+def save_charts(charts: Sequence[Chart], out_dir: Path) -> list[Path]:
+    written: list[Path] = []
+    if charts:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for chart in charts:
+        fig = draw(chart)
+        for fmt in FORMATS:
+            path = out_dir / f"{chart.name}.{fmt}"
+            # No timestamp in the SVG, so an unchanged chart is an unchanged file.
+            fig.savefig(
+                path,
+                format=fmt,
+                dpi=110,
+                bbox_inches="tight",
+                metadata={"Date": None} if fmt == "svg" else {},
+            )
+            written.append(path)
+    return written
+
+
+def _number(value: float) -> str:
+    """Bar labels: whole numbers from 100 up (2,943 ms, not 2.94e+03), three significant digits below."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _label_inches(labels: Sequence[str]) -> float:
+    """Roughly how wide the widest tick label is at 8 pt."""
+    return 0.2 + 0.075 * max((len(line) for label in labels for line in label.splitlines()), default=0)
+
+
+def draw(chart: Chart) -> Figure:
+    """One figure: bold title and grey subtitle on top, a panel per row, notes at the bottom."""
+    n_bars = max(len(p.bars) for p in chart.panels)
+    groups = {b.group for p in chart.panels for b in p.bars}
+    label_width = len(groups) * _label_inches(list(groups)) if chart.kind != "breakdown" else 0
+    width = min(24.0, max(8.0, 3.0 + 0.3 * n_bars, 3.0 + label_width))
+    wrap = int(width * 13)
+    subtitle = textwrap.wrap(chart.subtitle, wrap)
+    notes = [line for note in chart.notes for line in textwrap.wrap(note, wrap)]
+    top_in, bottom_in = 0.45 + 0.2 * len(subtitle), 0.1 + 0.19 * len(notes)
+    height = 4.2 * len(chart.panels) + top_in + bottom_in
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    for i, panel in enumerate(chart.panels):
+        ax = fig.add_subplot(len(chart.panels), 1, i + 1)
+        if chart.kind == "breakdown":
+            _draw_breakdown(ax, panel)
+        elif panel.lines:
+            _draw_lines(ax, panel)
+        else:
+            _draw_bars(ax, panel, fig_width=width)
+        if panel.title:
+            ax.set_title(panel.title, fontsize=10, loc="left")
+    fig.tight_layout(rect=(0, bottom_in / height, 1, 1 - top_in / height), h_pad=2.0)
+    fig.text(0.01, 1 - 0.08 / height, chart.title, ha="left", va="top", fontsize=13, fontweight="bold")
+    fig.text(0.01, 1 - 0.4 / height, "\n".join(subtitle), ha="left", va="top", fontsize=9, color="dimgray")
+    if notes:
+        fig.text(0.01, 0.05 / height, "\n".join(notes), ha="left", va="bottom", fontsize=8, color="dimgray")
+    return fig
+
+
+def _failed_bar(ax: Axes, x: float, width: float, height: float, bar: Bar, edge: str) -> None:
+    """A failed cell stays in the chart: an empty hatched bar carrying its status."""
+    ax.bar(x, height, width, fill=False, hatch="///", edgecolor=edge, linewidth=1.0)
+    ax.text(x, height / 2, bar.status, rotation=90, ha="center", va="center", fontsize=8, color=FAILED_COLOR,
+            fontweight="bold", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # fmt: skip
+
+
+def _failed_handle() -> Patch:
+    return Patch(fill=False, hatch="///", edgecolor=FAILED_COLOR, label="failed / no data (status shown)")
+
+
+def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
+    """Grouped bars: one group per cell, one bar per strategy; DDP's value as a dashed reference."""
+    groups = list(dict.fromkeys(b.group for b in panel.bars))
+    series = sorted({b.series for b in panel.bars}, key=strategy_key)
+    slots = {g: sorted((b.series for b in panel.bars if b.group == g), key=strategy_key) for g in groups}
+    width = 0.8 / max(len(s) for s in slots.values())
+    values = [b.value for b in panel.bars if b.value is not None and b.value > 0]
+    top = max((b.value + (b.err or 0) for b in panel.bars if b.value is not None), default=0.0) or 1.0
+    log = bool(values) and max(values) / min(values) > LOG_RANGE
+    for b in panel.bars:
+        slot = slots[b.group]  # centred in its group: only the strategies this cell has
+        x = groups.index(b.group) + width * (slot.index(b.series) - (len(slot) - 1) / 2)
+        if b.value is None:
+            _failed_bar(ax, x, width, top * 0.3, b, color(b.series))
+            continue
+        ax.bar(x, b.value, width, color=color(b.series), edgecolor="white", linewidth=0.5)
+        if b.err is not None:
+            ax.errorbar(x, b.value, yerr=b.err, color="black", capsize=2, linewidth=0.8)
+        ax.text(
+            x,
+            b.value + (b.err or 0),
+            f" {_number(b.value)}",
+            rotation=90,
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
+    for group, value in panel.reference.items():
+        gx, half = groups.index(group), width * len(slots[group]) / 2 + 0.05
+        ax.hlines(value, gx - half, gx + half, colors="black", linestyles="--", linewidth=1.2, zorder=3)
+    crowded = len(groups) * _label_inches(groups) > fig_width - 3
+    ax.set_xticks(range(len(groups)), groups, fontsize=8, rotation=25 if crowded else 0,
+                  ha="right" if crowded else "center")  # fmt: skip
+    ax.set_ylabel(panel.ylabel + (" — log scale" if log else ""))
+    if log:
+        ax.set_yscale("log")
+        ax.set_ylim(min(values) / 3, top * 6)
+    else:
+        ax.set_ylim(0, top * 1.25)
+    ax.grid(axis="y", alpha=0.3)
+    handles: list[Artist] = [Patch(color=color(s), label=s) for s in series]
+    if panel.reference:
+        handles.append(
+            Line2D([], [], color="black", linestyle="--", label=f"{C.REFERENCE_STRATEGY} (reference)")
+        )
+    if any(b.value is None for b in panel.bars):
+        handles.append(_failed_handle())
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+
+
+def _draw_breakdown(ax: Axes, panel: Panel) -> None:
+    """Per cell: the stacked measured breakdown, and beside it the predicted model states (outline)."""
+    xs, x, prev = [], 0.0, None
+    for b in panel.bars:
+        x += 0.0 if prev is None else (1.0 if b.group == prev else 1.6)  # a gap between groups
+        xs.append(x)
+        prev = b.group
+    w = 0.4
+    top = max([b.value or 0 for b in panel.bars] + [b.predicted or 0 for b in panel.bars]) or 1.0
+    for x, b in zip(xs, panel.bars, strict=True):
+        if b.parts is None:
+            _failed_bar(ax, x - w / 2, w, top * 0.3, b, color(b.series))
+        else:
+            bottom = 0.0
+            for part, value in b.parts.items():
+                ax.bar(x - w / 2, value, w, bottom=bottom, color=PART_COLORS.get(part, "gray"), linewidth=0)
+                bottom += value
+        if b.predicted is not None:
+            ax.bar(x + w / 2, b.predicted, w, fill=False, edgecolor="black", hatch="..", linewidth=1.0)
+        if b.held is not None:
+            ax.plot(x + w / 2, b.held, "D", color="black", markerfacecolor="gold", markersize=6, zorder=4)
+    ax.set_xticks(xs, [b.series for b in panel.bars], fontsize=8, rotation=90)
+    # The cell (preset, N, ...) once per group, under its strategies' names.
+    centres: dict[str, list[float]] = {}
+    for x, b in zip(xs, panel.bars, strict=True):
+        centres.setdefault(b.group, []).append(x)
+    groups = ax.secondary_xaxis("bottom")
+    groups.set_xticks([sum(v) / len(v) for v in centres.values()], list(centres), fontsize=9)
+    groups.tick_params(length=0, pad=8 + 5.2 * max(len(b.series) for b in panel.bars))
+    groups.spines["bottom"].set_visible(False)
+    ax.set_ylabel(panel.ylabel)
+    ax.set_ylim(0, top * 1.1)
+    ax.grid(axis="y", alpha=0.3)
+    handles: list[Artist] = [Patch(color=c, label=p) for p, c in PART_COLORS.items()]
+    handles.append(Patch(fill=False, hatch="..", edgecolor="black", label="predicted model states"))
+    if any(b.held is not None for b in panel.bars):
+        handles.append(Line2D([], [], color="black", marker="D", markerfacecolor="gold", linestyle="",
+                              label="model states held after a step"))  # fmt: skip
+    if any(b.parts is None for b in panel.bars):
+        handles.append(_failed_handle())
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+
+
+def _draw_lines(ax: Axes, panel: Panel) -> None:
+    """x = world size on a log2 axis; hollow markers are simulated/fake points, x marks failures."""
+    xs = sorted({x for line in panel.lines for x in line.x})
+    for line in panel.lines:
+        c, style = color(line.strategy), "--" if line.dashed else "-"
+        pts = [(x, y) for x, y in zip(line.x, line.y, strict=True) if y is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, color=c, linewidth=1.8 if not line.dashed else 1.2)
+        for x, y, hollow in zip(line.x, line.y, line.hollow, strict=True):
+            if y is not None:
+                marker, size = ("s", 5) if line.dashed else ("o", 6)  # a lone point still says which it is
+                ax.plot(x, y, marker, color=c, markerfacecolor="white" if hollow else c, markersize=size)
+        for x, y, up in zip(line.x, line.y, line.upper or [None] * len(line.x), strict=True):
+            if up is not None and y is not None:  # the bisection interval: the true limit lies in it
+                ax.vlines(x, y, up, colors=c, alpha=0.35, linewidth=3)
+        for x, y, status in zip(line.x, line.y, line.status, strict=True):
+            if y is None:
+                ax.plot(x, 0, "x", color=FAILED_COLOR, markersize=9, markeredgewidth=2, clip_on=False)
+                ax.annotate(f"{line.series}: {status}", (x, 0), xytext=(4, 6), textcoords="offset points",
+                            rotation=90, fontsize=7, color=FAILED_COLOR)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.minorticks_off()
+    ax.set_xlim(xs[0] / 1.5, xs[-1] * 1.5)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(panel.xlabel)
+    ax.set_ylabel(panel.ylabel)
+    ax.grid(alpha=0.3)
+    labels = list(dict.fromkeys((line.series, line.strategy) for line in panel.lines))
+    handles: list[Artist] = [Line2D([], [], color=color(s), marker="o", label=label) for label, s in labels]
+    if any(line.dashed for line in panel.lines):  # say which style is which only when both appear
+        handles.append(Line2D([], [], color="black", linestyle="-", marker="o", label="measured"))
+        handles.append(Line2D([], [], color="black", linestyle="--", marker="s", markersize=5,
+                              label="predicted (model states)"))  # fmt: skip
+    if any(h for line in panel.lines for h in line.hollow):
+        handles.append(Line2D([], [], color="black", marker="o", markerfacecolor="white", linestyle="",
+                              label="simulated / fake (planned)"))  # fmt: skip
+    if any(y is None for line in panel.lines for y in line.y):
+        handles.append(
+            Line2D([], [], color=FAILED_COLOR, marker="x", linestyle="", label="failed (status shown)")
+        )
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)

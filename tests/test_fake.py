@@ -1,0 +1,30 @@
+"""``--fake``: planning under FakeTensorMode must see exactly the memory a real run allocates."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.cli import main
+from bench.config import CellConfig
+from bench.launch import run_cell
+from bench.metrics.memory import CATEGORIES
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp2-zero2"])
+def test_fake_peak_equals_the_real_peak_per_category(strategy: str) -> None:
+    """Same simulated world (N=4), once with real tensors, once with fake ones."""
+    base = CellConfig("transformer", "tiny", strategy, 4, batch_size=4, steps=1, warmup=2, simulate=True)
+    real = run_cell(base, run_id="t")
+    fake = run_cell(CellConfig(**{**base.to_json(), "fake": True}), run_id="t")
+    assert real.status == fake.status == "ok", (real.error, fake.error)
+    assert fake.fake and not real.fake and fake.step_time_s is None and fake.loss is None
+    for c in CATEGORIES:
+        assert fake.mem_breakdown_bytes[c] == pytest.approx(real.mem_breakdown_bytes[c], rel=0.01, abs=64), c
+    assert fake.peak_mem_bytes["max"] == pytest.approx(real.peak_mem_bytes["max"], rel=0.01)
+    if strategy == "ddp":  # DDP cannot be built on fake tensors: the record says how it was planned
+        assert "explicit gradient buckets" in fake.strategy_settings["planned"]
+
+
+def test_fake_refuses_workloads_with_data_dependent_shapes(capsys) -> None:
+    assert main(["run", "--workload", "deepspeech2", "--strategy", "zero2", "--fake"]) == 2
+    assert "cannot be planned with --fake" in capsys.readouterr().err

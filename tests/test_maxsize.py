@@ -1,0 +1,99 @@
+"""``shardbench max-size``: bisection finds the boundary the probes' own peaks define, and a
+probe that crashes is recorded while the search goes on."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import bench.maxsize as maxsize
+from bench.cli import main
+from bench.config import CellConfig
+from bench.records import read_records
+
+MIB = 2**20
+
+
+def _base(**kw) -> CellConfig:
+    return CellConfig("transformer", "tiny", "ddp", 8, batch_size=2, steps=1, warmup=1, simulate=True, **kw)
+
+
+def test_parse_budget() -> None:
+    assert maxsize.parse_budget("16GiB") == 16 * 2**30
+    assert maxsize.parse_budget("1.5 GB") == 1_500_000_000
+    assert maxsize.parse_budget("4096") == 4096
+    for bad in ("16 gigs", "", "-1GiB", "0"):
+        with pytest.raises(ValueError, match="budget"):
+            maxsize.parse_budget(bad)
+
+
+def test_ladder_search_returns_the_boundary_of_the_probes(tmp_path: Path) -> None:
+    budget = 100 * MIB  # tiny (~15 MiB) fits; small's model states alone (~440 MiB) do not
+    summary = maxsize.search(
+        _base(),
+        budget=budget,
+        vary="params",
+        ladder=("tiny", "small", "base", "large"),
+        out_dir=tmp_path,
+        run_id="t",
+    )
+    info = summary.max_size
+    fit, fail = info["largest_fit"], info["smallest_fail"]
+    assert (fit["preset"], fail["preset"]) == ("tiny", "small")
+    assert fit["peak_bytes"] <= budget < fail["peak_bytes"]  # measured, both sides
+    records = read_records([tmp_path])
+    probes = [r for r in records if r.suite == "max-size-probe"]
+    assert [r.preset for r in probes] == ["tiny", "small"]  # base/large: model states > budget, never run
+    assert records[-1].suite == "max-size" and records[-1].status == "ok"
+    assert summary.params == fit["params"] and "largest fit: tiny" in summary.note
+
+
+def test_a_crashing_probe_is_recorded_and_the_search_finishes(tmp_path: Path, monkeypatch) -> None:
+    real_run_cell = maxsize.run_cell
+
+    def crash_small(cell: CellConfig, *, run_id: str):
+        return real_run_cell(
+            replace(cell, inject_failure="raise") if cell.preset == "small" else cell, run_id=run_id
+        )
+
+    monkeypatch.setattr(maxsize, "run_cell", crash_small)
+    summary = maxsize.search(
+        _base(), budget=4 * 2**30, vary="params", ladder=("tiny", "small"), out_dir=tmp_path, run_id="t"
+    )
+    records = read_records([tmp_path])
+    crashed = [r for r in records if r.preset == "small" and r.suite == "max-size-probe"]
+    assert len(crashed) == 1 and crashed[0].status == "error" and "injected failure" in crashed[0].error
+    assert summary.max_size["largest_fit"]["preset"] == "tiny"
+    assert summary.max_size["smallest_fail"] == {**summary.max_size["smallest_fail"], "status": "error"}
+
+
+def test_batch_search_finds_adjacent_batches(tmp_path: Path) -> None:
+    budget = 24 * MIB
+    summary = maxsize.search(_base(fake=True), budget=budget, vary="batch", out_dir=tmp_path, run_id="t")
+    fit, fail = summary.max_size["largest_fit"], summary.max_size["smallest_fail"]
+    assert fail["batch_size"] == fit["batch_size"] + 1
+    assert fit["peak_bytes"] <= budget < fail["peak_bytes"]
+
+
+def test_cli_validates_before_probing(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "o"
+    argv = [
+        "max-size",
+        "--workload",
+        "transformer",
+        "--strategy",
+        "ddp",
+        "--world-size",
+        "8",
+        "--out",
+        str(out),
+    ]
+    assert main([*argv, "--budget", "lots"]) == 2
+    assert "cannot read memory budget" in capsys.readouterr().err
+    assert main([*argv, "--budget", "1GiB", "--ladder", "tiny,huge"]) == 2
+    assert "unknown preset 'huge'" in capsys.readouterr().err
+    assert main([*argv, "--budget", "1GiB", "--ladder", "small,tiny"]) == 2
+    assert "ladder must grow" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,0 +1,274 @@
+"""The report layer: table, charts and index.html built from records only; failed cells stay visible.
+
+Runs on the committed sample (results/samples: real records, one of them a timeout) and on small
+variations of it; no training happens here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from bench.records import Record, read_records
+from bench.report import plots
+from bench.report.build import build_report
+from bench.report.chartdata import GIB, MIB
+from bench.report.charts import (
+    ALL_CHARTS,
+    breakdown_charts,
+    max_size_charts,
+    memory_scaling_charts,
+    peak_memory_charts,
+    step_time_charts,
+)
+from bench.report.tables import records_to_frame, write_tables
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "results" / "samples"
+PLOTS = (
+    plots.plot_peak_memory,
+    plots.plot_breakdown,
+    plots.plot_step_time,
+    plots.plot_max_size,
+    plots.plot_memory_scaling,
+)
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[Record]:
+    return read_records([SAMPLES])
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory):
+    return build_report([SAMPLES], tmp_path_factory.mktemp("report"))
+
+
+def _failed(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.status != "ok"]
+
+
+def _bars(charts):
+    return [b for c in charts for p in c.panels for b in p.bars]
+
+
+class _Refs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.refs.update(v for k, v in attrs if k in ("src", "href") and v)
+
+
+def test_sample_is_small_real_and_holds_a_failure(samples: list[Record]) -> None:
+    assert 0 < len(samples) <= 30
+    assert _failed(samples), "the sample must keep a failed cell for the charts to show"
+    assert len({r.run_id for r in samples}) > 1 and any(r.simulated for r in samples)
+    assert all(r.env.get("torch") and r.env.get("time") for r in samples)
+
+
+def test_report_from_samples(report, samples: list[Record]) -> None:
+    for path in (report.table_md, report.table_csv, report.index_html, *report.charts):
+        assert path.is_file() and path.stat().st_size > 0, path
+    assert {p.suffix for p in report.charts} == {".png", ".svg"}
+    assert len(report.table_csv.read_text().strip().splitlines()) == 1 + len(samples)
+    assert len(report.table_md.read_text().strip().splitlines()) == 2 + len(samples)
+    page = report.index_html.read_text()
+    refs = _Refs()
+    refs.feed(page)
+    assert {p.name for p in report.charts} <= refs.refs, "every chart file is on the page"
+    assert all((report.index_html.parent / ref).is_file() for ref in refs.refs), "no dangling reference"
+    kinds = {p.name.split("-")[0] for p in report.charts}
+    assert {"peak_memory", "breakdown", "step_time", "memory_scaling"} <= kinds
+    assert "max_size" not in kinds  # the sample holds no max-size search yet
+    for r in samples:
+        assert r.run_id in page and r.env["git_sha"] in page
+    assert "timeout" in page and "2.11.0+cu130" in page
+
+
+def test_index_escapes_record_text(tmp_path: Path, samples: list[Record]) -> None:
+    bad = dataclasses.replace(_failed(samples)[0], error="<script>alert(1)</script> & <b>")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text(json.dumps(bad.to_json()) + "\n")
+    page = build_report([run], tmp_path / "out").index_html.read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;" in page
+
+
+def test_chart_functions_on_empty_input(tmp_path: Path) -> None:
+    out = tmp_path / "charts"
+    for plot in PLOTS:
+        assert plot([], out) == []
+    assert not out.exists()
+    assert all(build([]) == [] for build in ALL_CHARTS.values())
+    assert write_tables([], tmp_path) == "(no records)\n"
+
+
+def test_failed_cell_alone_is_shown_not_dropped(tmp_path: Path, samples: list[Record]) -> None:
+    failed = _failed(samples)
+    for build in (peak_memory_charts, breakdown_charts, step_time_charts):
+        bars = _bars(build(failed))
+        assert bars and all(b.value is None and b.status == "timeout" for b in bars), build.__name__
+    written = plots.plot_peak_memory(failed, tmp_path)
+    assert sorted(p.suffix for p in written) == [".png", ".svg"] and all(p.is_file() for p in written)
+
+
+def test_failed_cell_stands_beside_the_same_cell_from_another_run(samples: list[Record]) -> None:
+    tiny = [r for r in samples if r.preset == "tiny"]
+    (chart,) = peak_memory_charts(tiny)
+    ddp = [b for b in chart.panels[0].bars if b.series == "ddp"]
+    assert sorted(b.status for b in ddp) == ["ok", "timeout"]
+    assert len({b.group for b in ddp}) == 2, "two runs of one cell are two groups, not one overwriting"
+    assert all(r.run_id in {b.group.split("\n")[-1] for b in ddp} for r in tiny if r.strategy == "ddp")
+    (scaling,) = memory_scaling_charts(tiny)
+    measured = [line for line in scaling.panels[0].lines if not line.dashed and line.strategy == "ddp"]
+    assert sorted(s for line in measured for s in line.status) == ["ok", "timeout"]
+
+
+def test_ok_record_without_measurements_is_no_data(tmp_path: Path, samples: list[Record]) -> None:
+    r = dataclasses.replace(
+        samples[0], peak_mem_bytes=None, mem_breakdown_bytes=None, step_time_s=None, samples_per_s=None
+    )
+    for build in (peak_memory_charts, breakdown_charts, step_time_charts):
+        assert [b.status for b in _bars(build([r]))] in (["no data"], ["no data", "no data"]), build.__name__
+    assert sum(len(v) for v in plots.plot_all([r], tmp_path).values()) > 0
+
+
+def test_bars_carry_the_recorded_values(samples: list[Record]) -> None:
+    (chart,) = peak_memory_charts(samples)
+    panel = chart.panels[0]
+    assert panel.ylabel.endswith("(GiB)")
+    ok = [r for r in samples if r.status == "ok"]
+    assert sorted(b.value * GIB for b in panel.bars if b.value is not None) == pytest.approx(
+        sorted(r.peak_mem_bytes["max"] for r in ok), rel=1e-12
+    )
+    ddp_n4 = next(r for r in ok if r.strategy == "ddp" and r.world_size == 4 and not r.simulated)
+    assert panel.reference["base N=4 b=2"] * GIB == pytest.approx(ddp_n4.peak_mem_bytes["max"], rel=1e-12)
+    tiny = [c for c in breakdown_charts(samples) if c.name.endswith("tiny")][0]
+    dp = next(b for b in tiny.panels[0].bars if b.series == "dp")
+    dp_rec = next(r for r in samples if r.strategy == "dp")
+    assert dp.parts["optimizer"] * MIB == dp_rec.mem_breakdown_bytes["optimizer"]
+    assert dp.predicted * MIB == dp_rec.predicted_mem_bytes["total"]
+
+
+def test_simulated_cells_are_left_out_of_time_charts(samples: list[Record]) -> None:
+    (chart,) = step_time_charts(samples)
+    assert not any("simulated" in b.group for b in _bars([chart]))
+    assert any("6 simulated cell(s) left out" in n for n in chart.notes)
+    simulated = [r for r in samples if r.simulated]
+    assert step_time_charts(simulated) == [] and peak_memory_charts(simulated)
+    assert "simulated" in peak_memory_charts(simulated)[0].subtitle
+
+
+def test_memory_scaling_needs_two_world_sizes(samples: list[Record]) -> None:
+    names = [c.name for c in memory_scaling_charts(samples)]
+    assert "memory_scaling-transformer-base-cpu-fp32-b2" in names
+    assert memory_scaling_charts([r for r in samples if r.world_size == 4]) == []
+    base = next(c for c in memory_scaling_charts(samples) if "base" in c.name)
+    zero2 = [line for line in base.panels[0].lines if line.series == "zero2"]
+    assert {line.dashed for line in zero2} == {False, True} and zero2[0].x == (2, 4, 8)
+    assert zero2[0].hollow == (False, False, True)  # N=8 is simulated
+
+
+def _summary(base: Record, strategy: str, n: int, fit: int | None, fail: int) -> Record:
+    r = dataclasses.replace(base, suite="max-size", strategy=strategy, world_size=n, status="ok")
+    r.max_size = {  # type: ignore[attr-defined]
+        "vary": "params",
+        "budget_bytes": 16 * GIB,
+        "fits_by": "tracked peak",
+        "largest_fit": None
+        if fit is None
+        else {"preset": "a", "batch_size": 2, "params": fit, "peak_bytes": 1},
+        "smallest_fail": {
+            "preset": "b",
+            "batch_size": 2,
+            "params": fail,
+            "peak_bytes": None,
+            "status": "oom",
+        },
+        "probes": 4,
+    }
+    return r
+
+
+def test_max_size_chart_from_summary_records(tmp_path: Path, samples: list[Record]) -> None:
+    assert max_size_charts(samples) == []
+    base = samples[0]
+    summaries = [
+        _summary(base, "ddp", 2, 110_000_000, 150_000_000),
+        _summary(base, "ddp", 4, None, 60_000_000),
+        _summary(base, "zero2", 2, 200_000_000, 260_000_000),
+        _summary(base, "zero2", 4, 300_000_000, 350_000_000),
+    ]
+    (chart,) = max_size_charts([*samples, *summaries])
+    lines = {line.series: line for line in chart.panels[0].lines}
+    assert (
+        lines["zero2"].x == (2, 4)
+        and lines["zero2"].y == (200.0, 300.0)
+        and lines["zero2"].upper == (260, 350)
+    )
+    assert lines["ddp"].y == (110.0, None) and lines["ddp"].status == ("ok", "nothing fits")
+    assert "16 GiB" in chart.title
+    assert [p.suffix for p in plots.plot_max_size(summaries, tmp_path)] == [".png", ".svg"]
+    frame = records_to_frame(summaries)
+    assert list(frame.note) == [s.note for s in summaries]  # the search's answer line
+    # summaries describe searches, not cells: no bar or point of their own in the cell charts
+    assert len(_bars(peak_memory_charts([*samples, *summaries]))) == len(samples)
+
+
+def _write_lines(path: Path, lines: list[str]) -> Path:
+    path.mkdir(parents=True)
+    (path / "records.jsonl").write_text("".join(lines))
+    return path
+
+
+def test_merging_two_runs(tmp_path: Path) -> None:
+    lines = (SAMPLES / "records.jsonl").read_text().splitlines(keepends=True)
+    a = _write_lines(tmp_path / "a", lines[:12])
+    b = _write_lines(tmp_path / "b", lines[12:])
+    merged = build_report([a, b], tmp_path / "merged")
+    rows = merged.table_csv.read_text().strip().splitlines()
+    assert len(rows) == 1 + len(lines) and rows[0].startswith("run_id,")
+    single = build_report([a], tmp_path / "single")
+    rows = single.table_csv.read_text().strip().splitlines()
+    assert len(rows) == 1 + 12 and "run_id" not in rows[0]
+    assert build_report([a, a / "records.jsonl"], tmp_path / "twice").table_csv.read_text() == (
+        single.table_csv.read_text()
+    ), "the same run given twice counts once"
+
+
+def test_missing_or_empty_input_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nothing"
+    with pytest.raises(ValueError, match=f"{missing} does not exist"):
+        build_report([missing], tmp_path / "out")
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(ValueError, match="empty_dir has no records.jsonl"):
+        build_report([SAMPLES, tmp_path / "empty_dir"], tmp_path / "out")
+    blank = _write_lines(tmp_path / "blank", [])
+    with pytest.raises(ValueError, match="holds no records"):
+        build_report([blank], tmp_path / "out")
+    with pytest.raises(ValueError, match="no input"):
+        build_report([], tmp_path / "out")
+
+
+def test_notebook_is_committed_without_outputs_and_executes(monkeypatch: pytest.MonkeyPatch) -> None:
+    nbformat = pytest.importorskip("nbformat", reason="nbformat not installed (pip install -e .[dev])")
+    nbclient = pytest.importorskip("nbclient", reason="nbclient not installed (pip install -e .[dev])")
+    nb = nbformat.read(ROOT / "notebooks" / "compare_strategies.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(not c.outputs and c.execution_count is None for c in code)
+    monkeypatch.setenv("SHARDBENCH_RECORDS", "results/samples")
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(ROOT)}}
+    )
+    client.execute()
+    outputs = [o for c in code for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) >= 4, "peak memory, breakdown, step time and scaling charts drawn inline"
+    assert any(f"{len(read_records([SAMPLES]))} records" in o.get("text", "") for o in outputs)
