@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench.cli_claim import add_claim_parser, cmd_claim
 from bench.cli_common import DEFAULT_RUNS_DIR, UsageError, csv_list
 from bench.cli_maxsize import add_max_size_parser, cmd_max_size
 from bench.config import DEVICES, PRECISIONS, CellConfig, SuiteSpec, load_suite, override, suite_names
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
     add_max_size_parser(sub)
+    add_claim_parser(sub)
     rep = sub.add_parser(
         "report",
         help="table, charts and index.html from the records of one or more runs (merged)",
@@ -221,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "run": cmd_run,
         "max-size": cmd_max_size,
         "report": cmd_report,
+        "claim": cmd_claim,
         "list": cmd_list,
         "env": cmd_env,
     }[args.command]

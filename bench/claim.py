@@ -1,0 +1,281 @@
+"""``shardbench claim``: does sharding halve per-rank memory or double the trainable model?
+
+For each workload of a ``ClaimSpec`` (bench/claim_specs.py) it measures, at equal per-rank batch:
+
+* per-rank peak memory of ddp, zero2 and the peers at a simulated world size N (real memory);
+* the largest trainable model of ddp and zero2 within the same per-rank budget (max-size search;
+  probes under ``--fake`` where the workload allows it, since planning equals a real run within
+  1% per category (tests/test_fake.py), real allocations otherwise);
+* the step time of ddp and zero2 on real ranks where the machine has them, else the simulated
+  runs' compute-only time, labelled.
+
+The verdict is a measurement: the claim holds for a workload when zero2's peak is at most 0.5x
+DDP's or its largest trainable model is at least 2x DDP's; when it does not, the report says what
+the peak is made of (typically activations, which no ZeRO stage shards).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.claim_specs import ClaimSpec, ClaimWorkload
+from bench.config import CellConfig
+from bench.launch import run_cell
+from bench.maxsize import parse_budget, search
+from bench.records import Record, append_record, first_line
+from models.registry import get_workload
+
+OURS, BASELINE = "zero2", "ddp"
+MEMORY_THRESHOLD, SIZE_THRESHOLD = 0.5, 2.0
+
+
+@dataclass
+class WorkloadResult:
+    workload: ClaimWorkload
+    memory: dict[str, Record] = field(default_factory=dict)  # strategy -> simulated-N record
+    timing: dict[str, Record] = field(default_factory=dict)  # strategy -> timing record
+    max_size: dict[str, Record] = field(default_factory=dict)  # strategy -> max-size summary
+
+    def peak(self, strategy: str) -> int | None:
+        r = self.memory.get(strategy)
+        return (r.peak_mem_bytes or {}).get("max") if r is not None and r.status == "ok" else None
+
+    def memory_ratio(self) -> float | None:
+        ours, base = self.peak(OURS), self.peak(BASELINE)
+        return ours / base if ours and base else None
+
+    def size_ratio(self) -> tuple[float | None, float | None, float | None]:
+        """(measured, lower bound, upper bound) of zero2's / ddp's largest trainable params."""
+        ours, base = (self.max_size.get(s) for s in (OURS, BASELINE))
+        if not ours or not base or not ours.max_size or not base.max_size:
+            return None, None, None
+        o_fit, b_fit = ours.max_size["largest_fit"], base.max_size["largest_fit"]
+        o_fail, b_fail = ours.max_size["smallest_fail"], base.max_size["smallest_fail"]
+        if not o_fit or not b_fit or (not o_fail and not b_fail):
+            return None, None, None  # nothing fitted, or the whole ladder fitted both: no boundary
+        ratio = o_fit["params"] / b_fit["params"]
+        lower = o_fit["params"] / b_fail["params"] if b_fail else None
+        upper = o_fail["params"] / b_fit["params"] if o_fail else None
+        return ratio, lower, upper
+
+    def time_ratio(self) -> float | None:
+        t = {s: (r.step_time_s or {}).get("median") for s, r in self.timing.items() if r.status == "ok"}
+        return t[OURS] / t[BASELINE] if t.get(OURS) and t.get(BASELINE) else None
+
+    def verdict(self, world_size: int) -> tuple[bool | None, str]:
+        mem, (size, lower, upper) = self.memory_ratio(), self.size_ratio()
+        if mem is None and size is None:
+            return None, "not measured: " + self._failures()
+        holds = (mem is not None and mem <= MEMORY_THRESHOLD) or (size is not None and size >= SIZE_THRESHOLD)
+        parts = []
+        if mem is not None:
+            parts.append(f"zero2 peak = {mem:.2f}x ddp")
+        if size is not None:
+            bounds = f" (between {_fmt(lower)}x and {_fmt(upper)}x at the ladder's resolution)"
+            parts.append(f"largest trainable = {size:.2f}x ddp{bounds if lower or upper else ''}")
+        else:
+            parts.append("largest trainable: no boundary found on the ladder")
+        t = self.time_ratio()
+        parts.append(f"step time {t:.2f}x ddp" if t is not None else "step time not measured")
+        text = "; ".join(parts)
+        if not holds:
+            text += ". " + self.why_not(world_size)
+        return holds, text
+
+    def why_not(self, world_size: int) -> str:
+        """Why zero2's peak is above half of DDP's, from the two breakdowns: what a perfect ZeRO-2
+        would reach given DDP's peak (replicated parameters and activations stay), and what
+        zero2 holds beyond that ideal."""
+        base, ours = self.memory.get(BASELINE), self.memory.get(OURS)
+        bd = (base.mem_breakdown_bytes or {}) if base else {}
+        total = sum(bd.values())
+        if not total:
+            return ""
+        kept = bd.get("params", 0) + bd.get("activations", 0) + bd.get("other", 0)
+        ideal = (kept + (bd.get("grads", 0) + bd.get("optimizer", 0)) / world_size) / total
+        act = (bd.get("activations", 0) + bd.get("other", 0)) / total
+        text = (
+            f"DDP's peak is {bd.get('params', 0) / total:.0%} parameters and {act:.0%} activations and "
+            f"inputs, which ZeRO-2 does not shard: even a perfect ZeRO-2 would reach {ideal:.2f}x here"
+        )
+        peak = self.peak(OURS)
+        if peak and ours and ours.mem_breakdown_bytes and peak / total > ideal + 0.02:
+            extra = {k: v - bd.get(k, 0) for k, v in ours.mem_breakdown_bytes.items()}
+            top = max(extra, key=lambda k: extra[k])
+            text += f"; zero2 measured {peak / total:.2f}x, its largest excess over DDP being {top}"
+            text += f" (+{extra[top] / 2**20:.0f} MiB)" if extra[top] > 0 else ""
+        return text + "."
+
+    def _failures(self) -> str:
+        bad = [r for r in [*self.memory.values(), *self.max_size.values()] if r.status != "ok"]
+        return "; ".join(f"{r.strategy}: {r.status} {first_line(r.error, 80)}" for r in bad) or "no records"
+
+
+def _fmt(x: float | None) -> str:
+    return "?" if x is None else f"{x:.2f}"
+
+
+def run_claim(
+    spec: ClaimSpec,
+    *,
+    out_dir: Path,
+    run_id: str,
+    workloads: tuple[str, ...] | None = None,
+    progress: Callable[[str], None] = print,
+) -> list[WorkloadResult]:
+    """Measure every workload of ``spec``; records go to ``out_dir/records.jsonl`` as they come."""
+    budget = parse_budget(spec.budget)
+    results = []
+    for w in spec.workloads:
+        if workloads and w.name not in workloads:
+            continue
+        res = WorkloadResult(w)
+        base = CellConfig(
+            workload=w.name,
+            preset=w.preset,
+            strategy=BASELINE,
+            world_size=spec.world_size,
+            batch_size=w.batch_size,
+            steps=spec.steps,
+            warmup=spec.warmup,
+            device=spec.device,
+            suite=f"claim-{spec.name}",
+            simulate=True,
+        )
+
+        def record(cell: CellConfig) -> Record:
+            r = run_cell(cell, run_id=run_id)
+            append_record(out_dir / "records.jsonl", r)
+            label = f"{cell.workload}/{cell.preset} {cell.strategy} N={r.world_size}"
+            progress(f"{label}: {r.status} ({r.wall_s:.0f}s)")
+            return r
+
+        for s in (BASELINE, OURS, *spec.peers):
+            res.memory[s] = record(_with(base, strategy=s))
+        if spec.timing_world_size:
+            for s in (BASELINE, OURS):
+                res.timing[s] = record(
+                    _with(base, strategy=s, world_size=spec.timing_world_size, simulate=False)
+                )
+        else:
+            res.timing = {s: res.memory[s] for s in (BASELINE, OURS)}
+        plannable = not get_workload(w.name).not_plannable and spec.device == "cpu"
+        ladder = w.ladder or get_workload(w.name).ladder
+        for s in (BASELINE, OURS):
+            probe = _with(base, strategy=s, fake=plannable, steps=1)
+            res.max_size[s] = search(
+                probe,
+                budget=budget,
+                vary="params",
+                ladder=ladder,
+                out_dir=out_dir,
+                run_id=run_id,
+                progress=progress,
+            )
+        results.append(res)
+    return results
+
+
+def _with(cell: CellConfig, **changes: Any) -> CellConfig:
+    return CellConfig(**{**cell.to_json(), **changes})
+
+
+def write_claim_report(spec: ClaimSpec, results: list[WorkloadResult], out_dir: Path, wall_s: float) -> Path:
+    """``report.md``: the verdict per workload, the table of ratios, how it was measured, and the
+    charts (written by the report builder from the same records)."""
+    from bench.report.build import build_report
+
+    report = build_report([out_dir], out_dir)
+    lines = [
+        f"# Does sharding halve per-rank memory or double the trainable model? ({spec.name})",
+        "",
+        spec.scale_note,
+        "",
+        f"Claim holds for a workload when zero2's per-rank peak <= {MEMORY_THRESHOLD}x DDP's, or its largest "
+        f"trainable model within {spec.budget} per rank >= {SIZE_THRESHOLD:g}x DDP's. Memory: simulated "
+        f"N={spec.world_size}, equal per-rank batch. "
+        + (
+            f"Step time: real ranks, N={spec.timing_world_size}."
+            if spec.timing_world_size
+            else "Step time: the simulated runs (compute only, no communication)."
+        ),
+        "",
+        "## Verdicts",
+        "",
+    ]
+    for r in results:
+        holds, text = r.verdict(spec.world_size)
+        word = {True: "HOLDS", False: "DOES NOT HOLD", None: "NOT MEASURED"}[holds]
+        lines.append(
+            f"- **{r.workload.name}** ({r.workload.preset}, batch {r.workload.batch_size}): {word} - {text}"
+        )
+    lines += ["", "## Measurements", "", _table(spec, results), ""]
+    lines += [
+        "## How it was produced",
+        "",
+        f"`shardbench claim --spec {spec.name}` ({wall_s / 60:.1f} min wall). Records: `records.jsonl`; "
+        "every cell: `table.md`; charts: `index.html`. Max-size probes: "
+        + (
+            "under --fake where the workload allows it (planning = real within 1%), real otherwise."
+            if spec.device == "cpu"
+            else "real, on an emulated card."
+        ),
+        "",
+        "## Charts",
+        "",
+    ]
+    lines += [f"![{p.stem}]({p.name})" for p in report.charts if p.suffix == ".png"]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
+    gib = 2**30
+    head = ["workload", "preset", "params (M)"]
+    head += [f"{s} peak GiB" for s in (BASELINE, OURS, *spec.peers)]
+    head += [
+        "zero2/ddp peak",
+        "ddp max params (M)",
+        "zero2 max params (M)",
+        "max-size ratio",
+        "zero2/ddp step time",
+    ]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        base = r.memory.get(BASELINE)
+        peaks = [r.peak(s) for s in (BASELINE, OURS, *spec.peers)]
+        fits = [
+            (m.max_size or {}).get("largest_fit") if (m := r.max_size.get(s)) else None
+            for s in (BASELINE, OURS)
+        ]
+        size, _, _ = r.size_ratio()
+        cells = [
+            r.workload.name,
+            r.workload.preset,
+            f"{base.params / 1e6:.1f}" if base else "",
+            *[f"{p / gib:.3f}" if p else "failed" for p in peaks],
+            _fmt(r.memory_ratio()),
+            *[f"{f['params'] / 1e6:.1f}" if f else "none" for f in fits],
+            _fmt(size),
+            _fmt(r.time_ratio()),
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def claim(spec: ClaimSpec, *, out_dir: Path, workloads: tuple[str, ...] | None = None) -> Path:
+    start = time.perf_counter()
+    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-claim-{spec.name}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    old = out_dir / "records.jsonl"
+    if old.exists():  # a report describes one claim run; the previous one is kept aside, not lost
+        old.rename(
+            out_dir / f"records.{time.strftime('%Y%m%d-%H%M%S', time.localtime(old.stat().st_mtime))}.bak"
+        )
+    results = run_claim(spec, out_dir=out_dir, run_id=run_id, workloads=workloads)
+    return write_claim_report(spec, results, out_dir, time.perf_counter() - start)

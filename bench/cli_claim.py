@@ -1,0 +1,61 @@
+"""``shardbench claim``: parse and validate, then run ``bench.claim``."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from bench.cli_common import UsageError, csv_list
+from bench.config import DEVICES
+
+
+def add_claim_parser(sub: argparse._SubParsersAction) -> None:
+    from bench.claim_specs import SPECS
+
+    c = sub.add_parser(
+        "claim",
+        help="does zero2 halve per-rank memory or double the trainable model vs ddp? a verdict per workload",
+    )
+    c.add_argument("--device", choices=DEVICES, help="cpu or cuda (default cpu); picks the spec of that name")
+    c.add_argument("--spec", choices=list(SPECS), help="what to run (default: the device's); tiny = a test")
+    c.add_argument("--world-size", type=int, help="simulated world size for memory (default 8)")
+    c.add_argument("--budget", help="per-rank budget for the max-size search (default: the spec's)")
+    c.add_argument("--workload", type=csv_list(str), help="only these workloads")
+    c.add_argument("--out", type=Path, help="report directory (default results/claim/<spec>)")
+
+
+def cmd_claim(args: argparse.Namespace) -> int:
+    from bench.claim import claim
+    from bench.claim_specs import SPECS
+    from bench.maxsize import parse_budget
+
+    spec = SPECS[args.spec or args.device or "cpu"]
+    if args.device and args.device != spec.device:
+        raise UsageError(f"spec {spec.name!r} runs on {spec.device}, not {args.device}")
+    try:
+        if args.budget:
+            parse_budget(args.budget)
+            spec = replace(spec, budget=args.budget)
+        if args.world_size is not None:
+            if args.world_size < 2:
+                raise ValueError(f"world size must be >= 2 to shard anything, got {args.world_size}")
+            spec = replace(spec, world_size=args.world_size)
+        names = [w.name for w in spec.workloads]
+        for w in args.workload or ():
+            if w not in names:
+                raise ValueError(
+                    f"unknown workload {w!r} for spec {spec.name!r}; allowed: {', '.join(names)}"
+                )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if spec.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("the cuda claim needs CUDA, which is not available here; use --device cpu")
+    out = args.out or Path("results/claim") / spec.name
+    report = claim(spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None)
+    print(report.read_text())
+    print(f"report: {report}")
+    return 0

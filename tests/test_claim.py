@@ -1,0 +1,52 @@
+"""``shardbench claim``: end to end on tiny presets (a verdict line per workload), and the
+verdict rule on hand-made records."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from bench.claim import WorkloadResult
+from bench.claim_specs import ClaimWorkload
+from bench.cli import main
+from bench.records import Record, read_records
+
+WORKLOADS = ("transformer", "imagegpt", "swav", "deepspeech2")
+
+
+def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "claim"
+    assert main(["claim", "--spec", "tiny", "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    verdicts = [line for line in report.splitlines() if line.startswith("- **")]
+    assert [v.split("**")[1] for v in verdicts] == list(WORKLOADS)
+    assert all(re.search(r": (HOLDS|DOES NOT HOLD|NOT MEASURED) - ", v) for v in verdicts), verdicts
+    assert "not a measurement of the claim" in report  # tiny presets say what they are
+    for chart in (line.split("(")[-1].rstrip(")") for line in report.splitlines() if line.startswith("![")):
+        assert (out / chart).is_file()
+    records = read_records([out])
+    assert {r.workload for r in records} == set(WORKLOADS)
+    assert sum(r.suite == "max-size" for r in records) == 2 * len(WORKLOADS)
+    assert (out / "index.html").is_file()
+
+
+def _record(strategy: str, peak: int, breakdown: dict[str, int], step_s: float) -> Record:
+    return Record(
+        run_id="x", suite="claim", workload="w", preset="p", params=100, strategy=strategy, world_size=8,
+        requested_world_size=8, simulated=True, backend="fake", device="cpu", precision="fp32",
+        batch_size_per_rank=1, steps=1, warmup=1, status="ok", peak_mem_bytes={"max": peak},
+        mem_breakdown_bytes=breakdown, step_time_s={"median": step_s},
+    )  # fmt: skip
+
+
+def test_verdict_rule_and_its_explanation() -> None:
+    ddp_bd = {"params": 40, "grads": 40, "optimizer": 80, "activations": 40, "other": 0}
+    res = WorkloadResult(ClaimWorkload("w", "p", 1))
+    res.memory = {"ddp": _record("ddp", 200, ddp_bd, 1.0), "zero2": _record("zero2", 99, ddp_bd, 1.2)}
+    res.timing = dict(res.memory)
+    holds, text = res.verdict(8)
+    assert holds and "zero2 peak = 0.49x ddp" in text and "step time 1.20x ddp" in text
+    res.memory["zero2"] = _record("zero2", 101, ddp_bd, 1.2)
+    holds, text = res.verdict(8)
+    # ideal ZeRO-2 at N=8: (40 + 40 + 120/8) / 200 = 0.475 of DDP's peak
+    assert holds is False and "would reach 0.47x" in text and "20% activations" in text
