@@ -32,7 +32,7 @@ class ClaimSpec:
     #: which excludes communication (one GPU cannot host a multi-rank NCCL world)
     timing_world_size: int = 2
     peers: tuple[str, ...] = ("torch-zero1", "fsdp2-zero2")
-    steps: int = 2
+    steps: int = 3  # timed steps of the step-time cells (memory cells time one)
     warmup: int = 1
     scale_note: str = ""
 
