@@ -32,7 +32,7 @@ class ClaimSpec:
     #: which excludes communication (one GPU cannot host a multi-rank NCCL world)
     timing_world_size: int = 2
     peers: tuple[str, ...] = ("torch-zero1", "fsdp2-zero2")
-    steps: int = 3  # timed steps of the step-time cells (memory cells time one)
+    steps: int = 2  # timed steps of the step-time cells (memory cells time one)
     warmup: int = 1
     scale_note: str = ""
 
@@ -44,11 +44,11 @@ SPECS: dict[str, ClaimSpec] = {
         workloads=(
             ClaimWorkload("transformer", "base", 2),
             ClaimWorkload("imagegpt", "igpt-s", 1),
-            ClaimWorkload("swav", "rn50-w2", 1),
+            ClaimWorkload("swav", "rn50", 1),
             ClaimWorkload("deepspeech2", "paper", 2),
         ),
         scale_note=(
-            "CPU scale: presets of ~80-110M parameters instead of the seed's ~1B, a 2 GiB per-rank "
+            "CPU scale: presets of ~30-110M parameters instead of the seed's ~1B, a 2 GiB per-rank "
             "budget instead of a GPU's, world size 8 simulated (rank 0 of a fake world: real memory, "
             "no communication); step time from real gloo ranks at N=2 on 2 cores."
         ),
