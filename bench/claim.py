@@ -159,7 +159,7 @@ def run_claim(
         if spec.timing_world_size:
             for s in (BASELINE, OURS):
                 real = _with(base, strategy=s, world_size=spec.timing_world_size, simulate=False)
-                res.timing[s] = record(_with(real, steps=spec.steps))
+                res.timing[s] = record(_with(real, steps=spec.steps, track_memory=False))
         else:
             res.timing = {s: res.memory[s] for s in (BASELINE, OURS)}
         plannable = not get_workload(w.name).not_plannable and spec.device == "cpu"
@@ -168,6 +168,7 @@ def run_claim(
             probe = _with(base, strategy=s, fake=plannable, steps=1)
             res.max_size[s] = search(
                 probe,
+                known={w.preset: res.memory[s]},
                 budget=budget,
                 vary="params",
                 ladder=ladder,

@@ -45,7 +45,7 @@ SPECS: dict[str, ClaimSpec] = {
             ClaimWorkload("transformer", "base", 2),
             ClaimWorkload("imagegpt", "igpt-s", 1),
             ClaimWorkload("swav", "rn50", 1),
-            ClaimWorkload("deepspeech2", "paper", 2),
+            ClaimWorkload("deepspeech2", "paper", 1),
         ),
         scale_note=(
             "CPU scale: presets of ~30-110M parameters instead of the seed's ~1B, a 2 GiB per-rank "

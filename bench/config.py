@@ -41,6 +41,9 @@ class CellConfig:
     #: plan under FakeTensorMode on top of the simulated world: every allocation is tracked,
     #: nothing is allocated, no step time (implies ``simulate``).
     fake: bool = False
+    #: run the memory-tracking phase (False: a timing-only cell, e.g. the claim's real-rank step
+    #: time, whose memory is measured by another cell; its record then has no CPU memory)
+    track_memory: bool = True
     #: CUDA only: cap this process's allocator at this many bytes (max-size probes emulating a
     #: smaller card with torch.cuda.set_per_process_memory_fraction); None: no cap.
     memory_budget_bytes: int | None = None

@@ -219,6 +219,10 @@ def build_record(
     else:
         per_rank = [r["tracked_peak"] for r in results]
         source = "tracked tensors (MemTracker" + (", FakeTensorMode)" if cell.fake else ")")
+    if any(p is None for p in per_rank):  # a timing-only cell (track_memory off) on CPU
+        losses = results[0]["losses"]
+        record.loss = {"first": losses[0], "last": losses[-1]} if losses else None
+        return record
     peak_rank = max(range(len(results)), key=lambda i: per_rank[i])
     record.peak_mem_bytes = {
         "per_rank": per_rank,

@@ -90,9 +90,14 @@ def search(
     out_dir: Path,
     run_id: str,
     progress: Callable[[str], None] = print,
+    known: dict[str, Record] | None = None,
 ) -> Record:
     """Run the search for one cell (its preset or batch size is what varies); append every
-    probe's record and the summary record to ``out_dir/records.jsonl``; return the summary."""
+    probe's record and the summary record to ``out_dir/records.jsonl``; return the summary.
+
+    ``known`` maps presets to records already measured for exactly this cell (e.g. the claim's
+    memory cells): they count as probes without being run again and bound the bisection."""
+    known = {k: v for k, v in (known or {}).items() if v.status == "ok"}
     if vary not in VARY:
         raise ValueError(f"unknown --vary {vary!r}; allowed: {', '.join(VARY)}")
     enforced = fits_by(base) == "cuda memory fraction"
@@ -101,11 +106,14 @@ def search(
 
     def probe(value: str | int) -> bool:
         cell = replace(base, preset=value) if vary == "params" else replace(base, batch_size=int(value))
-        record = run_cell(cell, run_id=run_id)
-        append_record(out_dir / "records.jsonl", record)
+        if vary == "params" and value in known:
+            record, reused = known[str(value)], " (already measured)"
+        else:
+            record, reused = run_cell(cell, run_id=run_id), ""
+            append_record(out_dir / "records.jsonl", record)
         p = Probe(value, record, probe_fits(record, budget))
         probes.append(p)
-        progress(_line(len(probes), cell, p, budget))
+        progress(_line(len(probes), cell, p, budget) + reused)
         return p.fits
 
     if vary == "params":
@@ -113,14 +121,22 @@ def search(
         if not values:
             raise ValueError(f"workload {base.workload!r} has no size ladder to search")
         ceiling = analytic_ceiling(base, values, budget)
-        lo, hi = _bisect(probe, values, -1, ceiling)
+        lo, hi = -1, ceiling
+        for i, v in enumerate(values[:ceiling]):
+            if v in known:
+                if probe(v):
+                    lo = max(lo, i)
+                else:
+                    hi = min(hi, i)
+        lo = min(lo, hi - 1)
+        lo, hi = _bisect(probe, values, lo, hi)
         if hi == ceiling < len(values) and hi == lo + 1:
             probe(values[hi])  # the boundary is measured, not predicted
     else:
         values, lo, hi = _search_batch(probe)
     by_value = {p.value: p for p in probes}
-    largest = by_value[values[lo]] if lo >= 0 else None
-    smallest_fail = by_value[values[hi]] if hi < len(values) else None
+    largest = by_value.get(values[lo]) if lo >= 0 else None
+    smallest_fail = by_value.get(values[hi]) if hi < len(values) else None
     summary = _summary(base, largest, smallest_fail, probes, budget=budget, vary=vary, run_id=run_id)
     append_record(out_dir / "records.jsonl", summary)
     progress(summary.note)

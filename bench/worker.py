@@ -168,19 +168,21 @@ def _train_and_measure(
         step += 1
     allocator = cuda_allocator_stats(device)
 
-    # Inputs are made before tracking starts, so they count as "other", not as activations.
-    inputs = [batch(step + i) for i in range(MEMORY_STEPS)]
-    probe = MemoryProbe(device, [model, optimizer, inputs], typed=strategy.memory_tensors())
-    strategy.observe_memory(probe.attribute)
-    with probe:
-        for step_inputs in inputs:
-            strategy.train_step(model, optimizer, step_inputs, loss_fn)
-            probe.next_step()
-        # after a step, before the next zero_grad: exactly the model states a rank keeps
-        model_state = probe.current_model_state()
-    del inputs
-    strategy.observe_memory(None)
-    tracked_peak, breakdown = probe.peak()
+    tracked_peak, breakdown, model_state = None, None, None
+    if cell.track_memory:
+        # Inputs are made before tracking starts, so they count as "other", not as activations.
+        inputs = [batch(step + i) for i in range(MEMORY_STEPS)]
+        probe = MemoryProbe(device, [model, optimizer, inputs], typed=strategy.memory_tensors())
+        strategy.observe_memory(probe.attribute)
+        with probe:
+            for step_inputs in inputs:
+                strategy.train_step(model, optimizer, step_inputs, loss_fn)
+                probe.next_step()
+            # after a step, before the next zero_grad: exactly the model states a rank keeps
+            model_state = probe.current_model_state()
+        del inputs
+        strategy.observe_memory(None)
+        tracked_peak, breakdown = probe.peak()
     settings = strategy.settings()
     if getattr(model, "planned_note", None):  # a stand-in for a wrapper fake tensors cannot build
         settings["planned"] = model.planned_note
