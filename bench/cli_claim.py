@@ -22,6 +22,11 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--world-size", type=int, help="simulated world size for memory (default 8)")
     c.add_argument("--budget", help="per-rank budget for the max-size search (default: the spec's)")
     c.add_argument("--workload", type=csv_list(str), help="only these workloads")
+    c.add_argument(
+        "--peers",
+        action="store_true",
+        help="also measure torch-zero1 and fsdp2-zero2 memory (on by default for cuda)",
+    )
     c.add_argument("--out", type=Path, help="report directory (default results/claim/<spec>)")
 
 
@@ -37,6 +42,8 @@ def cmd_claim(args: argparse.Namespace) -> int:
         if args.budget:
             parse_budget(args.budget)
             spec = replace(spec, budget=args.budget)
+        if args.peers:
+            spec = replace(spec, peers=("torch-zero1", "fsdp2-zero2"))
         if args.world_size is not None:
             if args.world_size < 2:
                 raise ValueError(f"world size must be >= 2 to shard anything, got {args.world_size}")
