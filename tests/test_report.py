@@ -85,7 +85,7 @@ def test_report_from_samples(report, samples: list[Record]) -> None:
     assert all((report.index_html.parent / ref).is_file() for ref in refs.refs), "no dangling reference"
     kinds = {p.name.split("-")[0] for p in report.charts}
     assert {"peak_memory", "breakdown", "step_time", "memory_scaling"} <= kinds
-    assert "max_size" not in kinds  # the sample holds no max-size search yet
+    assert "max_size" in kinds  # the sample holds four max-size searches
     for r in samples:
         assert r.run_id in page and r.env["git_sha"] in page
     assert "timeout" in page and "2.11.0+cu130" in page
@@ -131,11 +131,13 @@ def test_failed_cell_stands_beside_the_same_cell_from_another_run(samples: list[
 
 
 def test_ok_record_without_measurements_is_no_data(tmp_path: Path, samples: list[Record]) -> None:
+    """No step time: "no data" in the time chart. No memory: a timing-only cell, not in memory
+    charts at all (a failed cell is, as failed)."""
     r = dataclasses.replace(
         samples[0], peak_mem_bytes=None, mem_breakdown_bytes=None, step_time_s=None, samples_per_s=None
     )
-    for build in (peak_memory_charts, breakdown_charts, step_time_charts):
-        assert [b.status for b in _bars(build([r]))] in (["no data"], ["no data", "no data"]), build.__name__
+    assert [b.status for b in _bars(step_time_charts([r]))] in (["no data"], ["no data", "no data"])
+    assert _bars(peak_memory_charts([r])) == [] and _bars(breakdown_charts([r])) == []
     assert sum(len(v) for v in plots.plot_all([r], tmp_path).values()) > 0
 
 
@@ -143,7 +145,7 @@ def test_bars_carry_the_recorded_values(samples: list[Record]) -> None:
     (chart,) = peak_memory_charts(samples)
     panel = chart.panels[0]
     assert panel.ylabel.endswith("(GiB)")
-    ok = [r for r in samples if r.status == "ok"]
+    ok = [r for r in samples if r.status == "ok" and r.max_size is None]
     assert sorted(b.value * GIB for b in panel.bars if b.value is not None) == pytest.approx(
         sorted(r.peak_mem_bytes["max"] for r in ok), rel=1e-12
     )
@@ -197,6 +199,7 @@ def _summary(base: Record, strategy: str, n: int, fit: int | None, fail: int) ->
 
 
 def test_max_size_chart_from_summary_records(tmp_path: Path, samples: list[Record]) -> None:
+    samples = [r for r in samples if r.max_size is None]
     assert max_size_charts(samples) == []
     base = samples[0]
     summaries = [
@@ -272,3 +275,9 @@ def test_notebook_is_committed_without_outputs_and_executes(monkeypatch: pytest.
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 4, "peak memory, breakdown, step time and scaling charts drawn inline"
     assert any(f"{len(read_records([SAMPLES]))} records" in o.get("text", "") for o in outputs)
+
+
+def test_timing_only_cells_stay_out_of_memory_charts(samples: list[Record]) -> None:
+    """An ok record without a peak (a timing-only cell) is not a failed memory cell."""
+    timing_only = dataclasses.replace(samples[0], peak_mem_bytes=None, mem_breakdown_bytes=None, run_id="t")
+    assert len(_bars(peak_memory_charts([*samples, timing_only]))) == len(_bars(peak_memory_charts(samples)))

@@ -58,10 +58,17 @@ def _chart(
     return Chart(kind, name, title, subtitle(recs), panels, tuple(notes))
 
 
+def memory_cells(records: Sequence[Record]) -> list[Record]:
+    """Cells that measured memory: a timing-only cell (``track_memory`` off, e.g. the claim's
+    real-rank step-time cells) finishes ok without a peak and has no place in a memory chart;
+    a failed cell does, shown as failed."""
+    return [r for r in cells(records) if not (r.status == "ok" and r.peak_mem_bytes is None)]
+
+
 def peak_memory_charts(records: Sequence[Record]) -> list[Chart]:
     """(a) Per-rank peak memory, one bar per strategy, grouped by preset (and world size)."""
     out = []
-    for workload, recs in by_key(cells(records), lambda r: r.workload):
+    for workload, recs in by_key(memory_cells(records), lambda r: r.workload):
         unit, scale = mem_unit([_peak(r) for r in recs])
         bars, reference = [], {}
         for group, r in zip(group_labels(recs), recs, strict=True):
@@ -84,7 +91,7 @@ def breakdown_charts(records: Sequence[Record]) -> list[Chart]:
     next to a base one would be a row of invisible bars.
     """
     out = []
-    for (workload, preset), recs in by_key(cells(records), lambda r: (r.workload, r.preset)):
+    for (workload, preset), recs in by_key(memory_cells(records), lambda r: (r.workload, r.preset)):
         unit, scale = mem_unit([_peak(r) for r in recs] + [_predicted(r) for r in recs])
         bars = []
         for group, r in zip(group_labels(recs), recs, strict=True):
@@ -210,7 +217,7 @@ def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
         return (r.workload, r.preset, r.device, r.precision, r.batch_size_per_rank, is_fake(r))
 
     out = []
-    for (workload, preset, device, precision, batch, fake), recs in by_key(cells(records), key):
+    for (workload, preset, device, precision, batch, fake), recs in by_key(memory_cells(records), key):
         if len({r.world_size for r in recs}) < 2:
             continue
         recs = sorted(recs, key=_line_order)
