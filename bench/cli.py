@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.cli_claim import add_claim_parser, cmd_claim
-from bench.cli_common import DEFAULT_RUNS_DIR, UsageError, csv_list
+from bench.cli_common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
 from bench.cli_maxsize import add_max_size_parser, cmd_max_size
 from bench.config import DEVICES, PRECISIONS, CellConfig, SuiteSpec, load_suite, override, suite_names
 
@@ -98,19 +98,14 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
         for w, p in {(c.workload, c.preset) for c in cells}:
             get_workload(w).check_preset(p)
         for w in {c.workload for c in cells if c.fake}:
-            if why := get_workload(w).not_plannable:
-                raise ValueError(f"workload {w!r} cannot be planned with --fake: {why}")
+            get_workload(w).check_plannable()
     except ValueError as e:
         raise UsageError(str(e)) from None
     if spec.steps < 1 or spec.warmup < 0:
         raise UsageError(f"steps must be >= 1 and warmup >= 0, got steps={spec.steps} warmup={spec.warmup}")
     if spec.device not in DEVICES:
         raise UsageError(f"unknown device {spec.device!r}; allowed: {', '.join(DEVICES)}")
-    if spec.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda requested but CUDA is not available here; use --device cpu")
+    require_cuda_if(spec.device)
     for c in cells:
         if c.world_size < 1:
             raise UsageError(f"world size must be >= 1, got {c.world_size}")

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from bench.cli_common import UsageError, csv_list
+from bench.cli_common import UsageError, csv_list, require_cuda_if
 from bench.config import DEVICES
 
 
@@ -56,11 +56,7 @@ def cmd_claim(args: argparse.Namespace) -> int:
                 )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if spec.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("the cuda claim needs CUDA, which is not available here; use --device cpu")
+    require_cuda_if(spec.device)
     out = args.out or Path("results/claim") / spec.name
     report = claim(spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None)
     print(report.read_text())

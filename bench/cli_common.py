@@ -9,6 +9,15 @@ from pathlib import Path
 DEFAULT_RUNS_DIR = Path("results/runs")
 
 
+def require_cuda_if(device: str) -> None:
+    """Refuse ``--device cuda`` on a machine without CUDA, before anything starts."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda requested but CUDA is not available here; use --device cpu")
+
+
 class UsageError(ValueError):
     """A user mistake: reported in one line with exit code 2."""
 

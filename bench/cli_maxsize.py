@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.cli_common import DEFAULT_RUNS_DIR, UsageError, csv_list
+from bench.cli_common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
 from bench.config import DEVICES, PRECISIONS, CellConfig
 
 
@@ -57,8 +57,8 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
         if preset is None:
             raise ValueError(f"workload {args.workload!r} has no size ladder; give --ladder")
         workload.check_preset(preset)
-        if args.fake and (why := workload.not_plannable):
-            raise ValueError(f"workload {args.workload!r} cannot be planned with --fake: {why}")
+        if args.fake:
+            workload.check_plannable()
         simulate = args.simulate or args.fake
         cells = []
         for s in args.strategy:
@@ -86,11 +86,7 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
         raise UsageError(str(e)) from None
     if args.steps < 1 or args.warmup < 0 or args.batch_size < 1:
         raise UsageError("steps and batch size must be >= 1 and warmup >= 0")
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda requested but CUDA is not available here; use --device cpu")
+    require_cuda_if(args.device)
     return cells, budget, ladder
 
 

@@ -111,9 +111,8 @@ def run_rank(
     ctx = RankContext(
         rank=rank, world_size=world_size, device=device, process_group=pg, precision=cell.precision
     )
-    if cell.fake and workload.not_plannable:
-        why = workload.not_plannable
-        raise ValueError(f"workload {cell.workload!r} cannot be planned with --fake: {why}")
+    if cell.fake:
+        workload.check_plannable()
     strategy.init_world(ctx)  # outside fake mode: a device mesh needs real values
     with fake_tensor_mode() if cell.fake else contextlib.nullcontext():
         return _train_and_measure(cell, strategy, workload, ctx, rank=rank, processes=processes)

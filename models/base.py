@@ -86,6 +86,11 @@ class Workload(ABC):
         groups; sharded strategies rebuild the same optimizer class and groups over shards."""
         return functools.partial(_adamw_over_trainable, lr=self.lr)
 
+    def check_plannable(self) -> None:
+        """Raise ValueError saying why, if this workload cannot run under ``--fake``."""
+        if self.not_plannable:
+            raise ValueError(f"workload {self.name!r} cannot be planned with --fake: {self.not_plannable}")
+
     def param_group_sizes(self, preset: str) -> list[list[int]]:
         """Elements of each parameter in each group of the reference optimizer, without
         allocating (meta device): what a whole-parameter partition is computed from."""
