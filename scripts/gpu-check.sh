@@ -5,19 +5,43 @@
 #   1. the gpu-check suite (each workload's paper preset under ddp, transformer base dp/ddp);
 #   2. planning accuracy: transformer 1b at a simulated N=8, real tensors vs --fake, per strategy;
 #   3. max-size on an emulated 16 GiB card (allocator fraction), simulated N=8, ddp vs zero2.
+# Each step has a wall-clock cap (GNU timeout signals the step's whole process group, so no rank
+# outlives it) and the steps are ordered by value, so a short lease still brings back step 1.
+# With $OUT set (the device tool), everything is also packed into $OUT/gpu-check.tgz.
 # The claim has its own script (scripts/gpu-claim.sh): it takes longer.
 # Usage: bash scripts/gpu-check.sh [extra `shardbench run` flags for step 1]
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
 out="results/gpu/$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$out"
 sb() { PYTHONPATH=. python3 -m bench.cli "$@"; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-sb env
-sb run --suite gpu-check --out "$out/suite" "$@" || true
-plan=(--workload transformer --preset 1b --strategy ddp,zero2,fsdp2-zero2 --world-size 8 --batch-size 8 --device cuda)
-sb run "${plan[@]}" --simulate --out "$out/plan-real" || true
-sb run "${plan[@]}" --fake --out "$out/plan-fake" || true
-sb max-size --workload transformer --strategy ddp,zero2 --world-size 8 --simulate --device cuda \
-    --budget 16GiB --batch-size 8 --out "$out/max-size-16gib" || true
-sb report "$out/plan-real" "$out/plan-fake" --out "$out/plan-report"
+step() {  # step NAME SECONDS CMD...: run with a cap, log its output and wall time
+    local name=$1 cap=$2 t0 rc
+    shift 2
+    t0=$(date +%s)
+    timeout --kill-after=15 "$cap" "$@" 2>&1 | tee "$out/$name.log"
+    rc=${PIPESTATUS[0]}
+    echo "$name: rc=$rc wall=$(($(date +%s) - t0))s (cap ${cap}s)" | tee -a "$out/steps.txt"
+}
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/gpu-check.tgz" "$out" 2>/dev/null; }
+trap pack EXIT
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv \
+    | tee "$out/nvidia-smi.csv" || true
+sb env | tee "$out/env.json"
+step suite 170 sb run --suite gpu-check --out "$out/suite" "$@"
+pack
+plan=(--workload transformer --preset 1b --strategy ddp,zero2,fsdp2-zero2 --world-size 8
+      --batch-size 8 --device cuda --steps 5 --warmup 2 --timeout 90)
+step plan-real 100 sb run "${plan[@]}" --simulate --out "$out/plan-real"
+step plan-fake 70 sb run "${plan[@]}" --fake --out "$out/plan-fake"
+pack
+step max-size 170 sb max-size --workload transformer --strategy ddp,zero2 --world-size 8 --simulate \
+    --device cuda --budget 16GiB --batch-size 8 --timeout 60 \
+    --ladder base,large,h1024-l40,h1536-l32,1b,h2048-l32,2.5b,h3072-l32,6b --out "$out/max-size-16gib"
+sb report "$out/plan-real" "$out/plan-fake" --out "$out/plan-report" >/dev/null 2>&1 || true
+echo "== steps"; cat "$out/steps.txt"
+for t in suite plan-real plan-fake max-size-16gib; do
+    [ -f "$out/$t/table.md" ] && { echo "== $t"; cat "$out/$t/table.md"; }
+done
 echo "results: $out"
