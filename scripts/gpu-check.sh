@@ -16,6 +16,7 @@ export PYTHONUNBUFFERED=1
 out="results/gpu/$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
 sb() { PYTHONPATH=. python3 -m bench.cli "$@"; }
+SB=(env PYTHONPATH=. python3 -m bench.cli)  # for `timeout`, which cannot run a shell function
 step() {  # step NAME SECONDS CMD...: run with a cap, log its output and wall time
     local name=$1 cap=$2 t0 rc
     shift 2
@@ -29,14 +30,14 @@ trap pack EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv \
     | tee "$out/nvidia-smi.csv" || true
 sb env | tee "$out/env.json"
-step suite 170 sb run --suite gpu-check --out "$out/suite" "$@"
+step suite 170 "${SB[@]}" run --suite gpu-check --out "$out/suite" "$@"
 pack
 plan=(--workload transformer --preset 1b --strategy ddp,zero2,fsdp2-zero2 --world-size 8
       --batch-size 8 --device cuda --steps 5 --warmup 2 --timeout 90)
-step plan-real 100 sb run "${plan[@]}" --simulate --out "$out/plan-real"
-step plan-fake 70 sb run "${plan[@]}" --fake --out "$out/plan-fake"
+step plan-real 100 "${SB[@]}" run "${plan[@]}" --simulate --out "$out/plan-real"
+step plan-fake 70 "${SB[@]}" run "${plan[@]}" --fake --out "$out/plan-fake"
 pack
-step max-size 170 sb max-size --workload transformer --strategy ddp,zero2 --world-size 8 --simulate \
+step max-size 170 "${SB[@]}" max-size --workload transformer --strategy ddp,zero2 --world-size 8 --simulate \
     --device cuda --budget 16GiB --batch-size 8 --timeout 60 \
     --ladder base,large,h1024-l40,h1536-l32,1b,h2048-l32,2.5b,h3072-l32,6b --out "$out/max-size-16gib"
 sb report "$out/plan-real" "$out/plan-fake" --out "$out/plan-report" >/dev/null 2>&1 || true
