@@ -61,7 +61,7 @@ def test_env_reports_versions(capsys) -> None:
 
 
 def test_suites_shipped_are_valid() -> None:
-    from bench.config import load_suite, suite_names
+    from bench.harness.config import load_suite, suite_names
     from bench.strategies.registry import canonical_name
     from models.registry import get_workload
 
@@ -75,7 +75,7 @@ def test_suites_shipped_are_valid() -> None:
 
 
 def test_suite_matrices_and_overrides(tmp_path) -> None:
-    from bench.config import load_suite, override
+    from bench.harness.config import load_suite, override
 
     path = tmp_path / "m.toml"
     path.write_text(

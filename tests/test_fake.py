@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.cli import main
-from bench.config import CellConfig
-from bench.launch import run_cell
+from bench.harness.config import CellConfig
+from bench.harness.launch import run_cell
 from bench.metrics.memory import CATEGORIES
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import bench.maxsize as maxsize
+import bench.studies.maxsize as maxsize
 from bench.cli import main
-from bench.config import CellConfig
-from bench.records import read_records
+from bench.harness.config import CellConfig
+from bench.harness.records import read_records
 
 MIB = 2**20
 
@@ -102,7 +102,7 @@ def test_cli_validates_before_probing(tmp_path: Path, capsys) -> None:
 def test_known_records_are_reused_and_bound_the_bisection(tmp_path: Path, monkeypatch) -> None:
     """The search logic alone, on stand-in probes whose peak is the preset's parameter count x 16
     bytes: a preset already measured is not run again, and the answer is the true boundary."""
-    from bench.launch import build_record
+    from bench.harness.launch import build_record
     from bench.strategies.registry import get_strategy
     from models.registry import get_workload
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from bench.config import CellConfig
-from bench.launch import run_cell
+from bench.harness.config import CellConfig
+from bench.harness.launch import run_cell
 from bench.metrics.analytic import FORMULAS, predicted_model_state_bytes, whole_parameter_partition
 from models.registry import get_workload
 from tests.dist import run_simulated
@@ -76,7 +76,7 @@ def test_analytic_table_of_the_paper() -> None:
 def test_bf16_prediction_follows_what_each_strategy_stores() -> None:
     """DDP-style strategies train bf16 as autocast over fp32 parameters (4+4+8 bytes), ours keep
     bf16 parameters with fp32 masters (2+2+12): the prediction uses what is really stored."""
-    from bench.launch import predict
+    from bench.harness.launch import predict
 
     ddp = predict(CellConfig("transformer", "tiny", "ddp", 8, precision="bf16"), 8, 1000)
     ours = predict(CellConfig("transformer", "tiny", "zero2", 8, precision="bf16"), 8, 1000)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.records import Record, read_records
+from bench.harness.records import Record, read_records
 from bench.report import plots
 from bench.report.build import build_report
 from bench.report.chartdata import GIB, MIB

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.config import CellConfig
-from bench.records import read_records
-from bench.runner import run_cells
+from bench.harness.config import CellConfig
+from bench.harness.records import read_records
+from bench.harness.runner import run_cells
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_worker_runs_under_torchrun(tmp_path: Path) -> None:
             "--nproc-per-node",
             "2",
             "-m",
-            "bench.worker",
+            "bench.harness.worker",
             "--cell",
             json.dumps(cell.to_json()),
             "--out",

@@ -4,8 +4,8 @@ match the analytic ZeRO prediction at N far beyond this machine; dp refuses clea
 from __future__ import annotations
 
 from bench.cli import main
-from bench.config import CellConfig
-from bench.launch import run_cell
+from bench.harness.config import CellConfig
+from bench.harness.launch import run_cell
 
 
 def test_torch_zero1_simulated_shows_whole_parameter_imbalance() -> None:

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torchvision
 
-from bench.config import CellConfig
-from bench.launch import run_cell
+from bench.harness.config import CellConfig
+from bench.harness.launch import run_cell
 from models.registry import get_workload, workload_names
 from models.swav import WideResNet50Trunk
 

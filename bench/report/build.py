@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.records import Record, read_records
+from bench.harness.records import Record, read_records
 from bench.report.html import write_index
 from bench.report.plots import plot_all
 from bench.report.tables import records_to_frame, write_tables

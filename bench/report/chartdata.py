@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from bench.records import Record
+from bench.harness.records import Record
 
 T = TypeVar("T")
 GIB, MIB = 2**30, 2**20

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bench.records import Record
+from bench.harness.records import Record
 from bench.report.chartdata import (
     GIB,
     REFERENCE_STRATEGY,

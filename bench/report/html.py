@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.records import Record
+from bench.harness.records import Record
 from bench.report.tables import format_value
 
 SECTIONS = {

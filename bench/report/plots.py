@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from bench.records import Record
+from bench.harness.records import Record
 from bench.report import charts as C
 from bench.report.chartdata import Bar, Chart, Panel, strategy_key
 

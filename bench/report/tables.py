@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.records import Record, first_line
+from bench.harness.records import Record, first_line
 
 MIB = 2**20
 

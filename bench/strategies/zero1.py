@@ -14,7 +14,7 @@ from torch import nn
 
 from bench.strategies.base import OptimizerFactory, RankContext
 from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
-from bench.strategies.sharded_base import OursBase
+from bench.strategies.zero_base import OursBase
 
 
 class Zero1Strategy(OursBase):

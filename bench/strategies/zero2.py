@@ -12,7 +12,7 @@ from torch import nn
 from bench.strategies.base import OptimizerFactory, RankContext
 from bench.strategies.sharded import ShardedDataParallel
 from bench.strategies.sharded.data_parallel import MAX_IN_FLIGHT
-from bench.strategies.sharded_base import OursBase
+from bench.strategies.zero_base import OursBase
 
 
 class Zero2Strategy(OursBase):

@@ -15,10 +15,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.cli_claim import add_claim_parser, cmd_claim
-from bench.cli_common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
-from bench.cli_maxsize import add_max_size_parser, cmd_max_size
-from bench.config import DEVICES, PRECISIONS, CellConfig, SuiteSpec, load_suite, override, suite_names
+from bench.cli.claim import add_claim_parser, cmd_claim
+from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
+from bench.cli.max_size import add_max_size_parser, cmd_max_size
+from bench.harness.config import DEVICES, PRECISIONS, CellConfig, SuiteSpec, load_suite, override, suite_names
 
 __all__ = ["UsageError", "build_parser", "main", "resolve_cells"]
 
@@ -122,7 +122,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec, cells = resolve_cells(args)
-    from bench.runner import run_cells
+    from bench.harness.runner import run_cells
 
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{spec.name}"
     out = args.out or DEFAULT_RUNS_DIR / run_id
@@ -202,7 +202,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     import torch
 
-    from bench.records import capture_env
+    from bench.harness.records import capture_env
 
     env = capture_env("cuda" if torch.cuda.is_available() else "cpu")
     env["cuda_available"] = torch.cuda.is_available()

@@ -1,4 +1,4 @@
-"""``shardbench claim``: parse and validate, then run ``bench.claim``."""
+"""``shardbench claim``: parse and validate, then run ``bench.studies.claim``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from bench.cli_common import UsageError, csv_list, require_cuda_if
-from bench.config import DEVICES
+from bench.cli.common import UsageError, csv_list, require_cuda_if
+from bench.harness.config import DEVICES
 
 
 def add_claim_parser(sub: argparse._SubParsersAction) -> None:
-    from bench.claim_specs import SPECS
+    from bench.studies.claim_specs import SPECS
 
     c = sub.add_parser(
         "claim",
@@ -31,9 +31,9 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_claim(args: argparse.Namespace) -> int:
-    from bench.claim import claim
-    from bench.claim_specs import SPECS
-    from bench.maxsize import parse_budget
+    from bench.studies.claim import claim
+    from bench.studies.claim_specs import SPECS
+    from bench.studies.maxsize import parse_budget
 
     spec = SPECS[args.spec or args.device or "cpu"]
     if args.device and args.device != spec.device:

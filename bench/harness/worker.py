@@ -2,10 +2,10 @@
 time the steps, then measure memory by category over a few more steps.
 
 Timing and memory tracking are separate phases on purpose: the memory tracker is a dispatch mode
-that slows every op, so timed steps run without it. Run directly by ``bench.launch`` (one process
+that slows every op, so timed steps run without it. Run directly by ``bench.harness.launch`` (one process
 per rank, result written to a file) or by torchrun for multi-node runs::
 
-    torchrun --nnodes 2 --nproc-per-node 8 ... -m bench.worker --cell cell.json --out results/runs/x
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m bench.harness.worker --cell cell.json --out results/runs/x
 
 Under torchrun, rank 0 gathers every rank's result and appends the record to ``--out``.
 """
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.config import CellConfig
+from bench.harness.config import CellConfig
 from bench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
 from bench.metrics.timing import timed
 from bench.strategies.base import RankContext
@@ -218,7 +218,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.worker", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.harness.worker", description=__doc__.split("\n")[0])
     ap.add_argument("--cell", required=True, help="cell config: a JSON file or a JSON string")
     ap.add_argument("--result-dir", type=Path, help="(launcher) write rank<R>.json here")
     ap.add_argument("--out", type=Path, help="(torchrun) rank 0 appends the record to OUT/records.jsonl")
@@ -237,13 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     start = time.perf_counter()
     result = run_rank_safely(cell, **kw)
-    if args.result_dir is not None:  # launched by bench.launch: it assembles the record
+    if args.result_dir is not None:  # launched by bench.harness.launch: it assembles the record
         (args.result_dir / f"rank{rank}.json").write_text(json.dumps(result))
         if dist.is_initialized() and result["status"] == "ok":
             dist.destroy_process_group()
         return 0 if result["status"] == "ok" else 1
     # torchrun: gather every rank's result on rank 0, which writes the record.
-    from bench.launch import build_record
+    from bench.harness.launch import build_record
 
     gathered: list[Any] = [None] * processes if rank == 0 else []
     if dist.is_initialized():
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         gathered = [result]
     if rank == 0:
-        from bench.records import append_record
+        from bench.harness.records import append_record
 
         out = args.out or Path("results/runs") / (args.run_id or time.strftime("%Y%m%d-%H%M%S"))
         record = build_record(

@@ -2,7 +2,7 @@
 
 ``shardbench max-size`` bisects over a workload's size ladder (``--vary params``) or over the
 batch size (``--vary batch``: doubling until a probe fails, then bisection). Every probe is an
-ordinary cell run by ``bench.launch.run_cell``, so it runs in fresh processes with a timeout: an
+ordinary cell run by ``bench.harness.launch.run_cell``, so it runs in fresh processes with a timeout: an
 OOM, a crash or a hang in one probe is recorded and never poisons the next.
 
 A probe *fits* when it finishes and its peak is within the budget. On CUDA (real tensors) the
@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.config import CellConfig
-from bench.launch import run_cell
-from bench.records import Record, append_record, first_line
+from bench.harness.config import CellConfig
+from bench.harness.launch import run_cell
+from bench.harness.records import Record, append_record, first_line
 
 VARY = ("params", "batch")
 MAX_BATCH = 1 << 16  # the doubling phase stops here: a search must end
@@ -149,7 +149,7 @@ def analytic_ceiling(base: CellConfig, ladder: list[str], budget: int) -> int:
     fit; the search never allocates a model many times the budget (a 20B DDP probe would take
     320 GB of host memory). Only the first such preset may still be probed, to measure the
     boundary."""
-    from bench.launch import predict
+    from bench.harness.launch import predict
     from models.registry import get_workload
 
     workload = get_workload(base.workload)

@@ -1,4 +1,4 @@
-"""``shardbench max-size``: parse and validate, then hand each search to ``bench.maxsize``."""
+"""``shardbench max-size``: parse and validate, then hand each search to ``bench.studies.maxsize``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.cli_common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
-from bench.config import DEVICES, PRECISIONS, CellConfig
+from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
+from bench.harness.config import DEVICES, PRECISIONS, CellConfig
 
 
 def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +38,7 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
 
 def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, tuple[str, ...]]:
     """Validated base cells (one per strategy x world size), the budget in bytes and the ladder."""
-    from bench.maxsize import parse_budget
+    from bench.studies.maxsize import parse_budget
     from bench.strategies.registry import canonical_name, get_strategy
     from models.registry import get_workload
 
@@ -92,8 +92,8 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
 
 def cmd_max_size(args: argparse.Namespace) -> int:
     cells, budget, ladder = resolve_max_size(args)
-    from bench.maxsize import search
-    from bench.records import read_records
+    from bench.studies.maxsize import search
+    from bench.harness.records import read_records
     from bench.report.tables import write_tables
 
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-max-size"

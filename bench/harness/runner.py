@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.config import CellConfig
-from bench.launch import run_cell
-from bench.records import Record, append_record
+from bench.harness.config import CellConfig
+from bench.harness.launch import run_cell
+from bench.harness.records import Record, append_record
 from bench.report.tables import write_tables
 
 

@@ -1,6 +1,6 @@
 """Start a world of N ranks for one cell and turn their results into a record.
 
-Each rank is a fresh ``python -m bench.worker`` process, wired up with the same environment
+Each rank is a fresh ``python -m bench.harness.worker`` process, wired up with the same environment
 variables torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, ...), so the worker runs unchanged under
 torchrun for multi-node jobs. Fresh processes also isolate cells: a crash, an OOM or a leaked
 allocation in one cell cannot affect the next.
@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.config import CellConfig
+from bench.harness.config import CellConfig
 from bench.metrics.analytic import Sharding, predicted_model_state_bytes
 from bench.metrics.timing import slowest_rank, summarize
-from bench.records import Record, capture_env, first_line
+from bench.harness.records import Record, capture_env, first_line
 from bench.strategies.base import WorldPlan
 from bench.strategies.registry import canonical_name, get_strategy
-from bench.worker import threads_per_rank
+from bench.harness.worker import threads_per_rank
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FAILED_RANK_GRACE_S = 5.0
@@ -78,7 +78,7 @@ def run_cell(cell: CellConfig, *, run_id: str) -> Record:
                     [
                         sys.executable,
                         "-m",
-                        "bench.worker",
+                        "bench.harness.worker",
                         "--cell",
                         str(cell_file),
                         "--result-dir",

@@ -54,7 +54,7 @@ class Record:
     model_state_bytes: dict[str, int] | None = None
     #: planned under FakeTensorMode: memory is what the tracker saw allocated, none was
     fake: bool = False
-    #: only on ``shardbench max-size`` summary records (suite "max-size"); see bench/maxsize.py
+    #: only on ``shardbench max-size`` summary records (suite "max-size"); see bench/studies/maxsize.py
     max_size: dict[str, Any] | None = None
     loss: dict[str, float] | None = None  # {"first", "last"}, rank 0
     wall_s: float | None = None

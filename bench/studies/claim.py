@@ -1,6 +1,6 @@
 """``shardbench claim``: does sharding halve per-rank memory or double the trainable model?
 
-For each workload of a ``ClaimSpec`` (bench/claim_specs.py) it measures, at equal per-rank batch:
+For each workload of a ``ClaimSpec`` (bench/studies/claim_specs.py) it measures, at equal per-rank batch:
 
 * per-rank peak memory of ddp, zero2 and the peers at a simulated world size N (real memory);
 * the largest trainable model of ddp and zero2 within the same per-rank budget (max-size search;
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.claim_specs import ClaimSpec, ClaimWorkload
-from bench.config import CellConfig
-from bench.launch import run_cell
-from bench.maxsize import parse_budget, search
-from bench.records import Record, append_record, first_line
+from bench.studies.claim_specs import ClaimSpec, ClaimWorkload
+from bench.harness.config import CellConfig
+from bench.harness.launch import run_cell
+from bench.studies.maxsize import parse_budget, search
+from bench.harness.records import Record, append_record, first_line
 from models.registry import get_workload
 
 OURS, BASELINE = "zero2", "ddp"
