@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bench.studies.claim import WorkloadResult
-from bench.studies.claim_specs import ClaimWorkload
 from bench.cli import main
 from bench.harness.records import Record, read_records
+from bench.studies.claim import WorkloadResult
+from bench.studies.claim_specs import ClaimWorkload
 
 WORKLOADS = ("transformer", "imagegpt", "swav", "deepspeech2")
 

@@ -2,10 +2,10 @@
 
 import pytest
 
+from bench.harness.records import Record, append_record, read_records
 from bench.metrics.analytic import Sharding, predicted_model_state_bytes
 from bench.metrics.memory import breakdown_from_snapshot
 from bench.metrics.timing import slowest_rank, summarize
-from bench.harness.records import Record, append_record, read_records
 
 
 def test_summarize_median_mad_percentiles() -> None:

@@ -38,8 +38,8 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
 
 def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, tuple[str, ...]]:
     """Validated base cells (one per strategy x world size), the budget in bytes and the ladder."""
-    from bench.studies.maxsize import parse_budget
     from bench.strategies.registry import canonical_name, get_strategy
+    from bench.studies.maxsize import parse_budget
     from models.registry import get_workload
 
     try:
@@ -92,9 +92,9 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
 
 def cmd_max_size(args: argparse.Namespace) -> int:
     cells, budget, ladder = resolve_max_size(args)
-    from bench.studies.maxsize import search
     from bench.harness.records import read_records
     from bench.report.tables import write_tables
+    from bench.studies.maxsize import search
 
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-max-size"
     out = args.out or DEFAULT_RUNS_DIR / run_id

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.config import CellConfig
+from bench.harness.records import Record, capture_env, first_line
+from bench.harness.worker import threads_per_rank
 from bench.metrics.analytic import Sharding, predicted_model_state_bytes
 from bench.metrics.timing import slowest_rank, summarize
-from bench.harness.records import Record, capture_env, first_line
 from bench.strategies.base import WorldPlan
 from bench.strategies.registry import canonical_name, get_strategy
-from bench.harness.worker import threads_per_rank
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FAILED_RANK_GRACE_S = 5.0

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.studies.claim_specs import ClaimSpec, ClaimWorkload
 from bench.harness.config import CellConfig
 from bench.harness.launch import run_cell
-from bench.studies.maxsize import parse_budget, search
 from bench.harness.records import Record, append_record, first_line
+from bench.studies.claim_specs import ClaimSpec, ClaimWorkload
+from bench.studies.maxsize import parse_budget, search
 from models.registry import get_workload
 
 OURS, BASELINE = "zero2", "ddp"
