@@ -54,9 +54,10 @@ def test_a_crashing_probe_is_recorded_and_the_search_finishes(tmp_path: Path, mo
     real_run_cell = maxsize.run_cell
 
     def crash_small(cell: CellConfig, *, run_id: str):
-        return real_run_cell(
-            replace(cell, inject_failure="raise") if cell.preset == "small" else cell, run_id=run_id
-        )
+        with monkeypatch.context() as m:
+            if cell.preset == "small":
+                m.setenv("SHARDBENCH_FAULT", "error:rank=0")
+            return real_run_cell(cell, run_id=run_id)
 
     monkeypatch.setattr(maxsize, "run_cell", crash_small)
     summary = maxsize.search(
@@ -64,7 +65,7 @@ def test_a_crashing_probe_is_recorded_and_the_search_finishes(tmp_path: Path, mo
     )
     records = read_records([tmp_path])
     crashed = [r for r in records if r.preset == "small" and r.suite == "max-size-probe"]
-    assert len(crashed) == 1 and crashed[0].status == "error" and "injected failure" in crashed[0].error
+    assert len(crashed) == 1 and crashed[0].status == "error" and "injected error" in crashed[0].error
     assert summary.max_size["largest_fit"]["preset"] == "tiny"
     assert summary.max_size["smallest_fail"] == {**summary.max_size["smallest_fail"], "status": "error"}
 
@@ -102,7 +103,7 @@ def test_cli_validates_before_probing(tmp_path: Path, capsys) -> None:
 def test_known_records_are_reused_and_bound_the_bisection(tmp_path: Path, monkeypatch) -> None:
     """The search logic alone, on stand-in probes whose peak is the preset's parameter count x 16
     bytes: a preset already measured is not run again, and the answer is the true boundary."""
-    from bench.harness.launch import build_record
+    from bench.harness.result import RankResult, build_record
     from bench.strategies.registry import get_strategy
     from models.registry import get_workload
 
@@ -111,8 +112,8 @@ def test_known_records_are_reused_and_bound_the_bisection(tmp_path: Path, monkey
     def stand_in(cell: CellConfig, *, run_id: str):
         ran.append(cell.preset)
         peak = 16 * get_workload(cell.workload).param_count(cell.preset)
-        result = {"rank": 0, "status": "ok", "num_params": peak // 16, "step_times": [1.0], "losses": [1.0],
-                  "tracked_peak": peak, "breakdown": {"params": peak}, "settings": {}}  # fmt: skip
+        result = RankResult(rank=0, num_params=peak // 16, step_times=[1.0], losses=[1.0],
+                            tracked_peak=peak, breakdown={"params": peak})  # fmt: skip
         plan = get_strategy(cell.strategy).plan_world(cell.world_size, "cpu", True)
         return build_record(cell, plan, [result], run_id=run_id, wall_s=0.0, processes=1)
 

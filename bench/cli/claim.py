@@ -58,6 +58,12 @@ def cmd_claim(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     require_cuda_if(spec.device)
     out = args.out or Path("results/claim") / spec.name
+    from bench.harness.validate import check_output_dir
+
+    try:
+        check_output_dir(out)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     report = claim(spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None)
     print(report.read_text())
     print(f"report: {report}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
@@ -38,7 +37,7 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
 
 def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, tuple[str, ...]]:
     """Validated base cells (one per strategy x world size), the budget in bytes and the ladder."""
-    from bench.strategies.registry import canonical_name, get_strategy
+    from bench.harness.validate import plan_cells
     from bench.studies.maxsize import parse_budget
     from models.registry import get_workload
 
@@ -63,14 +62,11 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
         cells = []
         for s in args.strategy:
             for n in args.world_size:
-                if n < 1:
-                    raise ValueError(f"world size must be >= 1, got {n}")
-                get_strategy(s).plan_world(n, args.device, simulate)
                 cells.append(
                     CellConfig(
                         workload=args.workload,
                         preset=preset,
-                        strategy=canonical_name(s),
+                        strategy=s,
                         world_size=n,
                         precision=args.precision,
                         batch_size=args.batch_size,
@@ -82,10 +78,9 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
                         fake=args.fake,
                     )
                 )
+        cells = plan_cells(cells)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.steps < 1 or args.warmup < 0 or args.batch_size < 1:
-        raise UsageError("steps and batch size must be >= 1 and warmup >= 0")
     require_cuda_if(args.device)
     return cells, budget, ladder
 
@@ -93,18 +88,23 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
 def cmd_max_size(args: argparse.Namespace) -> int:
     cells, budget, ladder = resolve_max_size(args)
     from bench.harness.records import read_records
+    from bench.harness.runner import new_run_id
+    from bench.harness.validate import check_output_dir
+    from bench.report.build import write_report
     from bench.report.tables import write_tables
     from bench.studies.maxsize import search
 
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-max-size"
+    run_id = new_run_id("max-size")
     out = args.out or DEFAULT_RUNS_DIR / run_id
+    try:
+        check_output_dir(out, cells=len(cells) * len(ladder))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     summaries = [
         search(cell, budget=budget, vary=args.vary, ladder=ladder, out_dir=out, run_id=run_id)
         for cell in cells
     ]
     write_tables(read_records([out]), out)
-    from bench.cli import write_report
-
     print(f"report: {write_report(out)}")
     for s in summaries:
         print(s.note)

@@ -10,12 +10,15 @@ allowed.
 from __future__ import annotations
 
 import itertools
+import os
 import tomllib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SUITES_DIR = Path(__file__).parent / "suites"
+from bench.strategies.base import WorldPlan
+
+SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("cpu", "cuda")
 
@@ -49,15 +52,48 @@ class CellConfig:
     memory_budget_bytes: int | None = None
     #: dropout off: identical updates across world sizes (parity tests, not benchmarks).
     dropout: bool = True
-    #: fail this rank on purpose (tests of failure handling): "raise" or "hang"; None in real runs.
-    inject_failure: str | None = None
+    #: how the world is laid out (processes launched, world size reported, note), fixed once by
+    #: ``bench.harness.validate.plan_cells`` and carried to every rank in the cell JSON
+    plan: WorldPlan | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> CellConfig:
+        d = dict(d)
+        if isinstance(d.get("plan"), dict):
+            d["plan"] = WorldPlan(**d["plan"])
         return CellConfig(**d)
+
+    def world_plan(self) -> WorldPlan:
+        """The cell's plan; planned here when the cell came from elsewhere (torchrun, a test)."""
+        if self.plan is not None:
+            return self.plan
+        from bench.strategies.registry import get_strategy
+
+        return get_strategy(self.strategy).plan_world(self.world_size, self.device, self.simulate)
+
+    def key(self) -> tuple[Any, ...]:
+        """What makes two cells the same measurement (``--resume`` skips a cell whose key has
+        an ``ok`` record)."""
+        return (
+            self.workload,
+            self.preset,
+            self.strategy,
+            self.world_size,
+            self.precision,
+            self.batch_size,
+            self.device,
+            self.simulate,
+            self.fake,
+        )
+
+
+def threads_per_rank(local_world_size: int) -> int:
+    """Share the cores among the ranks on this host: N ranks with default threads each
+    oversubscribe the CPU (measured: 4 ranks on 2 cores ran 2x slower)."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
 
 
 @dataclass(frozen=True)
@@ -78,7 +114,6 @@ class SuiteSpec:
     timeout_s: float = 600.0
     simulate: bool = False
     fake: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     #: extra cross products (a suite's ``[[matrix]]`` tables): each overrides some of the lists
     #: above, e.g. a different preset per workload. Empty: the lists above are the one matrix.
@@ -158,15 +193,20 @@ def load_suite(name_or_path: str) -> SuiteSpec:
             kwargs.update(_lists({key: value}, where))
         elif key in _SCALAR_KEYS:
             typ = _SCALAR_KEYS[key]
-            if typ is float and isinstance(value, int):
+            if typ is float and _is_a(value, int):
                 value = float(value)
-            if not isinstance(value, typ):
-                raise ValueError(f"{where}: {key!r} must be {typ.__name__}")
+            if not _is_a(value, typ):
+                raise ValueError(f"{where}: {key!r} must be {typ.__name__}, got {value!r}")
             kwargs[key] = value
         else:
             allowed = ", ".join([*_LIST_KEYS, *_SCALAR_KEYS, "matrix"])
             raise ValueError(f"{where}: unknown key {key!r}; allowed: {allowed}")
     return SuiteSpec(name=path.stem, **kwargs)
+
+
+def _is_a(value: Any, typ: type) -> bool:
+    """isinstance, except that a boolean is never a number (TOML ``true`` is not world size 1)."""
+    return isinstance(value, typ) and not (isinstance(value, bool) and typ is not bool)
 
 
 def _lists(table: dict[str, Any], where: str) -> dict[str, tuple[Any, ...]]:
@@ -176,8 +216,12 @@ def _lists(table: dict[str, Any], where: str) -> dict[str, tuple[Any, ...]]:
         if key not in _LIST_KEYS:
             raise ValueError(f"{where}: unknown key {key!r}; allowed: {', '.join(_LIST_KEYS)}")
         values = value if isinstance(value, list) else [value]
-        if not values or not all(isinstance(v, _LIST_KEYS[key]) for v in values):
-            raise ValueError(f"{where}: {key!r} must be a non-empty list of {_LIST_KEYS[key].__name__}")
+        if not values or not all(_is_a(v, _LIST_KEYS[key]) for v in values):
+            bad = next((v for v in values if not _is_a(v, _LIST_KEYS[key])), None)
+            raise ValueError(
+                f"{where}: {key!r} must be a non-empty list of {_LIST_KEYS[key].__name__}"
+                + (f", got {bad!r}" if values else "")
+            )
         out[key] = tuple(values)
     return out
 

@@ -3,23 +3,40 @@
 Tables, plots and baselines are built only from records, never from live objects, so a record
 must say everything needed to interpret it: what ran (cell), how the strategy was configured,
 what was measured (time, memory and its breakdown), what theory predicted, and where (env).
+
+Records are the product, so writing them is defensive: each append is one whole line under an
+exclusive lock, a partial line left by a crash is moved aside before anything is appended after
+it, and non-finite numbers are written as ``null`` (JSON has no NaN) with the status saying why.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
 import os
 import platform
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("ok", "oom", "error", "timeout", "skipped")
+#: version of the record layout; 2 added ``schema``, ``failure`` and the statuses
+#: ``diverged`` and ``interrupted``. Records without ``schema`` are version 1 and still load.
+SCHEMA = 2
+STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped")
+FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
+#: fields a line must have to be read as a record at all
+REQUIRED = ("run_id", "workload", "preset", "strategy", "world_size", "status")
+
+
+class RecordWriteError(OSError):
+    """A record could not be written: the run must stop rather than measure into the void."""
 
 
 @dataclass
@@ -41,6 +58,8 @@ class Record:
     warmup: int
     status: str
     error: str | None = None
+    #: which rank failed first and how: {"rank", "signal", "step", "stopped_by_launcher": [...]}
+    failure: dict[str, Any] | None = None
     note: str = ""
     strategy_settings: dict[str, Any] = field(default_factory=dict)
     step_time_s: dict[str, float] | None = None
@@ -56,41 +75,115 @@ class Record:
     fake: bool = False
     #: only on ``shardbench max-size`` summary records (suite "max-size"); see bench/studies/maxsize.py
     max_size: dict[str, Any] | None = None
-    loss: dict[str, float] | None = None  # {"first", "last"}, rank 0
+    loss: dict[str, float | None] | None = None  # {"first", "last"}, rank 0
     wall_s: float | None = None
     env: dict[str, Any] = field(default_factory=dict)
+    schema: int = SCHEMA
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, f"bad status {self.status!r}"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return finite(asdict(self))
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Record:
         known = Record.__dataclass_fields__
-        return Record(**{k: v for k, v in d.items() if k in known})
+        values = {k: v for k, v in d.items() if k in known}
+        values.setdefault("schema", 1)  # written before the field existed
+        return Record(**values)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN/Infinity float replaced by None, recursively (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
 
 
 def append_record(path: Path, record: Record) -> None:
-    """Append one record and flush, so a crash later in the run loses nothing written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(record.to_json(), sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one record as one whole line under an exclusive lock, then fsync, so concurrent
+    writers (two runs into one directory) never interleave and a crash later loses nothing.
+    A trailing partial line (a crash mid-write) is moved to ``<file>.corrupt`` first, so the new
+    record is not glued onto it. Any failure raises ``RecordWriteError`` naming the file."""
+    line = json.dumps(record.to_json(), sort_keys=True, allow_nan=False) + "\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a+b") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                _quarantine_partial_line(f, path)
+                f.write(line.encode())
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    except OSError as e:
+        raise RecordWriteError(f"cannot write the record to {path}: {e.strerror or e}") from e
 
 
-def read_records(paths: Iterable[Path]) -> list[Record]:
-    """Read records from JSONL files (or run directories holding ``records.jsonl``)."""
+def _quarantine_partial_line(f: Any, path: Path) -> None:
+    """Move a last line with no newline (the remains of an interrupted write) to .corrupt."""
+    size = f.seek(0, os.SEEK_END)
+    if size == 0:
+        return
+    f.seek(size - 1)
+    if f.read(1) == b"\n":
+        return
+    f.seek(max(0, size - (1 << 20)))
+    tail = f.read()
+    cut = tail.rfind(b"\n") + 1  # 0 when the file is one partial line
+    keep = size - len(tail) + cut
+    with open(f"{path}.corrupt", "ab") as bad:
+        bad.write(tail[cut:] + b"\n")
+    f.truncate(keep)
+    warnings.warn(f"{path}: moved a partial last line ({size - keep} bytes) to {path}.corrupt", stacklevel=3)
+
+
+def read_records(paths: Iterable[Path], *, strict: bool = False) -> list[Record]:
+    """Read records from JSONL files (or run directories holding ``records.jsonl``). A line that
+    is not a record is named by file and line and skipped with a warning (``strict``: raises
+    ``ValueError``), so one bad line never hides the good ones."""
     out: list[Record] = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
             p = p / "records.jsonl"
         with p.open() as f:
-            out.extend(Record.from_json(json.loads(line)) for line in f if line.strip())
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(parse_record(line))
+                except ValueError as e:
+                    message = f"{p}:{lineno}: not a record ({e})"
+                    if strict:
+                        raise ValueError(message) from None
+                    warnings.warn(message + "; skipped", stacklevel=2)
     return out
+
+
+def parse_record(line: str) -> Record:
+    """One JSONL line as a Record; ``ValueError`` says what is wrong with it."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON at column {e.colno}: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise ValueError(f"missing field(s) {', '.join(missing)}")
+    if data["status"] not in STATUSES:
+        raise ValueError(f"unknown status {data['status']!r}; allowed: {', '.join(STATUSES)}")
+    try:
+        return Record.from_json(data)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
 
 
 def first_line(text: str | None, limit: int = 120) -> str:

@@ -1,19 +1,158 @@
 """Run a list of cells one after another, appending each record as soon as it exists.
 
-A failed cell (error, OOM, timeout) is recorded and the run goes on; the table is rewritten
-after every cell, so an interrupted run keeps everything measured so far.
+A failed cell (error, OOM, timeout, divergence) is recorded and the run goes on; the table is
+rewritten after every cell, so a run stopped half-way keeps everything measured so far. A table
+that cannot be written is reported and the run goes on (the records are what matter); a record
+that cannot be written stops the run at once (``RecordWriteError``), since every later cell
+would be measured into the void.
+
+SIGINT and SIGTERM are turned into ``Interrupted`` while cells run: the cell in flight has its
+ranks stopped (the launcher's ``finally``) and is recorded as ``interrupted``, and the caller
+writes the report and says how to resume (exit 130 or 143).
 """
 
 from __future__ import annotations
 
+import contextlib
+import secrets
+import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from bench.harness.config import CellConfig
 from bench.harness.launch import run_cell
-from bench.harness.records import Record, append_record
-from bench.report.tables import write_tables
+from bench.harness.records import Record, append_record, read_records
+from bench.harness.result import build_record
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while cells were running."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # 130 for SIGINT, 143 for SIGTERM, as shells report them
+
+
+@dataclass
+class RunOutcome:
+    records: list[Record] = field(default_factory=list)
+    table: str = ""
+    skipped: int = 0
+    interrupted: Interrupted | None = None
+
+
+def new_run_id(name: str) -> str:
+    """Time, name and a short random suffix: two runs started in the same second differ."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{secrets.token_hex(2)}"
+
+
+def done_keys(out_dir: Path) -> set[tuple]:
+    """Keys of the cells that already have an ``ok`` record in ``out_dir`` (for ``--resume``)."""
+    path = out_dir / "records.jsonl"
+    if not path.exists():
+        return set()
+    return {_record_key(r) for r in read_records([path]) if r.status == "ok"}
+
+
+def _record_key(r: Record) -> tuple:
+    return (
+        r.workload,
+        r.preset,
+        r.strategy,
+        r.requested_world_size,
+        r.precision,
+        r.batch_size_per_rank,
+        r.device,
+        r.simulated,
+        r.fake,
+    )
+
+
+class _Interrupts:
+    """SIGINT/SIGTERM handling while cells run: inside a cell the signal raises ``Interrupted``
+    (the launcher then stops the ranks); while a record or table is being written it is only
+    noted, so the write completes, and the run stops right after it."""
+
+    def __init__(self) -> None:
+        self.in_cell = False
+        self.pending: Interrupted | None = None
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.pending = Interrupted(signum)
+        if self.in_cell:
+            raise self.pending
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_Interrupts]:
+        previous = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    @contextlib.contextmanager
+    def cell(self) -> Iterator[None]:
+        if self.pending is not None:
+            raise self.pending
+        self.in_cell = True
+        try:
+            yield
+        finally:
+            self.in_cell = False
+
+
+def run_cells(
+    cells: Sequence[CellConfig], *, out_dir: Path, run_id: str, skip: set[tuple] | None = None
+) -> RunOutcome:
+    """Run every cell not in ``skip`` with a progress display on stderr."""
+    from bench.report.tables import write_tables
+
+    outcome = RunOutcome()
+    todo = [c for c in cells if c.key() not in (skip or set())]
+    outcome.skipped = len(cells) - len(todo)
+    with _progress(len(todo)) as progress, _Interrupts().installed() as interrupts:
+        for cell in todo:
+            progress.start(_label(cell))
+            start = time.perf_counter()
+            try:
+                with interrupts.cell():
+                    record = run_cell(cell, run_id=run_id)
+            except Interrupted as e:
+                record = _interrupted_record(cell, e, run_id=run_id, wall_s=time.perf_counter() - start)
+            append_record(out_dir / "records.jsonl", record)
+            outcome.records.append(record)
+            try:
+                outcome.table = write_tables(outcome.records, out_dir)
+            except Exception as e:  # noqa: BLE001 - the record is safe; a table is a by-product
+                print(
+                    f"shardbench: table not written ({type(e).__name__}: {e}); the run goes on",
+                    file=sys.stderr,
+                )
+            progress.done(f"{_label(cell)}: {record.status} ({record.wall_s:.1f}s)")
+            if interrupts.pending is not None:
+                outcome.interrupted = interrupts.pending
+                break
+    return outcome
+
+
+def _interrupted_record(cell: CellConfig, e: Interrupted, *, run_id: str, wall_s: float) -> Record:
+    from bench.harness.result import RankResult
+
+    plan = cell.world_plan()
+    results = [
+        RankResult(rank=r, status="interrupted", error=f"interrupted by {e} (the run was stopped)")
+        for r in range(plan.processes)
+    ]
+    return build_record(cell, plan, results, run_id=run_id, wall_s=wall_s, processes=plan.processes)
 
 
 def _label(cell: CellConfig) -> str:
@@ -21,21 +160,6 @@ def _label(cell: CellConfig) -> str:
         f"{cell.workload}/{cell.preset} {cell.strategy} N={cell.world_size} "
         f"{cell.precision} b={cell.batch_size}"
     )
-
-
-def run_cells(cells: Sequence[CellConfig], *, out_dir: Path, run_id: str) -> tuple[list[Record], str]:
-    """Run every cell with a progress display on stderr; return the records and the table."""
-    records: list[Record] = []
-    table = ""
-    with _progress(len(cells)) as progress:
-        for cell in cells:
-            progress.start(_label(cell))
-            record = run_cell(cell, run_id=run_id)
-            append_record(out_dir / "records.jsonl", record)
-            records.append(record)
-            table = write_tables(records, out_dir)
-            progress.done(f"{_label(cell)}: {record.status} ({record.wall_s:.1f}s)")
-    return records, table
 
 
 class _PlainProgress:

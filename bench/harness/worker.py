@@ -8,18 +8,29 @@ per rank, result written to a file) or by torchrun for multi-node runs::
     torchrun --nnodes 2 --nproc-per-node 8 ... -m bench.harness.worker --cell cell.json --out results/runs/x
 
 Under torchrun, rank 0 gathers every rank's result and appends the record to ``--out``.
+
+A step whose loss is not finite ends the cell as ``diverged`` (the step is recorded): numbers
+measured after a divergence would describe a different computation. ``SHARDBENCH_FAULT`` injects
+failures for tests (bench/harness/faults.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import functools
 import json
+import math
 import os
+import signal
 import sys
 import time
 import traceback
+
+if __name__ == "__main__":  # first, before torch's slow import: the launcher may ask at any time
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,7 +38,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.harness.config import CellConfig
+from bench.harness.config import CellConfig, threads_per_rank
+from bench.harness.faults import Fault, faults_from_env
+from bench.harness.result import RankResult
 from bench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
 from bench.metrics.timing import timed
 from bench.strategies.base import RankContext
@@ -38,10 +51,20 @@ from models.registry import get_workload
 MEMORY_STEPS = 2  # steady-state steps tracked for the breakdown (optimizer state exists by then)
 
 
-def threads_per_rank(local_world_size: int) -> int:
-    """Share the cores among the ranks on this host: N ranks with default threads each
-    oversubscribe the CPU (measured: 4 ranks on 2 cores ran 2x slower)."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+class Diverged(ArithmeticError):
+    """The loss stopped being a finite number."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"loss is {loss} at step {step} (warm-up steps count, from 0)")
+        self.step = step
+
+
+class StepFailed(Exception):
+    """A failure inside step ``step``; carries the step for the record."""
+
+    def __init__(self, step: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.step, self.cause = step, cause
 
 
 def init_fake_world(world_size: int) -> None:
@@ -75,8 +98,15 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def run_rank(
-    cell: CellConfig, *, rank: int, world_size: int, processes: int, local_rank: int, local_world_size: int
-) -> dict[str, Any]:
+    cell: CellConfig,
+    *,
+    rank: int,
+    world_size: int,
+    processes: int,
+    local_rank: int,
+    local_world_size: int,
+    fault: Fault | None = None,
+) -> RankResult:
     """Run one cell on this rank; return its measurements (raises on failure)."""
     torch.set_num_threads(threads_per_rank(local_world_size))
     if cell.device == "cuda":
@@ -103,10 +133,6 @@ def run_rank(
                 **({"device_id": device} if device.type == "cuda" else {}),
             )
         pg = dist.group.WORLD
-    if cell.inject_failure == "raise" and rank == processes - 1:
-        raise RuntimeError(f"injected failure on rank {rank}")
-    if cell.inject_failure == "hang" and rank == processes - 1:
-        time.sleep(10 * cell.timeout_s)
 
     ctx = RankContext(
         rank=rank, world_size=world_size, device=device, process_group=pg, precision=cell.precision
@@ -115,16 +141,32 @@ def run_rank(
         workload.check_plannable()
     strategy.init_world(ctx)  # outside fake mode: a device mesh needs real values
     with fake_tensor_mode() if cell.fake else contextlib.nullcontext():
-        return _train_and_measure(cell, strategy, workload, ctx, rank=rank, processes=processes)
+        return _train_and_measure(cell, strategy, workload, ctx, rank=rank, processes=processes, fault=fault)
+
+
+def build_model(workload: Any, cell: CellConfig, device: torch.device) -> torch.nn.Module:
+    """The workload's model, every parameter and buffer on ``device``. Built under the device
+    context (no host copy of a large model), then moved, because some libraries' modules
+    allocate with constructors that ignore that context (transformers' ImageGPTLayerNorm uses
+    ``torch.Tensor(n)``; on a GPU its weights stayed on the CPU and DDP refused the model)."""
+    with torch.device(device):
+        model = workload.build(cell.preset, dropout=cell.dropout)
+    return model.to(device)
 
 
 def _train_and_measure(
-    cell: CellConfig, strategy: Any, workload: Any, ctx: RankContext, *, rank: int, processes: int
-) -> dict[str, Any]:
+    cell: CellConfig,
+    strategy: Any,
+    workload: Any,
+    ctx: RankContext,
+    *,
+    rank: int,
+    processes: int,
+    fault: Fault | None,
+) -> RankResult:
     device, world_size = ctx.device, ctx.world_size
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
-    with torch.device(device):
-        model = workload.build(cell.preset, dropout=cell.dropout)
+    model = build_model(workload, cell, device)
     num_params = sum(p.numel() for p in model.parameters())
     model, use_autocast = strategy.prepare_precision(model, cell.precision)
     model, optimizer = strategy.setup(model, workload.optimizer_factory(), ctx)
@@ -143,74 +185,107 @@ def _train_and_measure(
             ]
         )
 
+    step = 0
+
     def loss_fn(m: torch.nn.Module, inputs: Any) -> torch.Tensor:
         autocast = (
             torch.autocast(device.type, dtype=torch.bfloat16) if use_autocast else contextlib.nullcontext()
         )
         with autocast:
-            return workload.loss(m, inputs)
+            loss = workload.loss(m, inputs)
+        if fault is not None and fault.poisons_loss(rank=rank, step=step):
+            loss = loss * float("nan")
+        return loss
 
-    step = 0
-    # Under --fake nothing is timed, so warm-up is skipped: the tracked steps include the first
-    # (optimizer state created) and a steady one, which is all the memory phase needs.
-    for _ in range(0 if cell.fake else cell.warmup):
-        strategy.train_step(model, optimizer, batch(step), loss_fn)
-        step += 1
+    def checked(loss: torch.Tensor) -> float | None:
+        """The loss as a float, or Diverged; fake tensors have no value to check."""
+        if cell.fake:
+            return None
+        value = float(loss)
+        if not math.isfinite(value):
+            raise Diverged(step, value)
+        return value
 
-    reset_cuda_peaks(device)
-    step_times, losses = [], []
-    for _ in range(0 if cell.fake else cell.steps):  # fake tensors: no values, no meaningful time
-        step_fn = functools.partial(strategy.train_step, model, optimizer, batch(step), loss_fn)
-        loss, seconds = timed(step_fn, device)
-        step_times.append(seconds)
-        losses.append(float(loss))
-        step += 1
-    allocator = cuda_allocator_stats(device)
+    def run_step(inputs: Any, timing: bool = False) -> tuple[float | None, float]:
+        if fault is not None:
+            fault.before_step(rank=rank, step=step)
+        step_fn = functools.partial(strategy.train_step, model, optimizer, inputs, loss_fn)
+        if timing:
+            loss, seconds = timed(step_fn, device)
+        else:
+            loss, seconds = step_fn(), 0.0
+        return checked(loss), seconds
 
-    tracked_peak, breakdown, model_state = None, None, None
-    if cell.track_memory:
-        # Inputs are made before tracking starts, so they count as "other", not as activations.
-        inputs = [batch(step + i) for i in range(MEMORY_STEPS)]
-        probe = MemoryProbe(device, [model, optimizer, inputs], typed=strategy.memory_tensors())
-        strategy.observe_memory(probe.attribute)
-        with probe:
-            for step_inputs in inputs:
-                strategy.train_step(model, optimizer, step_inputs, loss_fn)
-                probe.next_step()
-            # after a step, before the next zero_grad: exactly the model states a rank keeps
-            model_state = probe.current_model_state()
-        del inputs
-        strategy.observe_memory(None)
-        tracked_peak, breakdown = probe.peak()
+    try:
+        # Under --fake nothing is timed, so warm-up is skipped: the tracked steps include the
+        # first (optimizer state created) and a steady one, which is all the memory phase needs.
+        for _ in range(0 if cell.fake else cell.warmup):
+            run_step(batch(step))
+            step += 1
+
+        reset_cuda_peaks(device)
+        step_times: list[float] = []
+        losses: list[float | None] = []
+        for _ in range(0 if cell.fake else cell.steps):  # fake tensors: no values, no meaningful time
+            loss, seconds = run_step(batch(step), timing=True)
+            step_times.append(seconds)
+            losses.append(loss)
+            step += 1
+        allocator = cuda_allocator_stats(device)
+
+        tracked_peak, breakdown, model_state = None, None, None
+        if cell.track_memory:
+            # Inputs are made before tracking starts, so they count as "other", not activations.
+            inputs = [batch(step + i) for i in range(MEMORY_STEPS)]
+            probe = MemoryProbe(device, [model, optimizer, inputs], typed=strategy.memory_tensors())
+            strategy.observe_memory(probe.attribute)
+            with probe:
+                for step_inputs in inputs:
+                    run_step(step_inputs)
+                    step += 1
+                    probe.next_step()
+                # after a step, before the next zero_grad: exactly the model states a rank keeps
+                model_state = probe.current_model_state()
+            del inputs
+            strategy.observe_memory(None)
+            tracked_peak, breakdown = probe.peak()
+    except Diverged:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised with the step it happened at
+        raise StepFailed(step, e) from e
     settings = strategy.settings()
     if getattr(model, "planned_note", None):  # a stand-in for a wrapper fake tensors cannot build
         settings["planned"] = model.planned_note
     strategy.teardown()
-    return {
-        "rank": rank,
-        "status": "ok",
-        "num_params": num_params,
-        "step_times": step_times,
-        "losses": losses,
-        "tracked_peak": tracked_peak,
-        "breakdown": breakdown,
-        "model_state": model_state,
-        "cuda_allocator": allocator,
-        "settings": settings,
-    }
+    return RankResult(
+        rank=rank,
+        num_params=num_params,
+        step_times=step_times,
+        losses=losses,
+        tracked_peak=tracked_peak,
+        breakdown=breakdown,
+        model_state=model_state,
+        cuda_allocator=allocator,
+        settings=settings,
+    )
 
 
-def run_rank_safely(cell: CellConfig, **kw: Any) -> dict[str, Any]:
+def run_rank_safely(cell: CellConfig, **kw: Any) -> RankResult:
     """``run_rank``, with any failure turned into a result carrying this rank's traceback."""
     try:
         return run_rank(cell, **kw)
     except BaseException as e:  # noqa: BLE001 - a failed cell is data, not a crash of the run
-        return {
-            "rank": kw["rank"],
-            "status": "oom" if _is_oom(e) else "error",
-            "failed_at": time.time(),
-            "error": f"rank {kw['rank']}: {type(e).__name__}: {e}\n{traceback.format_exc()}",
-        }
+        step = getattr(e, "step", None)
+        cause = e.cause if isinstance(e, StepFailed) else e
+        status = "diverged" if isinstance(e, Diverged) else "oom" if _is_oom(cause) else "error"
+        where = f" at step {step}" if step is not None else ""
+        return RankResult(
+            rank=kw["rank"],
+            status=status,
+            failed_at=time.time(),
+            step=step,
+            error=f"rank {kw['rank']}{where}: {type(cause).__name__}: {cause}\n{traceback.format_exc()}",
+        )
 
 
 def _env_int(name: str, default: int) -> int:
@@ -227,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     text = Path(args.cell).read_text() if not args.cell.lstrip().startswith("{") else args.cell
     cell = CellConfig.from_json(json.loads(text))
     rank, processes = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    plan = get_strategy(cell.strategy).plan_world(cell.world_size, cell.device, cell.simulate)
-    kw = dict(
+    plan = cell.world_plan()
+    kw: dict[str, Any] = dict(
         rank=rank,
         world_size=plan.world_size if processes == plan.processes else processes,
         processes=processes,
@@ -236,28 +311,45 @@ def main(argv: list[str] | None = None) -> int:
         local_world_size=_env_int("LOCAL_WORLD_SIZE", processes),
     )
     start = time.perf_counter()
-    result = run_rank_safely(cell, **kw)
+    try:
+        kw["fault"] = next((f for f in faults_from_env() if f.applies_to(cell.strategy)), None)
+    except ValueError as e:
+        result = RankResult(rank=rank, status="error", error=f"rank {rank}: {e}", failed_at=time.time())
+    else:
+        result = run_rank_safely(cell, **kw)
     if args.result_dir is not None:  # launched by bench.harness.launch: it assembles the record
-        (args.result_dir / f"rank{rank}.json").write_text(json.dumps(result))
-        if dist.is_initialized() and result["status"] == "ok":
+        result.write(args.result_dir / f"rank{rank}.json")
+        if dist.is_initialized() and result.status == "ok":
             dist.destroy_process_group()
-        return 0 if result["status"] == "ok" else 1
-    # torchrun: gather every rank's result on rank 0, which writes the record.
-    from bench.harness.launch import build_record
+        return 0 if result.status == "ok" else 1
+    return _torchrun_finish(cell, plan, result, args, rank=rank, processes=processes, start=start)
+
+
+def _torchrun_finish(
+    cell: CellConfig,
+    plan: Any,
+    result: RankResult,
+    args: argparse.Namespace,
+    *,
+    rank: int,
+    processes: int,
+    start: float,
+) -> int:
+    """Under torchrun: gather every rank's result on rank 0, which writes the record."""
+    from bench.harness.records import append_record
+    from bench.harness.result import build_record
 
     gathered: list[Any] = [None] * processes if rank == 0 else []
     if dist.is_initialized():
-        dist.gather_object(result, gathered if rank == 0 else None, dst=0)
+        dist.gather_object(result.to_json(), gathered if rank == 0 else None, dst=0)
     else:
-        gathered = [result]
+        gathered = [result.to_json()]
     if rank == 0:
-        from bench.harness.records import append_record
-
         out = args.out or Path("results/runs") / (args.run_id or time.strftime("%Y%m%d-%H%M%S"))
         record = build_record(
             cell,
             plan,
-            gathered,
+            [RankResult.from_json(r) for r in gathered],
             run_id=args.run_id or out.name,
             wall_s=time.perf_counter() - start,
             processes=processes,
@@ -266,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(record.to_json(), indent=1))
     if dist.is_initialized():
         dist.destroy_process_group()
-    return 0 if result["status"] == "ok" else 1
+    return 0 if result.status == "ok" else 1
 
 
 if __name__ == "__main__":

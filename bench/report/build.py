@@ -73,6 +73,15 @@ def build_report(paths: Sequence[Path | str], out_dir: Path) -> ReportResult:
     )
 
 
+def write_report(run_dir: Path) -> Path | str:
+    """The run's report (charts, index.html) beside its records. A chart that cannot be drawn
+    must not cost the run its measurements: they are already on disk, so say so and go on."""
+    try:
+        return build_report([run_dir], run_dir).index_html
+    except Exception as e:  # noqa: BLE001 - the records are written; the report is a by-product
+        return f"not written ({type(e).__name__}: {e}); rebuild with: shardbench report {run_dir}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.report.build", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run directories or records .jsonl files")

@@ -149,7 +149,7 @@ def analytic_ceiling(base: CellConfig, ladder: list[str], budget: int) -> int:
     fit; the search never allocates a model many times the budget (a 20B DDP probe would take
     320 GB of host memory). Only the first such preset may still be probed, to measure the
     boundary."""
-    from bench.harness.launch import predict
+    from bench.harness.result import predict
     from models.registry import get_workload
 
     workload = get_workload(base.workload)

@@ -1,0 +1,72 @@
+"""``shardbench list`` and ``shardbench env``: what this installation and machine offer.
+
+``list`` reads parameter counts from configs (no model is built), so it stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bench.harness.config import load_suite, suite_names
+
+
+def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
+    lst = sub.add_parser("list", help="workloads (presets, parameter counts), strategies, suites")
+    lst.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("env", help="versions and devices of this machine")
+
+
+def listing() -> dict:
+    from bench.strategies.registry import strategy_classes
+    from models.registry import get_workload, workload_names
+
+    workloads = {}
+    for name in workload_names():
+        w = get_workload(name)
+        workloads[name] = {"presets": {p: {"params": w.param_count(p)} for p in w.presets}}
+    strategies = {
+        c.name: {
+            "aliases": list(c.aliases),
+            "description": c.description,
+            "shards_optimizer_state": c.shards_optimizer_state,
+            "shards_gradients": c.shards_gradients,
+            "shards_parameters": c.shards_parameters,
+            "simulatable": c.simulatable,
+        }
+        for c in strategy_classes()
+    }
+    suites = {n: load_suite(n).description for n in suite_names()}
+    return {"workloads": workloads, "strategies": strategies, "suites": suites}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    data = listing()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print("workloads:")
+    for name, w in data["workloads"].items():
+        presets = ", ".join(f"{p} ({v['params'] / 1e6:.1f}M)" for p, v in w["presets"].items())
+        print(f"  {name}: {presets}")
+    print("strategies:")
+    for name, s in data["strategies"].items():
+        alias = f" (alias: {', '.join(s['aliases'])})" if s["aliases"] else ""
+        print(f"  {name}{alias}: {s['description']}")
+    print("suites:")
+    for name, desc in data["suites"].items():
+        print(f"  {name}: {desc}")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    import torch
+
+    from bench.harness.records import capture_env
+
+    env = capture_env("cuda" if torch.cuda.is_available() else "cpu")
+    env["cuda_available"] = torch.cuda.is_available()
+    env["gloo_available"] = torch.distributed.is_gloo_available()
+    env["nccl_available"] = torch.distributed.is_nccl_available()
+    print(json.dumps(env, indent=2))
+    return 0

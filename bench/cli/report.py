@@ -1,0 +1,44 @@
+"""``shardbench report``: table, charts and index.html from the records of one or more runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from bench.cli.common import UsageError
+
+
+def add_report_parser(sub: argparse._SubParsersAction) -> None:
+    rep = sub.add_parser(
+        "report", help="table, charts and index.html from the records of one or more runs (merged)"
+    )
+    rep.add_argument("runs", nargs="+", type=Path, help="run directories or records .jsonl files")
+    rep.add_argument("--out", type=Path, help="report directory (default: the first run's directory)")
+    rep.add_argument(
+        "--strict", action="store_true", help="fail on a line that is not a record (default: skip it)"
+    )
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from bench.harness.records import read_records
+    from bench.harness.validate import check_output_dir
+    from bench.report.build import build_report, resolve_inputs
+
+    try:
+        inputs = resolve_inputs(args.runs)
+        if args.strict:
+            read_records(inputs, strict=True)
+        out = args.out or (args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent)
+        check_output_dir(out)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = build_report(args.runs, out)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for w in caught:
+        if issubclass(w.category, UserWarning) and "not a record" in str(w.message):
+            print(f"shardbench report: warning: {w.message}", file=sys.stderr)
+    print(f"{result.records} records, {len(result.charts)} chart files; open {result.index_html}")
+    return 0

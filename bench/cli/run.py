@@ -1,0 +1,135 @@
+"""``shardbench run``: a suite (default: smoke) or the cross product given by flags."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
+from bench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="run a suite (default: smoke) or the cells given by flags")
+    run.add_argument(
+        "--suite", default="smoke", help=f"suite name ({', '.join(suite_names())}) or a .toml path"
+    )
+    run.add_argument("--workload", type=csv_list(str), help="comma-separated workloads")
+    run.add_argument("--strategy", type=csv_list(str), help="comma-separated strategies")
+    run.add_argument("--world-size", type=csv_list(int), help="comma-separated world sizes")
+    run.add_argument("--preset", type=csv_list(str), help="comma-separated size presets")
+    run.add_argument("--precision", type=csv_list(str), help="fp32 and/or bf16")
+    run.add_argument("--batch-size", type=csv_list(int), help="per-rank batch size(s)")
+    run.add_argument("--steps", type=int, help="measured steps per cell")
+    run.add_argument("--warmup", type=int, help="unmeasured warm-up steps per cell")
+    run.add_argument("--device", choices=DEVICES, help="cpu or cuda (default: the suite's)")
+    run.add_argument("--timeout", type=float, help="seconds per cell before it is recorded as timeout")
+    run.add_argument(
+        "--simulate",
+        action="store_true",
+        default=None,
+        help="one process plays rank 0 of each world size (fake process group): real "
+        "per-rank memory at any N, no communication",
+    )
+    run.add_argument(
+        "--fake",
+        action="store_true",
+        default=None,
+        help="plan without allocating: run each cell under FakeTensorMode on a simulated world "
+        "(implies --simulate); memory by category, no step time",
+    )
+    run.add_argument(
+        "--name", help="a name for the run (default: the suite's); the run id adds time and a suffix"
+    )
+    run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
+    run.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR: run only the cells with no ok record there",
+    )
+
+
+def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]]:
+    """The suite with command-line overrides applied and its cells, validated and planned
+    (raises UsageError naming what is allowed)."""
+    from bench.harness.validate import plan_cells
+
+    try:
+        spec = override(
+            load_suite(args.suite),
+            workloads=args.workload,
+            strategies=args.strategy,
+            world_sizes=args.world_size,
+            presets=args.preset,
+            precisions=args.precision,
+            batch_sizes=args.batch_size,
+            steps=args.steps,
+            warmup=args.warmup,
+            device=args.device,
+            timeout_s=args.timeout,
+            simulate=args.simulate,
+            fake=args.fake,
+        )
+        cells = plan_cells(spec.cells())
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    require_cuda_if(spec.device)
+    return spec, cells
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from bench.harness.records import RecordWriteError, read_records
+    from bench.harness.runner import done_keys, new_run_id, run_cells
+    from bench.harness.validate import check_output_dir
+    from bench.report.build import write_report
+
+    spec, cells = resolve_cells(args)
+    if args.resume is not None:
+        if args.out is not None and args.out.resolve() != args.resume.resolve():
+            raise UsageError("--resume RUN_DIR writes into RUN_DIR; drop --out or give the same directory")
+        if not (args.resume / "records.jsonl").is_file():
+            raise UsageError(
+                f"--resume {args.resume}: no records.jsonl there; give the directory of an earlier run"
+            )
+    out = args.resume or args.out
+    if args.name is not None and not args.name.replace("-", "").replace("_", "").isalnum():
+        raise UsageError(f"--name {args.name!r}: use letters, digits, '-' and '_' only")
+    run_id = new_run_id(args.name or spec.name)
+    if args.resume is not None:
+        earlier = read_records([args.resume / "records.jsonl"])
+        run_id = earlier[0].run_id if earlier else run_id
+    out = out or DEFAULT_RUNS_DIR / run_id
+    try:
+        check_output_dir(out, cells=len(cells))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    skip = done_keys(out) if args.resume is not None else set()
+    if skip:
+        print(
+            f"resume: {len(skip & {c.key() for c in cells})} of {len(cells)} cells already ok in {out}; "
+            "running the rest",
+            file=sys.stderr,
+        )
+    try:
+        outcome = run_cells(cells, out_dir=out, run_id=run_id, skip=skip)
+    except RecordWriteError as e:
+        print(
+            f"shardbench run: error: {e}; the run stopped (records written so far are kept)", file=sys.stderr
+        )
+        return 1
+    print(outcome.table)
+    print(f"report: {write_report(out)}")
+    records = outcome.records
+    ok = sum(r.status == "ok" for r in records)
+    skipped = f", {outcome.skipped} skipped (already ok)" if outcome.skipped else ""
+    print(f"{len(records)} cells run, {ok} ok{skipped}; records: {out / 'records.jsonl'}")
+    if outcome.interrupted is not None:
+        print(
+            f"interrupted by {outcome.interrupted}; resume with: shardbench run --resume {out} "
+            "(and the same suite and flags)",
+            file=sys.stderr,
+        )
+        return outcome.interrupted.exit_code
+    return 0 if all(r.status == "ok" for r in records) else 1

@@ -1,0 +1,236 @@
+"""One rank's typed result, and how a cell's record is assembled from all of them.
+
+The contract between a rank and whoever collects it (``bench.harness.launch`` on one host,
+rank 0 under torchrun) is ``RankResult``: written as JSON by the rank, read back here. Keeping
+record assembly in its own module makes the dependencies one-way: launch -> worker -> result.
+
+Root cause: when a cell fails, the record blames one rank. A rank killed by a signal from
+outside (the OOM killer, ``kill -9``) is the cause ahead of ranks that then raised because their
+peer vanished; among ranks that raised, the earliest; ranks the launcher stopped itself (after
+the grace period or at the deadline) are never the cause and are listed as such.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.harness.config import CellConfig
+from bench.harness.records import Record, capture_env, finite, first_line
+from bench.metrics.analytic import predicted_model_state_bytes
+from bench.metrics.timing import slowest_rank, summarize
+from bench.strategies.base import WorldPlan
+from bench.strategies.registry import get_strategy
+
+
+@dataclass
+class RankResult:
+    """What one rank reports for one cell (``status`` ok or how it failed)."""
+
+    rank: int
+    status: str = "ok"
+    error: str | None = None
+    #: wall-clock time (time.time()) the failure was seen: orders failures across ranks
+    failed_at: float | None = None
+    #: the step (warm-up included, from 0) at which the rank failed or diverged
+    step: int | None = None
+    #: the signal that ended the process, when it died without reporting (set by the launcher)
+    signal: str | None = None
+    #: the launcher stopped this rank itself (a peer failed first, or the deadline passed)
+    stopped_by_launcher: bool = False
+    num_params: int | None = None
+    step_times: list[float] = field(default_factory=list)
+    losses: list[float | None] = field(default_factory=list)
+    tracked_peak: int | None = None
+    breakdown: dict[str, int] | None = None
+    model_state: dict[str, int] | None = None
+    cuda_allocator: dict[str, int] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return finite(asdict(self))
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> RankResult:
+        return RankResult(**{k: v for k, v in d.items() if k in RankResult.__dataclass_fields__})
+
+    def write(self, path: Path) -> None:
+        """Write atomically (rename), so the launcher never reads half a result."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), allow_nan=False))
+        tmp.replace(path)
+
+    @staticmethod
+    def read(path: Path) -> RankResult:
+        return RankResult.from_json(json.loads(path.read_text()))
+
+
+def signal_name(returncode: int | None) -> str | None:
+    """``SIGKILL`` for a process that ended with return code -9; None if no signal ended it."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def root_cause(results: list[RankResult]) -> RankResult | None:
+    """The rank to blame for a failed cell (see the module docstring); None if all are ok."""
+    bad = [r for r in results if r.status != "ok"]
+    if not bad:
+        return None
+    candidates = [r for r in bad if not r.stopped_by_launcher] or bad
+
+    def order(r: RankResult) -> tuple[int, float]:
+        killed = r.signal is not None and r.status != "timeout"
+        return (0 if killed else 1 if r.failed_at is not None else 2, r.failed_at or float("inf"))
+
+    return min(candidates, key=order)
+
+
+def _failure(results: list[RankResult]) -> tuple[str, str, dict[str, Any]] | None:
+    """The cell's status, error text and failure summary, or None when every rank is ok."""
+    first = root_cause(results)
+    if first is None:
+        return None
+    stopped = [r.rank for r in results if r.stopped_by_launcher]
+    others = [
+        f"  {first_line(r.error, 200)}"
+        for r in results
+        if r.status != "ok" and r is not first and not r.stopped_by_launcher
+    ]
+    error = first.error or f"rank {first.rank}: {first.status}"
+    if others:
+        error += "\nother ranks:\n" + "\n".join(others)
+    if stopped:
+        error += (
+            f"\nstopped by the launcher: rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+        )
+    failure = {"rank": first.rank, "signal": first.signal, "step": first.step, "stopped_by_launcher": stopped}
+    return first.status, error, failure
+
+
+def build_record(
+    cell: CellConfig,
+    plan: WorldPlan,
+    results: list[RankResult],
+    *,
+    run_id: str,
+    wall_s: float,
+    processes: int,
+) -> Record:
+    """Assemble the cell's record from every rank's result."""
+    strategy = get_strategy(cell.strategy)
+    results = sorted(results, key=lambda r: r.rank)
+    world_size = plan.world_size if processes == plan.processes else processes
+    failure = _failure(results)
+    ok = [r for r in results if r.status == "ok"]
+    num_params = ok[0].num_params if ok and ok[0].num_params else workload_params(cell)
+    record = Record(
+        run_id=run_id,
+        suite=cell.suite,
+        workload=cell.workload,
+        preset=cell.preset,
+        params=num_params,
+        strategy=strategy.name,
+        world_size=world_size,
+        requested_world_size=cell.world_size,
+        simulated=plan.simulated,
+        fake=cell.fake,
+        backend=_backend(cell, plan),
+        device=cell.device,
+        precision=cell.precision,
+        batch_size_per_rank=cell.batch_size,
+        steps=cell.steps,
+        warmup=cell.warmup,
+        status="ok",
+        note=_note(cell, plan, ok),
+        strategy_settings=ok[0].settings if ok else strategy.settings(),
+        predicted_mem_bytes=predict(cell, world_size, num_params),
+        wall_s=wall_s,
+        env=capture_env(cell.device),
+    )
+    first_losses = results[0].losses if results else []
+    record.loss = {"first": first_losses[0], "last": first_losses[-1]} if first_losses else None
+    if failure is not None:
+        record.status, record.error, record.failure = failure
+        return record
+    times = summarize(slowest_rank([r.step_times for r in results]))
+    record.step_time_s = times
+    if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
+        record.samples_per_s = cell.batch_size * world_size / times["median"]
+    _add_memory(record, cell, results)
+    return record
+
+
+def _add_memory(record: Record, cell: CellConfig, results: list[RankResult]) -> None:
+    allocators = [r.cuda_allocator for r in results]
+    if all(a is not None for a in allocators) and not cell.fake:
+        per_rank: list[int | None] = [a["max_allocated"] for a in allocators]  # type: ignore[index]
+        source = "cuda max_memory_allocated"
+    else:
+        per_rank = [r.tracked_peak for r in results]
+        source = "tracked tensors (MemTracker" + (", FakeTensorMode)" if cell.fake else ")")
+    if any(p is None for p in per_rank):  # a timing-only cell (track_memory off) on CPU
+        return
+    peak_rank = max(range(len(results)), key=lambda i: per_rank[i] or 0)
+    record.peak_mem_bytes = {
+        "per_rank": per_rank,
+        "max": per_rank[peak_rank],
+        "source": source,
+        "tracked_per_rank": [r.tracked_peak for r in results],
+    }
+    record.mem_breakdown_bytes = results[peak_rank].breakdown
+    record.model_state_bytes = results[peak_rank].model_state
+    record.cuda_allocator = allocators[peak_rank]
+
+
+def _backend(cell: CellConfig, plan: WorldPlan) -> str:
+    if plan.simulated:
+        return "fake"
+    if not get_strategy(cell.strategy).needs_process_group:
+        return "none"
+    return "nccl" if cell.device == "cuda" else "gloo"
+
+
+FAKE_NOTE = "fake: planned under FakeTensorMode, nothing allocated, no step time"
+
+
+def _note(cell: CellConfig, plan: WorldPlan, ok: list[RankResult]) -> str:
+    parts = [plan.note]
+    if cell.fake:
+        parts.append(FAKE_NOTE)
+        planned = ok[0].settings.get("planned") if ok else None
+        if planned:
+            parts.append(planned)
+    return "; ".join(p for p in parts if p)
+
+
+def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int]:
+    """The analytic model-state bytes per rank for this cell (bench/metrics/analytic.py)."""
+    from bench.metrics.analytic import Sharding
+
+    strategy = get_strategy(cell.strategy)
+    sharding = Sharding(
+        strategy.shards_optimizer_state,
+        strategy.shards_gradients,
+        strategy.shards_parameters,
+        strategy.partitions_whole_parameters,
+    )
+    group_sizes = None
+    if strategy.partitions_whole_parameters:
+        from models.registry import get_workload
+
+        group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
+    precision = strategy.model_state_precision(cell.precision)
+    return predicted_model_state_bytes(num_params, world_size, precision, sharding, group_sizes)
+
+
+def workload_params(cell: CellConfig) -> int:
+    from models.registry import get_workload
+
+    return get_workload(cell.workload).param_count(cell.preset)

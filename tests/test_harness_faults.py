@@ -1,0 +1,100 @@
+"""Every failure path of the harness, by injection (SHARDBENCH_FAULT): each fault is recorded
+with its status and the rank that caused it, records stay valid JSON, the next cell still runs,
+and no rank process outlives the run."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bench.harness.config import CellConfig
+from bench.harness.records import read_records
+from bench.harness.runner import run_cells
+from bench.harness.validate import plan_cells
+from tests.procs import worker_processes
+
+FAULTS = ",".join(
+    ["crash:rank=1:strategy=ddp", "hang:rank=1:strategy=zero1", "nan:rank=1:step=1:strategy=zero2",
+     "oom:rank=1:strategy=torch-zero1"]
+)  # fmt: skip
+
+
+def _cell(strategy: str, **kw) -> CellConfig:
+    base = dict(workload="transformer", preset="tiny", strategy=strategy, world_size=2, steps=2, warmup=0,
+                batch_size=2, timeout_s=120.0)  # fmt: skip
+    return CellConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def fault_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    out = tmp_path_factory.mktemp("faults")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SHARDBENCH_FAULT", FAULTS)
+    mp.setattr(tempfile, "tempdir", str(out / "tmp"))  # cells' temporary dirs: a marker for their ranks
+    (out / "tmp").mkdir()
+    try:
+        cells = plan_cells(
+            [
+                _cell("ddp"),
+                _cell("zero1", timeout_s=30.0),
+                _cell("zero2"),
+                _cell("torch-zero1"),
+                _cell("fsdp2-zero2"),
+            ]
+        )
+        outcome = run_cells(cells, out_dir=out, run_id="faults")
+    finally:
+        mp.undo()
+    return out, {r.strategy: r for r in outcome.records}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "status", "signal", "step"),
+    [
+        ("ddp", "error", "SIGKILL", None),
+        ("zero1", "timeout", None, None),
+        ("zero2", "diverged", None, 1),
+        ("torch-zero1", "oom", None, 0),
+    ],  # fmt: skip
+)
+def test_each_fault_is_recorded_and_blames_rank_1(fault_run, strategy, status, signal, step) -> None:
+    _, records = fault_run
+    r = records[strategy]
+    assert r.status == status, r.error
+    assert r.failure["rank"] == 1, r.error
+    assert r.failure["signal"] == signal
+    if step is not None:
+        assert r.failure["step"] == step
+    assert r.error.startswith("rank 1")
+
+
+def test_a_hang_says_where_the_rank_is_stuck(fault_run) -> None:
+    r = fault_run[1]["zero1"]
+    assert "stuck in" in r.error and "faults.py" in r.error.splitlines()[0], r.error
+
+
+def test_the_cell_after_the_faults_runs(fault_run) -> None:
+    assert fault_run[1]["fsdp2-zero2"].status == "ok"
+
+
+def test_records_are_strict_json_without_nan(fault_run) -> None:
+    out, _ = fault_run
+    lines = (out / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 5
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"non-JSON literal {token} in a record")
+
+    for line in lines:
+        json.loads(line, parse_constant=refuse)
+    diverged = next(r for r in read_records([out]) if r.status == "diverged")
+    assert diverged.loss is None or all(v is None or v == v for v in diverged.loss.values())
+
+
+def test_no_rank_outlives_the_faults(fault_run) -> None:
+    out, _ = fault_run
+    assert worker_processes(str(out / "tmp")) == []
+    assert list((out / "tmp").iterdir()) == []

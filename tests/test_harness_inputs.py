@@ -1,0 +1,157 @@
+"""Bad input is refused before anything runs, and records are never lost or corrupted: one
+test per row of the robustness table of issue #10 that needs no running cell."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.harness import validate
+from bench.harness.records import Record, RecordWriteError, append_record, read_records
+from bench.harness.runner import new_run_id
+
+TINY = [
+    "run",
+    "--workload",
+    "transformer",
+    "--preset",
+    "tiny",
+    "--strategy",
+    "ddp",
+    "--world-size",
+    "2",
+    "--steps",
+    "2",
+]
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_world_too_large_for_the_host_is_refused_with_the_way_out(tmp_path, capsys) -> None:
+    err = _refused([*TINY[:-4], "--world-size", "10000", "--out", str(tmp_path / "o")], capsys)
+    assert "world size 10000" in err and "--simulate" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("timeout", ["-5", "0", "nan", "inf"])
+def test_timeouts_must_be_positive_and_finite(timeout, tmp_path, capsys) -> None:
+    err = _refused([*TINY, f"--timeout={timeout}", "--out", str(tmp_path / "o")], capsys)
+    assert "timeout" in err and timeout in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert "not a directory" in _refused([*TINY, "--out", str(f)], capsys)
+    assert f.read_text() == "x"
+
+
+@pytest.mark.parametrize("where", ["/proc/shardbench-out", "/sys/shardbench-out"])
+def test_out_on_a_pseudo_filesystem_is_refused(where, capsys) -> None:
+    assert "not writable" in _refused([*TINY, "--out", where], capsys)
+
+
+def test_out_on_a_read_only_directory_is_refused(tmp_path, capsys, monkeypatch) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if (ro / "probe").touch() is None and (ro / "probe").exists():  # root ignores permissions
+            (ro / "probe").unlink()
+            monkeypatch.setattr(
+                Path,
+                "write_bytes",
+                lambda self, data: (_ for _ in ()).throw(OSError(30, "Read-only file system")),
+            )
+        assert "not writable" in _refused([*TINY, "--out", str(ro / "run")], capsys)
+    finally:
+        ro.chmod(0o755)
+
+
+def test_a_full_disk_is_refused_before_the_first_cell(tmp_path, capsys, monkeypatch) -> None:
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(validate.shutil, "disk_usage", lambda p: usage._replace(free=1 << 20))
+    assert "MiB free" in _refused([*TINY, "--out", str(tmp_path / "o")], capsys)
+
+
+def test_booleans_are_not_world_sizes(tmp_path, capsys) -> None:
+    suite = tmp_path / "s.toml"
+    suite.write_text("workloads = ['transformer']\npresets = ['tiny']\nworld_sizes = [true]\n")
+    err = _refused(["run", "--suite", str(suite), "--out", str(tmp_path / "o")], capsys)
+    assert "'world_sizes' must be a non-empty list of int, got True" in err
+    suite.write_text("timeout_s = true\n")
+    assert "'timeout_s' must be float" in _refused(["run", "--suite", str(suite)], capsys)
+    with pytest.raises(ValueError, match="world size must be an integer"):
+        validate.check_world_size(True, simulate=False)
+
+
+def _record(run_id: str = "r", **kw) -> Record:
+    base = dict(run_id=run_id, suite="s", workload="transformer", preset="tiny", params=1, strategy="ddp",
+                world_size=2, requested_world_size=2, simulated=False, backend="gloo", device="cpu",
+                precision="fp32", batch_size_per_rank=2, steps=2, warmup=0, status="ok")  # fmt: skip
+    return Record(**{**base, **kw})
+
+
+def test_a_truncated_last_line_is_moved_aside_before_appending(tmp_path) -> None:
+    path = tmp_path / "records.jsonl"
+    append_record(path, _record("a"))
+    with path.open("a") as f:
+        f.write('{"run_id": "b", "workl')  # a crash mid-write
+    with pytest.warns(UserWarning, match="partial last line"):
+        append_record(path, _record("c"))
+    assert [r.run_id for r in read_records([path], strict=True)] == ["a", "c"]
+    assert (tmp_path / "records.jsonl.corrupt").read_text() == '{"run_id": "b", "workl\n'
+
+
+def test_a_record_write_error_is_clear(tmp_path) -> None:
+    (tmp_path / "records.jsonl").mkdir()
+    with pytest.raises(RecordWriteError, match="cannot write the record to .*records.jsonl"):
+        append_record(tmp_path / "records.jsonl", _record())
+
+
+def test_non_finite_numbers_are_written_as_null(tmp_path) -> None:
+    path = tmp_path / "records.jsonl"
+    append_record(path, _record(status="diverged", loss={"first": 2.0, "last": float("nan")},
+                                step_time_s={"median": float("inf")}))  # fmt: skip
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    r = json.loads(text)
+    assert r["loss"]["last"] is None and r["step_time_s"]["median"] is None and r["schema"] == 2
+
+
+def test_report_names_file_and_line_of_bad_records_and_skips_them(tmp_path, capsys) -> None:
+    path = tmp_path / "records.jsonl"
+    append_record(path, _record("good"))
+    with path.open("a") as f:
+        f.write('42\n{"run_id": "x"}\n{"run_id": \n')
+    append_record(path, _record("good2"))
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert f"{path}:2: not a record (expected a JSON object, got int)" in err
+    assert f"{path}:3: not a record (missing field(s)" in err
+    assert f"{path}:4: not a record (invalid JSON" in err
+    assert main(["report", str(tmp_path), "--strict", "--out", str(tmp_path / "rep2")]) == 2
+    assert f"{path}:2:" in capsys.readouterr().err
+
+
+def test_old_records_without_schema_still_load(tmp_path) -> None:
+    data = _record().to_json()
+    del data["schema"], data["failure"]
+    (tmp_path / "records.jsonl").write_text(json.dumps(data) + "\n")
+    (r,) = read_records([tmp_path], strict=True)
+    assert r.schema == 1
+
+
+def test_run_ids_started_in_the_same_second_differ() -> None:
+    ids = {new_run_id("smoke") for _ in range(20)}
+    assert len(ids) == 20

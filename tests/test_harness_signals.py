@@ -1,0 +1,65 @@
+"""SIGINT and SIGTERM during a run: the cell in flight is recorded as ``interrupted``, no rank
+survives, the exit code is 130/143, and ``--resume`` finishes the suite."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.harness.records import read_records
+from tests.procs import worker_processes
+
+ROOT = Path(__file__).resolve().parents[1]
+# cell 1 (ddp) runs normally; cell 2 (zero2) hangs on rank 1, so the signal lands inside it
+ARGS = "run --workload transformer --preset tiny --strategy ddp,zero2 --world-size 2".split()
+ARGS += ["--steps", "2", "--warmup", "0"]
+ARGS += ["--batch-size", "2", "--timeout", "300"]
+
+
+def _start(out: Path, *extra: str, fault: str | None) -> subprocess.Popen[str]:
+    tmp = out.parent / "tmp"  # the cells' temporary directories: a marker for their processes
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    env.pop("SHARDBENCH_FAULT", None)
+    if fault:
+        env["SHARDBENCH_FAULT"] = fault
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.cli", *ARGS, *extra], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _interrupt_during_cell_2(out: Path, sig: int) -> tuple[int, str]:
+    proc = _start(out, "--out", str(out), fault="hang:rank=1:strategy=zero2")
+    records = out / "records.jsonl"
+    deadline = time.monotonic() + 240
+    while not (records.exists() and records.read_text().count("\n") == 1):  # cell 1 written
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(3)  # cell 2's ranks are up
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_records_the_cell_as_interrupted_and_stops_every_rank(tmp_path, sig, code) -> None:
+    out = tmp_path / "run"
+    rc, err = _interrupt_during_cell_2(out, sig)
+    assert rc == code, err
+    assert [r.status for r in read_records([out])] == ["ok", "interrupted"]
+    assert f"shardbench run --resume {out}" in err
+    assert worker_processes(str(tmp_path / "tmp")) == []
+    assert list((tmp_path / "tmp").iterdir()) == []  # the cell's temporary directory is gone
+    if sig == signal.SIGINT:  # resume once: one more cell, the suite complete
+        proc = _start(out, "--resume", str(out), fault=None)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert "1 of 2 cells already ok" in err
+        assert [r.status for r in read_records([out])] == ["ok", "interrupted", "ok"]
