@@ -151,7 +151,8 @@ def build_model(workload: Any, cell: CellConfig, device: torch.device) -> torch.
     ``torch.Tensor(n)``; on a GPU its weights stayed on the CPU and DDP refused the model)."""
     with torch.device(device):
         model = workload.build(cell.preset, dropout=cell.dropout)
-    return model.to(device)
+    stray = any(t.device != device for t in [*model.parameters(), *model.buffers()])
+    return model.to(device) if stray else model  # (a no-op .to still swaps fake tensors: avoid it)
 
 
 def _train_and_measure(
