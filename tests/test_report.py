@@ -25,7 +25,8 @@ from bench.report.charts import (
     peak_memory_charts,
     step_time_charts,
 )
-from bench.report.tables import records_to_frame, write_tables
+from bench.report.styles import FALLBACK_COLORS, legend_label, strategy_color, strategy_key
+from bench.report.tables import markdown_table, records_to_frame, write_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "results" / "samples"
@@ -107,6 +108,23 @@ def test_chart_functions_on_empty_input(tmp_path: Path) -> None:
     assert not out.exists()
     assert all(build([]) == [] for build in ALL_CHARTS.values())
     assert write_tables([], tmp_path) == "(no records)\n"
+
+
+def test_strategy_the_registry_does_not_know_still_renders(tmp_path: Path, samples: list[Record]) -> None:
+    """Old records may name a strategy that no longer exists: it sorts last, in a fallback colour."""
+    old = [dataclasses.replace(r, strategy="ddp_v0") if r.strategy == "ddp" else r for r in samples]
+    assert strategy_key("ddp_v0") > strategy_key("fsdp2-zero3") > strategy_key("zero2") > strategy_key("ddp")
+    assert strategy_color("ddp_v0") in FALLBACK_COLORS and strategy_color("ddp") not in FALLBACK_COLORS
+    assert legend_label("ddp_v0", "ddp_v0") == "ddp_v0" and legend_label("zero2", "zero2") == "zero2 (ours)"
+    charts = peak_memory_charts(old)
+    assert any(b.series == "ddp_v0" for b in _bars(charts))
+    assert not any(c.panels[0].reference for c in charts), "no reference line without the reference strategy"
+    assert plots.plot_peak_memory(old, tmp_path)
+
+
+def test_markdown_table_from_rows() -> None:
+    table = markdown_table(["a", "b"], [["x|y", 1.23456], [None, 2943.0]])
+    assert table == "| a | b |\n|---|---|\n| x\\|y | 1.23 |\n|  | 2943 |"
 
 
 def test_failed_cell_alone_is_shown_not_dropped(tmp_path: Path, samples: list[Record]) -> None:

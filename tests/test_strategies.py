@@ -1,11 +1,20 @@
 """Every registered multi-rank strategy trains to the single-process reference through the
-harness's strategy interface; names, aliases and capability flags are what users see."""
+harness's strategy interface; names, aliases, declared sharding and display are what users see."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.strategies.registry import canonical_name, get_strategy, strategy_names
+from bench.metrics.analytic import REPLICATED, ZERO1, ZERO2, ZERO3, Sharding
+from bench.strategies.base import Strategy
+from bench.strategies.registry import (
+    canonical_name,
+    display_of,
+    get_strategy,
+    reference_strategy,
+    strategy_classes,
+    strategy_names,
+)
 from tests.dist import run_distributed
 from tests.parity import max_rel_diff, train_reference, train_strategy_rank
 from tests.tiny_models import MLPWorkload
@@ -20,19 +29,35 @@ def test_registry_names_and_aliases() -> None:
         get_strategy("zero9")
 
 
-def test_capabilities() -> None:
-    flags = {
-        n: (
-            get_strategy(n).shards_optimizer_state,
-            get_strategy(n).shards_gradients,
-            get_strategy(n).shards_parameters,
-        )
-        for n in MULTI_RANK
-    }
-    assert flags["ddp"] == (False, False, False)
-    assert flags["zero1"] == flags["torch-zero1"] == (True, False, False)
-    assert flags["zero2"] == flags["fsdp2-zero2"] == (True, True, False)
-    assert flags["fsdp2-zero3"] == (True, True, True)
+def test_declared_sharding() -> None:
+    sharding = {n: get_strategy(n).sharding for n in MULTI_RANK}
+    assert sharding["ddp"] == REPLICATED
+    assert sharding["zero1"] == ZERO1
+    assert sharding["torch-zero1"] == Sharding(optimizer_state=True, whole_parameters=True)
+    assert sharding["zero2"] == sharding["fsdp2-zero2"] == ZERO2
+    assert sharding["fsdp2-zero3"] == ZERO3
+    # the shards_* flags are read-only views of the declaration, on classes and instances alike
+    zero2 = get_strategy("zero2")
+    flags = (zero2.shards_optimizer_state, zero2.shards_gradients, zero2.shards_parameters)
+    assert flags == (True, True, False)
+    assert type(zero2).shards_gradients is True
+    with pytest.raises(AttributeError, match="read-only"):
+        zero2.shards_gradients = False
+    with pytest.raises(TypeError, match="declare its sharding"):
+        type("Stale", (Strategy,), {"shards_gradients": True})
+
+
+def test_declared_display() -> None:
+    """Reports read order, colour and role from here; each stage's peer follows ours."""
+    classes = strategy_classes()
+    displays = {c.name: c.display for c in classes}
+    assert [c.name for c in sorted(classes, key=lambda c: c.display.order)] == [
+        "dp", "ddp", "zero1", "torch-zero1", "zero2", "fsdp2-zero2", "fsdp2-zero3",
+    ]  # fmt: skip
+    assert len({d.color for d in displays.values()}) == len(displays)
+    assert {n for n, d in displays.items() if d.role == "ours"} == {"zero1", "zero2"}
+    assert reference_strategy() == "ddp"
+    assert display_of("sharded") == displays["zero2"] and display_of("zero9") is None
 
 
 @pytest.mark.parametrize("name", MULTI_RANK[1:])

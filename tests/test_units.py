@@ -24,8 +24,8 @@ def test_slowest_rank_per_step() -> None:
     [
         (Sharding(), 4, 16 * 1000),
         (Sharding(optimizer_state=True), 4, 4000 + 4000 + 2000),
-        (Sharding(True, True), 4, 4000 + 3000),
-        (Sharding(True, True, True), 4, 4000),
+        (Sharding(optimizer_state=True, gradients=True), 4, 4000 + 3000),
+        (Sharding(optimizer_state=True, gradients=True, parameters=True), 4, 4000),
     ],
 )
 def test_analytic_fp32(sharding, n, expected) -> None:
@@ -33,7 +33,7 @@ def test_analytic_fp32(sharding, n, expected) -> None:
 
 
 def test_analytic_bf16_mixed_is_2_2_12() -> None:
-    p = predicted_model_state_bytes(1000, 8, "bf16", Sharding(True, True))
+    p = predicted_model_state_bytes(1000, 8, "bf16", Sharding(optimizer_state=True, gradients=True))
     assert (p["params"], p["grads"], p["optimizer"]) == (2000, 250, 1500)
     with pytest.raises(ValueError, match="allowed: fp32, bf16"):
         predicted_model_state_bytes(10, 1, "fp8", Sharding())

@@ -29,9 +29,9 @@ def listing() -> dict:
         c.name: {
             "aliases": list(c.aliases),
             "description": c.description,
-            "shards_optimizer_state": c.shards_optimizer_state,
-            "shards_gradients": c.shards_gradients,
-            "shards_parameters": c.shards_parameters,
+            "shards_optimizer_state": c.sharding.optimizer_state,
+            "shards_gradients": c.sharding.gradients,
+            "shards_parameters": c.sharding.parameters,
             "simulatable": c.simulatable,
         }
         for c in strategy_classes()

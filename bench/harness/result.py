@@ -212,17 +212,10 @@ def _note(cell: CellConfig, plan: WorldPlan, ok: list[RankResult]) -> str:
 
 def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int]:
     """The analytic model-state bytes per rank for this cell (bench/metrics/analytic.py)."""
-    from bench.metrics.analytic import Sharding
-
     strategy = get_strategy(cell.strategy)
-    sharding = Sharding(
-        strategy.shards_optimizer_state,
-        strategy.shards_gradients,
-        strategy.shards_parameters,
-        strategy.partitions_whole_parameters,
-    )
+    sharding = strategy.sharding
     group_sizes = None
-    if strategy.partitions_whole_parameters:
+    if sharding.whole_parameters:
         from models.registry import get_workload
 
         group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)

@@ -31,10 +31,10 @@ Which bytes each term counts, per rank:
   precision) for the elements the rank updates. The 4-byte ``step`` counters per tensor are left
   out (under 0.01% for the presets here).
 
-The prediction is driven by a strategy's capability flags, not its name, so a new strategy gets
-the right formula by declaring what it shards; ``FORMULAS`` names the paper's rows. A strategy's
-storage precision is what it really keeps: DDP-style strategies run bf16 as autocast over fp32
-parameters (4+4+8), ours keep bf16 parameters with fp32 masters (2+2+12); see
+The prediction is driven by a strategy's declared ``Sharding``, not its name, so a new strategy
+gets the right formula by declaring what it shards; ``FORMULAS`` names the paper's rows. A
+strategy's storage precision is what it really keeps: DDP-style strategies run bf16 as autocast
+over fp32 parameters (4+4+8), ours keep bf16 parameters with fp32 masters (2+2+12); see
 ``Strategy.model_state_precision``. It counts model states only: activations, buffers, inputs and
 communication buckets are what the measured breakdown adds on top.
 """
@@ -47,22 +47,36 @@ from dataclasses import dataclass
 _BYTES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sharding:
+    """What a strategy partitions across ranks: the one fact the prediction needs about it.
+
+    Each strategy declares one (``Strategy.sharding``), so the formula follows from what it
+    shards, never from its name."""
+
+    #: optimizer state (and fp32 master weights) held only for the rank's share
     optimizer_state: bool = False
+    #: reduced gradients kept only for the rank's share after backward
     gradients: bool = False
+    #: parameters sharded between steps (gathered when needed)
     parameters: bool = False
-    #: optimizer state partitioned by whole tensors (greedy by size) rather than by elements
+    #: optimizer state partitioned by whole tensors (greedy by size) rather than evenly by elements
     whole_parameters: bool = False
 
 
-#: the ZeRO paper's rows (and DP's, which keeps a full replica like DDP)
+#: the ZeRO paper's rows, named; strategies declare one of these (or a variant of it)
+REPLICATED = Sharding()
+ZERO1 = Sharding(optimizer_state=True)
+ZERO2 = Sharding(optimizer_state=True, gradients=True)
+ZERO3 = Sharding(optimizer_state=True, gradients=True, parameters=True)
+
+#: the paper's table (and DP's row, which keeps a full replica like DDP)
 FORMULAS: dict[str, Sharding] = {
-    "dp": Sharding(),
-    "ddp": Sharding(),
-    "zero1": Sharding(optimizer_state=True),
-    "zero2": Sharding(optimizer_state=True, gradients=True),
-    "zero3": Sharding(optimizer_state=True, gradients=True, parameters=True),
+    "dp": REPLICATED,
+    "ddp": REPLICATED,
+    "zero1": ZERO1,
+    "zero2": ZERO2,
+    "zero3": ZERO3,
 }
 
 

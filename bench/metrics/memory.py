@@ -108,7 +108,6 @@ class MemoryProbe:
         self._tracker.track_external(*[e for e in external if e is not None])
         for category, tensors in (typed or {}).items():
             self._register(category, tensors)
-        self._steps = 0
 
     def _register(self, category: str, tensors: list[torch.Tensor]) -> None:
         """Type tensors a strategy holds outside params/grads/optimizer state (gradient shards,
@@ -160,7 +159,6 @@ class MemoryProbe:
     def next_step(self) -> None:
         """Call between steps: MemTracker refuses a second forward of the root module otherwise."""
         self._tracker.reset_mod_stats()
-        self._steps += 1
 
     def peak(self) -> tuple[int, dict[str, int]]:
         """(peak tracked bytes, breakdown at that peak) on this rank's compute device. The peak

@@ -13,14 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from bench.harness.records import Record
+from bench.report.styles import strategy_key
 
 T = TypeVar("T")
 GIB, MIB = 2**30, 2**20
-# Same ZeRO stage next to each other: ours, then the peer that claims the same sharding.
-STRATEGY_ORDER = (
-    "dp", "ddp", "zero1", "torch-zero1", "zero2", "sharded", "fsdp2-zero2", "zero3", "fsdp2-zero3",
-)  # fmt: skip
-REFERENCE_STRATEGY = "ddp"  # the unsharded baseline every memory saving is measured against
 
 
 @dataclass(frozen=True)
@@ -67,21 +63,9 @@ class Chart:
     notes: tuple[str, ...] = ()
 
 
-def is_fake(r: Record) -> bool:
-    return bool(getattr(r, "fake", False))
-
-
-def max_size_of(r: Record) -> dict[str, Any] | None:
-    return getattr(r, "max_size", None)
-
-
 def is_summary(r: Record) -> bool:
     """Max-size summary records describe a search, not a measured cell."""
-    return r.suite == "max-size" or max_size_of(r) is not None
-
-
-def strategy_key(name: str) -> tuple[int, str]:
-    return (STRATEGY_ORDER.index(name) if name in STRATEGY_ORDER else len(STRATEGY_ORDER), name)
+    return r.suite == "max-size" or r.max_size is not None
 
 
 def mem_unit(values: Sequence[float | None]) -> tuple[str, int]:
@@ -99,7 +83,7 @@ def subtitle(records: Sequence[Record]) -> str:
     """Where and how the numbers were taken: device, precision, simulated/fake, runs."""
     devices = sorted({f"{r.device} ({r.env.get('device_name') or '?'})" for r in records})
     parts = [", ".join(devices), "/".join(sorted({r.precision for r in records}))]
-    for flag, label in ((lambda r: r.simulated, "simulated"), (is_fake, "fake (planned)")):
+    for flag, label in ((lambda r: r.simulated, "simulated"), (lambda r: r.fake, "fake (planned)")):
         n = sum(1 for r in records if flag(r))
         if n:
             parts.append(label if n == len(records) else f"{n} of {len(records)} cells {label}")
@@ -112,7 +96,7 @@ def flag_notes(records: Sequence[Record]) -> list[str]:
     notes = []
     if any(r.simulated for r in records):
         notes.append("simulated: one process as rank 0 of a fake world of N; real memory, no communication.")
-    if any(is_fake(r) for r in records):
+    if any(r.fake for r in records):
         notes.append("fake (planned): sized under FakeTensorMode; nothing was allocated.")
     return notes
 
@@ -124,7 +108,7 @@ def cells(records: Sequence[Record]) -> list[Record]:
 
 def _reading_order(r: Record) -> tuple:
     return (
-        r.workload, r.params, r.preset, r.world_size, r.simulated, is_fake(r), r.precision,
+        r.workload, r.params, r.preset, r.world_size, r.simulated, r.fake, r.precision,
         r.device, r.batch_size_per_rank, r.run_id, strategy_key(r.strategy),
     )  # fmt: skip
 
@@ -172,7 +156,7 @@ def _label(r: Record, vary: set[str]) -> str:
         head.append(r.device)
     if "batch_size_per_rank" in vary:
         head.append(f"b={r.batch_size_per_rank}")
-    flags = [name for on, name in ((r.simulated, "simulated"), (is_fake(r), "fake (planned)")) if on]
+    flags = [name for on, name in ((r.simulated, "simulated"), (r.fake, "fake (planned)")) if on]
     return "\n".join([" ".join(head), *flags])
 
 

@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from bench.harness.records import Record
 from bench.report.chartdata import (
     GIB,
-    REFERENCE_STRATEGY,
     Bar,
     Chart,
     Line,
@@ -20,15 +19,13 @@ from bench.report.chartdata import (
     cells,
     flag_notes,
     group_labels,
-    is_fake,
-    max_size_of,
     mem_unit,
     series_labels,
     slug,
     status_of,
-    strategy_key,
     subtitle,
 )
+from bench.report.styles import REFERENCE_STRATEGY, strategy_key
 
 BREAKDOWN_PARTS = ("params", "grads", "optimizer", "activations", "other")
 
@@ -43,7 +40,7 @@ def _predicted(r: Record) -> int | None:
 
 def _held(r: Record) -> int | None:
     """Model states the rank held after a step (``model_state_bytes``), where the record has them."""
-    held = getattr(r, "model_state_bytes", None) if r.status == "ok" else None
+    held = r.model_state_bytes if r.status == "ok" else None
     return held.get("total") if isinstance(held, dict) else None
 
 
@@ -123,7 +120,7 @@ def step_time_charts(records: Sequence[Record]) -> list[Chart]:
     """(c) Step time (median, MAD error bars) and throughput; simulated and fake cells are left out."""
     out = []
     for workload, all_recs in by_key(cells(records), lambda r: r.workload):
-        recs = [r for r in all_recs if not r.simulated and not is_fake(r)]
+        recs = [r for r in all_recs if not r.simulated and not r.fake]
         if not recs:
             continue
         times, rates = [], []
@@ -142,7 +139,7 @@ def step_time_charts(records: Sequence[Record]) -> list[Chart]:
         )
         notes = ["step time is the slowest rank's median; error bars are the median absolute deviation."]
         n_sim = sum(1 for r in all_recs if r.simulated)
-        n_fake = sum(1 for r in all_recs if is_fake(r) and not r.simulated)
+        n_fake = sum(1 for r in all_recs if r.fake and not r.simulated)
         if n_sim:
             notes.append(f"{n_sim} simulated cell(s) left out: their step time has no communication.")
         if n_fake:
@@ -154,17 +151,17 @@ def step_time_charts(records: Sequence[Record]) -> list[Chart]:
 
 def max_size_charts(records: Sequence[Record]) -> list[Chart]:
     """(d) Largest trainable size against world size, from max-size summary records."""
-    summaries = sorted((r for r in records if isinstance(max_size_of(r), dict)), key=_line_order)
+    summaries = sorted((r for r in records if isinstance(r.max_size, dict)), key=_line_order)
 
     def key(r: Record) -> tuple:
-        ms = max_size_of(r) or {}
-        return (r.workload, ms.get("vary"), ms.get("budget_bytes"), r.device, r.precision, is_fake(r))
+        ms = r.max_size or {}
+        return (r.workload, ms.get("vary"), ms.get("budget_bytes"), r.device, r.precision, r.fake)
 
     out = []
     for (workload, vary, budget, *_), recs in by_key(summaries, key):
         field_, scale, ylabel = _max_size_axis(vary, recs)
         lines = [_max_size_line(series, rs, field_, scale) for series, rs in by_key(recs, _series_key(recs))]
-        fits_by = " / ".join(sorted({str((max_size_of(r) or {}).get("fits_by")) for r in recs}))
+        fits_by = " / ".join(sorted({str((r.max_size or {}).get("fits_by")) for r in recs}))
         budget_text = "?" if budget is None else f"{budget / GIB:g} GiB"
         notes = [
             f"fits by {fits_by}; the pale bar above a point reaches the smallest size that failed.",
@@ -180,7 +177,7 @@ def max_size_charts(records: Sequence[Record]) -> list[Chart]:
 def _max_size_line(series: str, rs: Sequence[Record], field_: str, scale: float) -> Line:
     ys, ups, status = [], [], []
     for r in rs:
-        ms = max_size_of(r) or {}
+        ms = r.max_size or {}
         fit, fail = ms.get("largest_fit"), ms.get("smallest_fail")
         y = fit.get(field_) if r.status == "ok" and fit else None
         up = fail.get(field_) if fail else None
@@ -188,14 +185,14 @@ def _max_size_line(series: str, rs: Sequence[Record], field_: str, scale: float)
         ups.append(None if up is None else up / scale)
         status.append(r.status if r.status != "ok" else ("ok" if y is not None else "nothing fits"))
     x = tuple(r.world_size for r in rs)
-    hollow = tuple(r.simulated or is_fake(r) for r in rs)
+    hollow = tuple(r.simulated or r.fake for r in rs)
     return Line(series, rs[0].strategy, x, tuple(ys), tuple(status), hollow, upper=tuple(ups))
 
 
 def _max_size_axis(vary: str | None, recs: Sequence[Record]) -> tuple[str, float, str]:
     if vary != "params":
         return "batch_size", 1, "largest batch per rank (samples)"
-    sizes = [((max_size_of(r) or {}).get("largest_fit") or {}).get("params") or 0 for r in recs]
+    sizes = [((r.max_size or {}).get("largest_fit") or {}).get("params") or 0 for r in recs]
     if max(sizes) >= 1e9:
         return "params", 1e9, "largest model (B parameters)"
     return "params", 1e6, "largest model (M parameters)"
@@ -214,7 +211,7 @@ def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
     """(e) Memory per rank against world size, measured and predicted, per workload/preset."""
 
     def key(r: Record) -> tuple:
-        return (r.workload, r.preset, r.device, r.precision, r.batch_size_per_rank, is_fake(r))
+        return (r.workload, r.preset, r.device, r.precision, r.batch_size_per_rank, r.fake)
 
     out = []
     for (workload, preset, device, precision, batch, fake), recs in by_key(memory_cells(records), key):
@@ -241,7 +238,7 @@ def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
 
 def _scaling_lines(series: str, rs: Sequence[Record], scale: float) -> list[Line]:
     """The measured line (failed points kept, valueless) and, where known, the predicted one."""
-    hollow = tuple(r.simulated or is_fake(r) for r in rs)
+    hollow = tuple(r.simulated or r.fake for r in rs)
     peaks = [_peak(r) for r in rs]
     ys = tuple(None if p is None else p / scale for p in peaks)
     status = tuple(status_of(r, y) for r, y in zip(rs, ys, strict=True))
@@ -250,7 +247,7 @@ def _scaling_lines(series: str, rs: Sequence[Record], scale: float) -> list[Line
     if pts:
         x = tuple(r.world_size for r, _ in pts)
         y = tuple(p / scale for _, p in pts)
-        h = tuple(r.simulated or is_fake(r) for r, _ in pts)
+        h = tuple(r.simulated or r.fake for r, _ in pts)
         lines.append(Line(series, rs[0].strategy, x, y, ("ok",) * len(pts), h, dashed=True))
     return lines
 

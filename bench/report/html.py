@@ -133,7 +133,7 @@ def _environment(records: Sequence[Record]) -> str:
                 _join(r.env.get("device_name") for r in rs),
                 _join(r.precision for r in rs),
                 _mixed([r.simulated for r in rs], "simulated", "real"),
-                _mixed([bool(getattr(r, "fake", False)) for r in rs], "fake (planned)", "real tensors"),
+                _mixed([r.fake for r in rs], "fake (planned)", "real tensors"),
                 _join(r.env.get("torch") for r in rs),
                 _join(r.env.get("cuda") for r in rs),
                 _join(r.env.get("python") for r in rs),

@@ -21,27 +21,16 @@ from matplotlib.patches import Patch
 
 from bench.harness.records import Record
 from bench.report import charts as C
-from bench.report.chartdata import Bar, Chart, Panel, strategy_key
+from bench.report.chartdata import Bar, Chart, Panel
+from bench.report.styles import REFERENCE_STRATEGY, legend_label, strategy_color, strategy_key
 
 FORMATS = ("png", "svg")
-# Ours saturated, its peer at the same ZeRO stage a lighter shade of the same hue.
-COLORS = {
-    "dp": "#bdbdbd", "ddp": "#525252",
-    "zero1": "#1f77b4", "torch-zero1": "#9ecae1",
-    "zero2": "#e6550d", "sharded": "#e6550d", "fsdp2-zero2": "#fdae6b",
-    "zero3": "#31a354", "fsdp2-zero3": "#a1d99b",
-}  # fmt: skip
-EXTRA_COLORS = ("#756bb1", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 PART_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868",
     "activations": "#c44e52", "other": "#8c8c8c",
 }  # fmt: skip
 FAILED_COLOR = "firebrick"
 LOG_RANGE = 30  # bars spanning more than this ratio go on a log axis, or the small ones vanish
-
-
-def color(strategy: str) -> str:
-    return COLORS.get(strategy) or EXTRA_COLORS[sum(map(ord, strategy)) % len(EXTRA_COLORS)]
 
 
 def plot_peak_memory(records: Sequence[Record], out_dir: Path) -> list[Path]:
@@ -154,9 +143,9 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
         slot = slots[b.group]  # centred in its group: only the strategies this cell has
         x = groups.index(b.group) + width * (slot.index(b.series) - (len(slot) - 1) / 2)
         if b.value is None:
-            _failed_bar(ax, x, width, top * 0.3, b, color(b.series))
+            _failed_bar(ax, x, width, top * 0.3, b, strategy_color(b.series))
             continue
-        ax.bar(x, b.value, width, color=color(b.series), edgecolor="white", linewidth=0.5)
+        ax.bar(x, b.value, width, color=strategy_color(b.series), edgecolor="white", linewidth=0.5)
         if b.err is not None:
             ax.errorbar(x, b.value, yerr=b.err, color="black", capsize=2, linewidth=0.8)
         ax.text(
@@ -181,10 +170,10 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
     else:
         ax.set_ylim(0, top * 1.25)
     ax.grid(axis="y", alpha=0.3)
-    handles: list[Artist] = [Patch(color=color(s), label=s) for s in series]
+    handles: list[Artist] = [Patch(color=strategy_color(s), label=legend_label(s, s)) for s in series]
     if panel.reference:
         handles.append(
-            Line2D([], [], color="black", linestyle="--", label=f"{C.REFERENCE_STRATEGY} (reference)")
+            Line2D([], [], color="black", linestyle="--", label=f"{REFERENCE_STRATEGY} (reference)")
         )
     if any(b.value is None for b in panel.bars):
         handles.append(_failed_handle())
@@ -202,7 +191,7 @@ def _draw_breakdown(ax: Axes, panel: Panel) -> None:
     top = max([b.value or 0 for b in panel.bars] + [b.predicted or 0 for b in panel.bars]) or 1.0
     for x, b in zip(xs, panel.bars, strict=True):
         if b.parts is None:
-            _failed_bar(ax, x - w / 2, w, top * 0.3, b, color(b.series))
+            _failed_bar(ax, x - w / 2, w, top * 0.3, b, strategy_color(b.series))
         else:
             bottom = 0.0
             for part, value in b.parts.items():
@@ -238,7 +227,7 @@ def _draw_lines(ax: Axes, panel: Panel) -> None:
     """x = world size on a log2 axis; hollow markers are simulated/fake points, x marks failures."""
     xs = sorted({x for line in panel.lines for x in line.x})
     for line in panel.lines:
-        c, style = color(line.strategy), "--" if line.dashed else "-"
+        c, style = strategy_color(line.strategy), "--" if line.dashed else "-"
         pts = [(x, y) for x, y in zip(line.x, line.y, strict=True) if y is not None]
         if pts:
             ax.plot(*zip(*pts, strict=True), style, color=c, linewidth=1.8 if not line.dashed else 1.2)
@@ -263,7 +252,10 @@ def _draw_lines(ax: Axes, panel: Panel) -> None:
     ax.set_ylabel(panel.ylabel)
     ax.grid(alpha=0.3)
     labels = list(dict.fromkeys((line.series, line.strategy) for line in panel.lines))
-    handles: list[Artist] = [Line2D([], [], color=color(s), marker="o", label=label) for label, s in labels]
+    handles: list[Artist] = [
+        Line2D([], [], color=strategy_color(s), marker="o", label=legend_label(label, s))
+        for label, s in labels
+    ]
     if any(line.dashed for line in panel.lines):  # say which style is which only when both appear
         handles.append(Line2D([], [], color="black", linestyle="-", marker="o", label="measured"))
         handles.append(Line2D([], [], color="black", linestyle="--", marker="s", markersize=5,

@@ -6,7 +6,7 @@ cells stay in the table with their status; they are never dropped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +28,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     """
     rows = []
     several_runs = len({r.run_id for r in records}) > 1
-    any_fake = any(getattr(r, "fake", False) for r in records)
+    any_fake = any(r.fake for r in records)
     for r in records:
         bd = r.mem_breakdown_bytes or {}
         model_state = _model_state(r)
@@ -43,7 +43,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "strategy": r.strategy,
                 "world_size": r.world_size,
                 "simulated": r.simulated,
-                "fake": bool(getattr(r, "fake", False)),
+                "fake": r.fake,
                 "precision": r.precision,
                 "batch_per_rank": r.batch_size_per_rank,
                 "status": r.status,
@@ -69,7 +69,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
 def _model_state(r: Record) -> int | None:
     """Model states to set against the prediction: those held after a step where the record has
     them (``model_state_bytes``), else the params + grads + optimizer of the peak breakdown."""
-    held = getattr(r, "model_state_bytes", None)
+    held = r.model_state_bytes
     if held:
         return held.get("total", sum(held.get(k, 0) for k in ("params", "grads", "optimizer")))
     bd = r.mem_breakdown_bytes or {}
@@ -93,14 +93,20 @@ def _cell(value: object) -> str:
     return format_value(value).replace("|", "\\|")
 
 
+def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A GitHub-style Markdown table from plain rows, without a final newline (own formatter: the
+    GPU image may lack ``tabulate``). Cells read as ``format_value`` writes them."""
+    header = "| " + " | ".join(columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join([header, rule, *body])
+
+
 def to_markdown(frame: pd.DataFrame) -> str:
-    """A GitHub-style Markdown table (own formatter: the GPU image may lack ``tabulate``)."""
+    """The records table as Markdown."""
     if frame.empty:
         return "(no records)\n"
-    header = "| " + " | ".join(frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    rows = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *rows]) + "\n"
+    return markdown_table(list(frame.columns), frame.itertuples(index=False)) + "\n"
 
 
 def write_tables(records: Sequence[Record], out_dir: Path) -> str:

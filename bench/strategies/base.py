@@ -2,20 +2,23 @@
 
 The harness never branches on a strategy's name. What differs between strategies is expressed
 here: ``setup`` wraps the model and builds the optimizer, ``train_step`` runs one step (the
-default is forward, backward, step), capability flags say what is sharded, ``resolve_world_size``
-says how many ranks/devices a request really gets, and ``settings`` is recorded verbatim so every
-record states how the strategy was configured.
+default is forward, backward, step), ``sharding`` declares what is partitioned across ranks (the
+analytic prediction follows from it), ``display`` declares how reports show the strategy,
+``plan_world`` says how many ranks/devices a request really gets, and ``settings`` is recorded
+verbatim so every record states how the strategy was configured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from bench.metrics.analytic import Sharding
 
 #: builds the optimizer for an (unwrapped) model; sharded strategies read its class, groups and
 #: hyperparameters and rebuild it over their shards.
@@ -50,6 +53,38 @@ class WorldPlan:
     simulated: bool = False
 
 
+Role = Literal["baseline", "ours", "peer"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Display:
+    """How reports show a strategy, declared beside it so a new strategy needs no report edit."""
+
+    #: place in bar groups and legends, by ZeRO stage: 10 x stage, + 1 for a peer, so each
+    #: peer sits right after ours at the same stage (dp 0, ddp 10, zero1 20, torch-zero1 21, ...)
+    order: int
+    #: matplotlib colour: ours saturated, the peer at the same stage a lighter shade of it
+    color: str
+    #: what the strategy is to the comparison: a baseline, our implementation, or a peer's
+    role: Role
+    #: the unsharded baseline every memory saving is measured against (one strategy sets it)
+    reference: bool = False
+
+
+class _ShardingView:
+    """A read-only ``shards_*`` flag that reads ``sharding``, on the class and on instances, so
+    code that asks "does it shard X?" keeps working while the declaration stays in one place."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __get__(self, obj: object, owner: type[Strategy]) -> bool:
+        return getattr(owner.sharding, self.field)
+
+    def __set__(self, obj: object, value: object) -> None:
+        raise AttributeError(f"read-only: declare sharding = Sharding({self.field}=...) instead")
+
+
 SIMULATED_NOTE = (
     "simulated: rank 0 of a fake world (collectives move no data); memory is real, "
     "step time excludes communication, numerics are not comparable"
@@ -62,15 +97,24 @@ class Strategy:
     name: ClassVar[str]
     aliases: ClassVar[tuple[str, ...]] = ()
     description: ClassVar[str] = ""
-    shards_optimizer_state: ClassVar[bool] = False
-    shards_gradients: ClassVar[bool] = False
-    shards_parameters: ClassVar[bool] = False
-    #: partitions optimizer state by whole tensors (greedy by size), not evenly by elements
-    partitions_whole_parameters: ClassVar[bool] = False
+    #: what is partitioned across ranks; the analytic memory prediction is computed from it
+    sharding: ClassVar[Sharding]
+    #: how reports order, colour and label it
+    display: ClassVar[Display]
+    #: read-only views of ``sharding``, for code that asks "does it shard X?"
+    shards_optimizer_state = _ShardingView("optimizer_state")
+    shards_gradients = _ShardingView("gradients")
+    shards_parameters = _ShardingView("parameters")
     #: can run as rank 0 of a fake world of N (simulated world sizes).
     simulatable: ClassVar[bool] = True
     #: needs torch.distributed initialised in every rank.
     needs_process_group: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        views = [n for n, v in vars(Strategy).items() if isinstance(v, _ShardingView)]
+        if stale := [n for n in views if n in vars(cls)]:  # it would shadow the view and disagree
+            raise TypeError(f"{cls.__name__} sets {', '.join(stale)}: declare its sharding = Sharding(...)")
 
     def plan_world(self, requested: int, device_type: str, simulate: bool = False) -> WorldPlan:
         if simulate:

@@ -1,12 +1,14 @@
-"""Strategies by name (and alias). An unknown name raises ``ValueError`` listing the valid ones."""
+"""Strategies by name (and alias). An unknown name raises ``ValueError`` listing the valid ones.
+
+Reports read each strategy's declared ``display`` from here (``display_of``), so a name no
+strategy has (an old record) is the report's to render with a fallback, not an error."""
 
 from __future__ import annotations
 
-from bench.strategies.base import Strategy
+from bench.strategies.base import Display, Strategy
 from bench.strategies.ddp import DDPStrategy
 from bench.strategies.dp import DPStrategy
-from bench.strategies.fsdp2_zero2 import FSDP2Zero2Strategy
-from bench.strategies.fsdp2_zero3 import FSDP2Zero3Strategy
+from bench.strategies.fsdp2 import FSDP2Zero2Strategy, FSDP2Zero3Strategy
 from bench.strategies.torch_zero1 import TorchZero1Strategy
 from bench.strategies.zero1 import Zero1Strategy
 from bench.strategies.zero2 import Zero2Strategy
@@ -45,3 +47,15 @@ def get_strategy(name: str) -> Strategy:
 
 def strategy_classes() -> list[type[Strategy]]:
     return list(_STRATEGIES.values())
+
+
+def display_of(name: str) -> Display | None:
+    """How reports show ``name`` (an alias shows as its strategy); None for an unknown name."""
+    cls = _STRATEGIES.get(_ALIASES.get(name, name))
+    return cls.display if cls is not None else None
+
+
+def reference_strategy() -> str:
+    """The baseline every memory saving is measured against (the one declaring ``reference``)."""
+    (name,) = [c.name for c in _STRATEGIES.values() if c.display.reference]
+    return name

@@ -15,15 +15,16 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from bench.strategies.base import OptimizerFactory, RankContext, Strategy
+from bench.metrics.analytic import Sharding
+from bench.strategies.base import Display, OptimizerFactory, RankContext, Strategy
 from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 
 
 class TorchZero1Strategy(Strategy):
     name = "torch-zero1"
     description = "peer: torch ZeroRedundancyOptimizer (whole-parameter partition) + DDP"
-    shards_optimizer_state = True
-    partitions_whole_parameters = True
+    sharding = Sharding(optimizer_state=True, whole_parameters=True)
+    display = Display(order=21, color="#9ecae1", role="peer")
 
     def __init__(self) -> None:
         self.optimizer: ZeroRedundancyOptimizer | None = None

@@ -12,14 +12,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.strategies.base import OptimizerFactory, RankContext
+from bench.metrics.analytic import ZERO1
+from bench.strategies.base import Display, OptimizerFactory, RankContext
 from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
-from bench.strategies.zero_base import OursBase
+from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy
 
 
-class Zero1Strategy(OursBase):
+class Zero1Strategy(ShardedOptimizerStrategy):
     name = "zero1"
     description = "ours: ShardedOptimizer (ZeRO-1, element-balanced) + DDP"
+    sharding = ZERO1
+    display = Display(order=20, color="#1f77b4", role="ours")
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "ddp": dict(DDP_SETTINGS)}

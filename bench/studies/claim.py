@@ -25,6 +25,7 @@ from typing import Any
 from bench.harness.config import CellConfig
 from bench.harness.launch import run_cell
 from bench.harness.records import Record, append_record, first_line
+from bench.report.tables import markdown_table
 from bench.studies.claim_specs import ClaimSpec, ClaimWorkload
 from bench.studies.maxsize import parse_budget, search
 from models.registry import get_workload
@@ -245,7 +246,7 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
         "max-size ratio",
         "zero2/ddp step time",
     ]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for r in results:
         base = r.memory.get(BASELINE)
         peaks = [r.peak(s) for s in (BASELINE, OURS, *spec.peers)]
@@ -254,18 +255,19 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
             for s in (BASELINE, OURS)
         ]
         size, _, _ = r.size_ratio()
-        cells = [
-            r.workload.name,
-            r.workload.preset,
-            f"{base.params / 1e6:.1f}" if base else "",
-            *[f"{p / gib:.3f}" if p else "failed" for p in peaks],
-            _fmt(r.memory_ratio()),
-            *[f"{f['params'] / 1e6:.1f}" if f else "none" for f in fits],
-            _fmt(size),
-            _fmt(r.time_ratio()),
-        ]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+        rows.append(
+            [
+                r.workload.name,
+                r.workload.preset,
+                f"{base.params / 1e6:.1f}" if base else "",
+                *[f"{p / gib:.3f}" if p else "failed" for p in peaks],
+                _fmt(r.memory_ratio()),
+                *[f"{f['params'] / 1e6:.1f}" if f else "none" for f in fits],
+                _fmt(size),
+                _fmt(r.time_ratio()),
+            ]
+        )
+    return markdown_table(head, rows)
 
 
 def claim(spec: ClaimSpec, *, out_dir: Path, workloads: tuple[str, ...] | None = None) -> Path:

@@ -1,5 +1,10 @@
-"""Shared set-up of the FSDP2 peers (``fully_shard``): the two differ only in whether
+"""The FSDP2 peers (``fully_shard``): ``fsdp2-zero2`` and ``fsdp2-zero3`` differ only in whether
 parameters are resharded after forward.
+
+* ``fsdp2-zero2``, ``reshard_after_forward=False``: parameters stay unsharded from forward to
+  backward, so, like ZeRO-2, steady-state sharding is optimizer state and gradients.
+* ``fsdp2-zero3``, ``reshard_after_forward=True``: parameters are sharded too and gathered per
+  block when needed (ZeRO-3).
 
 Configured as the FSDP2 documentation and torchtitan do: ``fully_shard`` on every repeated
 block (each module held in an ``nn.ModuleList``: transformer layers, ResNet stages' blocks...),
@@ -14,7 +19,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.strategies.base import OptimizerFactory, RankContext, Strategy
+from bench.metrics.analytic import ZERO2, ZERO3
+from bench.strategies.base import Display, OptimizerFactory, RankContext, Strategy
 
 
 def _fsdp_api() -> tuple[Any, Any, Any]:
@@ -35,9 +41,9 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 class FSDP2Strategy(Strategy):
+    """Shared set-up; a subclass only chooses ``reshard_after_forward`` (and declares its sharding)."""
+
     reshard_after_forward: ClassVar[bool]
-    shards_optimizer_state = True
-    shards_gradients = True
 
     def __init__(self) -> None:
         self.mesh: Any = None
@@ -72,3 +78,19 @@ class FSDP2Strategy(Strategy):
             fully_shard(unit, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
         return model, optimizer_factory(model)
+
+
+class FSDP2Zero2Strategy(FSDP2Strategy):
+    name = "fsdp2-zero2"
+    description = "peer: FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2-like)"
+    sharding = ZERO2
+    display = Display(order=31, color="#fdae6b", role="peer")
+    reshard_after_forward = False
+
+
+class FSDP2Zero3Strategy(FSDP2Strategy):
+    name = "fsdp2-zero3"
+    description = "peer: FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3)"
+    sharding = ZERO3
+    display = Display(order=41, color="#a1d99b", role="peer")
+    reshard_after_forward = True

@@ -1,5 +1,5 @@
-"""What our two ZeRO strategies share: building the ShardedOptimizer from the workload's
-optimizer, bf16 handling, and declaring its memory (fp32 master weights)."""
+"""What our two ZeRO strategies (zero1, zero2) share: building our ShardedOptimizer from the
+workload's optimizer, bf16 handling, and declaring its memory (fp32 master weights)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from bench.strategies.base import OptimizerFactory, RankContext, Strategy
 from bench.strategies.sharded import ShardedOptimizer
 
 
-class OursBase(Strategy):
-    shards_optimizer_state = True
+class ShardedOptimizerStrategy(Strategy):
+    """Base of the strategies built on our ShardedOptimizer; subclasses add the model wrapper."""
+
     bucket_cap_mb = 25.0
 
     def __init__(self) -> None:
