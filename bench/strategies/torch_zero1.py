@@ -9,15 +9,17 @@ BERT's word embedding, can leave one rank well above total/N.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from bench.metrics.analytic import Sharding
 from bench.strategies.base import Display, OptimizerFactory, RankContext, Strategy
 from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
+
+if TYPE_CHECKING:  # importing it costs ~1 s (TorchScript'd functional optimizers): only when used
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 class TorchZero1Strategy(Strategy):
@@ -42,6 +44,8 @@ class TorchZero1Strategy(Strategy):
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         template = optimizer_factory(model)
         groups = [dict(g) for g in template.param_groups]
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         self.optimizer = ZeroRedundancyOptimizer(
             groups,
             optimizer_class=type(template),
