@@ -155,3 +155,57 @@ def test_old_records_without_schema_still_load(tmp_path) -> None:
 def test_run_ids_started_in_the_same_second_differ() -> None:
     ids = {new_run_id("smoke") for _ in range(20)}
     assert len(ids) == 20
+
+
+def _stand_in_cells(monkeypatch, n: int = 2):
+    """Cells whose run is a stand-in record (no processes): for the runner's own behaviour."""
+    from bench.harness import runner
+    from bench.harness.config import CellConfig
+
+    def stand_in(cell, *, run_id):
+        return _record(run_id, strategy=cell.strategy, world_size=cell.world_size)
+
+    monkeypatch.setattr(runner, "run_cell", stand_in)
+    return [
+        CellConfig(workload="transformer", preset="tiny", strategy=s, world_size=2, batch_size=2)
+        for s in ("ddp", "zero2")[:n]
+    ]
+
+
+def test_a_table_write_error_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, capsys) -> None:
+    from bench.harness.runner import run_cells
+    from bench.report import tables
+
+    cells = _stand_in_cells(monkeypatch)
+    monkeypatch.setattr(
+        tables, "write_tables", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space"))
+    )
+    outcome = run_cells(cells, out_dir=tmp_path, run_id="t")
+    assert [r.strategy for r in outcome.records] == ["ddp", "zero2"]
+    assert len(read_records([tmp_path])) == 2
+    assert capsys.readouterr().err.count("table not written") == 2
+
+
+def test_a_record_write_error_stops_the_run_at_once(tmp_path, monkeypatch) -> None:
+    from bench.harness.runner import run_cells
+
+    cells = _stand_in_cells(monkeypatch)
+    (tmp_path / "records.jsonl").mkdir()  # appending fails
+    ran: list[str] = []
+    monkeypatch.setattr(
+        "bench.harness.runner.run_cell", lambda cell, run_id: ran.append(cell.strategy) or _record()
+    )
+    with pytest.raises(RecordWriteError):
+        run_cells(cells, out_dir=tmp_path, run_id="t")
+    assert ran == ["ddp"]  # the second cell never ran
+
+
+def test_resume_skips_cells_with_an_ok_record(tmp_path, monkeypatch) -> None:
+    from bench.harness.runner import done_keys, run_cells
+    from bench.harness.validate import plan_cells
+
+    cells = plan_cells(_stand_in_cells(monkeypatch))
+    append_record(tmp_path / "records.jsonl", _record(strategy="ddp", world_size=2))
+    append_record(tmp_path / "records.jsonl", _record(strategy="zero2", world_size=2, status="interrupted"))
+    outcome = run_cells(cells, out_dir=tmp_path, run_id="t", skip=done_keys(tmp_path))
+    assert outcome.skipped == 1 and [r.strategy for r in outcome.records] == ["zero2"]

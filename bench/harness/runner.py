@@ -137,7 +137,7 @@ def run_cells(
                     f"shardbench: table not written ({type(e).__name__}: {e}); the run goes on",
                     file=sys.stderr,
                 )
-            progress.done(f"{_label(cell)}: {record.status} ({record.wall_s:.1f}s)")
+            progress.done(f"{_label(cell)}: {record.status} ({record.wall_s or 0:.1f}s)")
             if interrupts.pending is not None:
                 outcome.interrupted = interrupts.pending
                 break
