@@ -111,6 +111,8 @@ def _failure(results: list[RankResult]) -> tuple[str, str, dict[str, Any]] | Non
             f"\nstopped by the launcher: rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
         )
     failure = {"rank": first.rank, "signal": first.signal, "step": first.step, "stopped_by_launcher": stopped}
+    if first.status == "interrupted":  # the run was stopped from outside: no rank is to blame
+        failure.update(rank=None, stopped_by_launcher=[r.rank for r in results])
     return first.status, error, failure
 
 
