@@ -7,7 +7,9 @@ from pathlib import Path
 
 
 def worker_processes(marker: str = "bench.harness.worker") -> list[int]:
-    """PIDs of live processes whose command line contains ``marker`` (zombies excluded)."""
+    """PIDs of live processes whose command line, or whose standard output's path, contains
+    ``marker`` (zombies excluded). Ranks forked by the launcher's fork server keep the server's
+    command line, but their output goes to a log in the cell's temporary directory."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -17,6 +19,10 @@ def worker_processes(marker: str = "bench.harness.worker") -> list[int]:
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker in cmdline and state != "Z":
+        try:
+            stdout = os.readlink(proc / "fd" / "1")
+        except OSError:
+            stdout = ""
+        if (marker in cmdline or marker in stdout) and state != "Z":
             pids.append(int(proc.name))
     return pids

@@ -4,4 +4,5 @@ import sys
 
 from bench.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a forkserver child re-imports the parent's main module
+    sys.exit(main())

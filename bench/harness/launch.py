@@ -12,6 +12,13 @@ anything a rank spawns is stopped with it) and asks the kernel to kill it if the
 such as an interrupt - the ranks still alive get SIGTERM, then SIGKILL, and are reaped, all with
 bounded waits; the cell's temporary directory goes with them.
 
+On the CPU, ranks are forked from a warm server (``multiprocessing``'s forkserver, started once
+per launcher process with torch, the strategies and the workloads imported), not exec'd: a rank
+then starts in milliseconds instead of re-importing torch and transformers (seconds per rank and
+per cell on a 2-core machine), while still being a fresh process per cell. The server is a fresh
+interpreter that never runs a tensor op, so a fork inherits no thread pool. CUDA ranks are exec'd
+as before: a library that touched CUDA at import would make every forked rank unusable.
+
 Every wait is bounded: the cell's timeout caps the whole world, and once one rank has failed the
 others get a short grace period (they are probably blocked in a collective with the dead rank)
 before they are stopped. At the deadline each live rank first dumps its Python stack (faulthandler,
@@ -21,7 +28,9 @@ SIGUSR1), so the record says where each rank was stuck and blames the one not wa
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -31,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.harness.config import CellConfig, threads_per_rank
 from bench.harness.records import Record
@@ -56,6 +66,70 @@ def _tail(path: Path, chars: int = 4000) -> str:
         return ""
 
 
+#: imported once in the fork server, so ranks start warm (each workload's library included)
+PRELOAD = [
+    "bench.harness.worker",
+    "models.transformer",
+    "models.imagegpt",
+    "models.swav",
+    "models.deepspeech2",
+]
+
+
+def _rank_context() -> multiprocessing.context.BaseContext:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _rank_main(argv: list[str], env: dict[str, str], log_path: str) -> None:
+    """A rank, in its forked process: its own process group, killed with its parent, output to
+    its log, the launcher's environment for it, then the worker."""
+    os.setpgid(0, 0)
+    _die_with_parent()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks where a hang is
+    os.environ.clear()
+    os.environ.update(env)
+    from bench.harness.worker import main
+
+    code = main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+class _ExecRank:
+    """An exec'd rank (``python -m bench.harness.worker``), with the surface of a
+    ``multiprocessing`` process that the launcher uses: pid, exitcode, join."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        with log_path.open("wb") as log:
+            self._popen = subprocess.Popen(
+                [sys.executable, "-m", "bench.harness.worker", *argv],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=PROJECT_ROOT,
+                process_group=0,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        self.pid = self._popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def join(self, timeout: float) -> None:
+        try:
+            self._popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGKILL this rank when the launcher dies (Linux only)."""
     try:
@@ -69,7 +143,7 @@ class RankWorld:
 
     def __init__(self, cell: CellConfig, processes: int, tmpdir: Path) -> None:
         self.cell, self.tmpdir = cell, tmpdir
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[Any] = []  # multiprocessing processes (cpu) or _ExecRank (cuda)
         self.stopped: set[int] = set()  # ranks the launcher stopped after a peer failed
         self.exited_at: dict[int, float] = {}
         cell_file = tmpdir / "cell.json"
@@ -90,26 +164,16 @@ class RankWorld:
                     MKL_NUM_THREADS=threads,
                     PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
                 )
-                with (tmpdir / f"rank{rank}.log").open("wb") as log:
-                    self.procs.append(
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-m",
-                                "bench.harness.worker",
-                                "--cell",
-                                str(cell_file),
-                                "--result-dir",
-                                str(tmpdir),
-                            ],
-                            env=env,
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            cwd=PROJECT_ROOT,
-                            process_group=0,
-                            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-                        )
-                    )
+                argv = ["--cell", str(cell_file), "--result-dir", str(tmpdir)]
+                log = tmpdir / f"rank{rank}.log"
+                if cell.device == "cuda":
+                    self.procs.append(_ExecRank(argv, env, log))
+                    continue
+                proc = _rank_context().Process(
+                    target=_rank_main, args=(argv, env, str(log)), name=f"rank{rank}"
+                )
+                proc.start()
+                self.procs.append(proc)
         except BaseException:
             self.stop()
             raise
@@ -122,26 +186,26 @@ class RankWorld:
         while True:
             now = time.monotonic()
             for rank, p in enumerate(self.procs):
-                if p.poll() is not None and rank not in self.exited_at:
+                if p.exitcode is not None and rank not in self.exited_at:
                     self.exited_at[rank] = time.time()
-                    if p.returncode != 0 and failed_at is None:
+                    if p.exitcode != 0 and failed_at is None:
                         failed_at = now
             if len(self.exited_at) == len(self.procs):
                 return False
             if now > deadline:
                 return True
             if failed_at is not None and now - failed_at > FAILED_RANK_GRACE_S:
-                self.stopped = {r for r, p in enumerate(self.procs) if p.poll() is None}
+                self.stopped = {r for r, p in enumerate(self.procs) if p.exitcode is None}
                 return False
             time.sleep(POLL_S)
 
     def dump_stacks(self) -> None:
         """Ask each live rank to write its Python stack to its log (the worker registered
         faulthandler on SIGUSR1), so a hang says where it is."""
-        live = [p for p in self.procs if p.poll() is None]
+        live = [p for p in self.procs if p.exitcode is None]
         for p in live:
             try:
-                p.send_signal(signal.SIGUSR1)
+                os.kill(p.pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
         if live:
@@ -156,12 +220,11 @@ class RankWorld:
                 except (ProcessLookupError, PermissionError):
                     pass
             end = time.monotonic() + grace
-            while any(p.poll() is None for p in self.procs) and time.monotonic() < end:
+            while any(p.exitcode is None for p in self.procs) and time.monotonic() < end:
                 time.sleep(POLL_S)
         for p in self.procs:
-            try:
-                p.wait(timeout=TERMINATE_GRACE_S)
-            except subprocess.TimeoutExpired:  # unkillable (D state): reported, not waited forever
+            p.join(timeout=TERMINATE_GRACE_S)
+            if p.exitcode is None:  # unkillable (D state): reported, not waited for forever
                 print(f"shardbench: rank process {p.pid} did not exit after SIGKILL", file=sys.stderr)
 
     def results(self, timed_out: bool) -> list[RankResult]:
@@ -189,12 +252,12 @@ class RankWorld:
                         status="error",
                         error=f"rank {rank}: stopped by the launcher after a peer failed",
                         stopped_by_launcher=True,
-                        signal=signal_name(proc.returncode),
+                        signal=signal_name(proc.exitcode),
                     )
                 )
             else:
-                sig = signal_name(proc.returncode)
-                how = f"killed by {sig}" if sig else f"exited with code {proc.returncode}"
+                sig = signal_name(proc.exitcode)
+                how = f"killed by {sig}" if sig else f"exited with code {proc.exitcode}"
                 out.append(
                     RankResult(
                         rank=rank,
