@@ -48,6 +48,7 @@ from bench.strategies.registry import get_strategy
 from models.base import concat_inputs
 from models.registry import get_workload
 
+COLLECTIVE_TIMEOUT_MARGIN_S = 30.0
 MEMORY_STEPS = 2  # steady-state steps tracked for the breakdown (optimizer state exists by then)
 
 
@@ -129,7 +130,9 @@ def run_rank(
                 "nccl" if device.type == "cuda" else "gloo",
                 rank=rank,
                 world_size=processes,
-                timeout=timedelta(seconds=cell.timeout_s),
+                # past the launcher's deadline, which comes first and says where each rank is stuck;
+                # under torchrun (no launcher) this bounds a hang
+                timeout=timedelta(seconds=cell.timeout_s + COLLECTIVE_TIMEOUT_MARGIN_S),
                 **({"device_id": device} if device.type == "cuda" else {}),
             )
         pg = dist.group.WORLD
