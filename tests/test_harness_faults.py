@@ -39,7 +39,7 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
         cells = plan_cells(
             [
                 _cell("ddp"),
-                _cell("zero1", timeout_s=30.0),
+                _cell("zero1", timeout_s=15.0),
                 _cell("zero2"),
                 _cell("torch-zero1"),
                 _cell("fsdp2-zero2"),
