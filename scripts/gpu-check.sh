@@ -35,7 +35,7 @@ pack
 plan=(--workload transformer --preset 1b --strategy ddp,zero2,fsdp2-zero2 --world-size 8
       --batch-size 8 --device cuda --steps 5 --warmup 2 --timeout 90)
 step plan-real 100 "${SB[@]}" run "${plan[@]}" --simulate --out "$out/plan-real"
-step plan-fake 70 "${SB[@]}" run "${plan[@]}" --fake --out "$out/plan-fake"
+step plan-fake 100 "${SB[@]}" run "${plan[@]}" --fake --out "$out/plan-fake"
 pack
 step max-size 170 "${SB[@]}" max-size --workload transformer --strategy ddp,zero2 --world-size 8 --simulate \
     --device cuda --budget 16GiB --batch-size 8 --timeout 60 \
