@@ -10,13 +10,15 @@ the lr is ours, the benchmark measures memory and time, not convergence).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import ImageGPTConfig, ImageGPTForCausalImageModeling
 
 from models.base import Inputs, Workload, batch_generator
+
+if TYPE_CHECKING:  # transformers takes seconds to import: only building a model needs it
+    from transformers import ImageGPTConfig
 
 CLUSTERS = 512
 
@@ -34,6 +36,8 @@ class ImageGPTWorkload(Workload):
     ladder = ("tiny", "igpt-s", "igpt-m", "igpt-l")
 
     def _config(self, preset: str, dropout: bool) -> tuple[ImageGPTConfig, int]:
+        from transformers import ImageGPTConfig
+
         self.check_preset(preset)
         p = dict(self.presets[preset])
         side = p.pop("side")
@@ -49,6 +53,8 @@ class ImageGPTWorkload(Workload):
         return config, side
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
+        from transformers import ImageGPTForCausalImageModeling
+
         config, _ = self._config(preset, dropout)
         return ImageGPTForCausalImageModeling(config)
 
@@ -62,7 +68,8 @@ class ImageGPTWorkload(Workload):
         rank: int,
         device: torch.device | str = "cpu",
     ) -> Inputs:
-        _, side = self._config(preset, True)
+        self.check_preset(preset)
+        side = self.presets[preset]["side"]  # the preset alone: making data needs no transformers
         g = batch_generator(seed=seed, step=step, rank=rank)
         pixels = torch.randint(0, CLUSTERS, (batch_size, side * side - 1), generator=g)
         start = torch.full((batch_size, 1), CLUSTERS)

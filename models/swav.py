@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torchvision.models.resnet import Bottleneck
 
 from models.base import Inputs, Workload, batch_generator
 
@@ -31,6 +30,8 @@ class WideResNet50Trunk(nn.Module):
     in SwAV's RN50-wN) and every later width scaled with it; no fc."""
 
     def __init__(self, width: int = 64) -> None:
+        from torchvision.models.resnet import Bottleneck  # torchvision: imported only to build
+
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(3, width, 7, 2, 3, bias=False),

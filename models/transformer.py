@@ -9,14 +9,16 @@ model-size ladder (sequence length 128 throughout).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertModel
 
 from models.base import Inputs, Workload, batch_generator
+
+if TYPE_CHECKING:  # transformers takes seconds to import: only building a model needs it
+    from transformers import BertConfig
 
 _BERT_BASE: dict[str, Any] = dict(
     vocab_size=30522,
@@ -34,6 +36,8 @@ class BertClassifier(nn.Module):
     """BERT encoder + pooled-output dropout + linear head, as the seed trains it."""
 
     def __init__(self, config: BertConfig, *, num_labels: int, head_dropout: float) -> None:
+        from transformers import BertModel
+
         super().__init__()
         self.bert = BertModel(config, add_pooling_layer=True)
         self.drop = nn.Dropout(head_dropout)
@@ -156,6 +160,8 @@ class TransformerWorkload(Workload):
     )
 
     def _config(self, preset: str, dropout: bool) -> tuple[BertConfig, dict[str, Any]]:
+        from transformers import BertConfig
+
         self.check_preset(preset)
         p = dict(self.presets[preset])
         extra = {k: p.pop(k) for k in ("seq_len", "num_labels")}
@@ -177,14 +183,15 @@ class TransformerWorkload(Workload):
         rank: int,
         device: torch.device | str = "cpu",
     ) -> Inputs:
-        config, extra = self._config(preset, True)
+        self.check_preset(preset)
+        p = self.presets[preset]  # the preset alone: making data needs no transformers import
         g = batch_generator(seed=seed, step=step, rank=rank)
-        seq = extra["seq_len"]
-        ids = torch.randint(0, config.vocab_size, (batch_size, seq), generator=g)
+        seq = p["seq_len"]
+        ids = torch.randint(0, p["vocab_size"], (batch_size, seq), generator=g)
         # Variable true lengths (at least half the sequence) so attention masking is exercised.
         lengths = torch.randint(seq // 2, seq + 1, (batch_size,), generator=g)
         mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
-        labels = torch.randint(0, extra["num_labels"], (batch_size,), generator=g)
+        labels = torch.randint(0, p["num_labels"], (batch_size,), generator=g)
         return {k: v.to(device) for k, v in dict(input_ids=ids, attention_mask=mask, labels=labels).items()}
 
     def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:

@@ -1,13 +1,26 @@
 """Shared test fixtures. Tests run on CPU with gloo; one thread per process keeps N ranks on
 two cores from thrashing."""
 
+from collections.abc import Callable, Iterator
+
 import pytest
 import torch
+
+from bench.harness.config import CellConfig
+from tests import cells
+from tests.dist import close_shared_worlds
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture
-def cuda_required() -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA; none on this machine")
+def tiny_cell() -> Callable[..., CellConfig]:
+    """``tiny_cell(**overrides)``: a CellConfig of the tiny transformer (tests/cells.py)."""
+    return cells.tiny_cell
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_worlds() -> Iterator[None]:
+    """The gloo worlds tests share (tests.dist.run_in_world) end with the session."""
+    yield
+    close_shared_worlds()

@@ -1,21 +1,32 @@
 """Run a function on N gloo ranks on the CPU, for distributed tests.
 
-Each rank is a spawned process joined through a FileStore in a temporary directory (no network
-ports to collide). Every wait is bounded: a rank that raises has its traceback re-raised in the
-parent, and a world that does not finish within ``timeout_s`` is killed and reported, never left
-hanging. ``fn(rank, world_size, *args)`` must be a module-level (picklable) function; its return
-value comes back to the parent, one per rank.
+Each rank is a fresh process joined through a FileStore in a temporary directory (no network
+ports to collide), forked by a forkserver that has imported torch once ("spawn" would import it
+again in every rank: seconds each, on two busy cores). Every wait is bounded: a rank that raises
+has its traceback re-raised in the parent, and a world that does not finish within
+``timeout_s`` is killed and reported, never left hanging. ``fn(rank, world_size, *args)`` must be
+a module-level (picklable) function; its return value comes back to the parent, one per rank.
+
+``run_distributed`` starts a fresh world per call (for tests of failure and hangs). Even forked,
+a world's ranks import what ``fn`` needs (strategies, models: seconds), so checks that only
+need *a* world use ``run_in_world``: one ``World`` per size, started at first use and kept for
+the session, runs them one after another. A check must leave no global state behind (seed its
+own RNG, tear down what it builds); a check that fails or hangs kills its world, and the next
+check of that size starts a new one. ``run_simulated_here`` runs ``fn`` as rank 0 of a fake
+world of N in this process: for checks that need a process group to exist but no communication.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import io
 import os
 import queue
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,9 +34,24 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bench.harness.launch import PRELOAD
+
 
 class RankFailed(RuntimeError):
     """A rank raised; the message holds its traceback."""
+
+
+def _context() -> Any:
+    """Process start method: a forkserver with torch preloaded. Forking from it is safe where
+    forking the test process is not (it holds no threads, no process group, no open worlds)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (first use)
+    return ctx
+
+
+#: what most ranks import, imported once by the forkserver (a missing module is skipped):
+#: torch, the strategies (FSDP: ~2 s), the worker, the tiny transformer's BERT (~4 s)
+_PRELOAD = PRELOAD  # one fork server per process: the launcher's list, so both find it warm
 
 
 def _entry(
@@ -59,7 +85,7 @@ def run_distributed(
     fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0
 ) -> list[Any]:
     """Run ``fn`` on ``world_size`` gloo ranks; return the per-rank results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="shardbench-dist-") as tmp:
         store_path = os.path.join(tmp, "store")
@@ -121,7 +147,7 @@ def _simulated_entry(fn: Callable[..., Any], world_size: int, results: Any, args
 def run_simulated(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0) -> Any:
     """Run ``fn(0, world_size, *args)`` in one fresh process as rank 0 of a fake world of N
     (PyTorch's fake process group: collectives return at once and move no data)."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     proc = ctx.Process(target=_simulated_entry, args=(fn, world_size, results, args), daemon=True)
     proc.start()
@@ -136,3 +162,143 @@ def run_simulated(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s
     if status == "error":
         raise RankFailed(f"simulated rank 0 failed:\n{payload}")
     return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+def _serve(rank: int, world_size: int, store_path: str, timeout_s: float, tasks: Any, results: Any) -> None:
+    """A rank of a ``World``: run each task from ``tasks`` until ``None`` arrives."""
+    torch.set_num_threads(1)
+    try:
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+        )
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((-1, rank, "error", traceback.format_exc()))
+        return
+    while (task := tasks.get()) is not None:
+        seq, fn, args = task
+        try:
+            buf = io.BytesIO()
+            torch.save(fn(rank, world_size, *args), buf)
+            results.put((seq, rank, "ok", buf.getvalue()))
+        except BaseException:  # noqa: BLE001 - reported to the parent, which ends this world
+            results.put((seq, rank, "error", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class World:
+    """``world_size`` gloo ranks that stay up and run one check after another (see the module
+    docstring). A failed or timed-out check kills the world: ``run`` on it then raises."""
+
+    def __init__(self, world_size: int, *, timeout_s: float = 300.0) -> None:
+        self.world_size = world_size
+        ctx = _context()
+        self._tmp = tempfile.TemporaryDirectory(prefix="shardbench-world-")
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(world_size)]
+        store_path = os.path.join(self._tmp.name, "store")
+        self._procs = [
+            ctx.Process(
+                target=_serve,
+                args=(r, world_size, store_path, timeout_s, self._tasks[r], self._results),
+                daemon=True,
+            )
+            for r in range(world_size)
+        ]
+        for p in self._procs:
+            p.start()
+        self._seq = 0
+        self.alive = True
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 120.0) -> list[Any]:
+        """Run ``fn(rank, world_size, *args)`` on every rank; the per-rank results in rank order.
+        ``timeout_s`` bounds this check (the world's start-up included, on first use)."""
+        if not self.alive:
+            raise RankFailed(f"world of {self.world_size} was closed after an earlier failure")
+        self._seq += 1
+        for q in self._tasks:
+            q.put((self._seq, fn, args))
+        deadline = time.monotonic() + timeout_s
+        got: dict[int, Any] = {}
+        ok = False
+        try:
+            while len(got) < self.world_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"{self.world_size - len(got)} of {self.world_size} ranks did not finish "
+                        f"{getattr(fn, '__name__', fn)} within {timeout_s:.0f}s (done: {sorted(got)})"
+                    )
+                try:
+                    seq, rank, status, payload = self._results.get(timeout=min(remaining, 1.0))
+                except queue.Empty:
+                    dead = [r for r, p in enumerate(self._procs) if p.exitcode is not None and r not in got]
+                    if dead:
+                        code = self._procs[dead[0]].exitcode
+                        raise RankFailed(f"rank {dead[0]} died with exit code {code}") from None
+                    continue
+                if status == "error":
+                    raise RankFailed(f"rank {rank} failed:\n{payload}")
+                got[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            ok = True
+        finally:
+            if not ok:  # the other ranks may be blocked in a collective with the failed one
+                self.close(kill=True)
+        return [got[r] for r in range(self.world_size)]
+
+    def close(self, *, kill: bool = False) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        if not kill:
+            for q in self._tasks:
+                q.put(None)
+            end = time.monotonic() + 5.0
+            for p in self._procs:
+                p.join(timeout=max(0.0, end - time.monotonic()))
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self._tmp.cleanup()
+
+
+_WORLDS: dict[int, World] = {}
+
+
+def shared_world(world_size: int) -> World:
+    """The session's world of ``world_size`` ranks, started now if there is none alive."""
+    world = _WORLDS.get(world_size)
+    if world is None or not world.alive:
+        world = _WORLDS[world_size] = World(world_size)
+    return world
+
+
+def run_in_world(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+    """``run_distributed``'s contract, on the session's shared world of ``world_size`` ranks."""
+    return shared_world(world_size).run(fn, *args, timeout_s=timeout_s)
+
+
+@atexit.register
+def close_shared_worlds() -> None:
+    while _WORLDS:
+        _WORLDS.popitem()[1].close()
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int) -> Iterator[None]:
+    """This process as rank 0 of a fake world of ``world_size`` (collectives move no data)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    assert not dist.is_initialized(), "a process group is already initialised in this process"
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def run_simulated_here(fn: Callable[..., Any], world_size: int, *args: Any) -> Any:
+    """``run_simulated``'s contract, in this process (no new process): ``fn(0, world_size, *args)``."""
+    with fake_world(world_size):
+        return fn(0, world_size, *args)

@@ -1,20 +1,29 @@
 """``shardbench claim``: end to end on tiny presets (a verdict line per workload), and the
-verdict rule on hand-made records."""
+verdict rule on hand-made records.
+
+The claim's cells (all simulated on the tiny spec) run in this process (tests/cells.py) rather
+than in a fresh process each: what is under test here is the claim's pipeline, from the command
+line to the report; the launcher has its own tests (test_run_end_to_end, test_maxsize)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import bench.studies.claim as claim
+import bench.studies.maxsize as maxsize
 from bench.cli import main
 from bench.harness.records import Record, read_records
 from bench.studies.claim import WorkloadResult
 from bench.studies.claim_specs import ClaimWorkload
+from tests.cells import run_cell_here
 
 WORKLOADS = ("transformer", "imagegpt", "swav", "deepspeech2")
 
 
-def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys) -> None:
+def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(claim, "run_cell", run_cell_here)
+    monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
     out = tmp_path / "claim"
     assert main(["claim", "--spec", "tiny", "--out", str(out)]) == 0
     report = (out / "report.md").read_text()

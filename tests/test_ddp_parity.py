@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from tests.dist import run_in_world
 from tests.parity import max_rel_diff, train_reference, train_strategy_rank
 from tests.tiny_models import MLPWorkload
 
@@ -18,7 +18,7 @@ def _sgd(model):  # module-level: passed to spawned ranks
 def test_ddp_adamw_matches_reference(world_size: int) -> None:
     workload = MLPWorkload()
     ref = train_reference(workload, "tiny", world_size, 5, BATCH)
-    states = run_distributed(train_strategy_rank, world_size, "ddp", workload, "tiny", 5, BATCH)
+    states = run_in_world(train_strategy_rank, world_size, "ddp", workload, "tiny", 5, BATCH)
     for rank, state in enumerate(states):
         diff, where = max_rel_diff(state, ref)
         assert diff < 1e-6, f"rank {rank}: {where} differs by {diff:.2e} (relative)"
@@ -31,8 +31,6 @@ def test_ddp_transformer_matches_reference(world_size: int) -> None:
     # SGD: Adam would turn the pure-noise gradients of attention key biases into lr-sized steps
     # (see tests/tiny_models.py), which no elementwise tolerance can compare.
     ref = train_reference("transformer", "tiny", world_size, STEPS, BATCH, _sgd)
-    states = run_distributed(
-        train_strategy_rank, world_size, "ddp", "transformer", "tiny", STEPS, BATCH, _sgd
-    )
+    states = run_in_world(train_strategy_rank, world_size, "ddp", "transformer", "tiny", STEPS, BATCH, _sgd)
     diff, where = max_rel_diff(states[0], ref)
     assert diff < 1e-6, f"{where} differs by {diff:.2e} (relative)"

@@ -1,4 +1,5 @@
-"""tests/dist.py itself: results come back, a failing rank is re-raised, a hang is bounded."""
+"""tests/dist.py itself: results come back, a failing rank is re-raised, a hang is bounded; a
+shared world runs check after check and is replaced after a failure."""
 
 import time
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist import RankFailed, run_distributed
+from tests.dist import RankFailed, World, run_distributed, run_in_world, shared_world
 
 
 def _sum_ranks(rank: int, world_size: int) -> float:
@@ -39,3 +40,16 @@ def test_hang_is_bounded() -> None:
     with pytest.raises(TimeoutError):
         run_distributed(_hang, 2, timeout_s=3)
     assert time.monotonic() - start < 20
+
+
+def test_shared_world_runs_check_after_check_and_ends_on_a_failure() -> None:
+    world = shared_world(2)
+    assert run_in_world(_sum_ranks, 2) == [1.0, 1.0] == run_in_world(_sum_ranks, 2)
+    assert shared_world(2) is world  # the same ranks ran both
+    doomed = World(2)
+    assert doomed.run(_sum_ranks) == [1.0, 1.0]
+    with pytest.raises(RankFailed, match="boom from the last rank"):
+        doomed.run(_fail_on_last, timeout_s=30)
+    assert not doomed.alive  # killed: its other rank was blocked in a barrier
+    with pytest.raises(RankFailed, match="closed after an earlier failure"):
+        doomed.run(_sum_ranks)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bench.cli import main
-from bench.harness.config import CellConfig
-from bench.harness.launch import run_cell
 from bench.metrics.memory import CATEGORIES
+from tests.cells import run_cell_here
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp2-zero2"])
-def test_fake_peak_equals_the_real_peak_per_category(strategy: str) -> None:
-    """Same simulated world (N=4), once with real tensors, once with fake ones."""
-    base = CellConfig("transformer", "tiny", strategy, 4, batch_size=4, steps=1, warmup=2, simulate=True)
-    real = run_cell(base, run_id="t")
-    fake = run_cell(CellConfig(**{**base.to_json(), "fake": True}), run_id="t")
+def test_fake_peak_equals_the_real_peak_per_category(strategy: str, tiny_cell) -> None:
+    """Same simulated world (N=4), once with real tensors, once with fake ones (both in this
+    process: tests/cells.py)."""
+    base = tiny_cell(strategy=strategy, world_size=4, batch_size=4, steps=1, warmup=2, simulate=True)
+    real = run_cell_here(base)
+    fake = run_cell_here(replace(base, fake=True))
     assert real.status == fake.status == "ok", (real.error, fake.error)
     assert fake.fake and not real.fake and fake.step_time_s is None and fake.loss is None
     for c in CATEGORIES:

@@ -1,5 +1,8 @@
 """``shardbench max-size``: bisection finds the boundary the probes' own peaks define, and a
-probe that crashes is recorded while the search goes on."""
+probe that crashes is recorded while the search goes on.
+
+The searches run their probes in this process (tests/cells.py), except the one with a crashing
+probe, which goes through the real launcher: fresh processes, one of which fails."""
 
 from __future__ import annotations
 
@@ -11,13 +14,19 @@ import pytest
 import bench.studies.maxsize as maxsize
 from bench.cli import main
 from bench.harness.config import CellConfig
-from bench.harness.records import read_records
+from bench.harness.records import Record, read_records
+from tests.cells import run_cell_here, tiny_cell
 
 MIB = 2**20
 
 
 def _base(**kw) -> CellConfig:
-    return CellConfig("transformer", "tiny", "ddp", 8, batch_size=2, steps=1, warmup=1, simulate=True, **kw)
+    return tiny_cell(world_size=8, batch_size=2, steps=1, warmup=1, simulate=True, **kw)
+
+
+@pytest.fixture
+def probes_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
 
 
 def test_parse_budget() -> None:
@@ -29,7 +38,7 @@ def test_parse_budget() -> None:
             maxsize.parse_budget(bad)
 
 
-def test_ladder_search_returns_the_boundary_of_the_probes(tmp_path: Path) -> None:
+def test_ladder_search_returns_the_boundary_of_the_probes(tmp_path: Path, probes_here) -> None:
     budget = 100 * MIB  # tiny (~15 MiB) fits; small's model states alone (~440 MiB) do not
     summary = maxsize.search(
         _base(),
@@ -70,8 +79,21 @@ def test_a_crashing_probe_is_recorded_and_the_search_finishes(tmp_path: Path, mo
     assert summary.max_size["smallest_fail"] == {**summary.max_size["smallest_fail"], "status": "error"}
 
 
-def test_batch_search_finds_adjacent_batches(tmp_path: Path) -> None:
-    budget = 24 * MIB
+def test_batch_search_finds_adjacent_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    measured: dict[CellConfig, Record] = {}
+
+    def run_once(cell: CellConfig, *, run_id: str) -> Record:
+        if cell not in measured:
+            measured[cell] = run_cell_here(cell, run_id=run_id)
+        return measured[cell]
+
+    monkeypatch.setattr(maxsize, "run_cell", run_once)
+    # A budget between the peaks at batch 3 and 4 (the peak grows linearly with the batch): the
+    # search doubles (1, 2 fit; 4 does not), then bisects (3): four probes, two of them measured
+    # here first. (A fixed 24 MiB took ten.)
+    probe = replace(_base(fake=True), suite="max-size-probe")
+    p1, p2 = (run_once(replace(probe, batch_size=b), run_id="t").peak_mem_bytes["max"] for b in (1, 2))
+    budget = int(p2 + 1.5 * (p2 - p1))
     summary = maxsize.search(_base(fake=True), budget=budget, vary="batch", out_dir=tmp_path, run_id="t")
     fit, fail = summary.max_size["largest_fit"], summary.max_size["smallest_fail"]
     assert fail["batch_size"] == fit["batch_size"] + 1

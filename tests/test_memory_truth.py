@@ -1,6 +1,10 @@
 """Memory accounting against theory and against itself: measured model states per rank equal
 the analytic ZeRO prediction (real gloo worlds and simulated ones), the breakdown sums to the
-tracked peak, and torch-zero1's prediction replays its real whole-parameter partition."""
+tracked peak, and torch-zero1's prediction replays its real whole-parameter partition.
+
+Cells run through ``tests.cells.run_cell_here`` (the worker's rank code and the launcher's record,
+without fresh processes): real cells on the session's shared gloo worlds, simulated ones in this
+process as rank 0 of a fake world."""
 
 from __future__ import annotations
 
@@ -9,22 +13,14 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from bench.harness.config import CellConfig
-from bench.harness.launch import run_cell
 from bench.metrics.analytic import FORMULAS, predicted_model_state_bytes, whole_parameter_partition
 from models.registry import get_workload
-from tests.dist import run_simulated
+from tests.cells import run_cell_here, tiny_cell
+from tests.dist import run_simulated_here
 
 
 def _cell(strategy: str, world_size: int, **kw) -> CellConfig:
-    return CellConfig(
-        workload="transformer",
-        preset="tiny",
-        strategy=strategy,
-        world_size=world_size,
-        steps=1,
-        warmup=2,
-        **kw,
-    )
+    return tiny_cell(strategy=strategy, world_size=world_size, steps=1, warmup=2, **kw)
 
 
 def _assert_model_states_match(record) -> None:
@@ -38,7 +34,7 @@ def _assert_model_states_match(record) -> None:
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2"])
 def test_real_world_model_states_match_the_zero_formula(strategy: str, world_size: int) -> None:
-    record = run_cell(_cell(strategy, world_size), run_id="t")
+    record = run_cell_here(_cell(strategy, world_size))
     _assert_model_states_match(record)
     assert len(record.peak_mem_bytes["per_rank"]) == world_size
     # the breakdown is a partition of the tracked peak: nothing missing, nothing counted twice
@@ -48,7 +44,7 @@ def test_real_world_model_states_match_the_zero_formula(strategy: str, world_siz
 @pytest.mark.parametrize("world_size", [8, 64])
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "torch-zero1"])
 def test_simulated_model_states_match_the_prediction(strategy: str, world_size: int) -> None:
-    record = run_cell(_cell(strategy, world_size, simulate=True), run_id="t")
+    record = run_cell_here(_cell(strategy, world_size, simulate=True))
     _assert_model_states_match(record)
     assert sum(record.mem_breakdown_bytes.values()) == record.peak_mem_bytes["max"]
 
@@ -62,7 +58,7 @@ def _zero_partition(rank: int, world_size: int) -> list[int]:
 @pytest.mark.parametrize("world_size", [3, 8])
 def test_whole_parameter_partition_replays_zero_redundancy_optimizer(world_size: int) -> None:
     sizes = get_workload("transformer").param_group_sizes("tiny")
-    assert whole_parameter_partition(sizes, world_size) == run_simulated(_zero_partition, world_size)
+    assert whole_parameter_partition(sizes, world_size) == run_simulated_here(_zero_partition, world_size)
 
 
 def test_analytic_table_of_the_paper() -> None:
@@ -78,7 +74,7 @@ def test_bf16_prediction_follows_what_each_strategy_stores() -> None:
     bf16 parameters with fp32 masters (2+2+12): the prediction uses what is really stored."""
     from bench.harness.result import predict
 
-    ddp = predict(CellConfig("transformer", "tiny", "ddp", 8, precision="bf16"), 8, 1000)
-    ours = predict(CellConfig("transformer", "tiny", "zero2", 8, precision="bf16"), 8, 1000)
+    ddp = predict(tiny_cell(world_size=8, precision="bf16"), 8, 1000)
+    ours = predict(tiny_cell(strategy="zero2", world_size=8, precision="bf16"), 8, 1000)
     assert (ddp["params"], ddp["grads"], ddp["optimizer"]) == (4000, 4000, 8000)
     assert (ours["params"], ours["grads"], ours["optimizer"]) == (2000, 250, 1500)

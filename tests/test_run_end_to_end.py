@@ -10,6 +10,7 @@ import pytest
 from bench.cli import main
 from bench.harness.config import CellConfig
 from bench.harness.records import read_records
+from tests.cells import tiny_cell
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +71,7 @@ def test_ddp_model_states_are_16_bytes_per_parameter(smoke_run: Path) -> None:
 
 
 def _cell(**kw) -> CellConfig:
-    base = dict(
-        workload="transformer", preset="tiny", strategy="ddp", world_size=2, steps=1, warmup=0, timeout_s=60
-    )
-    return CellConfig(**{**base, **kw})
+    return tiny_cell(**{**dict(steps=1, warmup=0, timeout_s=60), **kw})
 
 
 def test_worker_runs_under_torchrun(tmp_path: Path) -> None:

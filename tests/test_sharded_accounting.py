@@ -9,7 +9,7 @@ from torch import nn
 from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 from bench.strategies.sharded.layout import build_buckets
 from tests import tricky
-from tests.dist import run_distributed, run_simulated
+from tests.dist import run_in_world, run_simulated_here
 
 BIG_VOCAB = 5000  # embedding 80,000 of 85,544 trainable elements
 
@@ -45,7 +45,7 @@ def _holdings(rank: int, world_size: int, cap_mb: float) -> dict:
 def test_each_rank_holds_its_partition_at_n4() -> None:
     total = sum(p.numel() for p in tricky.build(BIG_VOCAB).parameters() if p.requires_grad)
     cap_mb = 0.05  # ~13k elements: several buckets, the embedding alone in one
-    ranks = run_distributed(_holdings, 4, cap_mb)
+    ranks = run_in_world(_holdings, 4, cap_mb)
     assert sum(r["owned"] for r in ranks) == total  # every element owned exactly once
     for r in ranks:
         assert r["full_grads"] == 0  # no full gradient survives backward
@@ -71,9 +71,9 @@ def _simulated_holdings(rank: int, world_size: int) -> dict:
 
 
 def test_fake_process_group_simulates_a_large_world() -> None:
-    """One process as rank 0 of 64 (collectives move no data): real per-rank memory."""
+    """This process as rank 0 of 64 (collectives move no data): real per-rank memory."""
     total = sum(p.numel() for p in tricky.build(BIG_VOCAB).parameters() if p.requires_grad)
-    r = run_simulated(_simulated_holdings, 64)
+    r = run_simulated_here(_simulated_holdings, 64)
     assert r["owned"] == -(-total // 64)
     assert r["state_bytes"] == 8 * r["owned"] and r["full_grads"] == 0
 

@@ -9,7 +9,7 @@ import torch
 
 from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 from tests import tricky
-from tests.dist import run_distributed
+from tests.dist import run_in_world
 from tests.parity import max_rel_diff
 
 CHUNKS, FIRST, TOTAL = 4, 3, 5
@@ -47,7 +47,7 @@ def _plain(steps, model=None, opt=None):
 
 
 def test_round_trip_into_plain_optimizer_and_reshard_4_to_2() -> None:
-    (model_state, sd), *_ = run_distributed(_first_phase, 4)
+    (model_state, sd), *_ = run_in_world(_first_phase, 4)
     ref_model, ref_opt = _plain(range(FIRST))
     # same format and values as the plain optimizer's own state dict
     ref_sd = ref_opt.state_dict()
@@ -65,6 +65,6 @@ def test_round_trip_into_plain_optimizer_and_reshard_4_to_2() -> None:
     reference = tricky.state(_plain(range(TOTAL))[0])
     assert max_rel_diff(tricky.state(resumed), reference)[0] < 1e-6
     # and a ShardedOptimizer at world size 2 resumes from it
-    for st in run_distributed(_second_phase, 2, model_state, sd):
+    for st in run_in_world(_second_phase, 2, model_state, sd):
         diff, where = max_rel_diff(st, reference)
         assert diff < 1e-6, f"{where} off by {diff:.2e} after resharding 4 -> 2"

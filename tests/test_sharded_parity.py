@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 from tests import tricky
-from tests.dist import run_distributed
+from tests.dist import run_in_world
 from tests.parity import max_rel_diff, max_rel_l2_diff
 
 STEPS, CHUNKS, CLIP = 5, 4, 0.05
@@ -60,7 +60,7 @@ def train_sharded(
 @pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.0005])
 def test_matches_single_process_adamw(stage: int, world_size: int, bucket_cap_mb: float) -> None:
     ref = reference()
-    states = run_distributed(train_sharded, world_size, stage, CLIP, bucket_cap_mb)
+    states = run_in_world(train_sharded, world_size, stage, CLIP, bucket_cap_mb)
     for rank, st in enumerate(states):
         diff, where = max_rel_diff(st, ref)
         assert diff < 1e-6, f"stage {stage} N={world_size} rank {rank}: {where} off by {diff:.2e}"
@@ -100,7 +100,7 @@ def test_gradient_accumulation(use_no_sync: bool) -> None:
         tricky.loss(model, tricky.global_batch(step, CHUNKS), 0).backward()
         opt.step()
     ref = tricky.state(model)
-    (st, _) = run_distributed(_accumulate, 2, use_no_sync)
+    (st, _) = run_in_world(_accumulate, 2, use_no_sync)
     diff, where = max_rel_diff(st, ref)
     assert diff < 1e-6, f"{where} off by {diff:.2e}"
 
@@ -145,7 +145,7 @@ def test_bf16_with_fp32_master_weights() -> None:
     more or less is 7.7e-2 (asserted below, so the check can fail)."""
     ref = bf16_reference()
     assert max_rel_l2_diff(bf16_reference(STEPS - 1), ref)[0] > 5e-2
-    for st in run_distributed(_bf16, 2):
+    for st in run_in_world(_bf16, 2):
         diff, where = max_rel_l2_diff(st, ref)
         assert diff < 1e-2, f"{where} off by {diff:.2e}"
 
@@ -181,7 +181,7 @@ def test_elementwise_optimizers_match_unsharded(stage: int, name: str) -> None:
         tricky.loss(model, tricky.global_batch(step, CHUNKS), step).backward()
         opt.step()
     ref = tricky.state(model)
-    for st in run_distributed(_train_with, 2, stage, name):
+    for st in run_in_world(_train_with, 2, stage, name):
         diff, where = max_rel_diff(st, ref)
         assert diff < 1e-6, f"{name} stage {stage}: {where} off by {diff:.2e}"
 
@@ -201,6 +201,6 @@ def _add_group_later(rank: int, world_size: int) -> dict[str, torch.Tensor]:
 
 def test_add_param_group() -> None:
     ref = reference(clip=None)
-    for st in run_distributed(_add_group_later, 2):
+    for st in run_in_world(_add_group_later, 2):
         diff, where = max_rel_diff(st, ref)
         assert diff < 1e-6, f"{where} off by {diff:.2e}"

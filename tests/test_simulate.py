@@ -4,26 +4,14 @@ match the analytic ZeRO prediction at N far beyond this machine; dp refuses clea
 from __future__ import annotations
 
 from bench.cli import main
-from bench.harness.config import CellConfig
-from bench.harness.launch import run_cell
+from tests.cells import run_cell_here
 
 
-def test_torch_zero1_simulated_shows_whole_parameter_imbalance() -> None:
+def test_torch_zero1_simulated_shows_whole_parameter_imbalance(tiny_cell) -> None:
     """At N=8 the tiny transformer's embedding alone exceeds 1/8 of the parameters, so the
     rank holding it keeps well over its share of optimizer state; ours stays at 1/N."""
     cells = {
-        s: run_cell(
-            CellConfig(
-                workload="transformer",
-                preset="tiny",
-                strategy=s,
-                world_size=8,
-                steps=1,
-                warmup=1,
-                simulate=True,
-            ),
-            run_id="sim",
-        )
+        s: run_cell_here(tiny_cell(strategy=s, world_size=8, steps=1, warmup=1, simulate=True), run_id="sim")
         for s in ("torch-zero1", "zero1")
     }
     ours, theirs = (cells[s].mem_breakdown_bytes["optimizer"] for s in ("zero1", "torch-zero1"))

@@ -15,7 +15,7 @@ from bench.strategies.registry import (
     strategy_classes,
     strategy_names,
 )
-from tests.dist import run_distributed
+from tests.dist import run_in_world
 from tests.parity import max_rel_diff, train_reference, train_strategy_rank
 from tests.tiny_models import MLPWorkload
 
@@ -65,6 +65,6 @@ def test_declared_display() -> None:
 def test_strategy_matches_reference(name: str, world_size: int) -> None:
     workload = MLPWorkload()
     ref = train_reference(workload, "tiny", world_size, 4, 4)
-    states = run_distributed(train_strategy_rank, world_size, name, workload, "tiny", 4, 4)
+    states = run_in_world(train_strategy_rank, world_size, name, workload, "tiny", 4, 4)
     diff, where = max_rel_diff(states[0], ref)
     assert diff < 1e-6, f"{name} N={world_size}: {where} off by {diff:.2e}"

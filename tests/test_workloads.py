@@ -1,16 +1,15 @@
 """The four workloads: reference parameter counts (meta device), ladders, tiny presets that
-learn, and runs under ddp and zero2 at world size 2 through the real harness."""
+learn, and runs under ddp and zero2 at world size 2 through the harness's rank code (on a shared
+gloo world: tests/cells.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torchvision
 
-from bench.harness.config import CellConfig
-from bench.harness.launch import run_cell
 from models.registry import get_workload, workload_names
 from models.swav import WideResNet50Trunk
+from tests.cells import run_cell_here
 
 WORKLOADS = ["transformer", "imagegpt", "swav", "deepspeech2"]
 
@@ -36,6 +35,8 @@ def test_reference_parameter_counts(workload: str, preset: str, reference: float
 
 
 def test_swav_trunk_is_torchvision_resnet50() -> None:
+    import torchvision
+
     with torch.device("meta"):
         ours = sum(p.numel() for p in WideResNet50Trunk(64).parameters())
         tv = torchvision.models.resnet50()
@@ -80,19 +81,13 @@ def test_tiny_loss_falls_on_a_fixed_batch(name: str) -> None:
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2"])
 @pytest.mark.parametrize("name", WORKLOADS)
-def test_tiny_runs_under_strategy_at_world_size_2(name: str, strategy: str) -> None:
-    record = run_cell(
-        CellConfig(
-            workload=name,
-            preset="tiny",
-            strategy=strategy,
-            world_size=2,
-            batch_size=4,
-            steps=2,
-            warmup=1,
-            timeout_s=120,
-        ),
-        run_id="t",
+def test_tiny_runs_under_strategy_at_world_size_2(name: str, strategy: str, tiny_cell) -> None:
+    """On the session's shared gloo world of 2 (tests/cells.py): the worker's rank code, the
+    launcher's record."""
+    record = run_cell_here(
+        tiny_cell(
+            workload=name, strategy=strategy, world_size=2, batch_size=4, steps=2, warmup=1, timeout_s=120
+        )
     )
     assert record.status == "ok", record.error
     assert record.world_size == 2 and record.peak_mem_bytes["max"] > 0

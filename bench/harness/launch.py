@@ -66,13 +66,17 @@ def _tail(path: Path, chars: int = 4000) -> str:
         return ""
 
 
-#: imported once in the fork server, so ranks start warm (each workload's library included)
+#: imported once in the fork server, so ranks start warm: the worker (torch, the strategies) and
+#: each workload's library; a module that is not installed is skipped by the server
 PRELOAD = [
     "bench.harness.worker",
     "models.transformer",
     "models.imagegpt",
     "models.swav",
     "models.deepspeech2",
+    "transformers.models.bert.modeling_bert",
+    "transformers.models.imagegpt.modeling_imagegpt",
+    "torchvision.models.resnet",
 ]
 
 

@@ -1,0 +1,81 @@
+"""Cells for tests: ``tiny_cell()`` builds one, ``run_cell_here()`` runs one without fresh
+processes.
+
+``bench.harness.launch.run_cell`` starts every rank as a fresh ``python -m bench.harness.worker``
+(seconds each: torch, transformers and the model are imported anew), which the tests of the
+launcher itself need (``test_run_end_to_end``, ``test_claim``, ``test_maxsize``). Tests of what a
+rank measures need only the rank: ``run_cell_here`` runs the worker's ``run_rank`` as rank 0 of a
+fake world in this process for a simulated cell, or on the session's shared gloo world
+(``tests.dist.run_in_world``) for a real one, and assembles the record with the launcher's own
+``build_record``: the same record ``run_cell`` returns, wall time aside.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bench.harness.config import CellConfig
+from bench.harness.records import Record
+
+#: the tiny transformer, two ranks, a few steps: small enough for a test
+TINY_CELL: dict[str, Any] = dict(
+    workload="transformer", preset="tiny", strategy="ddp", world_size=2, batch_size=2, steps=2, warmup=1
+)
+
+
+def tiny_cell(**overrides: Any) -> CellConfig:
+    """A ``CellConfig`` for the tiny transformer; ``overrides`` replace any field."""
+    return CellConfig(**{**TINY_CELL, **overrides})
+
+
+def _world_rank(rank: int, world_size: int, cell: CellConfig, reported_world_size: int) -> Any:
+    from bench.harness.worker import run_rank
+
+    # run_rank, not run_rank_safely: a rank that fails raises, so the world is ended at once
+    # instead of its other ranks waiting in a collective until the timeout
+    return run_rank(
+        cell,
+        rank=rank,
+        world_size=reported_world_size,
+        processes=world_size,
+        local_rank=rank,
+        local_world_size=world_size,
+    )
+
+
+def run_cell_here(cell: CellConfig, *, run_id: str = "t") -> Record:
+    """What ``run_cell(cell, run_id=run_id)`` records, run in this process (simulated or
+    single-process cells) or on the shared gloo world of the cell's size (see the module doc)."""
+    from bench.harness.result import build_record
+    from bench.harness.worker import run_rank_safely
+    from bench.strategies.registry import get_strategy
+    from tests.dist import run_in_world
+
+    plan = get_strategy(cell.strategy).plan_world(cell.world_size, cell.device, cell.simulate)
+    start = time.perf_counter()
+    if plan.processes == 1:
+        assert not dist.is_initialized(), "a process group is already initialised in this process"
+        threads = torch.get_num_threads()
+        try:
+            # local_world_size=2: one thread, as everywhere in the tests (conftest.py). run_rank
+            # gives a rank alone on a 2-core host two threads, which is several times slower when
+            # other processes use the cores too (measured: a simulated swav tiny cell, 96 s with
+            # two threads on a loaded machine, 14 s with one)
+            results = [
+                run_rank_safely(
+                    cell, rank=0, world_size=plan.world_size, processes=1, local_rank=0, local_world_size=2
+                )
+            ]
+        finally:
+            torch.set_num_threads(threads)  # run_rank sets the threads of a rank alone on the host
+            if dist.is_initialized():  # the fake world a simulated cell joined
+                dist.destroy_process_group()
+    else:
+        results = run_in_world(_world_rank, plan.processes, cell, plan.world_size, timeout_s=cell.timeout_s)
+    return build_record(
+        cell, plan, results, run_id=run_id, wall_s=time.perf_counter() - start, processes=plan.processes
+    )
