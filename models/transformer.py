@@ -169,6 +169,19 @@ class TransformerWorkload(Workload):
             p.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         return BertConfig(**p), extra
 
+    def param_count(self, preset: str) -> int:
+        """BERT's parameters from the preset's shape alone (tested equal to a meta-device build):
+        the ladder and ``shardbench list`` need 19 counts up to 20B, and building each model, even
+        on the meta device, costs seconds (transformers' import and init included)."""
+        self.check_preset(preset)
+        p = self.presets[preset]
+        h, inter, labels = p["hidden_size"], p["intermediate_size"], p["num_labels"]
+        embeddings = (p["vocab_size"] + p["max_position_embeddings"] + p.get("type_vocab_size", 2)) * h + 2 * h
+        attention = 4 * (h * h + h) + 2 * h  # q, k, v, output projection; LayerNorm
+        mlp = (h * inter + inter) + (inter * h + h) + 2 * h  # up, down; LayerNorm
+        pooler, head = h * h + h, h * labels + labels
+        return embeddings + p["num_hidden_layers"] * (attention + mlp) + pooler + head
+
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         config, extra = self._config(preset, dropout)
         return BertClassifier(config, num_labels=extra["num_labels"], head_dropout=0.3 if dropout else 0.0)

@@ -91,3 +91,13 @@ def test_tiny_runs_under_strategy_at_world_size_2(name: str, strategy: str, tiny
     )
     assert record.status == "ok", record.error
     assert record.world_size == 2 and record.peak_mem_bytes["max"] > 0
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "base", "h1024-l18", "1b"])
+def test_transformer_count_formula_equals_a_meta_build(preset: str) -> None:
+    """The transformer counts its parameters from the preset's shape (fast); a build on the meta
+    device (the general mechanism of models.base.Workload) must agree, for several shapes."""
+    from models.base import Workload
+
+    w = get_workload("transformer")
+    assert w.param_count(preset) == Workload.param_count(w, preset)
