@@ -4,7 +4,9 @@ Each rank is a spawned process joined through a FileStore in a temporary directo
 ports to collide). Every wait is bounded: a rank that raises has its traceback re-raised in the
 parent, and a world that does not finish within ``timeout_s`` is killed and reported, never left
 hanging. ``fn(rank, world_size, *args)`` must be a module-level (picklable) function; its return
-value comes back to the parent, one per rank.
+value comes back to the parent, one per rank. With ``check_exit=True`` a rank must also exit
+cleanly after returning: a rank that hands back its result and then dies (e.g. SIGABRT while the
+interpreter shuts down) fails the run.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import io
 import os
 import queue
+import signal
 import tempfile
 import time
 import traceback
@@ -25,7 +28,17 @@ import torch.multiprocessing as mp
 
 
 class RankFailed(RuntimeError):
-    """A rank raised; the message holds its traceback."""
+    """A rank raised (the message holds its traceback) or died."""
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit code -6 (SIGABRT)`` for a process killed by a signal, ``exit code 1`` otherwise."""
+    if code is not None and code < 0:
+        try:
+            return f"exit code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"
 
 
 def _entry(
@@ -56,9 +69,10 @@ def _entry(
 
 
 def run_distributed(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0, check_exit: bool = False
 ) -> list[Any]:
-    """Run ``fn`` on ``world_size`` gloo ranks; return the per-rank results in rank order."""
+    """Run ``fn`` on ``world_size`` gloo ranks; return the per-rank results in rank order.
+    ``check_exit``: also require every rank to exit with code 0 after returning its result."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="shardbench-dist-") as tmp:
@@ -87,21 +101,30 @@ def run_distributed(
                     dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in got]
                     if dead:
                         code = procs[dead[0]].exitcode
-                        raise RankFailed(f"rank {dead[0]} died with exit code {code}") from None
+                        raise RankFailed(f"rank {dead[0]} died with {describe_exit(code)}") from None
                     continue
                 if status == "error":
                     raise RankFailed(f"rank {rank} failed:\n{payload}")
                 got[rank] = torch.load(io.BytesIO(payload), weights_only=False)
         finally:
-            # Finished worlds get a moment to exit cleanly; failed ones are killed at once,
-            # since their surviving ranks are blocked in a collective with the dead one.
-            grace_end = time.monotonic() + (5.0 if len(got) == world_size else 0.5)
+            # Finished worlds get a moment to exit cleanly (longer when the exit is checked:
+            # interpreter shutdown is slow on busy cores); failed ones are killed at once, since
+            # their surviving ranks are blocked in a collective with the dead one.
+            grace = (30.0 if check_exit else 5.0) if len(got) == world_size else 0.5
+            grace_end = time.monotonic() + grace
             for p in procs:
                 p.join(timeout=max(0.0, grace_end - time.monotonic()))
+            exited = [not p.is_alive() for p in procs]
             for p in procs:
                 if p.is_alive():
                     p.kill()
                     p.join()
+    if check_exit:
+        for r, (p, ok) in enumerate(zip(procs, exited, strict=True)):
+            if not ok:
+                raise RankFailed(f"rank {r} returned its result but did not exit within 30s")
+            if p.exitcode != 0:
+                raise RankFailed(f"rank {r} returned its result, then died with {describe_exit(p.exitcode)}")
     return [got[r] for r in range(world_size)]
 
 
