@@ -14,6 +14,11 @@ the session, runs them one after another. A check must leave no global state beh
 own RNG, tear down what it builds); a check that fails or hangs kills its world, and the next
 check of that size starts a new one. ``run_simulated_here`` runs ``fn`` as rank 0 of a fake
 world of N in this process: for checks that need a process group to exist but no communication.
+
+With ``check_exit=True`` (``run_distributed`` only) a rank must also exit cleanly after returning:
+a rank that hands back its result and then dies (e.g. SIGABRT while the interpreter shuts down)
+fails the run. Such worlds are spawned, not forked: a forked child leaves with ``os._exit`` and
+never runs the interpreter shutdown where that abort happens.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import io
 import os
 import queue
+import signal
 import tempfile
 import time
 import traceback
@@ -38,7 +44,17 @@ from bench.harness.launch import PRELOAD
 
 
 class RankFailed(RuntimeError):
-    """A rank raised; the message holds its traceback."""
+    """A rank raised (the message holds its traceback) or died."""
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit code -6 (SIGABRT)`` for a process killed by a signal, ``exit code 1`` otherwise."""
+    if code is not None and code < 0:
+        try:
+            return f"exit code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"
 
 
 def _context() -> Any:
@@ -82,10 +98,11 @@ def _entry(
 
 
 def run_distributed(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0, check_exit: bool = False
 ) -> list[Any]:
-    """Run ``fn`` on ``world_size`` gloo ranks; return the per-rank results in rank order."""
-    ctx = _context()
+    """Run ``fn`` on ``world_size`` gloo ranks; return the per-rank results in rank order.
+    ``check_exit``: also require every rank to exit with code 0 after returning its result."""
+    ctx = mp.get_context("spawn") if check_exit else _context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="shardbench-dist-") as tmp:
         store_path = os.path.join(tmp, "store")
@@ -113,21 +130,30 @@ def run_distributed(
                     dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in got]
                     if dead:
                         code = procs[dead[0]].exitcode
-                        raise RankFailed(f"rank {dead[0]} died with exit code {code}") from None
+                        raise RankFailed(f"rank {dead[0]} died with {describe_exit(code)}") from None
                     continue
                 if status == "error":
                     raise RankFailed(f"rank {rank} failed:\n{payload}")
                 got[rank] = torch.load(io.BytesIO(payload), weights_only=False)
         finally:
-            # Finished worlds get a moment to exit cleanly; failed ones are killed at once,
-            # since their surviving ranks are blocked in a collective with the dead one.
-            grace_end = time.monotonic() + (5.0 if len(got) == world_size else 0.5)
+            # Finished worlds get a moment to exit cleanly (longer when the exit is checked:
+            # interpreter shutdown is slow on busy cores); failed ones are killed at once, since
+            # their surviving ranks are blocked in a collective with the dead one.
+            grace = (30.0 if check_exit else 5.0) if len(got) == world_size else 0.5
+            grace_end = time.monotonic() + grace
             for p in procs:
                 p.join(timeout=max(0.0, grace_end - time.monotonic()))
+            exited = [not p.is_alive() for p in procs]
             for p in procs:
                 if p.is_alive():
                     p.kill()
                     p.join()
+    if check_exit:
+        for r, (p, ok) in enumerate(zip(procs, exited, strict=True)):
+            if not ok:
+                raise RankFailed(f"rank {r} returned its result but did not exit within 30s")
+            if p.exitcode != 0:
+                raise RankFailed(f"rank {r} returned its result, then died with {describe_exit(p.exitcode)}")
     return [got[r] for r in range(world_size)]
 
 

@@ -41,3 +41,8 @@ class ShardedOptimizerStrategy(Strategy):
 
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
         return self.optimizer.memory_tensors() if self.optimizer is not None else {}
+
+    def teardown(self) -> None:
+        """Drop the optimizer: the worker destroys the process group next (our objects never
+        hold the default group, but a caller-provided one they do)."""
+        self.optimizer = None

@@ -43,6 +43,13 @@ class Zero2Strategy(ShardedOptimizerStrategy):
         self.model = ShardedDataParallel(model, optimizer)
         return self.model, optimizer
 
+    def teardown(self) -> None:
+        """Finish any reduction in flight and remove the gradient hooks, then drop the wrappers."""
+        if self.model is not None:
+            self.model.close()
+            self.model = None
+        super().teardown()
+
     def observe_memory(self, observer: Callable[[torch.Tensor, str], None] | None) -> None:
         if self.model is not None:
             self.model.memory_observer = observer

@@ -16,6 +16,12 @@ zeros for parameters that got no gradient, and a small all-reduce of "used" flag
 parameters received no gradient on any rank: those get no gradient at all, so the optimizer skips
 them exactly as it would in a single process.
 
+Nothing here keeps the process group alive (see ``optimizer.default_as_none`` for why that
+matters): the default group is never held, the optimizer and the parameters' hooks reach this
+wrapper only through weak references (dropping it frees it at once), every reduction is waited
+before backward ends, and ``close()`` waits for any a failed backward left in flight and removes
+the hooks.
+
 Gradient accumulation works two ways: backward passes without ``zero_grad`` in between add into
 the shards (reduced every pass, memory stays sharded), or ``with model.no_sync():`` keeps full
 local gradients, DDP-style, and the next synchronised backward reduces their sum.
@@ -24,6 +30,7 @@ local gradients, DDP-style, and the next synchronised backward reduces their sum
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,10 +41,28 @@ from torch.profiler import record_function
 
 from bench.strategies.sharded.fake import is_fake
 from bench.strategies.sharded.layout import Bucket
-from bench.strategies.sharded.optimizer import ShardedOptimizer
+from bench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
 
 #: buckets whose reduction may be in flight at once before backward waits for the oldest.
 MAX_IN_FLIGHT = 2
+
+
+def _weakly(method: Callable[..., None], *first: Any, required: str = "") -> Callable[..., None]:
+    """``method`` (with ``first`` as its leading arguments), called through a weak reference to
+    its object. The optimizer and the parameters keep these callbacks; bound methods there would
+    be reference cycles (through the parameters' hook dicts, which the garbage collector cannot
+    traverse), keeping the wrapper, the model and any process group it holds alive for good. Once
+    the object is gone the callback does nothing, or raises ``required`` when that is given."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*first, *args)
+        elif required:
+            raise RuntimeError(required)
+
+    return call
 
 
 class ShardedDataParallel(nn.Module):
@@ -51,9 +76,9 @@ class ShardedDataParallel(nn.Module):
         self.module = module
         self.optimizer = sharded_optimizer
         self.broadcast_buffers = broadcast_buffers
-        self.process_group = sharded_optimizer.process_group
+        self.process_group = sharded_optimizer.process_group  # None: the default group, never held
         self.world_size = sharded_optimizer.world_size
-        self._src = dist.get_global_rank(self.process_group, 0)
+        self._src = global_rank(self.process_group, 0)
         # gloo's reduce-scatter is ~2x slower than its all-reduce (25 MB at N=2: 36.5 ms vs
         # 18.9 ms, measured), so on gloo each bucket is all-reduced in place and every rank keeps
         # its chunk: the same memory (the bucket buffer exists either way), less time.
@@ -83,15 +108,35 @@ class ShardedDataParallel(nn.Module):
         self._callback_queued = False
         sharded_optimizer.label = "zero2"
         sharded_optimizer.layout_locked_by = "ShardedDataParallel"
-        sharded_optimizer.grad_source = self._grads_from_shards
-        sharded_optimizer.zero_grad_hooks.append(self._on_zero_grad)
+        sharded_optimizer.grad_source = _weakly(
+            self._grads_from_shards,
+            required="the ShardedDataParallel that holds this optimizer's gradients is gone: "
+            "keep a reference to it for as long as you train",
+        )
+        self._zero_grad_hook = _weakly(self._on_zero_grad)
+        sharded_optimizer.zero_grad_hooks.append(self._zero_grad_hook)
         if self.world_size > 1:  # start from identical weights, as DDP does
             with torch.no_grad():
                 for flat in sharded_optimizer.flats:
                     dist.broadcast(flat, src=self._src, group=self.process_group)
-        for b in buckets:
-            for i, p in enumerate(b.params):
-                p.register_post_accumulate_grad_hook(self._make_hook(b, i))
+        self._hook_handles = [
+            p.register_post_accumulate_grad_hook(_weakly(self._on_grad, b.index, i))
+            for b in buckets
+            for i, p in enumerate(b.params)
+        ]
+
+    def close(self) -> None:
+        """End of training, before ``dist.destroy_process_group``: wait for any reduction still
+        in flight (a backward that raised leaves its launched buckets so), remove the gradient
+        hooks and detach from the optimizer. The wrapper reduces nothing afterwards."""
+        while self._in_flight:
+            self._complete_oldest()
+        self._callback_queued = False
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+        if self._zero_grad_hook in self.optimizer.zero_grad_hooks:
+            self.optimizer.zero_grad_hooks.remove(self._zero_grad_hook)
 
     # ----- forward -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -111,30 +156,29 @@ class ShardedDataParallel(nn.Module):
             self._sync = old
 
     # ----- backward: bucket, reduce, shard -----------------------------------------------------
-    def _make_hook(self, bucket: Bucket, i: int) -> Any:
-        def hook(p: torch.Tensor) -> None:
-            if not self._sync or p.grad is None:
-                return
-            if not self._callback_queued:
-                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-                self._callback_queued = True
-            if len(bucket.params) == 1 and bucket.padded == p.numel() and p.grad.is_contiguous():
-                # A bucket of one parameter that splits evenly (a big embedding, typically):
-                # reduce its gradient in place rather than copy it into a second buffer.
-                self._buffers[bucket.index] = p.grad.view(-1)
-                self._observe(p.grad, "other")
-            else:
-                off = bucket.offsets[i]
-                self._buffer(bucket)[off : off + p.numel()].copy_(p.grad.reshape(-1))
-            p.grad = None  # the full gradient is not kept: this is what stage 2 saves
-            self._used[self._slot[p]] = 1
-            self._used_here.add(self._slot[p])
-            self._pending[bucket.index] -= 1
-            if self._pending[bucket.index] == 0:
-                self._ready.add(bucket.index)
-                self._launch_ready()
-
-        return hook
+    def _on_grad(self, index: int, i: int, p: torch.Tensor) -> None:
+        """Post-accumulate-grad hook of parameter ``i`` of bucket ``index``."""
+        if not self._sync or p.grad is None:
+            return
+        bucket = self.optimizer.buckets[index]
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+            self._callback_queued = True
+        if len(bucket.params) == 1 and bucket.padded == p.numel() and p.grad.is_contiguous():
+            # A bucket of one parameter that splits evenly (a big embedding, typically):
+            # reduce its gradient in place rather than copy it into a second buffer.
+            self._buffers[bucket.index] = p.grad.view(-1)
+            self._observe(p.grad, "other")
+        else:
+            off = bucket.offsets[i]
+            self._buffer(bucket)[off : off + p.numel()].copy_(p.grad.reshape(-1))
+        p.grad = None  # the full gradient is not kept: this is what stage 2 saves
+        self._used[self._slot[p]] = 1
+        self._used_here.add(self._slot[p])
+        self._pending[bucket.index] -= 1
+        if self._pending[bucket.index] == 0:
+            self._ready.add(bucket.index)
+            self._launch_ready()
 
     def _buffer(self, bucket: Bucket) -> torch.Tensor:
         buf = self._buffers.get(bucket.index)

@@ -24,6 +24,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# Imported before any process group exists, on purpose: its functions take ``group=group.WORLD``
+# as a default argument, evaluated at import. Imported later (torch.optim imports it lazily, via
+# torch._dynamo, when the first optimizer is built) it would capture the live default group and
+# keep it alive past ``destroy_process_group``: see ``default_as_none`` for why that kills.
+import torch.distributed.nn  # noqa: F401
 from torch import nn
 from torch.profiler import record_function
 
@@ -61,6 +67,26 @@ def check_elementwise(optim: type, assume_elementwise: bool) -> None:
     )
 
 
+def default_as_none(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """None for the default group (collectives look it up per call): we must never hold it.
+
+    ``destroy_process_group`` frees a gloo group, joining its worker threads, only if nothing
+    else references it. A group that survives into the interpreter's finalization keeps worker
+    threads that may still be releasing a finished collective's tensors, which takes the GIL; a
+    thread taking the GIL during finalization is killed inside a C++ destructor: SIGABRT,
+    "terminate called without an active exception" (issue #10). And a sharded optimizer can be
+    kept alive longer than its owner thinks (the first torch optimizer built in a process imports
+    torch._dynamo, whose import keeps the frames on the stack, ``self`` included, until the
+    garbage collector runs), so its lifetime must not decide the group's.
+    """
+    return None if group is None or group is dist.group.WORLD else group
+
+
+def global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
+    """The global rank of ``rank`` in ``group`` (None: the default group, where they agree)."""
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """Optimizer state sharding (ZeRO-1), balanced to the element; see the module docstring.
 
@@ -84,7 +110,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("ShardedOptimizer needs torch.distributed initialised (a process group)")
         self._optim_cls = optim
         self._optim_kwargs = optim_kwargs
-        self.process_group = process_group or dist.group.WORLD
+        #: the group collectives run over; None for the default group, which is looked up at each
+        #: call and never held (see ``default_as_none``).
+        self.process_group = default_as_none(process_group)
         self.world_size = dist.get_world_size(self.process_group)
         self.rank = dist.get_rank(self.process_group)
         self._cap_bytes = max(1, int(bucket_cap_mb * 2**20))
@@ -95,8 +123,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._bucket_group: list[int] = []
         self.local: torch.optim.Optimizer | None = None
         self.label = "zero1"
-        #: fills the shards' .grad; stage 2 replaces it with its reduced-gradient source.
-        self.grad_source: Callable[[], None] = self._grads_from_params
+        #: fills the shards' .grad; None: from ``param.grad`` (stage 1); stage 2 installs its
+        #: reduced-gradient source. Not ``self._grads_from_params`` by default: a bound method kept
+        #: on its own object is a reference cycle, keeping the optimizer (and whatever process group
+        #: it holds) alive after its last user lets go, until the garbage collector happens to run.
+        self.grad_source: Callable[[], None] | None = None
         self.zero_grad_hooks: list[Callable[[bool], None]] = []
         self._grads_ready = False
         self._consolidated: dict[str, Any] | None = None
@@ -178,7 +209,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Point every owned shard's ``.grad`` at its gradient (idempotent within a step)."""
         if not self._grads_ready:
             with record_function(f"shardbench::{self.label}::grads"):
-                self.grad_source()
+                (self.grad_source or self._grads_from_params)()
             self._grads_ready = True
 
     @torch.no_grad()
@@ -198,28 +229,32 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for shards in self._shards:
             for shard in shards:
                 shard.grad = None
-        works = []
-        for b, flat, master, shards, bucket_grads in zip(
-            self.buckets, self.flats, self._masters, self._shards, grads, strict=True
-        ):
-            with record_function(f"shardbench::{self.label}::step"):
-                for shard, g in zip(shards, bucket_grads, strict=True):
-                    shard.grad = g
-                if any(g is not None for g in bucket_grads):
-                    self.local.step()
-                for shard in shards:
-                    shard.grad = None
+        works: list[dist.Work] = []
+        try:
+            for b, flat, master, shards, bucket_grads in zip(
+                self.buckets, self.flats, self._masters, self._shards, grads, strict=True
+            ):
+                with record_function(f"shardbench::{self.label}::step"):
+                    for shard, g in zip(shards, bucket_grads, strict=True):
+                        shard.grad = g
+                    if any(g is not None for g in bucket_grads):
+                        self.local.step()
+                    for shard in shards:
+                        shard.grad = None
+                with record_function(f"shardbench::{self.label}::gather"):
+                    chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
+                    if master is not None:
+                        chunk.copy_(master)
+                    if self.world_size > 1:
+                        works.append(
+                            dist.all_gather_into_tensor(flat, chunk, group=self.process_group, async_op=True)
+                        )
+        finally:
+            # Even when a bucket's update raises: no gather may outlive the step, or it could still
+            # be running when the process group is destroyed.
             with record_function(f"shardbench::{self.label}::gather"):
-                chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
-                if master is not None:
-                    chunk.copy_(master)
-                if self.world_size > 1:
-                    works.append(
-                        dist.all_gather_into_tensor(flat, chunk, group=self.process_group, async_op=True)
-                    )
-        with record_function(f"shardbench::{self.label}::gather"):
-            for w in works:
-                w.wait()
+                for w in works:
+                    w.wait()
         # Gradients stay visible until zero_grad, except copies converted for the step (bf16).
         for b, shards, bucket_grads in zip(self.buckets, self._shards, grads, strict=True):
             for shard, g in zip(shards, bucket_grads, strict=True):
@@ -300,7 +335,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         gathered: list[Any] | None = [None] * self.world_size if self.rank == to else None
         if self.world_size > 1:
             dist.gather_object(
-                payload, gathered, dst=dist.get_global_rank(self.process_group, to), group=self.process_group
+                payload, gathered, dst=global_rank(self.process_group, to), group=self.process_group
             )
         else:
             gathered = [payload]
