@@ -52,6 +52,17 @@ class ImageGPTWorkload(Workload):
         )
         return config, side
 
+    def param_count(self, preset: str) -> int:
+        """Image GPT's parameters from the preset's shape alone (tested equal to a meta-device
+        build), so counting needs no transformers import: embeddings, per layer two weight-only
+        LayerNorms, attention (qkv + projection) and a 4x MLP, a final LayerNorm and the untied
+        head over the 512 clusters."""
+        self.check_preset(preset)
+        p = self.presets[preset]
+        e, vocab, positions = p["n_embd"], CLUSTERS + 1, p["side"] * p["side"]
+        layer = 2 * e + (3 * e * e + 3 * e) + (e * e + e) + (4 * e * e + 4 * e) + (4 * e * e + e)
+        return (vocab + positions) * e + p["n_layer"] * layer + e + e * CLUSTERS
+
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         from transformers import ImageGPTForCausalImageModeling
 

@@ -176,7 +176,9 @@ class TransformerWorkload(Workload):
         self.check_preset(preset)
         p = self.presets[preset]
         h, inter, labels = p["hidden_size"], p["intermediate_size"], p["num_labels"]
-        embeddings = (p["vocab_size"] + p["max_position_embeddings"] + p.get("type_vocab_size", 2)) * h + 2 * h
+        embeddings = (
+            p["vocab_size"] + p["max_position_embeddings"] + p.get("type_vocab_size", 2)
+        ) * h + 2 * h
         attention = 4 * (h * h + h) + 2 * h  # q, k, v, output projection; LayerNorm
         mlp = (h * inter + inter) + (inter * h + h) + 2 * h  # up, down; LayerNorm
         pooler, head = h * h + h, h * labels + labels

@@ -93,11 +93,15 @@ def test_tiny_runs_under_strategy_at_world_size_2(name: str, strategy: str, tiny
     assert record.world_size == 2 and record.peak_mem_bytes["max"] > 0
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small", "base", "h1024-l18", "1b"])
-def test_transformer_count_formula_equals_a_meta_build(preset: str) -> None:
-    """The transformer counts its parameters from the preset's shape (fast); a build on the meta
-    device (the general mechanism of models.base.Workload) must agree, for several shapes."""
+@pytest.mark.parametrize(
+    ("name", "preset"),
+    [("transformer", p) for p in ("tiny", "small", "base", "h1024-l18", "1b")]
+    + [("imagegpt", p) for p in ("tiny", "igpt-s", "igpt-l")],
+)
+def test_count_formula_equals_a_meta_build(name: str, preset: str) -> None:
+    """transformer and imagegpt count parameters from the preset's shape (no library import, no
+    build); a build on the meta device (models.base.Workload's general way) must agree."""
     from models.base import Workload
 
-    w = get_workload("transformer")
+    w = get_workload(name)
     assert w.param_count(preset) == Workload.param_count(w, preset)
