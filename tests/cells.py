@@ -1,8 +1,8 @@
 """Cells for tests: ``tiny_cell()`` builds one, ``run_cell_here()`` runs one without fresh
 processes.
 
-``bench.harness.launch.run_cell`` starts every rank as a fresh ``python -m bench.harness.worker``
-(seconds each: torch, transformers and the model are imported anew), which the tests of the
+``bench.harness.launch.run_cell`` starts every rank as a fresh process (forked from a warm server
+on the CPU, still about a second a cell plus the server's first start), which the tests of the
 launcher itself need (``test_run_end_to_end``, ``test_claim``, ``test_maxsize``). Tests of what a
 rank measures need only the rank: ``run_cell_here`` runs the worker's ``run_rank`` as rank 0 of a
 fake world in this process for a simulated cell, or on the session's shared gloo world
@@ -52,10 +52,9 @@ def run_cell_here(cell: CellConfig, *, run_id: str = "t") -> Record:
     single-process cells) or on the shared gloo world of the cell's size (see the module doc)."""
     from bench.harness.result import build_record
     from bench.harness.worker import run_rank_safely
-    from bench.strategies.registry import get_strategy
     from tests.dist import run_in_world
 
-    plan = get_strategy(cell.strategy).plan_world(cell.world_size, cell.device, cell.simulate)
+    plan = cell.world_plan()
     start = time.perf_counter()
     if plan.processes == 1:
         assert not dist.is_initialized(), "a process group is already initialised in this process"
