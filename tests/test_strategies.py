@@ -12,6 +12,8 @@ from bench.strategies.registry import (
     display_of,
     get_strategy,
     reference_strategy,
+    strategy_cards,
+    strategy_class,
     strategy_classes,
     strategy_names,
 )
@@ -58,6 +60,16 @@ def test_declared_display() -> None:
     assert {n for n, d in displays.items() if d.role == "ours"} == {"zero1", "zero2"}
     assert reference_strategy() == "ddp"
     assert display_of("sharded") == displays["zero2"] and display_of("zero9") is None
+
+
+def test_every_card_has_its_implementation() -> None:
+    """The catalog (torch-free, what list/report/validation read) and the classes agree: each
+    card names a class that declares that card, so neither can drift from the other."""
+    for card in strategy_cards():
+        cls = strategy_class(card.name)
+        assert cls.card is card and cls.name == card.name and cls.sharding == card.sharding
+    with pytest.raises(TypeError, match="no strategy card named 'zero9'"):
+        type("Unknown", (Strategy,), {}, card="zero9")
 
 
 @pytest.mark.parametrize("name", MULTI_RANK[1:])

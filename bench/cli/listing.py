@@ -1,6 +1,7 @@
 """``shardbench list`` and ``shardbench env``: what this installation and machine offer.
 
-``list`` reads parameter counts from configs (no model is built), so it stays fast.
+``list`` reads parameter counts from preset shapes and strategies from their catalog: no model
+is built and torch is not imported, so it answers in well under 2 s.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def listing() -> dict:
-    from bench.strategies.registry import strategy_classes
-    from models.registry import get_workload, workload_names
+    """Everything ``list`` shows, read from declarations: no strategy or model library is
+    imported (the strategy catalog and the workloads' preset modules are torch-free)."""
+    from bench.strategies.registry import strategy_cards
+    from models.registry import preset_param_counts, workload_names
 
-    workloads = {}
-    for name in workload_names():
-        w = get_workload(name)
-        workloads[name] = {"presets": {p: {"params": w.param_count(p)} for p in w.presets}}
+    workloads = {
+        name: {"presets": {p: {"params": n} for p, n in preset_param_counts(name).items()}}
+        for name in workload_names()
+    }
     strategies = {
         c.name: {
             "aliases": list(c.aliases),
@@ -34,7 +37,7 @@ def listing() -> dict:
             "shards_parameters": c.sharding.parameters,
             "simulatable": c.simulatable,
         }
-        for c in strategy_classes()
+        for c in strategy_cards()
     }
     suites = {n: load_suite(n).description for n in suite_names()}
     return {"workloads": workloads, "strategies": strategies, "suites": suites}

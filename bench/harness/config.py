@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.strategies.base import WorldPlan
+from bench.strategies.catalog import WorldPlan
 
 SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
 PRECISIONS = ("fp32", "bf16")

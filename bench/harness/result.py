@@ -22,7 +22,7 @@ from bench.harness.config import CellConfig
 from bench.harness.records import Record, capture_env, finite, first_line
 from bench.metrics.analytic import predicted_model_state_bytes
 from bench.metrics.timing import slowest_rank, summarize
-from bench.strategies.base import WorldPlan
+from bench.strategies.catalog import WorldPlan
 from bench.strategies.registry import get_strategy
 
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from bench.metrics.analytic import Sharding
+from bench.strategies.catalog import Display, Role, StrategyCard, WorldPlan
+
+__all__ = ["Display", "Role", "WorldPlan", "RankContext", "Strategy", "OptimizerFactory", "LossFn"]
 
 #: builds the optimizer for an (unwrapped) model; sharded strategies read its class, groups and
 #: hyperparameters and rebuild it over their shards.
@@ -36,39 +39,6 @@ class RankContext:
     #: the default process group, or None for single-process strategies (dp).
     process_group: dist.ProcessGroup | None = None
     precision: str = "fp32"
-
-
-@dataclass(frozen=True)
-class WorldPlan:
-    """What a requested world size becomes for a strategy on a device.
-
-    ``processes`` ranks are launched; ``world_size`` is what the record reports (the number of
-    devices/ranks that really share the work). ``note`` explains any difference from the request.
-    """
-
-    processes: int
-    world_size: int
-    note: str = ""
-    #: one process plays rank 0 of a fake world of ``world_size`` (PyTorch's fake process group).
-    simulated: bool = False
-
-
-Role = Literal["baseline", "ours", "peer"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Display:
-    """How reports show a strategy, declared beside it so a new strategy needs no report edit."""
-
-    #: place in bar groups and legends, by ZeRO stage: 10 x stage, + 1 for a peer, so each
-    #: peer sits right after ours at the same stage (dp 0, ddp 10, zero1 20, torch-zero1 21, ...)
-    order: int
-    #: matplotlib colour: ours saturated, the peer at the same stage a lighter shade of it
-    color: str
-    #: what the strategy is to the comparison: a baseline, our implementation, or a peer's
-    role: Role
-    #: the unsharded baseline every memory saving is measured against (one strategy sets it)
-    reference: bool = False
 
 
 class _ShardingView:
@@ -92,7 +62,9 @@ SIMULATED_NOTE = (
 
 
 class Strategy:
-    """Base class: override ``setup`` (and ``train_step`` only if the default does not fit)."""
+    """Base class: override ``setup`` (and ``train_step`` only if the default does not fit).
+
+    A concrete strategy names its declaration: ``class DDPStrategy(Strategy, card="ddp")``."""
 
     name: ClassVar[str]
     aliases: ClassVar[tuple[str, ...]] = ()
@@ -110,8 +82,26 @@ class Strategy:
     #: needs torch.distributed initialised in every rank.
     needs_process_group: ClassVar[bool] = True
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    #: the declaration this class implements (``bench.strategies.catalog``)
+    card: ClassVar[StrategyCard]
+
+    def __init_subclass__(cls, card: str | None = None, **kwargs: Any) -> None:
+        """``class X(Strategy, card="name")`` takes name, aliases, description, sharding, display
+        and the capability flags from the catalog's card of that name: one declaration, which
+        ``shardbench list`` and reports read without importing torch."""
         super().__init_subclass__(**kwargs)
+        if card is not None:
+            from bench.strategies.catalog import CARDS
+
+            (found,) = [c for c in CARDS if c.name == card] or [None]
+            if found is None:
+                raise TypeError(
+                    f"{cls.__name__}: no strategy card named {card!r} in bench/strategies/catalog.py"
+                )
+            cls.card = found
+            cls.name, cls.aliases, cls.description = found.name, found.aliases, found.description
+            cls.sharding, cls.display = found.sharding, found.display
+            cls.simulatable, cls.needs_process_group = found.simulatable, found.needs_process_group
         views = [n for n, v in vars(Strategy).items() if isinstance(v, _ShardingView)]
         if stale := [n for n in views if n in vars(cls)]:  # it would shadow the view and disagree
             raise TypeError(f"{cls.__name__} sets {', '.join(stale)}: declare its sharding = Sharding(...)")

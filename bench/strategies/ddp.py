@@ -14,8 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.metrics.analytic import REPLICATED
-from bench.strategies.base import Display, OptimizerFactory, RankContext, Strategy
+from bench.strategies.base import OptimizerFactory, RankContext, Strategy
 from bench.strategies.ddp_planned import PlannedDDP
 from bench.strategies.sharded.fake import is_fake
 
@@ -53,12 +52,7 @@ def _no_communication(state, bucket):  # noqa: ANN001 - DDP checks the real (uns
     return fut
 
 
-class DDPStrategy(Strategy):
-    name = "ddp"
-    description = "DistributedDataParallel (gradient_as_bucket_view=True), full replicas"
-    sharding = REPLICATED
-    display = Display(order=10, color="#525252", role="baseline", reference=True)
-
+class DDPStrategy(Strategy, card="ddp"):
     def settings(self) -> dict[str, Any]:
         return dict(DDP_SETTINGS)
 

@@ -13,18 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.metrics.analytic import REPLICATED
-from bench.strategies.base import Display, OptimizerFactory, RankContext, Strategy, WorldPlan
+from bench.strategies.base import OptimizerFactory, RankContext, Strategy, WorldPlan
 
 
-class DPStrategy(Strategy):
-    name = "dp"
-    description = "torch.nn.DataParallel (one process; real only with >= 2 CUDA devices)"
-    sharding = REPLICATED
-    display = Display(order=0, color="#bdbdbd", role="baseline")
-    needs_process_group = False
-    simulatable = False
-
+class DPStrategy(Strategy, card="dp"):
     def plan_world(self, requested: int, device_type: str, simulate: bool = False) -> WorldPlan:
         if simulate:
             raise ValueError(

@@ -19,8 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.metrics.analytic import ZERO2, ZERO3
-from bench.strategies.base import Display, OptimizerFactory, RankContext, Strategy
+from bench.strategies.base import OptimizerFactory, RankContext, Strategy
 
 
 def _fsdp_api() -> tuple[Any, Any, Any]:
@@ -80,17 +79,9 @@ class FSDP2Strategy(Strategy):
         return model, optimizer_factory(model)
 
 
-class FSDP2Zero2Strategy(FSDP2Strategy):
-    name = "fsdp2-zero2"
-    description = "peer: FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2-like)"
-    sharding = ZERO2
-    display = Display(order=31, color="#fdae6b", role="peer")
+class FSDP2Zero2Strategy(FSDP2Strategy, card="fsdp2-zero2"):
     reshard_after_forward = False
 
 
-class FSDP2Zero3Strategy(FSDP2Strategy):
-    name = "fsdp2-zero3"
-    description = "peer: FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3)"
-    sharding = ZERO3
-    display = Display(order=41, color="#a1d99b", role="peer")
+class FSDP2Zero3Strategy(FSDP2Strategy, card="fsdp2-zero3"):
     reshard_after_forward = True

@@ -1,61 +1,67 @@
 """Strategies by name (and alias). An unknown name raises ``ValueError`` listing the valid ones.
 
+Names, aliases and declarations come from ``bench.strategies.catalog`` (no torch import); a
+strategy's implementation is imported only when ``get_strategy``/``strategy_class`` asks for it.
 Reports read each strategy's declared ``display`` from here (``display_of``), so a name no
 strategy has (an old record) is the report's to render with a fallback, not an error."""
 
 from __future__ import annotations
 
-from bench.strategies.base import Display, Strategy
-from bench.strategies.ddp import DDPStrategy
-from bench.strategies.dp import DPStrategy
-from bench.strategies.fsdp2 import FSDP2Zero2Strategy, FSDP2Zero3Strategy
-from bench.strategies.torch_zero1 import TorchZero1Strategy
-from bench.strategies.zero1 import Zero1Strategy
-from bench.strategies.zero2 import Zero2Strategy
+import importlib
+from typing import TYPE_CHECKING
 
-_STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls
-    for cls in (
-        DPStrategy,
-        DDPStrategy,
-        Zero1Strategy,
-        Zero2Strategy,
-        TorchZero1Strategy,
-        FSDP2Zero2Strategy,
-        FSDP2Zero3Strategy,
-    )
-}
-_ALIASES: dict[str, str] = {a: cls.name for cls in _STRATEGIES.values() for a in cls.aliases}
+from bench.strategies.catalog import CARDS, Display, StrategyCard
+
+if TYPE_CHECKING:
+    from bench.strategies.base import Strategy
+
+_CARDS: dict[str, StrategyCard] = {card.name: card for card in CARDS}
+_ALIASES: dict[str, str] = {a: card.name for card in CARDS for a in card.aliases}
 
 
 def strategy_names() -> list[str]:
-    return list(_STRATEGIES)
+    return list(_CARDS)
 
 
 def canonical_name(name: str) -> str:
-    if name in _STRATEGIES:
+    if name in _CARDS:
         return name
     if name in _ALIASES:
         return _ALIASES[name]
-    allowed = ", ".join([*_STRATEGIES, *(f"{a} (= {c})" for a, c in _ALIASES.items())])
+    allowed = ", ".join([*_CARDS, *(f"{a} (= {c})" for a, c in _ALIASES.items())])
     raise ValueError(f"unknown strategy {name!r}; allowed: {allowed}")
 
 
+def strategy_card(name: str) -> StrategyCard:
+    """The declaration of ``name`` (or an alias of it), without importing its implementation."""
+    return _CARDS[canonical_name(name)]
+
+
+def strategy_cards() -> list[StrategyCard]:
+    return list(_CARDS.values())
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    module, cls = strategy_card(name).implementation.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
 def get_strategy(name: str) -> Strategy:
-    return _STRATEGIES[canonical_name(name)]()
+    return strategy_class(name)()
 
 
 def strategy_classes() -> list[type[Strategy]]:
-    return list(_STRATEGIES.values())
+    """Every implementation (imports them all, and torch with them)."""
+    return [strategy_class(n) for n in _CARDS]
 
 
 def display_of(name: str) -> Display | None:
     """How reports show ``name`` (an alias shows as its strategy); None for an unknown name."""
-    cls = _STRATEGIES.get(_ALIASES.get(name, name))
-    return cls.display if cls is not None else None
+    card = _CARDS.get(_ALIASES.get(name, name))
+    return card.display if card is not None else None
 
 
 def reference_strategy() -> str:
     """The baseline every memory saving is measured against (the one declaring ``reference``)."""
-    (name,) = [c.name for c in _STRATEGIES.values() if c.display.reference]
+    (name,) = [c.name for c in CARDS if c.display.reference]
     return name

@@ -14,20 +14,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from bench.metrics.analytic import Sharding
-from bench.strategies.base import Display, OptimizerFactory, RankContext, Strategy
+from bench.strategies.base import OptimizerFactory, RankContext, Strategy
 from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 
 if TYPE_CHECKING:  # importing it costs ~1 s (TorchScript'd functional optimizers): only when used
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
-class TorchZero1Strategy(Strategy):
-    name = "torch-zero1"
-    description = "peer: torch ZeroRedundancyOptimizer (whole-parameter partition) + DDP"
-    sharding = Sharding(optimizer_state=True, whole_parameters=True)
-    display = Display(order=21, color="#9ecae1", role="peer")
-
+class TorchZero1Strategy(Strategy, card="torch-zero1"):
     def __init__(self) -> None:
         self.optimizer: ZeroRedundancyOptimizer | None = None
 

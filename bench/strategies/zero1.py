@@ -12,18 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.metrics.analytic import ZERO1
-from bench.strategies.base import Display, OptimizerFactory, RankContext
+from bench.strategies.base import OptimizerFactory, RankContext
 from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy
 
 
-class Zero1Strategy(ShardedOptimizerStrategy):
-    name = "zero1"
-    description = "ours: ShardedOptimizer (ZeRO-1, element-balanced) + DDP"
-    sharding = ZERO1
-    display = Display(order=20, color="#1f77b4", role="ours")
-
+class Zero1Strategy(ShardedOptimizerStrategy, card="zero1"):
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "ddp": dict(DDP_SETTINGS)}
 

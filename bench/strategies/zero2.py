@@ -9,20 +9,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.metrics.analytic import ZERO2
-from bench.strategies.base import Display, OptimizerFactory, RankContext
+from bench.strategies.base import OptimizerFactory, RankContext
 from bench.strategies.sharded import ShardedDataParallel
 from bench.strategies.sharded.data_parallel import MAX_IN_FLIGHT
 from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy
 
 
-class Zero2Strategy(ShardedOptimizerStrategy):
-    name = "zero2"
-    aliases = ("sharded", "ddp_sharded")
-    description = "ours: ShardedOptimizer + ShardedDataParallel (ZeRO-2, element-balanced)"
-    sharding = ZERO2
-    display = Display(order=30, color="#e6550d", role="ours")
-
+class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
     def __init__(self) -> None:
         super().__init__()
         self.model: ShardedDataParallel | None = None

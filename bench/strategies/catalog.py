@@ -1,0 +1,123 @@
+"""Every strategy's declaration, importable without torch.
+
+A strategy's implementation needs torch (2 s to import on the CI machine); what a user lists,
+what a record is validated and planned against, and what a report draws (name, aliases,
+description, what it shards, how it is shown) does not. So each strategy is declared here once,
+as a ``StrategyCard``, and its class in ``bench/strategies/<file>.py`` takes these fields from its
+card (``class DDPStrategy(Strategy, card="ddp")``): ``shardbench list``, ``report`` and
+argument validation never import torch, and there is still one place a declaration lives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from bench.metrics.analytic import REPLICATED, ZERO1, ZERO2, ZERO3, Sharding
+
+Role = Literal["baseline", "ours", "peer"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Display:
+    """How reports show a strategy, declared on its card so a new strategy needs no report edit."""
+
+    #: place in bar groups and legends, by ZeRO stage: 10 x stage, + 1 for a peer, so each
+    #: peer sits right after ours at the same stage (dp 0, ddp 10, zero1 20, torch-zero1 21, ...)
+    order: int
+    #: matplotlib colour: ours saturated, the peer at the same stage a lighter shade of it
+    color: str
+    #: what the strategy is to the comparison: a baseline, our implementation, or a peer's
+    role: Role
+    #: the unsharded baseline every memory saving is measured against (one strategy sets it)
+    reference: bool = False
+
+
+@dataclass(frozen=True)
+class WorldPlan:
+    """What a requested world size becomes for a strategy on a device.
+
+    ``processes`` ranks are launched; ``world_size`` is what the record reports (the number of
+    devices/ranks that really share the work). ``note`` explains any difference from the request.
+    """
+
+    processes: int
+    world_size: int
+    note: str = ""
+    #: one process plays rank 0 of a fake world of ``world_size`` (PyTorch's fake process group).
+    simulated: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyCard:
+    """What a strategy is, without its implementation."""
+
+    name: str
+    #: "module:Class" of the implementation, imported only when the strategy is run
+    implementation: str
+    description: str
+    #: what is partitioned across ranks; the analytic memory prediction is computed from it
+    sharding: Sharding
+    #: how reports order, colour and label it
+    display: Display
+    aliases: tuple[str, ...] = ()
+    #: can run as rank 0 of a fake world of N (simulated world sizes)
+    simulatable: bool = True
+    #: needs torch.distributed initialised in every rank
+    needs_process_group: bool = True
+
+
+CARDS: tuple[StrategyCard, ...] = (
+    StrategyCard(
+        name="dp",
+        implementation="bench.strategies.dp:DPStrategy",
+        description="torch.nn.DataParallel (one process; real only with >= 2 CUDA devices)",
+        sharding=REPLICATED,
+        display=Display(order=0, color="#bdbdbd", role="baseline"),
+        simulatable=False,
+        needs_process_group=False,
+    ),
+    StrategyCard(
+        name="ddp",
+        implementation="bench.strategies.ddp:DDPStrategy",
+        description="DistributedDataParallel (gradient_as_bucket_view=True), full replicas",
+        sharding=REPLICATED,
+        display=Display(order=10, color="#525252", role="baseline", reference=True),
+    ),
+    StrategyCard(
+        name="zero1",
+        implementation="bench.strategies.zero1:Zero1Strategy",
+        description="ours: ShardedOptimizer (ZeRO-1, element-balanced) + DDP",
+        sharding=ZERO1,
+        display=Display(order=20, color="#1f77b4", role="ours"),
+    ),
+    StrategyCard(
+        name="zero2",
+        implementation="bench.strategies.zero2:Zero2Strategy",
+        aliases=("sharded", "ddp_sharded"),
+        description="ours: ShardedOptimizer + ShardedDataParallel (ZeRO-2, element-balanced)",
+        sharding=ZERO2,
+        display=Display(order=30, color="#e6550d", role="ours"),
+    ),
+    StrategyCard(
+        name="torch-zero1",
+        implementation="bench.strategies.torch_zero1:TorchZero1Strategy",
+        description="peer: torch ZeroRedundancyOptimizer (whole-parameter partition) + DDP",
+        sharding=Sharding(optimizer_state=True, whole_parameters=True),
+        display=Display(order=21, color="#9ecae1", role="peer"),
+    ),
+    StrategyCard(
+        name="fsdp2-zero2",
+        implementation="bench.strategies.fsdp2:FSDP2Zero2Strategy",
+        description="peer: FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2-like)",
+        sharding=ZERO2,
+        display=Display(order=31, color="#fdae6b", role="peer"),
+    ),
+    StrategyCard(
+        name="fsdp2-zero3",
+        implementation="bench.strategies.fsdp2:FSDP2Zero3Strategy",
+        description="peer: FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3)",
+        sharding=ZERO3,
+        display=Display(order=41, color="#a1d99b", role="peer"),
+    ),
+)
