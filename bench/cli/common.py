@@ -35,3 +35,13 @@ def csv_list(kind: type) -> Callable[[str], tuple]:
             ) from None
 
     return parse
+
+
+def tag_pair(text: str) -> tuple[str, str]:
+    """``key=value`` for ``--tag``: a key of letters, digits, '-', '_' or '.', any value."""
+    key, sep, value = text.partition("=")
+    if not sep or not key or not key.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE with a key of letters, digits, '-', '_' or '.', got {text!r}"
+        )
+    return key, value

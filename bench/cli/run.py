@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
+from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if, tag_pair
 from bench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
+
+#: ``--repeat`` beyond this is a typo, not a measurement plan
+MAX_REPEAT = 100
 
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +45,21 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument(
         "--name", help="a name for the run (default: the suite's); the run id adds time and a suffix"
+    )
+    run.add_argument(
+        "--tag",
+        action="append",
+        type=tag_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="label the run (repeatable), e.g. --tag branch=main --tag gpu=h200; records carry the tags",
+    )
+    run.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each timed cell R times, each in fresh processes; compare uses the median of "
+        "the repeats and their spread as noise (default 1)",
     )
     run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
     run.add_argument(
@@ -79,13 +98,17 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
     return spec, cells
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from bench.harness.records import RecordWriteError, read_records
-    from bench.harness.runner import done_keys, new_run_id, run_cells
-    from bench.harness.validate import check_output_dir
-    from bench.report.build import write_report
+def repeated(cells: list[CellConfig], repeat: int) -> list[CellConfig]:
+    """Each timed cell ``repeat`` times (repeats adjacent); a ``--fake`` cell measures no time
+    and its memory is deterministic, so it runs once."""
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
+        raise UsageError(f"--repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}")
+    return [replace(c, repeat=i) for c in cells for i in range(1 if c.fake else repeat)]
 
+
+def cmd_run(args: argparse.Namespace) -> int:
     spec, cells = resolve_cells(args)
+    cells = repeated(cells, args.repeat)
     if args.resume is not None:
         if args.out is not None and args.out.resolve() != args.resume.resolve():
             raise UsageError("--resume RUN_DIR writes into RUN_DIR; drop --out or give the same directory")
@@ -93,19 +116,43 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--resume {args.resume}: no records.jsonl there; give the directory of an earlier run"
             )
+    name = check_run_name(args.name or spec.name)
     out = args.resume or args.out
-    if args.name is not None and not args.name.replace("-", "").replace("_", "").isalnum():
-        raise UsageError(f"--name {args.name!r}: use letters, digits, '-' and '_' only")
-    run_id = new_run_id(args.name or spec.name)
-    if args.resume is not None:
-        earlier = read_records([args.resume / "records.jsonl"])
+    return execute_run(cells, name=name, tags=dict(args.tag), out=out, resume=args.resume)[1]
+
+
+def check_run_name(name: str) -> str:
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise UsageError(f"--name {name!r}: use letters, digits, '-' and '_' only")
+    return name
+
+
+def execute_run(
+    cells: list[CellConfig],
+    *,
+    name: str,
+    tags: dict[str, str],
+    out: Path | None = None,
+    resume: Path | None = None,
+) -> tuple[Path, int]:
+    """Run validated cells into ``out`` (a new run directory by default), print the table and
+    write the report; returns the run directory and ``run``'s exit code (0 all ok, 1 a cell
+    failed or a record could not be written, 130/143 interrupted)."""
+    from bench.harness.records import RecordWriteError, read_records
+    from bench.harness.runner import done_keys, new_run_id, run_cells
+    from bench.harness.validate import check_output_dir
+    from bench.report.build import write_report
+
+    run_id = new_run_id(name)
+    if resume is not None:
+        earlier = read_records([resume / "records.jsonl"])
         run_id = earlier[0].run_id if earlier else run_id
     out = out or DEFAULT_RUNS_DIR / run_id
     try:
         check_output_dir(out, cells=len(cells))
     except ValueError as e:
         raise UsageError(str(e)) from None
-    skip = done_keys(out) if args.resume is not None else set()
+    skip = done_keys(out) if resume is not None else set()
     if skip:
         print(
             f"resume: {len(skip & {c.key() for c in cells})} of {len(cells)} cells already ok in {out}; "
@@ -113,12 +160,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        outcome = run_cells(cells, out_dir=out, run_id=run_id, skip=skip)
+        outcome = run_cells(cells, out_dir=out, run_id=run_id, skip=skip, name=name, tags=tags)
     except RecordWriteError as e:
         print(
             f"shardbench run: error: {e}; the run stopped (records written so far are kept)", file=sys.stderr
         )
-        return 1
+        return out, 1
     print(outcome.table)
     print(f"report: {write_report(out)}")
     records = outcome.records
@@ -131,5 +178,5 @@ def cmd_run(args: argparse.Namespace) -> int:
             "(and the same suite and flags)",
             file=sys.stderr,
         )
-        return outcome.interrupted.exit_code
-    return 0 if all(r.status == "ok" for r in records) else 1
+        return out, outcome.interrupted.exit_code
+    return out, 0 if all(r.status == "ok" for r in records) else 1

@@ -55,6 +55,8 @@ class CellConfig:
     #: how the world is laid out (processes launched, world size reported, note), fixed once by
     #: ``bench.harness.validate.plan_cells`` and carried to every rank in the cell JSON
     plan: WorldPlan | None = None
+    #: which repetition of this cell it is (``run --repeat R``: each in fresh processes)
+    repeat: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +89,7 @@ class CellConfig:
             self.device,
             self.simulate,
             self.fake,
+            self.repeat,
         )
 
 

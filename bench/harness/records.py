@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 #: version of the record layout; 2 added ``schema``, ``failure`` and the statuses
-#: ``diverged`` and ``interrupted``. Records without ``schema`` are version 1 and still load.
-SCHEMA = 2
+#: ``diverged`` and ``interrupted``; 3 added the run's ``name`` and ``tags`` and the cell's
+#: ``repeat`` index. Records without ``schema`` are version 1; every older record still loads.
+SCHEMA = 3
 STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped")
 FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
 #: fields a line must have to be read as a record at all
@@ -78,6 +79,11 @@ class Record:
     loss: dict[str, float | None] | None = None  # {"first", "last"}, rank 0
     wall_s: float | None = None
     env: dict[str, Any] = field(default_factory=dict)
+    #: the run's name (``run --name``, the suite's by default) and its ``--tag key=value`` pairs
+    name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    #: which of the cell's ``run --repeat R`` repetitions this is (0 when not repeated)
+    repeat: int = 0
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:

@@ -155,6 +155,7 @@ def build_record(
         predicted_mem_bytes=predict(cell, world_size, num_params),
         wall_s=wall_s,
         env=capture_env(cell.device),
+        repeat=cell.repeat,
     )
     first_losses = results[0].losses if results else []
     record.loss = {"first": first_losses[0], "last": first_losses[-1]} if first_losses else None

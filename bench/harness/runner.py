@@ -18,7 +18,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -73,6 +73,7 @@ def _record_key(r: Record) -> tuple:
         r.device,
         r.simulated,
         r.fake,
+        r.repeat,
     )
 
 
@@ -111,9 +112,16 @@ class _Interrupts:
 
 
 def run_cells(
-    cells: Sequence[CellConfig], *, out_dir: Path, run_id: str, skip: set[tuple] | None = None
+    cells: Sequence[CellConfig],
+    *,
+    out_dir: Path,
+    run_id: str,
+    skip: set[tuple] | None = None,
+    name: str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> RunOutcome:
-    """Run every cell not in ``skip`` with a progress display on stderr."""
+    """Run every cell not in ``skip`` with a progress display on stderr; every record carries
+    the run's ``name`` and ``tags`` (reports label runs by name, compare matches them)."""
     from bench.report.tables import write_tables
 
     outcome = RunOutcome()
@@ -128,6 +136,7 @@ def run_cells(
                     record = run_cell(cell, run_id=run_id)
             except Interrupted as e:
                 record = _interrupted_record(cell, e, run_id=run_id, wall_s=time.perf_counter() - start)
+            record.name, record.tags = name, dict(tags or {})
             append_record(out_dir / "records.jsonl", record)
             outcome.records.append(record)
             try:

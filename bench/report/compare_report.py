@@ -1,0 +1,165 @@
+"""A comparison as files: ``compare.md`` (for a CI job summary), ``compare.json`` (for tools)
+and ``compare.html`` (for people), regressions first and highlighted; and the short text the
+command prints. Everything here renders a ``Comparison``; nothing decides a verdict."""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.report.html import CSS
+from bench.report.tables import markdown_table
+from bench.studies.compare import CellDelta, Comparison, MetricDelta
+
+COLUMNS = ("verdict", "cell", "metric", "baseline", "current", "change", "band", "note")
+
+
+def metric_value(m: MetricDelta, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if m.unit == "bytes":
+        return f"{value / 2**20:,.2f} MiB"
+    return f"{value * 1e3:.3f} ms"
+
+
+def _change(m: MetricDelta) -> str:
+    pct = m.change_pct
+    if pct is None:
+        return "-"
+    if m.unit == "bytes" and m.current is not None and m.baseline is not None:
+        return f"{pct:+.2f}% ({(m.current - m.baseline) / 2**20:+,.2f} MiB)"
+    return f"{pct:+.1f}%"
+
+
+def _band(m: MetricDelta) -> str:
+    if m.low is None or m.high is None:
+        return "-"
+    return f"{metric_value(m, m.low)} .. {metric_value(m, m.high)}"
+
+
+def rows(comparison: Comparison, *, only_regressions: bool = False) -> list[tuple[str, ...]]:
+    """One row per metric of each cell (one row for a cell without metrics)."""
+    out = []
+    for c in comparison.cells:
+        if only_regressions and not c.regressed:
+            continue
+        verdict = c.verdict + (f" (ignored: {c.ignored})" if c.ignored else "")
+        notes = "; ".join(c.notes)
+        metrics = [m for m in c.metrics if not only_regressions or m.verdict == "regressed"] or [None]
+        for m in metrics:
+            if m is None:
+                out.append((verdict, c.cell, "-", c.baseline_status or "-", c.current_status or "-", "-", "-", notes))
+                continue
+            note = "; ".join(x for x in (m.note, notes) if x)
+            out.append(
+                (verdict, c.cell, m.metric, metric_value(m, m.baseline), metric_value(m, m.current),
+                 _change(m), _band(m), note)
+            )  # fmt: skip
+    return out
+
+
+def summary_line(comparison: Comparison) -> str:
+    counts = ", ".join(f"{n} {v}" for v, n in comparison.counts().items() if n)
+    verdict = "REGRESSION" if comparison.exit_code else "no regression"
+    return f"{verdict}: {len(comparison.cells)} cells ({counts}); rules: {comparison.rules_source}"
+
+
+def env_lines(comparison: Comparison) -> list[str]:
+    return [f"environment changed: {k}: {b} -> {c}" for k, (b, c) in comparison.env_changes.items()]
+
+
+def to_text(comparison: Comparison) -> str:
+    """What ``compare`` prints: the summary and, when there are any, the regressions."""
+    lines = [summary_line(comparison), *env_lines(comparison)]
+    regressions = rows(comparison, only_regressions=True)
+    if regressions:
+        lines.append(markdown_table(COLUMNS, regressions))
+    return "\n".join(lines)
+
+
+def to_markdown(comparison: Comparison, *, baseline: str, current: str) -> str:
+    parts = [
+        "## shardbench compare",
+        f"baseline: `{baseline}`  \ncurrent: `{current}`",
+        f"**{summary_line(comparison)}**",
+        *(f"- {line}" for line in env_lines(comparison)),
+    ]
+    regressions = rows(comparison, only_regressions=True)
+    if regressions:
+        parts += ["### Regressions", markdown_table(COLUMNS, regressions)]
+    parts += ["### Every cell", markdown_table(COLUMNS, rows(comparison))]
+    return "\n\n".join(parts) + "\n"
+
+
+def to_json(comparison: Comparison, *, baseline: str, current: str) -> dict:
+    def cell(c: CellDelta) -> dict:
+        d = asdict(c)
+        d["regressed"] = c.regressed
+        for m, md in zip(c.metrics, d["metrics"], strict=True):
+            md["change_pct"] = m.change_pct
+        return d
+
+    return {
+        "baseline": baseline,
+        "current": current,
+        "exit_code": comparison.exit_code,
+        "counts": comparison.counts(),
+        "rules": comparison.rules_source,
+        "env_changes": {k: {"baseline": b, "current": c} for k, (b, c) in comparison.env_changes.items()},
+        "cells": [cell(c) for c in comparison.cells],
+    }
+
+
+_HTML_CSS = """
+tr.regressed td, tr.now-failing td { background: #fde0dc; } tr.regressed td.verdict,
+tr.now-failing td.verdict { color: #b71c1c; font-weight: bold; }
+tr.improved td.verdict, tr.now-passing td.verdict { color: #1b5e20; }
+tr.new td.verdict, tr.missing td.verdict { color: #8a6d00; } tr.ignored td { background: #f3f3f3; }
+"""
+
+
+def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: str = "") -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = []
+    for c in comparison.cells:
+        css = "ignored" if c.ignored else c.verdict.replace(" ", "-")
+        for row in rows(Comparison([c], comparison.env_changes, comparison.rules_source)):
+            cells = "".join(
+                f'<td class="{"verdict" if i == 0 else "text" if i in (1, 2) else "note" if i == 7 else ""}">'
+                f"{html.escape(v)}</td>"
+                for i, v in enumerate(row)
+            )
+            body.append(f'<tr class="{css}">{cells}</tr>')
+    env = "".join(f"<li>{html.escape(line)}</li>" for line in env_lines(comparison))
+    status = "regression" if comparison.exit_code else "ok"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>shardbench compare</title>"
+        f"<style>{CSS}{_HTML_CSS}</style></head><body>"
+        f"<h1>shardbench compare: {status}</h1>"
+        f"<p class='lead'>baseline <code>{html.escape(baseline)}</code><br>current "
+        f"<code>{html.escape(current)}</code></p>"
+        f"<p><b>{html.escape(summary_line(comparison))}</b></p>"
+        f"{f'<ul>{env}</ul>' if env else ''}"
+        "<p class='how'>Memory regresses beyond max(tolerance %, tolerance MiB) of the baseline; step "
+        "time only beyond both the relative threshold and k x the combined MAD (the band column). "
+        "Regressions first.</p>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        f"{extra_html}</body></html>"
+    )
+
+
+def write_comparison(comparison: Comparison, out_dir: Path, *, baseline: str, current: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "md": out_dir / "compare.md",
+        "json": out_dir / "compare.json",
+        "html": out_dir / "compare.html",
+    }
+    paths["md"].write_text(to_markdown(comparison, baseline=baseline, current=current))
+    paths["json"].write_text(
+        json.dumps(to_json(comparison, baseline=baseline, current=current), indent=1, default=str) + "\n"
+    )
+    paths["html"].write_text(to_html(comparison, baseline=baseline, current=current))
+    return paths

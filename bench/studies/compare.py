@@ -1,0 +1,328 @@
+"""Compare a run against a baseline, cell by cell: the regression gate's decision, as a pure
+function of two lists of records and the rules (``compare_runs``).
+
+Memory and time are gated differently because they fail differently. Memory is deterministic
+for a fixed environment (the same cell twice gives the same bytes), so its tolerance is tight:
+``max(0.5%, 1 MiB)`` by default. Step time is noisy, so a cell is slower only when the change is
+beyond *both* a relative threshold (per device: CPU 15%, CUDA 5%) *and* k=3 times the combined
+noise of the two sides (noise: the step-time MAD; with ``run --repeat`` the larger of the
+repeats' median MAD and the MAD of their medians, since repeats in fresh processes see the
+run-to-run spread a single process cannot). A change within those bounds is "unchanged"
+whatever its sign. Cells with fewer than ``min_steps`` timed steps are compared for memory only.
+
+Verdicts per cell: ``regressed``, ``improved``, ``unchanged``, ``new`` (only in the current run),
+``missing`` (only in the baseline), ``now failing`` (ok in the baseline, not now), ``now
+passing``. A regression (exit 1) is a cell that is ``now failing`` or a metric ``regressed``,
+unless a rule ignores it (the reason is shown). ``missing`` is reported, not failed: a suite that
+lost a cell is a suite edit, and a cell that stopped running records a failure, not nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.harness.records import Record
+from bench.studies.compare_rules import Rules, Thresholds
+
+#: what makes two records the same cell (the device's name comes from the record's env)
+IDENTITY = (
+    "workload",
+    "preset",
+    "strategy",
+    "world_size",
+    "simulated",
+    "fake",
+    "precision",
+    "batch_size",
+    "device",
+    "device_name",
+)
+#: environment facts that make two runs' numbers incomparable when they differ
+ENV_KEYS = ("torch", "device_name", "schema")
+MEMORY_METRICS = ("peak_mem_bytes", "model_state_bytes")
+TIME_METRIC = "step_time_s"
+VERDICTS = ("regressed", "now failing", "improved", "now passing", "new", "missing", "unchanged")
+
+
+def identity(r: Record) -> tuple[Any, ...]:
+    return (
+        r.workload,
+        r.preset,
+        r.strategy,
+        r.world_size,
+        r.simulated,
+        r.fake,
+        r.precision,
+        r.batch_size_per_rank,
+        r.device,
+        r.env.get("device_name"),
+    )
+
+
+def cell_label(key: tuple[Any, ...]) -> str:
+    """A short stable name: workload/preset/strategy/nN/precision/bB/device[/sim|/fake]."""
+    fields = dict(zip(IDENTITY, key, strict=True))
+    mode = "/fake" if fields["fake"] else "/sim" if fields["simulated"] else ""
+    return (
+        f"{fields['workload']}/{fields['preset']}/{fields['strategy']}/n{fields['world_size']}/"
+        f"{fields['precision']}/b{fields['batch_size']}/{fields['device']}{mode}"
+    )
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's view of a cell, its repeats combined."""
+
+    status: str
+    repeats: int
+    memory: dict[str, int | None]
+    #: median step time (median of the repeats' medians), its noise, and the fewest timed steps
+    time_s: float | None = None
+    noise_s: float | None = None
+    steps: int = 0
+    #: memory differed between repeats of the same cell (it should not; the larger is used)
+    memory_varied: tuple[str, ...] = ()
+
+
+@dataclass
+class MetricDelta:
+    metric: str
+    unit: str
+    baseline: float | None
+    current: float | None
+    verdict: str
+    #: the band around the baseline inside which the metric is "unchanged"
+    low: float | None = None
+    high: float | None = None
+    note: str = ""
+
+    @property
+    def change_pct(self) -> float | None:
+        if self.baseline in (None, 0) or self.current is None:
+            return None
+        return 100.0 * (self.current - self.baseline) / self.baseline
+
+
+@dataclass
+class CellDelta:
+    cell: str
+    identity: dict[str, Any]
+    verdict: str
+    baseline_status: str | None
+    current_status: str | None
+    metrics: list[MetricDelta] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: why a rule ignores this cell's regression ("" when none does)
+    ignored: str = ""
+
+    @property
+    def regressed(self) -> bool:
+        return self.verdict in ("regressed", "now failing") and not self.ignored
+
+
+@dataclass
+class Comparison:
+    cells: list[CellDelta]
+    #: {key: (baseline values, current values)} for every environment fact that differs
+    env_changes: dict[str, tuple[list[Any], list[Any]]]
+    rules_source: str = "defaults"
+
+    @property
+    def regressions(self) -> list[CellDelta]:
+        return [c for c in self.cells if c.regressed]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressions else 0
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(VERDICTS, 0)
+        for c in self.cells:
+            out[c.verdict] += 1
+        return out
+
+
+class EnvironmentChanged(ValueError):
+    """The two sides ran on different software or hardware; their numbers do not compare."""
+
+
+def env_changes(baseline: Sequence[Record], current: Sequence[Record]) -> dict[str, tuple[list, list]]:
+    def values(records: Sequence[Record], key: str) -> list[Any]:
+        got = {r.schema if key == "schema" else r.env.get(key) for r in records}
+        return sorted(got, key=str)
+
+    out = {}
+    for key in ENV_KEYS:
+        b, c = values(baseline, key), values(current, key)
+        if b != c:
+            out[key] = (b, c)
+    return out
+
+
+def compare_runs(
+    baseline: Sequence[Record],
+    current: Sequence[Record],
+    rules: Rules | None = None,
+    *,
+    allow_env_change: bool = False,
+) -> Comparison:
+    """Every cell of either side with its verdict and per-metric deltas, regressions first.
+
+    Raises ``EnvironmentChanged`` when torch, the device or the record schema differ between
+    the sides, unless ``allow_env_change`` (then every row carries a note saying so)."""
+    rules = rules or Rules()
+    changes = env_changes(baseline, current)
+    if changes and not allow_env_change:
+        listed = "; ".join(f"{k}: {b} -> {c}" for k, (b, c) in changes.items())
+        raise EnvironmentChanged(
+            f"the runs differ in environment ({listed}); their numbers do not compare. "
+            "Save a new baseline on this environment, or pass --allow-env-change to compare anyway"
+        )
+    base_cells, cur_cells = _by_cell(baseline), _by_cell(current)
+    cells = []
+    for key in sorted(set(base_cells) | set(cur_cells), key=str):
+        fields = dict(zip(IDENTITY, key, strict=True))
+        delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), rules.thresholds_for(fields))
+        delta.ignored = rules.ignored_reason(fields, delta)
+        delta.notes += [f"threshold override: {reason}" for reason in rules.override_reasons(fields)]
+        if changes:
+            delta.notes.append("environment changed: " + ", ".join(changes))
+        cells.append(delta)
+    cells.sort(key=lambda c: (not c.regressed, VERDICTS.index(c.verdict), c.cell))
+    return Comparison(cells=cells, env_changes=changes, rules_source=rules.source)
+
+
+def _by_cell(records: Sequence[Record]) -> dict[tuple, Side]:
+    groups: dict[tuple, list[Record]] = defaultdict(list)
+    for r in records:
+        if r.suite in ("max-size-probe",) or r.max_size is not None:
+            continue  # the search's probes and summaries are not step measurements
+        groups[identity(r)].append(r)
+    return {key: _side(rs) for key, rs in groups.items()}
+
+
+def _side(records: list[Record]) -> Side:
+    """Repeats of one cell as one side: failed if any repeat failed (a flaky cell is a failing
+    cell), memory the largest seen, time the median of the repeats' medians."""
+    failed = [r.status for r in records if r.status != "ok"]
+    memory: dict[str, int | None] = {}
+    varied = []
+    for metric in MEMORY_METRICS:
+        values = {_memory(r, metric) for r in records} - {None}
+        memory[metric] = max(values) if values else None
+        if len(values) > 1:
+            varied.append(metric)
+    timed = [r.step_time_s for r in records if r.status == "ok" and r.step_time_s]
+    timed = [t for t in timed if t.get("median") is not None]
+    if not timed:
+        return Side(failed[0] if failed else "ok", len(records), memory, memory_varied=tuple(varied))
+    medians = [t["median"] for t in timed]
+    noise = statistics.median(t.get("mad") or 0.0 for t in timed)
+    if len(medians) > 1:
+        centre = statistics.median(medians)
+        noise = max(noise, statistics.median(abs(m - centre) for m in medians))
+    return Side(
+        status=failed[0] if failed else "ok",
+        repeats=len(records),
+        memory=memory,
+        time_s=statistics.median(medians),
+        noise_s=noise,
+        steps=min(int(t.get("n") or 0) for t in timed),
+        memory_varied=tuple(varied),
+    )
+
+
+def _memory(r: Record, metric: str) -> int | None:
+    if metric == "peak_mem_bytes":
+        return (r.peak_mem_bytes or {}).get("max")
+    return (r.model_state_bytes or {}).get("total")
+
+
+def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds) -> CellDelta:
+    delta = CellDelta(
+        cell=cell_label(key),
+        identity=dict(zip(IDENTITY, key, strict=True)),
+        verdict="unchanged",
+        baseline_status=base.status if base else None,
+        current_status=cur.status if cur else None,
+    )
+    if base is None or cur is None:
+        delta.verdict = "new" if base is None else "missing"
+        side = cur or base
+        assert side is not None
+        delta.metrics = [
+            MetricDelta(m, "bytes", None if base is None else v, None if cur is None else v, delta.verdict)
+            for m, v in side.memory.items()
+        ]
+        return delta
+    if base.status == "ok" and cur.status != "ok":
+        delta.verdict = "now failing"
+        delta.notes.append(f"was ok, now {cur.status}")
+        return delta
+    if base.status != "ok" and cur.status == "ok":
+        delta.verdict = "now passing"
+        delta.notes.append(f"was {base.status}, now ok")
+        return delta
+    if base.status != "ok":
+        delta.notes.append(f"failing on both sides ({base.status} -> {cur.status})")
+        return delta
+    for side, name in ((base, "baseline"), (cur, "current")):
+        if side.memory_varied:
+            delta.notes.append(f"{name}: {', '.join(side.memory_varied)} differed between repeats")
+    delta.metrics = [_memory_delta(m, base.memory[m], cur.memory[m], t) for m in MEMORY_METRICS]
+    time = _time_delta(base, cur, t)
+    if time is not None:
+        delta.metrics.append(time)
+    else:
+        delta.notes.append(f"fewer than {t.min_steps} timed steps: compared for memory only")
+    verdicts = {m.verdict for m in delta.metrics}
+    delta.verdict = next((v for v in ("regressed", "improved") if v in verdicts), "unchanged")
+    return delta
+
+
+def _memory_delta(metric: str, base: int | None, cur: int | None, t: Thresholds) -> MetricDelta:
+    if base is None or cur is None:
+        return MetricDelta(metric, "bytes", base, cur, "unchanged", note="not measured on both sides")
+    tolerance = max(t.memory_pct / 100.0 * base, t.memory_bytes)
+    return MetricDelta(
+        metric,
+        "bytes",
+        base,
+        cur,
+        _verdict(cur - base, tolerance),
+        low=base - tolerance,
+        high=base + tolerance,
+    )
+
+
+def _time_delta(base: Side, cur: Side, t: Thresholds) -> MetricDelta | None:
+    if base.time_s is None or cur.time_s is None or min(base.steps, cur.steps) < t.min_steps:
+        return None
+    relative = t.time_pct / 100.0 * base.time_s
+    noise = t.k_mad * math.hypot(base.noise_s or 0.0, cur.noise_s or 0.0)
+    bound = max(relative, noise)
+    which = "relative threshold" if relative >= noise else f"{t.k_mad:g} x combined MAD"
+    return MetricDelta(
+        TIME_METRIC,
+        "s",
+        base.time_s,
+        cur.time_s,
+        _verdict(cur.time_s - base.time_s, bound),
+        low=base.time_s - bound,
+        high=base.time_s + bound,
+        note=f"band +/-{bound * 1e3:.3g} ms ({which}; {t.time_pct:g}% = {relative * 1e3:.3g} ms, "
+        f"noise {noise * 1e3:.3g} ms)",
+    )
+
+
+def _verdict(difference: float, tolerance: float) -> str:
+    if difference > tolerance:
+        return "regressed"
+    if difference < -tolerance:
+        return "improved"
+    return "unchanged"

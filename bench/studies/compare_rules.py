@@ -1,0 +1,203 @@
+"""The regression gate's thresholds: defaults, and a TOML rules file that overrides them.
+
+A rules file (``compare --rules FILE``; a nightly suite's ``bench/suites/<suite>.rules.toml``)::
+
+    [memory]
+    tolerance_pct = 0.5       # a memory metric regressed when it grew by more than
+    tolerance_mib = 1.0       # max(tolerance_pct % of the baseline, tolerance_mib MiB)
+
+    [time]
+    cpu_pct = 15              # step time regressed when slower by more than this % of the
+    cuda_pct = 5              # baseline (per device) AND by more than k_mad x the combined MAD
+    k_mad = 3
+    min_steps = 5             # fewer timed steps: memory only
+
+    [[override]]              # thresholds for the cells it matches (every given key must match)
+    workload = "deepspeech2"
+    time_pct = 30
+    reason = "LSTM step time on 2 shared cores swings night to night"
+
+    [[ignore]]                # a matching cell's regression does not fail the gate
+    strategy = "fsdp2-zero3"
+    metrics = ["step_time_s"] # optional: only these metrics (default: the whole cell)
+    reason = "known: issue #123"
+
+Every override and ignore needs a ``reason``: the report prints it beside the rows it changed,
+so a relaxed threshold is never silent. Unknown keys are errors that name what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.studies.compare import CellDelta
+
+MIB = 1 << 20
+#: cell fields an override or ignore may match on
+MATCH_KEYS = (
+    "workload",
+    "preset",
+    "strategy",
+    "world_size",
+    "simulated",
+    "fake",
+    "precision",
+    "batch_size",
+    "device",
+    "device_name",
+)
+METRICS = ("peak_mem_bytes", "model_state_bytes", "step_time_s")
+#: override keys -> Thresholds field
+OVERRIDE_KEYS = {
+    "memory_pct": "memory_pct",
+    "memory_mib": "memory_bytes",
+    "time_pct": "time_pct",
+    "k_mad": "k_mad",
+    "min_steps": "min_steps",
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    memory_pct: float = 0.5
+    memory_bytes: float = float(MIB)
+    time_pct: float = 15.0
+    k_mad: float = 3.0
+    min_steps: int = 5
+
+
+@dataclass(frozen=True)
+class Rule:
+    match: dict[str, Any]
+    reason: str
+    settings: dict[str, float] = field(default_factory=dict)  # override: Thresholds fields
+    metrics: tuple[str, ...] = ()  # ignore: () = the whole cell
+
+    def matches(self, cell: dict[str, Any]) -> bool:
+        return all(cell.get(k) == v for k, v in self.match.items())
+
+
+@dataclass(frozen=True)
+class Rules:
+    memory_pct: float = 0.5
+    memory_bytes: float = float(MIB)
+    time_pct: dict[str, float] = field(default_factory=lambda: {"cpu": 15.0, "cuda": 5.0})
+    k_mad: float = 3.0
+    min_steps: int = 5
+    overrides: tuple[Rule, ...] = ()
+    ignores: tuple[Rule, ...] = ()
+    source: str = "defaults"
+
+    def thresholds_for(self, cell: dict[str, Any]) -> Thresholds:
+        t = Thresholds(
+            memory_pct=self.memory_pct,
+            memory_bytes=self.memory_bytes,
+            time_pct=self.time_pct.get(cell.get("device", "cpu"), self.time_pct["cpu"]),
+            k_mad=self.k_mad,
+            min_steps=self.min_steps,
+        )
+        for rule in self.overrides:
+            if rule.matches(cell):
+                t = replace(t, **rule.settings)
+        return t
+
+    def override_reasons(self, cell: dict[str, Any]) -> list[str]:
+        return [r.reason for r in self.overrides if r.matches(cell)]
+
+    def ignored_reason(self, cell: dict[str, Any], delta: CellDelta) -> str:
+        """Why the cell's regression is ignored, or "" when it counts."""
+        for rule in self.ignores:
+            if not rule.matches(cell):
+                continue
+            if not rule.metrics:
+                return rule.reason
+            regressed = {m.metric for m in delta.metrics if m.verdict == "regressed"}
+            if regressed and regressed <= set(rule.metrics) and delta.verdict == "regressed":
+                return rule.reason
+        return ""
+
+
+def load_rules(path: Path) -> Rules:
+    """Read and validate a rules file; ``ValueError`` names the file, the key and what is allowed."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"--rules {path}: cannot read it ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"--rules {path}: not valid TOML ({e})") from None
+    where = f"--rules {path}"
+    _only(data, ("memory", "time", "override", "ignore"), where)
+    memory, time = data.get("memory", {}), data.get("time", {})
+    _only(memory, ("tolerance_pct", "tolerance_mib"), f"{where} [memory]")
+    _only(time, ("cpu_pct", "cuda_pct", "k_mad", "min_steps"), f"{where} [time]")
+    defaults = Rules()
+    return Rules(
+        memory_pct=_number(memory, "tolerance_pct", defaults.memory_pct, f"{where} [memory]"),
+        memory_bytes=MIB * _number(memory, "tolerance_mib", defaults.memory_bytes / MIB, f"{where} [memory]"),
+        time_pct={
+            d: _number(time, f"{d}_pct", defaults.time_pct[d], f"{where} [time]") for d in ("cpu", "cuda")
+        },
+        k_mad=_number(time, "k_mad", defaults.k_mad, f"{where} [time]"),
+        min_steps=int(_number(time, "min_steps", defaults.min_steps, f"{where} [time]", integer=True)),
+        overrides=tuple(
+            _rule(t, f"{where} [[override]] #{i + 1}", True)
+            for i, t in enumerate(_tables(data, "override", where))
+        ),
+        ignores=tuple(
+            _rule(t, f"{where} [[ignore]] #{i + 1}", False)
+            for i, t in enumerate(_tables(data, "ignore", where))
+        ),
+        source=str(path),
+    )
+
+
+def _tables(data: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:
+    tables = data.get(key, [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ValueError(f"{where}: {key} must be an array of tables ([[{key}]])")
+    return tables
+
+
+def _rule(table: dict[str, Any], where: str, override: bool) -> Rule:
+    settings_keys = tuple(OVERRIDE_KEYS) if override else ("metrics",)
+    _only(table, (*MATCH_KEYS, "reason", *settings_keys), where)
+    reason = table.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError(f'{where}: needs a reason = "..." (the report shows it)')
+    match = {k: table[k] for k in MATCH_KEYS if k in table}
+    if override:
+        settings = {
+            OVERRIDE_KEYS[k]: _number(table, k, 0, where, integer=k == "min_steps")
+            * (MIB if k == "memory_mib" else 1)
+            for k in OVERRIDE_KEYS
+            if k in table
+        }
+        if not settings:
+            raise ValueError(f"{where}: sets no threshold; allowed: {', '.join(OVERRIDE_KEYS)}")
+        return Rule(match=match, reason=reason, settings=settings)
+    metrics = table.get("metrics", [])
+    if not isinstance(metrics, list) or any(m not in METRICS for m in metrics):
+        raise ValueError(f"{where}: metrics must be a list of {', '.join(METRICS)}; got {metrics!r}")
+    return Rule(match=match, reason=reason, metrics=tuple(metrics))
+
+
+def _only(table: Any, allowed: tuple[str, ...], where: str) -> None:
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: expected a table")
+    unknown = [k for k in table if k not in allowed]
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+
+
+def _number(table: dict[str, Any], key: str, default: float, where: str, *, integer: bool = False) -> float:
+    value = table.get(key, default)
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value < 0:
+        kind = "a non-negative integer" if integer else "a non-negative number"
+        raise ValueError(f"{where}: {key} must be {kind}, got {value!r}")
+    return value
