@@ -11,8 +11,6 @@ Optimizer: AdamW (deepspeech.pytorch's default is AdamW too).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 import torchaudio
@@ -20,8 +18,10 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from models.base import Inputs, Workload, batch_generator
+from models.presets import deepspeech2 as presets_module
+from models.presets.deepspeech2 import CHARS, FREQ_BINS
 
-SAMPLE_RATE, WINDOW, HOP, CHARS = 16_000, 320, 160, 29  # 20 ms / 10 ms at 16 kHz; blank + 28
+SAMPLE_RATE, WINDOW, HOP = 16_000, 320, 160  # 20 ms / 10 ms at 16 kHz: FREQ_BINS = WINDOW // 2 + 1
 
 
 def _spectrogram(wave: torch.Tensor) -> torch.Tensor:
@@ -60,7 +60,7 @@ class BatchRNN(nn.Module):
 
 
 class DeepSpeech2(nn.Module):
-    def __init__(self, hidden: int, layers: int, channels: int = 32, freq_bins: int = 161) -> None:
+    def __init__(self, hidden: int, layers: int, channels: int = 32, freq_bins: int = FREQ_BINS) -> None:
         super().__init__()
         self.conv = nn.Sequential(
             nn.Conv2d(1, channels, (41, 11), (2, 2), (20, 5)),
@@ -96,17 +96,17 @@ class DeepSpeech2(nn.Module):
 class DeepSpeech2Workload(Workload):
     name = "deepspeech2"
     lr = 3e-4
-    presets: dict[str, dict[str, Any]] = {
-        "tiny": dict(hidden=64, layers=2, channels=8, seconds=(0.15, 0.25), max_chars=4),
-        "paper": dict(hidden=1024, layers=5, channels=32, seconds=(1.0, 2.0), max_chars=20),
-        "h1536": dict(hidden=1536, layers=5, channels=32, seconds=(1.0, 2.0), max_chars=20),
-        "h2048-l7": dict(hidden=2048, layers=7, channels=32, seconds=(1.0, 2.0), max_chars=20),
-    }
-    ladder = ("tiny", "paper", "h1536", "h2048-l7")
+    presets = presets_module.PRESETS
+    ladder = presets_module.LADDER
     not_plannable = (
         "its clips have random lengths and pack_padded_sequence sizes the LSTM's work from their "
         "values, which fake tensors do not have; use --simulate (real memory, one process)"
     )
+
+    def param_count(self, preset: str) -> int:
+        """From the preset's shape alone (``models.presets.deepspeech2``): no build, no import."""
+        self.check_preset(preset)
+        return presets_module.param_count(self.presets[preset])
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         self.check_preset(preset)

@@ -10,30 +10,24 @@ the lr is ours, the benchmark measures memory and time, not convergence).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from models.base import Inputs, Workload, batch_generator
+from models.presets import imagegpt as presets_module
+from models.presets.imagegpt import CLUSTERS
 
 if TYPE_CHECKING:  # transformers takes seconds to import: only building a model needs it
     from transformers import ImageGPTConfig
-
-CLUSTERS = 512
 
 
 class ImageGPTWorkload(Workload):
     name = "imagegpt"
     lr = 1e-4
-    presets: dict[str, dict[str, Any]] = {
-        "tiny": dict(n_embd=64, n_layer=2, n_head=2, side=8),
-        "igpt-s": dict(n_embd=512, n_layer=24, n_head=8, side=32),
-        "igpt-m": dict(n_embd=1024, n_layer=36, n_head=8, side=32),
-        "igpt-l": dict(n_embd=1536, n_layer=48, n_head=16, side=32),
-    }
-    #: width/depth steps for the max-size search, parameter counts increasing.
-    ladder = ("tiny", "igpt-s", "igpt-m", "igpt-l")
+    presets = presets_module.PRESETS
+    ladder = presets_module.LADDER
 
     def _config(self, preset: str, dropout: bool) -> tuple[ImageGPTConfig, int]:
         from transformers import ImageGPTConfig
@@ -53,15 +47,9 @@ class ImageGPTWorkload(Workload):
         return config, side
 
     def param_count(self, preset: str) -> int:
-        """Image GPT's parameters from the preset's shape alone (tested equal to a meta-device
-        build), so counting needs no transformers import: embeddings, per layer two weight-only
-        LayerNorms, attention (qkv + projection) and a 4x MLP, a final LayerNorm and the untied
-        head over the 512 clusters."""
+        """From the preset's shape alone (``models.presets.imagegpt``): no build, no import."""
         self.check_preset(preset)
-        p = self.presets[preset]
-        e, vocab, positions = p["n_embd"], CLUSTERS + 1, p["side"] * p["side"]
-        layer = 2 * e + (3 * e * e + 3 * e) + (e * e + e) + (4 * e * e + 4 * e) + (4 * e * e + e)
-        return (vocab + positions) * e + p["n_layer"] * layer + e + e * CLUSTERS
+        return presets_module.param_count(self.presets[preset])
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         from transformers import ImageGPTForCausalImageModeling

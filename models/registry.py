@@ -2,7 +2,9 @@
 
 Each workload's module is imported only when that workload is asked for: transformers,
 torchvision and torchaudio take seconds to import, and a process that runs one workload (a
-benchmark rank, a test) should pay only for that one.
+benchmark rank, a test) should pay only for that one. A workload with a module in
+``models/presets/`` has its parameter counts there, importing no torch: ``preset_param_counts``
+reads only that module, so ``shardbench list`` stays fast.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ _WORKLOADS: dict[str, str] = {
     "deepspeech2": "models.deepspeech2:DeepSpeech2Workload",
 }
 
+# name -> its torch-free presets module (PRESETS, LADDER, param_count), for the workloads that
+# have one; any other workload's counts come from its class (an import, a meta build)
+_PRESET_MODULES: dict[str, str] = {
+    "transformer": "models.presets.transformer",
+    "imagegpt": "models.presets.imagegpt",
+    "swav": "models.presets.swav",
+    "deepspeech2": "models.presets.deepspeech2",
+}
+
 
 def workload_names() -> list[str]:
     return list(_WORKLOADS)
@@ -36,3 +47,13 @@ def workload_class(name: str) -> type[Workload]:
 
 def get_workload(name: str) -> Workload:
     return workload_class(name)()
+
+
+def preset_param_counts(name: str) -> dict[str, int]:
+    """{preset: parameter count} in preset order, importing only the workload's presets module
+    (no torch) where it has one; otherwise the workload class's ``param_count`` (a meta build)."""
+    if name in _PRESET_MODULES:
+        presets = importlib.import_module(_PRESET_MODULES[name])
+        return {p: presets.param_count(shape) for p, shape in presets.PRESETS.items()}
+    w = get_workload(name)  # raises the ValueError naming the known workloads
+    return {p: w.param_count(p) for p in w.presets}

@@ -15,14 +15,13 @@ optimizer). Under FSDP2 the prototype re-normalisation acts on the gathered copy
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from models.base import Inputs, Workload, batch_generator
+from models.presets import swav as presets_module
 
 
 class WideResNet50Trunk(nn.Module):
@@ -111,15 +110,14 @@ def sinkhorn(scores: torch.Tensor, *, epsilon: float = 0.05, iterations: int = 3
 class SwAVWorkload(Workload):
     name = "swav"
     lr = 1e-4
-    presets: dict[str, dict[str, Any]] = {
-        "tiny": dict(width=8, hidden=64, feat_dim=16, prototypes=30, crops=(2, 32, 2, 16)),
-        "rn50": dict(width=64, hidden=2048, feat_dim=128, prototypes=3000, crops=(2, 224, 6, 96)),
-        "rn50-w2": dict(width=128, hidden=2048, feat_dim=128, prototypes=3000, crops=(2, 224, 6, 96)),
-        "rn50-w4": dict(width=256, hidden=2048, feat_dim=128, prototypes=3000, crops=(2, 224, 6, 96)),
-        "rn50-w5": dict(width=320, hidden=2048, feat_dim=128, prototypes=3000, crops=(2, 224, 6, 96)),
-    }
-    ladder = ("tiny", "rn50", "rn50-w2", "rn50-w4", "rn50-w5")
+    presets = presets_module.PRESETS
+    ladder = presets_module.LADDER
     temperature = 0.1
+
+    def param_count(self, preset: str) -> int:
+        """From the preset's shape alone (``models.presets.swav``): no build, no import."""
+        self.check_preset(preset)
+        return presets_module.param_count(self.presets[preset])
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         self.check_preset(preset)

@@ -4,14 +4,25 @@ gloo world: tests/cells.py)."""
 
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+from models import registry
 from models.registry import get_workload, workload_names
 from models.swav import WideResNet50Trunk
 from tests.cells import run_cell_here
 
 WORKLOADS = ["transformer", "imagegpt", "swav", "deepspeech2"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _presets(name: str) -> list[str]:
+    return list(importlib.import_module(f"models.presets.{name}").PRESETS)
 
 
 def test_all_four_are_registered() -> None:
@@ -94,14 +105,46 @@ def test_tiny_runs_under_strategy_at_world_size_2(name: str, strategy: str, tiny
 
 
 @pytest.mark.parametrize(
-    ("name", "preset"),
-    [("transformer", p) for p in ("tiny", "small", "base", "h1024-l18", "1b")]
-    + [("imagegpt", p) for p in ("tiny", "igpt-s", "igpt-l")],
+    ("name", "preset"), [(name, preset) for name in WORKLOADS for preset in _presets(name)]
 )
 def test_count_formula_equals_a_meta_build(name: str, preset: str) -> None:
-    """transformer and imagegpt count parameters from the preset's shape (no library import, no
-    build); a build on the meta device (models.base.Workload's general way) must agree."""
+    """Every workload counts parameters from the preset's shape (models/presets/: no library
+    import, no build); a build on the meta device (models.base.Workload's general way) must agree
+    exactly, for every preset."""
     from models.base import Workload
 
     w = get_workload(name)
     assert w.param_count(preset) == Workload.param_count(w, preset)
+
+
+def test_preset_param_counts_import_no_torch() -> None:
+    """``shardbench list`` counts every preset of every workload through the registry without
+    importing torch or a model library (each takes seconds)."""
+    code = (
+        "import sys, models.registry as r\n"
+        "counts = {n: r.preset_param_counts(n) for n in r.workload_names()}\n"
+        "assert all(c and all(v > 0 for v in c.values()) for c in counts.values()), counts\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'torchvision', 'torchaudio') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_preset_param_counts_agree_with_the_workloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preset order and counts of the workload classes; a workload without a presets module falls
+    back to its class's count (a meta build); an unknown name is the registry's ValueError."""
+    for name in WORKLOADS:
+        w = get_workload(name)
+        counts = registry.preset_param_counts(name)
+        assert list(counts.items()) == [(p, w.param_count(p)) for p in w.presets]
+    monkeypatch.setitem(registry._WORKLOADS, "test-mlp", "tests.tiny_models:MLPWorkload")
+    embed, fc1, fc2, head = 512 * 32, 32 * 128 + 128, 128 * 32 + 32, 32 * 8 + 8  # tests/tiny_models.py
+    assert registry.preset_param_counts("test-mlp") == {"tiny": embed + fc1 + fc2 + head}
+    with pytest.raises(ValueError, match="unknown workload 'nope'"):
+        registry.preset_param_counts("nope")
+
+
+def test_deepspeech2_freq_bins_match_the_spectrogram_window() -> None:
+    from models import deepspeech2
+
+    assert deepspeech2.FREQ_BINS == deepspeech2.WINDOW // 2 + 1

@@ -1,0 +1,49 @@
+"""Presets of the ``deepspeech2`` workload and their parameter counts.
+
+Here, not in ``models/deepspeech2.py``, so that counting sizes imports neither torch nor
+torchaudio (``shardbench list``, the size ladder): without a formula the count builds the model
+on the meta device. ``models.deepspeech2`` takes ``PRESETS``, ``LADDER``, ``CHARS`` and
+``FREQ_BINS`` from here; the tests check ``param_count`` against a meta build of every preset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: output characters (the CTC blank + 28), and frequency bins of the input spectrogram (a
+#: 320-sample window: 320 // 2 + 1)
+CHARS, FREQ_BINS = 29, 161
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(hidden=64, layers=2, channels=8, seconds=(0.15, 0.25), max_chars=4),
+    "paper": dict(hidden=1024, layers=5, channels=32, seconds=(1.0, 2.0), max_chars=20),
+    "h1536": dict(hidden=1536, layers=5, channels=32, seconds=(1.0, 2.0), max_chars=20),
+    "h2048-l7": dict(hidden=2048, layers=7, channels=32, seconds=(1.0, 2.0), max_chars=20),
+}
+
+LADDER: tuple[str, ...] = ("tiny", "paper", "h1536", "h2048-l7")
+
+
+def _conv_freq(freq_bins: int = FREQ_BINS) -> int:
+    """Frequency rows left after the two convolutions (41 and 21 tall, padding 20 and 10, both
+    stride 2 in frequency): 161 bins -> 81 -> 41."""
+    freq = (freq_bins + 2 * 20 - 41) // 2 + 1
+    return (freq + 2 * 10 - 21) // 2 + 1
+
+
+def _bilstm(input_size: int, hidden: int) -> int:
+    """One bidirectional single-layer ``nn.LSTM``: per direction four gates' input and hidden
+    weights and two biases (``bias_ih``, ``bias_hh``)."""
+    return 2 * (4 * hidden * input_size + 4 * hidden * hidden + 2 * 4 * hidden)
+
+
+def param_count(preset: dict[str, Any]) -> int:
+    """``models.deepspeech2.DeepSpeech2`` from the preset's shape alone: two Conv2d with bias,
+    each followed by a BatchNorm2d (weight + bias; running stats are buffers); ``layers``
+    bidirectional LSTMs, the first over the conv features (no BatchNorm before it), the others
+    over ``hidden`` with a BatchNorm1d before each; an output BatchNorm1d and a bias-free linear
+    layer to the characters."""
+    hidden, layers, c = preset["hidden"], preset["layers"], preset["channels"]
+    conv = (c * 41 * 11 + c) + 2 * c + (c * c * 21 * 11 + c) + 2 * c
+    rnns = _bilstm(_conv_freq() * c, hidden) + (layers - 1) * (2 * hidden + _bilstm(hidden, hidden))
+    return conv + rnns + 2 * hidden + hidden * CHARS
