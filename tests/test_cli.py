@@ -1,6 +1,8 @@
 """The command line: bad input is one line, exit 2, nothing written; list/env work."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,17 @@ def test_list_json_is_valid_and_complete(capsys) -> None:
     assert data["workloads"]["transformer"]["presets"]["base"]["params"] == 109_483_778
     assert {"dp", "ddp"} <= set(data["strategies"])
     assert "smoke" in data["suites"]
+
+
+def test_list_imports_no_torch() -> None:
+    """``shardbench list`` (and the CLI's import) reads declarations only: torch alone takes 2 s
+    to import on the CI machine, and listing must answer in well under that."""
+    code = (
+        "import sys\nfrom bench.cli import main\nassert main(['list']) == 0\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'torchvision', 'torchaudio') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
 
 
 def test_env_reports_versions(capsys) -> None:

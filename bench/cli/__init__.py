@@ -1,6 +1,7 @@
 """The ``shardbench`` command line: parse, validate, then call into a study or the harness.
 
-One module per subcommand (``run``, ``max-size``, ``claim``, ``report``, ``list``/``env``); each
+One module per subcommand (``run``, ``max-size``, ``claim``, ``report``, ``compare``, ``baseline``,
+``nightly``, ``list``/``env``, ...); each
 validates every argument through ``bench.harness.validate`` before anything is started or
 written: a mistake is one line on stderr naming what is allowed, and exit code 2.
 """
@@ -10,10 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bench.cli.baseline import add_baseline_parser, cmd_baseline
 from bench.cli.claim import add_claim_parser, cmd_claim
 from bench.cli.common import UsageError
+from bench.cli.compare import add_compare_parser, cmd_compare
 from bench.cli.listing import add_listing_parsers, cmd_env, cmd_list
 from bench.cli.max_size import add_max_size_parser, cmd_max_size
+from bench.cli.nightly import add_nightly_parser, cmd_nightly
 from bench.cli.report import add_report_parser, cmd_report
 from bench.cli.run import add_run_parser, cmd_run, resolve_cells
 
@@ -30,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_max_size_parser(sub)
     add_claim_parser(sub)
     add_report_parser(sub)
+    add_compare_parser(sub)
+    add_baseline_parser(sub)
+    add_nightly_parser(sub)
     add_listing_parsers(sub)
     return ap
 
@@ -41,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         "max-size": cmd_max_size,
         "report": cmd_report,
         "claim": cmd_claim,
+        "compare": cmd_compare,
+        "baseline": cmd_baseline,
+        "nightly": cmd_nightly,
         "list": cmd_list,
         "env": cmd_env,
     }[args.command]

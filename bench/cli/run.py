@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if, tag_pair
@@ -57,9 +56,8 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--repeat",
         type=int,
-        default=1,
         help="run each timed cell R times, each in fresh processes; compare uses the median of "
-        "the repeats and their spread as noise (default 1)",
+        "the repeats and their spread as noise (default: the suite's repeat, else 1)",
     )
     run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
     run.add_argument(
@@ -90,6 +88,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
             timeout_s=args.timeout,
             simulate=args.simulate,
             fake=args.fake,
+            repeat=check_repeat(args.repeat),
         )
         cells = plan_cells(spec.cells())
     except ValueError as e:
@@ -98,17 +97,8 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
     return spec, cells
 
 
-def repeated(cells: list[CellConfig], repeat: int) -> list[CellConfig]:
-    """Each timed cell ``repeat`` times (repeats adjacent); a ``--fake`` cell measures no time
-    and its memory is deterministic, so it runs once."""
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
-        raise UsageError(f"--repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}")
-    return [replace(c, repeat=i) for c in cells for i in range(1 if c.fake else repeat)]
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     spec, cells = resolve_cells(args)
-    cells = repeated(cells, args.repeat)
     if args.resume is not None:
         if args.out is not None and args.out.resolve() != args.resume.resolve():
             raise UsageError("--resume RUN_DIR writes into RUN_DIR; drop --out or give the same directory")
@@ -119,6 +109,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = check_run_name(args.name or spec.name)
     out = args.resume or args.out
     return execute_run(cells, name=name, tags=dict(args.tag), out=out, resume=args.resume)[1]
+
+
+def check_repeat(repeat: int | None) -> int | None:
+    if repeat is not None and not 1 <= repeat <= MAX_REPEAT:
+        raise UsageError(f"--repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}")
+    return repeat
 
 
 def check_run_name(name: str) -> str:

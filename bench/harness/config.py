@@ -117,15 +117,20 @@ class SuiteSpec:
     timeout_s: float = 600.0
     simulate: bool = False
     fake: bool = False
+    #: run each timed cell this many times in a row, each in fresh processes, so a comparison
+    #: sees run-to-run noise (``run --repeat`` overrides; a matrix may set its own)
+    repeat: int = 1
 
     #: extra cross products (a suite's ``[[matrix]]`` tables): each overrides some of the lists
-    #: above, e.g. a different preset per workload. Empty: the lists above are the one matrix.
-    matrices: tuple[dict[str, tuple[Any, ...]], ...] = ()
+    #: above, e.g. a different preset per workload, and may set its own steps, warmup,
+    #: timeout_s, simulate or fake. Empty: the lists above are the one matrix.
+    matrices: tuple[dict[str, Any], ...] = ()
 
     def cells(self) -> list[CellConfig]:
         cells: list[CellConfig] = []
         for matrix in self.matrices or ({},):
             lists = {key: matrix.get(key, getattr(self, key)) for key in _LIST_KEYS}
+            at = {key: matrix.get(key, getattr(self, key)) for key in _MATRIX_SCALARS}
             for w, p, s, n, pr, b in itertools.product(*(lists[k] for k in _LIST_KEYS)):
                 cell = CellConfig(
                     workload=w,
@@ -134,16 +139,18 @@ class SuiteSpec:
                     world_size=n,
                     precision=pr,
                     batch_size=b,
-                    steps=self.steps,
-                    warmup=self.warmup,
+                    steps=at["steps"],
+                    warmup=at["warmup"],
                     device=self.device,
-                    timeout_s=self.timeout_s,
+                    timeout_s=at["timeout_s"],
                     suite=self.name,
-                    simulate=self.simulate or self.fake,
-                    fake=self.fake,
+                    simulate=at["simulate"] or at["fake"],
+                    fake=at["fake"],
                 )
-                if cell not in cells:
-                    cells.append(cell)
+                # a --fake cell measures no time and its memory is deterministic: once is enough
+                for i in range(1 if cell.fake else at["repeat"]):
+                    if (repeat := replace(cell, repeat=i)) not in cells:
+                        cells.append(repeat)
         return cells
 
 
@@ -164,7 +171,12 @@ _SCALAR_KEYS = {
     "timeout_s": float,
     "simulate": bool,
     "fake": bool,
+    "repeat": int,
 }
+
+
+#: settings a ``[[matrix]]`` may set for its own cells
+_MATRIX_SCALARS = ("steps", "warmup", "timeout_s", "simulate", "fake", "repeat")
 
 
 def suite_names() -> list[str]:
@@ -191,16 +203,11 @@ def load_suite(name_or_path: str) -> SuiteSpec:
         if key == "matrix":
             if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
                 raise ValueError(f"{where}: 'matrix' must be an array of tables ([[matrix]])")
-            kwargs["matrices"] = tuple(_lists(m, f"{where} [[matrix]]") for m in value)
+            kwargs["matrices"] = tuple(_matrix(m, f"{where} [[matrix]]") for m in value)
         elif key in _LIST_KEYS:
             kwargs.update(_lists({key: value}, where))
         elif key in _SCALAR_KEYS:
-            typ = _SCALAR_KEYS[key]
-            if typ is float and _is_a(value, int):
-                value = float(value)
-            if not _is_a(value, typ):
-                raise ValueError(f"{where}: {key!r} must be {typ.__name__}, got {value!r}")
-            kwargs[key] = value
+            kwargs[key] = _scalar(key, value, where)
         else:
             allowed = ", ".join([*_LIST_KEYS, *_SCALAR_KEYS, "matrix"])
             raise ValueError(f"{where}: unknown key {key!r}; allowed: {allowed}")
@@ -210,6 +217,29 @@ def load_suite(name_or_path: str) -> SuiteSpec:
 def _is_a(value: Any, typ: type) -> bool:
     """isinstance, except that a boolean is never a number (TOML ``true`` is not world size 1)."""
     return isinstance(value, typ) and not (isinstance(value, bool) and typ is not bool)
+
+
+def _scalar(key: str, value: Any, where: str) -> Any:
+    typ = _SCALAR_KEYS[key]
+    if typ is float and _is_a(value, int):
+        value = float(value)
+    if not _is_a(value, typ):
+        raise ValueError(f"{where}: {key!r} must be {typ.__name__}, got {value!r}")
+    if key == "repeat" and not 1 <= value <= 100:
+        raise ValueError(f"{where}: 'repeat' must be from 1 to 100, got {value!r}")
+    return value
+
+
+def _matrix(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``[[matrix]]`` table: list keys, plus the per-cell settings it may override (so one
+    suite can hold real world sizes and simulated ones, or more steps for some cells)."""
+    scalars = {k: _scalar(k, v, where) for k, v in table.items() if k in _MATRIX_SCALARS}
+    try:
+        return {**_lists({k: v for k, v in table.items() if k not in _MATRIX_SCALARS}, where), **scalars}
+    except ValueError as e:
+        if "unknown key" not in str(e):
+            raise
+        raise ValueError(f"{e}, {', '.join(_MATRIX_SCALARS)}") from None
 
 
 def _lists(table: dict[str, Any], where: str) -> dict[str, tuple[Any, ...]]:

@@ -50,7 +50,9 @@ def rows(comparison: Comparison, *, only_regressions: bool = False) -> list[tupl
         metrics = [m for m in c.metrics if not only_regressions or m.verdict == "regressed"] or [None]
         for m in metrics:
             if m is None:
-                out.append((verdict, c.cell, "-", c.baseline_status or "-", c.current_status or "-", "-", "-", notes))
+                out.append(
+                    (verdict, c.cell, "-", c.baseline_status or "-", c.current_status or "-", "-", "-", notes)
+                )
                 continue
             note = "; ".join(x for x in (m.note, notes) if x)
             out.append(
@@ -150,7 +152,9 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
     )
 
 
-def write_comparison(comparison: Comparison, out_dir: Path, *, baseline: str, current: str) -> dict[str, Path]:
+def write_comparison(
+    comparison: Comparison, out_dir: Path, *, baseline: str, current: str, extra_html: str = ""
+) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
         "md": out_dir / "compare.md",
@@ -161,5 +165,5 @@ def write_comparison(comparison: Comparison, out_dir: Path, *, baseline: str, cu
     paths["json"].write_text(
         json.dumps(to_json(comparison, baseline=baseline, current=current), indent=1, default=str) + "\n"
     )
-    paths["html"].write_text(to_html(comparison, baseline=baseline, current=current))
+    paths["html"].write_text(to_html(comparison, baseline=baseline, current=current, extra_html=extra_html))
     return paths

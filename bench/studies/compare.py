@@ -274,7 +274,11 @@ def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds
     for side, name in ((base, "baseline"), (cur, "current")):
         if side.memory_varied:
             delta.notes.append(f"{name}: {', '.join(side.memory_varied)} differed between repeats")
-    delta.metrics = [_memory_delta(m, base.memory[m], cur.memory[m], t) for m in MEMORY_METRICS]
+    delta.metrics = [
+        _memory_delta(m, base.memory[m], cur.memory[m], t)
+        for m in MEMORY_METRICS
+        if base.memory[m] is not None or cur.memory[m] is not None
+    ]
     time = _time_delta(base, cur, t)
     if time is not None:
         delta.metrics.append(time)
@@ -315,8 +319,7 @@ def _time_delta(base: Side, cur: Side, t: Thresholds) -> MetricDelta | None:
         _verdict(cur.time_s - base.time_s, bound),
         low=base.time_s - bound,
         high=base.time_s + bound,
-        note=f"band +/-{bound * 1e3:.3g} ms ({which}; {t.time_pct:g}% = {relative * 1e3:.3g} ms, "
-        f"noise {noise * 1e3:.3g} ms)",
+        note=f"band +/-{_ms(bound)} ({which}; {t.time_pct:g}% = {_ms(relative)}, noise {_ms(noise)})",
     )
 
 
@@ -326,3 +329,8 @@ def _verdict(difference: float, tolerance: float) -> str:
     if difference < -tolerance:
         return "improved"
     return "unchanged"
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.1f} ms" if ms >= 10 else f"{ms:.3f} ms"

@@ -1,0 +1,35 @@
+"""``shardbench baseline save RUN --as NAME``: commit a run's records as a named baseline.
+
+The records and a manifest (who, when, git sha, environment) go to
+``results/baselines/<device>/NAME.jsonl``; ``compare`` and ``nightly`` accept ``NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.cli.common import UsageError
+
+
+def add_baseline_parser(sub: argparse._SubParsersAction) -> None:
+    base = sub.add_parser("baseline", help="save a run as a named baseline (results/baselines/)")
+    actions = base.add_subparsers(dest="action", required=True)
+    save = actions.add_parser("save", help="copy RUN's records to results/baselines/<device>/NAME.jsonl")
+    save.add_argument("run", type=Path, help="run directory or records .jsonl file")
+    save.add_argument("--as", dest="name", required=True, help="the baseline's name, e.g. nightly-cpu")
+    save.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
+    save.add_argument(
+        "--root", type=Path, help="baselines directory (default: results/baselines in the repo)"
+    )
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from bench.studies.baselines import BASELINES_DIR, manifest_path, save_baseline
+
+    try:
+        dest = save_baseline(args.run, args.name, root=args.root or BASELINES_DIR, force=args.force)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(f"baseline {args.name!r}: {dest} (manifest: {manifest_path(dest)}); commit both")
+    return 0

@@ -1,0 +1,82 @@
+"""``shardbench compare BASELINE CURRENT``: the regression gate over two runs.
+
+Exit 0: no regression; 1: at least one (a cell that was ok and is not, memory above tolerance,
+step time slower beyond its threshold and its noise); 2: bad input or environments that differ.
+The decision is ``bench.studies.compare.compare_runs``; this module reads, writes and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.cli.common import UsageError
+
+if TYPE_CHECKING:
+    from bench.harness.records import Record
+    from bench.studies.compare_rules import Rules
+
+
+def add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    cmp = sub.add_parser(
+        "compare",
+        help="compare a run against a baseline: per-cell verdicts, exit 1 on a regression",
+    )
+    cmp.add_argument("baseline", help="run directory, records .jsonl file, or saved baseline name")
+    cmp.add_argument("current", help="run directory, records .jsonl file, or saved baseline name")
+    cmp.add_argument("--rules", type=Path, help="TOML thresholds, overrides and ignores (docs/nightly.md)")
+    cmp.add_argument(
+        "--out", type=Path, help="write compare.md/.json/.html here (default: CURRENT's directory)"
+    )
+    cmp.add_argument(
+        "--allow-env-change",
+        action="store_true",
+        help="compare even when torch, the device or the record schema differ (rows are marked)",
+    )
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from bench.harness.validate import check_output_dir
+    from bench.studies.baselines import load_records, resolve_source
+    from bench.studies.compare_rules import Rules, load_rules
+
+    try:
+        current_path = resolve_source(args.current)
+        current = load_records(current_path)
+        baseline_path = resolve_source(args.baseline, device=current[0].device)
+        baseline = load_records(baseline_path)
+        rules = load_rules(args.rules) if args.rules is not None else Rules()
+        out = args.out or (current_path.parent if current_path.name == "records.jsonl" else Path("."))
+        check_output_dir(out, cells=1)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return compare_and_write(
+        baseline, current, rules, out=out, baseline_label=str(baseline_path), current_label=str(current_path),
+        allow_env_change=args.allow_env_change,
+    )  # fmt: skip
+
+
+def compare_and_write(
+    baseline: list[Record],
+    current: list[Record],
+    rules: Rules,
+    *,
+    out: Path,
+    baseline_label: str,
+    current_label: str,
+    allow_env_change: bool,
+) -> int:
+    """Compare, write the three files, print the summary and regressions; the exit code."""
+    from bench.report.compare_report import to_text, write_comparison
+    from bench.studies.compare import EnvironmentChanged, compare_runs
+
+    try:
+        comparison = compare_runs(baseline, current, rules, allow_env_change=allow_env_change)
+    except EnvironmentChanged as e:
+        raise UsageError(str(e)) from None
+    paths = write_comparison(comparison, out, baseline=baseline_label, current=current_label)
+    print(to_text(comparison))
+    print(f"compare: {paths['html']} (and compare.md, compare.json)", file=sys.stderr)
+    return comparison.exit_code

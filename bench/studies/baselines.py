@@ -1,0 +1,117 @@
+"""Saved baselines: a run's records committed under ``results/baselines/<device>/<NAME>.jsonl``
+with a manifest saying who saved them, when, from which commit and run, on what environment.
+
+A baseline is data in the repository, never constants in code: a new one is a reviewed commit
+(``shardbench baseline save RUN --as NAME``), and ``compare`` / ``nightly`` name it. The device
+folder (``cpu``, ``cuda``) keeps one name usable for both kinds of machine.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness.records import Record, read_records
+
+BASELINES_DIR = Path(__file__).resolve().parents[2] / "results" / "baselines"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def check_baseline_name(name: str) -> None:
+    if not NAME_PATTERN.match(name):
+        raise ValueError(
+            f"baseline name {name!r}: use letters, digits, '.', '-' and '_' (not starting with '.' or '-')"
+        )
+
+
+def records_path(source: Path) -> Path:
+    """A run directory's ``records.jsonl``, or the records file itself."""
+    path = source / "records.jsonl" if source.is_dir() else source
+    if not path.is_file():
+        raise ValueError(f"{source}: no records there (give a run directory or a records .jsonl file)")
+    return path
+
+
+def load_records(path: Path) -> list[Record]:
+    records = read_records([path])
+    if not records:
+        raise ValueError(f"{path}: holds no records")
+    return records
+
+
+def save_baseline(run: Path, name: str, *, root: Path = BASELINES_DIR, force: bool = False) -> Path:
+    """Copy ``run``'s records to ``root/<device>/<name>.jsonl`` beside a manifest; returns the
+    records path. Refuses to overwrite an existing baseline unless ``force``."""
+    check_baseline_name(name)
+    source = records_path(run)
+    records = load_records(source)
+    devices = sorted({r.device for r in records})
+    if len(devices) != 1:
+        raise ValueError(
+            f"{source}: records from several devices ({', '.join(devices)}); save one run per device"
+        )
+    dest = root / devices[0] / f"{name}.jsonl"
+    if dest.exists() and not force:
+        raise ValueError(
+            f"baseline {dest} exists; pass --force to replace it (the old one stays in git history)"
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, dest)
+    manifest_path(dest).write_text(json.dumps(manifest(records, source), indent=1, sort_keys=True) + "\n")
+    return dest
+
+
+def manifest_path(records: Path) -> Path:
+    return records.with_suffix(".manifest.json")
+
+
+def manifest(records: list[Record], source: Path) -> dict[str, Any]:
+    envs = [r.env for r in records]
+    first = envs[0]
+    return {
+        "saved_by": getpass.getuser(),
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": str(source),
+        "run_ids": sorted({r.run_id for r in records}),
+        "names": sorted({r.name for r in records if r.name}),
+        "records": len(records),
+        "ok": sum(r.status == "ok" for r in records),
+        "schema": sorted({r.schema for r in records}),
+        "git_sha": sorted({e.get("git_sha") for e in envs}, key=str),
+        "environment": {
+            k: first.get(k) for k in ("torch", "cuda", "python", "platform", "device_name", "cpu_count")
+        },
+    }
+
+
+def find_baseline(name: str, *, device: str | None = None, root: Path = BASELINES_DIR) -> Path:
+    """The records of the baseline ``name``; ``device`` picks between a cpu and a cuda one."""
+    check_baseline_name(name)
+    found = sorted(root.glob(f"*/{name}.jsonl"))
+    if device is not None:
+        found = [p for p in found if p.parent.name == device] or found
+    if len(found) == 1:
+        return found[0]
+    saved = sorted(f"{p.parent.name}/{p.stem}" for p in root.glob("*/*.jsonl"))
+    if not found:
+        listed = ", ".join(saved) or "none yet"
+        raise ValueError(
+            f"no baseline named {name!r} under {root} (saved: {listed}); "
+            f"save one with: shardbench baseline save RUN --as {name}"
+        )
+    raise ValueError(f"baseline {name!r} exists for several devices ({', '.join(str(p) for p in found)})")
+
+
+def resolve_source(text: str, *, device: str | None = None, root: Path = BASELINES_DIR) -> Path:
+    """``compare``'s argument: a run directory, a records file, or a saved baseline's name."""
+    path = Path(text)
+    if path.exists():
+        return records_path(path)
+    if NAME_PATTERN.match(text) and "/" not in text:
+        return find_baseline(text, device=device, root=root)
+    raise ValueError(f"{text}: not a run directory, a records file or a saved baseline name")

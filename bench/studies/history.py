@@ -1,0 +1,67 @@
+"""The nightly history: one small line per cell per night in ``results/history/<suite>.jsonl``.
+
+Only what the trend charts draw is kept (the compared metrics with their baseline and the band
+the gate used, the verdicts), so a year of nights stays a small file that can be committed or
+cached by CI; the full records stay in each night's run directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.studies.compare import CellDelta, Comparison
+
+SCHEMA = 1
+
+
+def history_lines(
+    comparison: Comparison, *, suite: str, run_id: str, name: str, baseline: str, git_sha: str | None
+) -> list[dict[str, Any]]:
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return [
+        {
+            "schema": SCHEMA,
+            "suite": suite,
+            "run_id": run_id,
+            "name": name,
+            "time": now,
+            "git_sha": git_sha,
+            "baseline": baseline,
+            "cell": c.cell,
+            "status": c.current_status or "missing",
+            "verdict": c.verdict,
+            "metrics": _metrics(c),
+        }
+        for c in comparison.cells
+    ]
+
+
+def _metrics(c: CellDelta) -> dict[str, dict[str, Any]]:
+    return {
+        m.metric: {
+            "value": m.current,
+            "baseline": m.baseline,
+            "low": m.low,
+            "high": m.high,
+            "verdict": m.verdict,
+            "unit": m.unit,
+        }
+        for m in c.metrics
+    }
+
+
+def append_history(path: Path, lines: list[dict[str, Any]]) -> None:
+    """All of a night's lines in one locked append (two nights never interleave)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(line, sort_keys=True, allow_nan=False) + "\n" for line in lines)
+    with path.open("a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            f.write(text)
+            f.flush()
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
