@@ -8,28 +8,58 @@ line to the report; the launcher has its own tests (test_run_end_to_end, test_ma
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import bench.studies.claim as claim
 import bench.studies.maxsize as maxsize
 from bench.cli import main
-from bench.harness.records import Record, read_records
+from bench.harness.records import Record, append_record, read_records
 from bench.studies.claim import WorkloadResult
-from bench.studies.claim_specs import ClaimWorkload
+from bench.studies.claim_gate import results_from_records
+from bench.studies.claim_specs import SPECS, ClaimWorkload
 from tests.cells import run_cell_here
 
 WORKLOADS = ("transformer", "imagegpt", "swav", "deepspeech2")
 
 
 def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The claim run against a baseline in which it held everywhere: exit 1 exactly when a
+    workload's claim does not hold now, and the report says which ratio moved."""
+    import bench.studies.baselines as baselines
+
     monkeypatch.setattr(claim, "run_cell", run_cell_here)
     monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
+    monkeypatch.setattr(baselines, "BASELINES_DIR", tmp_path / "baselines")
+    held, n = tmp_path / "held.jsonl", SPECS["tiny"].world_size
+    for w in WORKLOADS:
+        for strategy, peak in (("ddp", 100), ("zero2", 40)):
+            append_record(
+                held,
+                replace(
+                    _record(strategy, peak, {}, 1.0),
+                    workload=w,
+                    preset="tiny",
+                    suite="claim-tiny",
+                    world_size=n,
+                ),
+            )
+    assert main(["baseline", "save", str(held), "--as", "claim-held"]) == 0
     out = tmp_path / "claim"
-    assert main(["claim", "--spec", "tiny", "--out", str(out)]) == 0
+    code = main(["claim", "--spec", "tiny", "--out", str(out), "--baseline", "claim-held"])
     report = (out / "report.md").read_text()
     verdicts = [line for line in report.splitlines() if line.startswith("- **")]
     assert [v.split("**")[1] for v in verdicts] == list(WORKLOADS)
     assert all(re.search(r": (HOLDS|DOES NOT HOLD|NOT MEASURED) - ", v) for v in verdicts), verdicts
+    gate = report.split("## Against baseline `claim-held`")[1].strip().splitlines()
+    assert [line.split(":")[0].split()[-1] for line in gate] == list(WORKLOADS)
+    failing = [v.split("**")[1] for v in verdicts if ": HOLDS - " not in v]
+    assert code == (1 if failing else 0)
+    assert [line.split(":")[0].split()[-1] for line in gate if " - REGRESSED (" in line] == failing
+    assert all("zero2/ddp peak 0.40x -> " in line for line in gate)
+    # the verdicts rebuilt from the records (what a baseline is judged by) are the report's
+    rebuilt = results_from_records(SPECS["tiny"], read_records([out]))
+    assert [r.verdict(SPECS["tiny"].world_size)[0] for r in rebuilt] == [": HOLDS - " in v for v in verdicts]
     assert "not a measurement of the claim" in report  # tiny presets say what they are
     for chart in (line.split("(")[-1].rstrip(")") for line in report.splitlines() if line.startswith("![")):
         assert (out / chart).is_file()

@@ -25,10 +25,10 @@ def add_baseline_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
-    from bench.studies.baselines import BASELINES_DIR, manifest_path, save_baseline
+    from bench.studies.baselines import manifest_path, save_baseline
 
     try:
-        dest = save_baseline(args.run, args.name, root=args.root or BASELINES_DIR, force=args.force)
+        dest = save_baseline(args.run, args.name, root=args.root, force=args.force)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(f"baseline {args.name!r}: {dest} (manifest: {manifest_path(dest)}); commit both")

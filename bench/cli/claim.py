@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.cli.common import UsageError, csv_list, require_cuda_if
 from bench.harness.config import DEVICES
+
+if TYPE_CHECKING:
+    from bench.harness.records import Record
+    from bench.studies.claim_specs import ClaimSpec
 
 
 def add_claim_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +33,11 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
         help="also measure torch-zero1 and fsdp2-zero2 memory (on by default for cuda)",
     )
     c.add_argument("--out", type=Path, help="report directory (default results/claim/<spec>)")
+    c.add_argument(
+        "--baseline",
+        help="saved baseline (shardbench baseline save results/claim/cpu --as NAME): exit 1 when a "
+        "workload whose claim held there no longer holds",
+    )
 
 
 def cmd_claim(args: argparse.Namespace) -> int:
@@ -56,6 +66,7 @@ def cmd_claim(args: argparse.Namespace) -> int:
                 )
     except ValueError as e:
         raise UsageError(str(e)) from None
+    baseline = _baseline(args.baseline, spec) if args.baseline else None
     require_cuda_if(spec.device)
     out = args.out or Path("results/claim") / spec.name
     from bench.harness.validate import check_output_dir
@@ -64,7 +75,29 @@ def cmd_claim(args: argparse.Namespace) -> int:
         check_output_dir(out)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    report = claim(spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None)
+    report, results = claim(spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None)
+    code = 0
+    if baseline is not None:
+        from bench.studies.claim_gate import compare_claims, gate_section
+
+        changes = compare_claims(spec, baseline, results)
+        with report.open("a") as f:
+            f.write("\n" + gate_section(args.baseline, changes))
+        code = 1 if any(c.regressed for c in changes) else 0
     print(report.read_text())
     print(f"report: {report}")
-    return 0
+    return code
+
+
+def _baseline(name: str, spec: ClaimSpec) -> list[Record]:
+    """The baseline's records, checked before anything runs: it must hold this spec's claim."""
+    from bench.studies.baselines import find_baseline, load_records
+    from bench.studies.claim_gate import results_from_records
+
+    try:
+        records = load_records(find_baseline(name, device=spec.device))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not results_from_records(spec, records):
+        raise UsageError(f"baseline {name!r} holds no records of claim spec {spec.name!r}")
+    return records

@@ -44,10 +44,11 @@ def load_records(path: Path) -> list[Record]:
     return records
 
 
-def save_baseline(run: Path, name: str, *, root: Path = BASELINES_DIR, force: bool = False) -> Path:
+def save_baseline(run: Path, name: str, *, root: Path | None = None, force: bool = False) -> Path:
     """Copy ``run``'s records to ``root/<device>/<name>.jsonl`` beside a manifest; returns the
     records path. Refuses to overwrite an existing baseline unless ``force``."""
     check_baseline_name(name)
+    root = root or BASELINES_DIR
     source = records_path(run)
     records = load_records(source)
     devices = sorted({r.device for r in records})
@@ -89,9 +90,10 @@ def manifest(records: list[Record], source: Path) -> dict[str, Any]:
     }
 
 
-def find_baseline(name: str, *, device: str | None = None, root: Path = BASELINES_DIR) -> Path:
+def find_baseline(name: str, *, device: str | None = None, root: Path | None = None) -> Path:
     """The records of the baseline ``name``; ``device`` picks between a cpu and a cuda one."""
     check_baseline_name(name)
+    root = root or BASELINES_DIR
     found = sorted(root.glob(f"*/{name}.jsonl"))
     if device is not None:
         found = [p for p in found if p.parent.name == device] or found
@@ -107,7 +109,7 @@ def find_baseline(name: str, *, device: str | None = None, root: Path = BASELINE
     raise ValueError(f"baseline {name!r} exists for several devices ({', '.join(str(p) for p in found)})")
 
 
-def resolve_source(text: str, *, device: str | None = None, root: Path = BASELINES_DIR) -> Path:
+def resolve_source(text: str, *, device: str | None = None, root: Path | None = None) -> Path:
     """``compare``'s argument: a run directory, a records file, or a saved baseline's name."""
     path = Path(text)
     if path.exists():

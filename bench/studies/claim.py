@@ -270,7 +270,10 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
     return markdown_table(head, rows)
 
 
-def claim(spec: ClaimSpec, *, out_dir: Path, workloads: tuple[str, ...] | None = None) -> Path:
+def claim(
+    spec: ClaimSpec, *, out_dir: Path, workloads: tuple[str, ...] | None = None
+) -> tuple[Path, list[WorkloadResult]]:
+    """Run the claim into ``out_dir``; its ``report.md`` and the per-workload results."""
     start = time.perf_counter()
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-claim-{spec.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -280,4 +283,4 @@ def claim(spec: ClaimSpec, *, out_dir: Path, workloads: tuple[str, ...] | None =
             out_dir / f"records.{time.strftime('%Y%m%d-%H%M%S', time.localtime(old.stat().st_mtime))}.bak"
         )
     results = run_claim(spec, out_dir=out_dir, run_id=run_id, workloads=workloads)
-    return write_claim_report(spec, results, out_dir, time.perf_counter() - start)
+    return write_claim_report(spec, results, out_dir, time.perf_counter() - start), results

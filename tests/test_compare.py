@@ -1,0 +1,232 @@
+"""The regression gate's rules on synthetic records: each verdict, the memory tolerance, the
+time rule's threshold-and-noise test, repeats, environment checks, rules files, baselines."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.harness.records import Record, append_record
+from bench.studies.compare import EnvironmentChanged, compare_runs
+from bench.studies.compare_rules import load_rules
+
+GIB = 1 << 30
+ENV = {"torch": "2.11.0", "device_name": "x86_64"}
+
+
+def rec(**over: object) -> Record:
+    """An ok CPU record: 1 GiB peak, 512 MiB model states, 100 ms steps (MAD 1 ms, 20 steps)."""
+    fields: dict = dict(
+        run_id="r",
+        suite="s",
+        workload="transformer",
+        preset="tiny",
+        params=1000,
+        strategy="ddp",
+        world_size=2,
+        requested_world_size=2,
+        simulated=False,
+        backend="gloo",
+        device="cpu",
+        precision="fp32",
+        batch_size_per_rank=8,
+        steps=20,
+        warmup=3,
+        status="ok",
+        peak_mem_bytes={"max": GIB, "per_rank": [GIB, GIB]},
+        model_state_bytes={"total": GIB // 2},
+        step_time_s={"median": 0.100, "mad": 0.001, "n": 20},
+        env=dict(ENV),
+    )
+    fields.update(over)
+    return Record(**fields)
+
+
+def timed(median: float, mad: float, n: int = 20) -> dict:
+    return {"median": median, "mad": mad, "n": n}
+
+
+def one(baseline: list[Record], current: list[Record], **kw: object):
+    (cell,) = compare_runs(baseline, current, **kw).cells
+    return cell
+
+
+def verdicts(cell) -> dict[str, str]:
+    return {m.metric: m.verdict for m in cell.metrics}
+
+
+def test_same_records_are_unchanged() -> None:
+    c = compare_runs([rec()], [rec()])
+    assert [x.verdict for x in c.cells] == ["unchanged"] and c.exit_code == 0
+
+
+def test_memory_tolerance_is_tight() -> None:
+    """Default max(0.5%, 1 MiB): +1% of a GiB fails, +0.3% passes, and a small cell's 0.9 MiB
+    growth is inside the 1 MiB floor."""
+    up1 = one([rec()], [rec(peak_mem_bytes={"max": int(GIB * 1.01)})])
+    assert up1.verdict == "regressed" and verdicts(up1)["peak_mem_bytes"] == "regressed"
+    assert up1.regressed
+    up03 = one([rec()], [rec(peak_mem_bytes={"max": int(GIB * 1.003)})])
+    assert up03.verdict == "unchanged"
+    small = 64 << 20
+    floor = one([rec(peak_mem_bytes={"max": small})], [rec(peak_mem_bytes={"max": small + (900 << 10)})])
+    assert verdicts(floor)["peak_mem_bytes"] == "unchanged"
+    down = one([rec()], [rec(model_state_bytes={"total": GIB // 4})])
+    assert down.verdict == "improved" and verdicts(down)["model_state_bytes"] == "improved"
+
+
+def test_time_needs_threshold_and_noise() -> None:
+    """+30% with a small MAD regresses; +30% with a MAD larger than the difference does not."""
+    quiet = one([rec()], [rec(step_time_s=timed(0.130, 0.001))])
+    assert verdicts(quiet)["step_time_s"] == "regressed" and quiet.regressed
+    noisy_base = rec(step_time_s=timed(0.100, 0.040))
+    noisy = one([noisy_base], [rec(step_time_s=timed(0.130, 0.040))])
+    assert verdicts(noisy)["step_time_s"] == "unchanged" and noisy.verdict == "unchanged"
+    # under the relative threshold (CPU 15%) even with no noise at all
+    small = one([rec(step_time_s=timed(0.1, 0.0))], [rec(step_time_s=timed(0.11, 0.0))])
+    assert verdicts(small)["step_time_s"] == "unchanged"
+    faster = one([rec()], [rec(step_time_s=timed(0.05, 0.001))])
+    assert faster.verdict == "improved"
+
+
+def test_cuda_threshold_is_5_percent() -> None:
+    base = rec(device="cuda", step_time_s=timed(0.100, 0.0001))
+    assert (
+        verdicts(one([base], [replace(base, step_time_s=timed(0.107, 0.0001))]))["step_time_s"] == "regressed"
+    )
+    cpu = rec(step_time_s=timed(0.100, 0.0001))
+    assert (
+        verdicts(one([cpu], [replace(cpu, step_time_s=timed(0.107, 0.0001))]))["step_time_s"] == "unchanged"
+    )
+
+
+def test_few_steps_compare_memory_only() -> None:
+    cell = one([rec(step_time_s=timed(0.1, 0.0, n=3))], [rec(step_time_s=timed(0.5, 0.0, n=3))])
+    assert "step_time_s" not in verdicts(cell) and cell.verdict == "unchanged"
+    assert any("memory only" in n for n in cell.notes)
+
+
+def test_failing_new_missing_and_passing_cells() -> None:
+    other = dict(workload="swav")
+    c = compare_runs(
+        [rec(), rec(strategy="zero2", status="oom"), rec(**other)],
+        [rec(status="error"), rec(strategy="zero2"), rec(strategy="zero1")],
+    )
+    got = {x.cell.split("/")[0] + "/" + x.cell.split("/")[2]: x.verdict for x in c.cells}
+    assert got == {
+        "transformer/ddp": "now failing",
+        "transformer/zero2": "now passing",
+        "transformer/zero1": "new",
+        "swav/ddp": "missing",
+    }
+    assert c.exit_code == 1 and [x.verdict for x in c.regressions] == ["now failing"]
+    assert c.cells[0].verdict == "now failing"  # regressions first
+    # missing and new are reported, not failed
+    assert compare_runs([rec(), rec(**other)], [rec(), rec(strategy="zero1")]).exit_code == 0
+
+
+def test_repeats_use_the_median_and_their_spread() -> None:
+    """Repeats in fresh processes: time is the median of their medians; their spread is noise."""
+    base = [rec(step_time_s=timed(t, 0.001), repeat=i) for i, t in enumerate((0.10, 0.10, 0.10))]
+    spread = [rec(step_time_s=timed(t, 0.001), repeat=i) for i, t in enumerate((0.09, 0.13, 0.17))]
+    cell = one(base, spread)
+    (time,) = [m for m in cell.metrics if m.metric == "step_time_s"]
+    assert time.current == pytest.approx(0.13)
+    assert time.verdict == "unchanged"  # 3 x hypot(0.001, 0.04) = 0.12 > 0.03
+    flaky = one([rec(), rec(repeat=1)], [rec(), rec(repeat=1, status="timeout")])
+    assert flaky.verdict == "now failing"
+
+
+def test_environment_change_is_refused_unless_allowed() -> None:
+    newer = rec(env={**ENV, "torch": "2.12.0"})
+    with pytest.raises(EnvironmentChanged, match=r"torch: \['2.11.0'\] -> \['2.12.0'\]"):
+        compare_runs([rec()], [newer])
+    cell = one([rec()], [newer], allow_env_change=True)
+    assert any("environment changed: torch" in n for n in cell.notes)
+    with pytest.raises(EnvironmentChanged, match="schema"):
+        compare_runs([rec(schema=2)], [rec()])
+
+
+def test_rules_file_overrides_and_ignores(tmp_path: Path) -> None:
+    rules_file = tmp_path / "rules.toml"
+    rules_file.write_text(
+        "[memory]\ntolerance_pct = 2.0\n"
+        '[[override]]\nworkload = "transformer"\ntime_pct = 50\nreason = "noisy on shared cores"\n'
+        '[[ignore]]\nstrategy = "zero2"\nreason = "known: #99"\n'
+    )
+    rules = load_rules(rules_file)
+    assert one([rec()], [rec(peak_mem_bytes={"max": int(GIB * 1.015)})], rules=rules).verdict == "unchanged"
+    slower = one([rec()], [rec(step_time_s=timed(0.13, 0.001))], rules=rules)
+    assert slower.verdict == "unchanged" and "threshold override: noisy on shared cores" in slower.notes
+    ignored = compare_runs([rec(strategy="zero2")], [rec(strategy="zero2", status="oom")], rules)
+    assert ignored.cells[0].verdict == "now failing" and ignored.cells[0].ignored == "known: #99"
+    assert ignored.exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[memory]\ntolerance = 1\n", "unknown key.*tolerance.*allowed: tolerance_pct, tolerance_mib"),
+        ("[time]\ncpu_pct = -1\n", "cpu_pct must be a non-negative number"),
+        ("[[ignore]]\nworkload = 'swav'\n", "needs a reason"),
+        ("[[override]]\nworkload = 'swav'\nreason = 'x'\n", "sets no threshold"),
+        ("[[ignore]]\nmetrics = ['speed']\nreason = 'x'\n", "metrics must be a list of"),
+        ("not toml [", "not valid TOML"),
+    ],
+)
+def test_bad_rules_are_named(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_rules(path)
+
+
+def write_run(directory: Path, records: list[Record]) -> Path:
+    for r in records:
+        append_record(directory / "records.jsonl", r)
+    return directory
+
+
+def test_compare_cli_writes_files_and_exits_1_on_regression(tmp_path: Path, capsys) -> None:
+    base = write_run(tmp_path / "base", [rec(), rec(strategy="zero2")])
+    cur = write_run(tmp_path / "cur", [rec(peak_mem_bytes={"max": 2 * GIB}), rec(strategy="zero2")])
+    assert main(["compare", str(base), str(cur)]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out and "transformer/tiny/ddp/n2/fp32/b8/cpu" in out and "+100.00%" in out
+    data = json.loads((cur / "compare.json").read_text())
+    assert data["exit_code"] == 1 and data["counts"]["regressed"] == 1
+    html = (cur / "compare.html").read_text()
+    assert html.index("regressed") < html.index("unchanged")  # regressions first
+    assert "### Regressions" in (cur / "compare.md").read_text()
+    assert main(["compare", str(base), str(base), "--out", str(tmp_path / "same")]) == 0
+
+
+def test_compare_cli_bad_input_exits_2(tmp_path: Path, capsys) -> None:
+    base = write_run(tmp_path / "base", [rec()])
+    assert main(["compare", str(base), str(tmp_path / "nowhere")]) == 2
+    assert "not a run directory, a records file or a saved baseline name" in capsys.readouterr().err
+    newer = write_run(tmp_path / "newer", [rec(env={**ENV, "torch": "2.12.0"})])
+    assert main(["compare", str(base), str(newer)]) == 2
+    assert "--allow-env-change" in capsys.readouterr().err
+    assert main(["compare", str(base), str(newer), "--allow-env-change"]) == 0
+
+
+def test_baseline_save_then_compare_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    import bench.studies.baselines as baselines
+
+    monkeypatch.setattr(baselines, "BASELINES_DIR", tmp_path / "baselines")
+    run = write_run(tmp_path / "run", [rec(name="nightly-x", env={**ENV, "git_sha": "abc"})])
+    assert main(["baseline", "save", str(run), "--as", "nightly-x"]) == 0
+    saved = tmp_path / "baselines" / "cpu" / "nightly-x.jsonl"
+    manifest = json.loads(saved.with_suffix(".manifest.json").read_text())
+    assert manifest["git_sha"] == ["abc"] and manifest["records"] == 1 and manifest["saved_by"]
+    assert manifest["environment"]["torch"] == "2.11.0"
+    assert main(["baseline", "save", str(run), "--as", "nightly-x"]) == 2  # no silent overwrite
+    assert "--force" in capsys.readouterr().err
+    assert main(["compare", "nightly-x", str(run)]) == 0
+    assert main(["compare", "nightly-y", str(run)]) == 2
+    assert "no baseline named 'nightly-y'" in capsys.readouterr().err
