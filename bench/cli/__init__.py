@@ -16,6 +16,7 @@ from bench.cli.listing import add_listing_parsers, cmd_env, cmd_list
 from bench.cli.max_size import add_max_size_parser, cmd_max_size
 from bench.cli.report import add_report_parser, cmd_report
 from bench.cli.run import add_run_parser, cmd_run, resolve_cells
+from bench.cli.trend import add_trend_parser, cmd_trend
 
 __all__ = ["UsageError", "build_parser", "main", "resolve_cells"]
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_claim_parser(sub)
     add_report_parser(sub)
     add_listing_parsers(sub)
+    add_trend_parser(sub)
     return ap
 
 
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         "claim": cmd_claim,
         "list": cmd_list,
         "env": cmd_env,
+        "trend": cmd_trend,
     }[args.command]
     try:
         return handler(args)
