@@ -20,6 +20,7 @@ from bench.cli.max_size import add_max_size_parser, cmd_max_size
 from bench.cli.nightly import add_nightly_parser, cmd_nightly
 from bench.cli.report import add_report_parser, cmd_report
 from bench.cli.run import add_run_parser, cmd_run, resolve_cells
+from bench.cli.trend import add_trend_parser, cmd_trend
 
 __all__ = ["UsageError", "build_parser", "main", "resolve_cells"]
 
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_baseline_parser(sub)
     add_nightly_parser(sub)
     add_listing_parsers(sub)
+    add_trend_parser(sub)
     return ap
 
 
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         "nightly": cmd_nightly,
         "list": cmd_list,
         "env": cmd_env,
+        "trend": cmd_trend,
     }[args.command]
     try:
         return handler(args)

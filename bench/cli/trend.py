@@ -1,0 +1,49 @@
+"""``shardbench trend``: charts of each metric per cell over the nights of a history file.
+
+The nightly job appends the history (``results/history/<suite>.jsonl``); this command only
+reads it, so it is safe to run at any time, on any copy. It exits 0 whatever the nights say:
+the gate is the nightly command, this is the view. matplotlib is imported inside ``cmd_trend``
+so that ``shardbench --help`` and the other subcommands do not pay for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from bench.cli.common import UsageError
+
+
+def add_trend_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trend", help="charts of each metric per cell over the nights of a history file")
+    p.add_argument("history", type=Path, help="a nightly history, e.g. results/history/nightly-cpu.jsonl")
+    p.add_argument("--out", type=Path, help="output directory (default: trend-<suite> beside the history)")
+
+
+def cmd_trend(args: argparse.Namespace) -> int:
+    from bench.harness.validate import check_output_dir
+    from bench.report.trend_charts import write_trend
+    from bench.studies.trend import alarms, last_night, night_of, read_history
+
+    path: Path = args.history
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            history = read_history(path)
+        for w in caught:  # a bad line is named and skipped; the good ones still make the charts
+            print(f"shardbench trend: warning: {w.message}", file=sys.stderr)
+        if not history:
+            raise ValueError(f"{path} holds no valid history line (need JSON objects with suite, cell, time)")
+        suites = sorted({line["suite"] for line in history})
+        out = args.out or path.parent / f"trend-{suites[0] if len(suites) == 1 else path.stem}"
+        check_output_dir(out)
+        page = write_trend(path, out, history=history)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    nights = len({night_of(line) for line in history})
+    found = alarms(last_night(history))
+    print(f"{nights} night(s), {len({line['cell'] for line in history})} cell(s); last night: "
+          f"{len(found)} regression(s) or newly failing cell(s); open {page}")  # fmt: skip
+    return 0

@@ -1,0 +1,111 @@
+"""``trend.html``: the last night's regressions as a table, then the trend chart of each metric.
+
+The question a reader of a nightly trend page brings is "what broke last night?", so the page
+answers it first, in a table of exact numbers, and the charts follow for "since when, and is it
+noise?". Like ``index.html`` it carries its own CSS and names the PNGs beside it by relative
+path, so the folder can be copied or published as it is; text from the history is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.report.html import CSS
+from bench.studies.trend import alarms, display_unit, last_night, metric_key, night_of, parse_time, unit_of
+
+HOW = (
+    "One panel per cell, oldest night on the left; all panels share the nights. The line is the "
+    "night's value, the dashed line the baseline it was compared with and the shaded band the "
+    "tolerance: a value outside it is improved or regressed. A red X marks a night the metric "
+    "regressed. A triangle on the bottom edge is a night without a value: red (with the status) "
+    "where the cell became failing, grey where it was still failing or missing."
+)
+
+
+def write_page(
+    history: Sequence[dict[str, Any]], charts: Mapping[str, Path], *, out_dir: Path, source: Path
+) -> Path:
+    """Write ``out_dir/trend.html`` for ``history``; ``charts`` maps a metric to its PNG in ``out_dir``."""
+    suite = ", ".join(sorted({line["suite"] for line in history}))
+    times = sorted(parse_time(line["time"]) for line in history)
+    nights = len({night_of(line) for line in history})
+    cells = len({line["cell"] for line in history})
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>shardbench trend: {_e(suite)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>shardbench trend: {_e(suite)}</h1>",
+        f'<p class="lead">{nights} night(s) from {times[0]:%Y-%m-%d} to {times[-1]:%Y-%m-%d}, '
+        f"{cells} cell(s), read from {_e(source.name)}.</p>",
+        *_last_night(history),
+        "<h2>Trends</h2>",
+        f'<p class="how">{_e(HOW)}</p>',
+    ]
+    for metric in sorted(charts, key=metric_key):
+        path = charts[metric]
+        parts.append(
+            f'<figure id="{_e(path.stem)}"><img src="{_e(path.name)}" alt="{_e(metric)} per cell over time">'
+            f"<figcaption>{_e(metric)} — {_e(path.name)}</figcaption></figure>"
+        )
+    parts.append("</body></html>")
+    page = out_dir / "trend.html"
+    page.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    return page
+
+
+def _last_night(history: Sequence[dict[str, Any]]) -> list[str]:
+    """The heading, what the last run was, its verdict counts, and the table of what went wrong."""
+    lines = last_night(history)
+    first = lines[0]
+    counts = Counter(str(line.get("verdict") or "no verdict") for line in lines)
+    about = [f"{first['time']}", f"{len(lines)} cell(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())]
+    if first.get("baseline"):
+        about.append(f"baseline {first['baseline']}")
+    if first.get("git_sha"):
+        about.append(f"git {str(first['git_sha'])[:12]}")
+    out = [
+        f"<h2>Last night: {_e(first.get('name') or first.get('run_id') or first['time'])}</h2>",
+        f'<p class="lead">{_e("; ".join(about))}</p>',
+    ]
+    found = alarms(lines)
+    if not found:
+        return [*out, '<p class="empty">No regression and no newly failing cell on the last night.</p>']
+    header = ("cell", "status", "verdict", "metric", "value", "baseline", "band", "change")
+    rows = [_row(line, metric) for line, metric in found]
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(
+        '<tr class="failed">' + "".join(f'<td class="text">{_e(v)}</td>' for v in row) + "</tr>"
+        for row in rows
+    )
+    return [*out, f'<div class="scroll"><table id="regressions"><tr>{head}</tr>{body}</table></div>']
+
+
+def _row(line: dict[str, Any], metric: str | None) -> tuple[str, ...]:
+    cell = (line["cell"], str(line.get("status") or ""), str(line.get("verdict") or ""))
+    if metric is None:
+        return (*cell, "", "", "", "", "")
+    m = line["metrics"][metric]
+    label, scale = display_unit(unit_of(metric, m))
+    value, base, low, high = (m.get(k) for k in ("value", "baseline", "low", "high"))
+    change = f"{value / base - 1:+.1%}" if value is not None and base else ""
+    band = f"{_num(low, scale)} – {_num(high, scale, label)}" if low is not None or high is not None else ""
+    return (*cell, metric, _num(value, scale, label), _num(base, scale, label), band, change)
+
+
+def _num(v: float | None, scale: float, label: str = "") -> str:
+    if v is None or not math.isfinite(v):
+        return "—"
+    x = v / scale
+    text = f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+    return f"{text} {label}".strip()
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)

@@ -1,0 +1,217 @@
+"""A nightly history as time series: one per cell and metric, ready to draw.
+
+The nightly job appends one JSON line per cell per night to ``results/history/<suite>.jsonl``:
+``suite``, ``run_id``, ``name``, ``time``, ``cell`` (a stable label), the record's ``status``, the
+cell's ``verdict`` and ``metrics``, each ``{value, baseline, low, high, verdict, unit}`` with any
+number null (a failed cell has no value, a new one no baseline) and any metric absent. This
+module reads it back and turns it into ``Series``. Pure: no matplotlib, no torch, so what a
+trend chart shows is a question about lists, and tests ask it.
+
+The history is written by many nights of possibly different code, so reading is forgiving the
+way ``bench.harness.records.read_records`` is: a line that is not a history line is named by
+file and line, skipped with a warning, and never hides the good ones.
+
+A failed night stays in every series of its cell, with no value: a chart must show the night a
+cell started failing, not close the gap over it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+#: fields a line must have to be placed on a chart at all
+REQUIRED = ("suite", "cell", "time")
+#: the numbers a metric entry may carry; each a number or null
+METRIC_FIELDS = ("value", "baseline", "low", "high")
+#: known metrics first, in this order (the rest follow alphabetically)
+METRIC_ORDER = ("peak_mem_bytes", "model_state_bytes", "step_time_s")
+#: cell verdicts the last night's table lists
+ALARMS = ("regressed", "now failing")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric of one cell over the nights, oldest first; every tuple has one entry a night.
+
+    ``verdicts`` are the metric's own (``regressed`` marks the night); ``cell_verdicts`` and
+    ``statuses`` are the cell's, which say why a night has no value (``now failing``, ``oom``,
+    ``missing``) even where the metric itself was not written that night.
+    """
+
+    cell: str
+    metric: str
+    unit: str | None
+    times: tuple[datetime, ...]
+    values: tuple[float | None, ...]
+    baselines: tuple[float | None, ...]
+    lows: tuple[float | None, ...]
+    highs: tuple[float | None, ...]
+    verdicts: tuple[str | None, ...]
+    cell_verdicts: tuple[str | None, ...]
+    statuses: tuple[str | None, ...]
+    runs: tuple[str, ...]
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """The valid lines of a history file, in file order. A bad line warns (``file:line: ...``)
+    and is skipped; a missing or unreadable file is a ``ValueError`` (a user mistake)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"history file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory; give a history .jsonl file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read history file {path}: {getattr(e, 'strerror', None) or e}") from None
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(parse_line(line))
+        except ValueError as e:
+            warnings.warn(f"{path}:{lineno}: not a history line ({e}); skipped", stacklevel=2)
+    return out
+
+
+def parse_line(line: str) -> dict[str, Any]:
+    """One JSONL line as a history entry; ``ValueError`` says what is wrong with it."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON at column {e.colno}: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    missing = [k for k in REQUIRED if not isinstance(data.get(k), str) or not data[k]]
+    if missing:
+        raise ValueError(f"missing or empty field(s) {', '.join(missing)}")
+    parse_time(data["time"])
+    metrics = data.get("metrics")
+    if metrics is not None and not isinstance(metrics, dict):
+        raise ValueError(f"metrics must be an object, got {type(metrics).__name__}")
+    for name, entry in (metrics or {}).items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"metric {name!r} must be an object, got {type(entry).__name__}")
+        for key in METRIC_FIELDS:
+            v = entry.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                raise ValueError(f"metric {name!r} {key} must be a number or null, got {v!r}")
+    return data
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601 as the history writes it (``2026-11-30T15:00:00+0000``); no offset means UTC,
+    so naive and aware times from different writers still sort together."""
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"time {text!r} is not ISO 8601") from None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def series(history: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Series]:
+    """``(cell, metric) -> Series``, each sorted by time, in metric then cell order.
+
+    A cell's series covers every night of that cell, including nights where the metric is
+    absent (a failed or missing cell): those have no value, and the cell's status and verdict
+    say why. A line repeated for the same run and cell (a re-appended night) counts once, the
+    last one written.
+    """
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, line in enumerate(history):
+        latest[(str(line.get("run_id") or f"#{i}"), line["cell"])] = line
+    nights: dict[str, list[dict[str, Any]]] = {}
+    for line in latest.values():
+        nights.setdefault(line["cell"], []).append(line)
+    out: dict[tuple[str, str], Series] = {}
+    pairs = {(cell, m) for cell, lines in nights.items() for line in lines for m in line.get("metrics") or {}}
+    for cell, metric in sorted(pairs, key=lambda p: (metric_key(p[1]), p[0])):
+        lines = sorted(nights[cell], key=lambda line: parse_time(line["time"]))
+        out[(cell, metric)] = _series(cell, metric, lines)
+    return out
+
+
+def _series(cell: str, metric: str, lines: Sequence[dict[str, Any]]) -> Series:
+    entries = [(line.get("metrics") or {}).get(metric) or {} for line in lines]
+    units = [e["unit"] for e in entries if isinstance(e.get("unit"), str)]  # the newest one wins
+    return Series(
+        cell=cell,
+        metric=metric,
+        unit=units[-1] if units else unit_of(metric),
+        times=tuple(parse_time(line["time"]) for line in lines),
+        values=tuple(_number(e.get("value")) for e in entries),
+        baselines=tuple(_number(e.get("baseline")) for e in entries),
+        lows=tuple(_number(e.get("low")) for e in entries),
+        highs=tuple(_number(e.get("high")) for e in entries),
+        verdicts=tuple(_text(e.get("verdict")) for e in entries),
+        cell_verdicts=tuple(_text(line.get("verdict")) for line in lines),
+        statuses=tuple(_text(line.get("status")) for line in lines),
+        runs=tuple(str(line.get("name") or line.get("run_id") or "") for line in lines),
+    )
+
+
+def metric_key(metric: str) -> tuple[int, str]:
+    return (METRIC_ORDER.index(metric) if metric in METRIC_ORDER else len(METRIC_ORDER), metric)
+
+
+def display_unit(unit: str | None) -> tuple[str, float]:
+    """(label, divisor) for charts and tables: MiB for bytes, ms for seconds, others as they are."""
+    if unit == "bytes":
+        return "MiB", float(2**20)
+    if unit == "s":
+        return "ms", 1e-3
+    return unit or "", 1.0
+
+
+def last_night(history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines of the most recent night (by time; the run id settles a tie), one per cell, in cell
+    order (a cell written twice that night: the last line)."""
+    if not history:
+        return []
+    newest = max(history, key=lambda line: (parse_time(line["time"]), night_of(line)))
+    lines = [line for line in history if night_of(line) == night_of(newest)]
+    return sorted({line["cell"]: line for line in lines}.values(), key=lambda line: line["cell"])
+
+
+def night_of(line: dict[str, Any]) -> str:
+    """What makes lines one night: the run id, or the time where a writer left the id out."""
+    return str(line.get("run_id") or line["time"])
+
+
+def alarms(lines: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], str | None]]:
+    """(line, metric) for what went wrong in these lines: each regressed metric, and a cell that
+    is now failing or regressed without naming a metric (metric ``None``)."""
+    out: list[tuple[dict[str, Any], str | None]] = []
+    for line in lines:
+        metrics = line.get("metrics") or {}
+        bad = [m for m in sorted(metrics, key=metric_key) if metrics[m].get("verdict") == "regressed"]
+        out += [(line, m) for m in bad]
+        if not bad and line.get("verdict") in ALARMS:
+            out.append((line, None))
+    return out
+
+
+def _number(v: object) -> float | None:
+    """A finite number, or None (JSON null, or a NaN a lenient writer let through)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _text(v: object) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def unit_of(metric: str, entry: dict[str, Any] | None = None) -> str | None:
+    """The entry's ``unit``, or one read from the metric's name (``*_bytes``, ``*_s``)."""
+    if entry and isinstance(entry.get("unit"), str):
+        return entry["unit"]
+    return "bytes" if metric.endswith("_bytes") else "s" if metric.endswith("_s") else None
