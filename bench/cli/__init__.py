@@ -12,6 +12,7 @@ import sys
 
 from bench.cli.claim import add_claim_parser, cmd_claim
 from bench.cli.common import UsageError
+from bench.cli.export import add_export_parser, cmd_export
 from bench.cli.listing import add_listing_parsers, cmd_env, cmd_list
 from bench.cli.max_size import add_max_size_parser, cmd_max_size
 from bench.cli.report import add_report_parser, cmd_report
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_claim_parser(sub)
     add_report_parser(sub)
     add_listing_parsers(sub)
+    add_export_parser(sub)
     return ap
 
 
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         "claim": cmd_claim,
         "list": cmd_list,
         "env": cmd_env,
+        "export": cmd_export,
     }[args.command]
     try:
         return handler(args)
