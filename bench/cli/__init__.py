@@ -1,8 +1,7 @@
 """The ``shardbench`` command line: parse, validate, then call into a study or the harness.
 
-One module per subcommand (``run``, ``max-size``, ``claim``, ``report``, ``compare``, ``baseline``,
-``nightly``, ``list``/``env``, ...); each
-validates every argument through ``bench.harness.validate`` before anything is started or
+One module per subcommand (``run``, ``max-size``, ``claim``, ``report``, ``compare``,
+``baseline``, ``nightly``, ``trend``, ``export``, ``list``/``env``); each validates every argument through ``bench.harness.validate`` before anything is started or
 written: a mistake is one line on stderr naming what is allowed, and exit code 2.
 """
 
@@ -15,6 +14,7 @@ from bench.cli.baseline import add_baseline_parser, cmd_baseline
 from bench.cli.claim import add_claim_parser, cmd_claim
 from bench.cli.common import UsageError
 from bench.cli.compare import add_compare_parser, cmd_compare
+from bench.cli.export import add_export_parser, cmd_export
 from bench.cli.listing import add_listing_parsers, cmd_env, cmd_list
 from bench.cli.max_size import add_max_size_parser, cmd_max_size
 from bench.cli.nightly import add_nightly_parser, cmd_nightly
@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_parser(sub)
     add_baseline_parser(sub)
     add_nightly_parser(sub)
-    add_listing_parsers(sub)
     add_trend_parser(sub)
+    add_export_parser(sub)
+    add_listing_parsers(sub)
     return ap
 
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         "list": cmd_list,
         "env": cmd_env,
         "trend": cmd_trend,
+        "export": cmd_export,
     }[args.command]
     try:
         return handler(args)
