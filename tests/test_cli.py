@@ -16,7 +16,7 @@ from bench.cli import main
     [
         (["run", "--workload", "nope"], "allowed: transformer"),
         (["run", "--strategy", "nope"], "allowed: dp, ddp"),
-        (["run", "--suite", "nope"], "allowed: gpu-check, smoke"),
+        (["run", "--suite", "nope"], "allowed: gpu-check, nightly-cpu, nightly-gpu, smoke"),
         (["run", "--preset", "huge"], "allowed: tiny"),
         (["run", "--world-size", "0"], "world size must be >= 1"),
         (["run", "--precision", "fp8"], "allowed: fp32, bf16"),

@@ -230,3 +230,24 @@ def test_baseline_save_then_compare_by_name(tmp_path: Path, monkeypatch: pytest.
     assert main(["compare", "nightly-x", str(run)]) == 0
     assert main(["compare", "nightly-y", str(run)]) == 2
     assert "no baseline named 'nightly-y'" in capsys.readouterr().err
+
+
+def summary(fit: int | None, **over: object) -> Record:
+    """A max-size search's summary record: the largest fit's params (None: nothing fitted)."""
+    info = {"vary": "params", "budget_bytes": 16 * GIB, "largest_fit": {"params": fit} if fit else None}
+    preset = {None: "tiny", 100: "small", 200: "base"}[fit]
+    return rec(suite="max-size", max_size=info, preset=preset, status="ok" if fit else "oom", **over)
+
+
+def test_max_size_answers_are_gated() -> None:
+    """A search's answer is one cell whatever preset it ended on; any step down regresses, and
+    nothing fitting ("oom") is an answer of 0, not a failed cell."""
+    probe = rec(suite="max-size-probe", preset="huge", status="oom")
+    same = compare_runs([summary(200), probe], [summary(200)])
+    assert [(c.cell, c.verdict) for c in same.cells] == [
+        ("transformer/max-size-params-16GiB/ddp/n2/fp32/b8/cpu", "unchanged")
+    ]
+    down = one([summary(200)], [summary(100)])
+    assert down.verdict == "regressed" and down.metrics[0].metric == "max_trainable_params"
+    assert one([summary(100)], [summary(200)]).verdict == "improved"
+    assert one([summary(100)], [summary(None)]).verdict == "regressed"

@@ -11,7 +11,7 @@ import pytest
 
 from bench.cli import main
 from bench.harness import validate
-from bench.harness.records import Record, RecordWriteError, append_record, read_records
+from bench.harness.records import SCHEMA, Record, RecordWriteError, append_record, read_records
 from bench.harness.runner import new_run_id
 
 TINY = [
@@ -126,7 +126,7 @@ def test_non_finite_numbers_are_written_as_null(tmp_path) -> None:
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
     r = json.loads(text)
-    assert r["loss"]["last"] is None and r["step_time_s"]["median"] is None and r["schema"] == 2
+    assert r["loss"]["last"] is None and r["step_time_s"]["median"] is None and r["schema"] == SCHEMA
 
 
 def test_report_names_file_and_line_of_bad_records_and_skips_them(tmp_path, capsys) -> None:

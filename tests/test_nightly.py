@@ -80,3 +80,20 @@ def test_nightly_refuses_before_running(tmp_path: Path, baselines: Path, capsys)
     assert main(["run", "--suite", str(suite), "--repeat", "0"]) == 2
     assert "--repeat must be an integer from 1 to 100" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_suite_max_size_tables_are_validated_as_max_size_flags(tmp_path: Path) -> None:
+    from bench.cli.common import UsageError
+    from bench.cli.nightly import _max_size_search
+    from bench.harness.config import load_suite
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(
+        SUITE + '[[max_size]]\nworkload = "transformer"\nstrategy = ["ddp", "zero2"]\nworld_size = [4]\n'
+        'budget = "1GiB"\nfake = true\n'
+    )
+    (table,) = load_suite(str(suite)).max_size
+    args, cells, budget, ladder = _max_size_search(table, 0, "s")
+    assert [c.strategy for c in cells] == ["ddp", "zero2"] and budget == 1 << 30 and cells[0].fake
+    with pytest.raises(UsageError, match=r"\[\[max_size\]\] #1: .*unknown preset 'nope'"):
+        _max_size_search({**table, "ladder": ["tiny", "nope"]}, 0, "s")

@@ -1,8 +1,9 @@
 """The ``shardbench`` command line: parse, validate, then call into a study or the harness.
 
 One module per subcommand (``run``, ``max-size``, ``claim``, ``report``, ``compare``,
-``baseline``, ``nightly``, ``trend``, ``export``, ``list``/``env``); each validates every argument through ``bench.harness.validate`` before anything is started or
-written: a mistake is one line on stderr naming what is allowed, and exit code 2.
+``baseline``, ``nightly``, ``trend``, ``export``, ``list``/``env``); each validates every
+argument through ``bench.harness.validate`` before anything is started or written: a mistake is
+one line on stderr naming what is allowed, and exit code 2.
 """
 
 from __future__ import annotations

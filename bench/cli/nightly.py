@@ -31,7 +31,7 @@ def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--suite", required=True, help="nightly-cpu, nightly-gpu, or any suite name or .toml path")
     n.add_argument("--baseline", help="saved baseline name (default: the suite's name)")
     n.add_argument(
-        "--rules", type=Path, help="thresholds TOML (default: bench/suites/<suite>.rules.toml if present)"
+        "--rules", type=Path, help="thresholds TOML (default: bench/suites/rules/<suite>.toml if present)"
     )
     n.add_argument("--out", type=Path, help="run directory (default: results/runs/<run_id>)")
     n.add_argument("--history", type=Path, help="history file (default: results/history/<suite>.jsonl)")
@@ -60,8 +60,9 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         baseline_name = args.baseline or spec.name
         baseline_path = find_baseline(baseline_name, device=spec.device)
         baseline = load_records(baseline_path)
-        rules_path = args.rules or (SUITES_DIR / f"{spec.name}.rules.toml")
+        rules_path = args.rules or (SUITES_DIR / "rules" / f"{spec.name}.toml")
         rules = load_rules(rules_path) if args.rules or rules_path.exists() else Rules()
+        searches = [_max_size_search(table, i, spec.name) for i, table in enumerate(spec.max_size)]
         history = args.history or HISTORY_DIR / f"{spec.name}.jsonl"
         check_output_dir(history.parent, cells=1)
     except ValueError as e:
@@ -83,7 +84,49 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     out, run_code = execute_run(cells, name=name, tags=tags, out=out)
     if run_code in (130, 143):  # interrupted: a partial night is not compared or recorded
         return run_code
+    _run_searches(searches, out)
     return _gate(args, spec.name, name, out, baseline_name, baseline_path, baseline, rules, history)
+
+
+def _max_size_search(table: dict, index: int, suite: str) -> tuple[argparse.Namespace, list, int, tuple]:
+    """A suite's ``[[max_size]]`` table read as ``shardbench max-size`` flags and validated by
+    that command's own parser and checks, before anything runs."""
+    from bench.cli import build_parser
+    from bench.cli.max_size import resolve_max_size
+
+    argv = ["max-size"]
+    for key, value in table.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not False:
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    where = f"suite {suite!r} [[max_size]] #{index + 1}"
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        raise UsageError(f"{where}: not valid max-size flags (argparse said why above)") from None
+    try:
+        cells, budget, ladder = resolve_max_size(args)
+    except UsageError as e:
+        raise UsageError(f"{where}: {e}") from None
+    return args, cells, budget, ladder
+
+
+def _run_searches(searches: list, out: Path) -> None:
+    """Each max-size search into the night's run directory; its summary records are what the
+    gate compares (largest trainable parameters), its probes stay for the report."""
+    if not searches:
+        return
+    from bench.harness.records import read_records
+    from bench.report.build import write_report
+    from bench.studies.maxsize import search
+
+    run_id = read_records([out])[0].run_id
+    for args, cells, budget, ladder in searches:
+        for cell in cells:
+            search(cell, budget=budget, vary=args.vary, ladder=ladder, out_dir=out, run_id=run_id)
+    print(f"report: {write_report(out)}")
 
 
 class _Probe:

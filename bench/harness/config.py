@@ -121,6 +121,11 @@ class SuiteSpec:
     #: sees run-to-run noise (``run --repeat`` overrides; a matrix may set its own)
     repeat: int = 1
 
+    #: max-size searches (``[[max_size]]`` tables: ``shardbench max-size`` flags as keys, e.g.
+    #: ``workload = "transformer"``, ``strategy = "ddp,zero2"``, ``budget = "16GiB"``,
+    #: ``simulate = true``); ``nightly`` runs them after the cells and gates their answers
+    max_size: tuple[dict[str, Any], ...] = ()
+
     #: extra cross products (a suite's ``[[matrix]]`` tables): each overrides some of the lists
     #: above, e.g. a different preset per workload, and may set its own steps, warmup,
     #: timeout_s, simulate or fake. Empty: the lists above are the one matrix.
@@ -204,12 +209,16 @@ def load_suite(name_or_path: str) -> SuiteSpec:
             if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
                 raise ValueError(f"{where}: 'matrix' must be an array of tables ([[matrix]])")
             kwargs["matrices"] = tuple(_matrix(m, f"{where} [[matrix]]") for m in value)
+        elif key == "max_size":
+            if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+                raise ValueError(f"{where}: 'max_size' must be an array of tables ([[max_size]])")
+            kwargs["max_size"] = tuple(value)
         elif key in _LIST_KEYS:
             kwargs.update(_lists({key: value}, where))
         elif key in _SCALAR_KEYS:
             kwargs[key] = _scalar(key, value, where)
         else:
-            allowed = ", ".join([*_LIST_KEYS, *_SCALAR_KEYS, "matrix"])
+            allowed = ", ".join([*_LIST_KEYS, *_SCALAR_KEYS, "matrix", "max_size"])
             raise ValueError(f"{where}: unknown key {key!r}; allowed: {allowed}")
     return SuiteSpec(name=path.stem, **kwargs)
 

@@ -207,6 +207,18 @@ def _git_sha() -> str | None:
         return None
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux): which machine a CPU step time was measured on."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def capture_env(device: str) -> dict[str, Any]:
     """Versions and hardware the numbers depend on."""
     import torch
@@ -221,6 +233,7 @@ def capture_env(device: str) -> dict[str, Any]:
         "git_sha": _git_sha(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "device_name": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
     }
     if device == "cuda" and torch.cuda.is_available():
         env["device_name"] = torch.cuda.get_device_name(0)

@@ -21,6 +21,8 @@ def metric_value(m: MetricDelta, value: float | None) -> str:
         return "-"
     if m.unit == "bytes":
         return f"{value / 2**20:,.2f} MiB"
+    if m.unit == "params":
+        return f"{value / 1e6:,.1f}M params"
     return f"{value * 1e3:.3f} ms"
 
 

@@ -85,7 +85,8 @@ def manifest(records: list[Record], source: Path) -> dict[str, Any]:
         "schema": sorted({r.schema for r in records}),
         "git_sha": sorted({e.get("git_sha") for e in envs}, key=str),
         "environment": {
-            k: first.get(k) for k in ("torch", "cuda", "python", "platform", "device_name", "cpu_count")
+            k: first.get(k)
+            for k in ("torch", "cuda", "python", "platform", "device_name", "cpu_model", "cpu_count")
         },
     }
 

@@ -46,13 +46,21 @@ IDENTITY = (
 ENV_KEYS = ("torch", "device_name", "schema")
 MEMORY_METRICS = ("peak_mem_bytes", "model_state_bytes")
 TIME_METRIC = "step_time_s"
+#: a max-size search's answer (``max-size`` summary records): the largest model that trained in
+#: the budget. It moves in ladder steps, so any decrease is a regression.
+MAX_SIZE_METRIC = "max_trainable_params"
 VERDICTS = ("regressed", "now failing", "improved", "now passing", "new", "missing", "unchanged")
 
 
 def identity(r: Record) -> tuple[Any, ...]:
+    """The cell a record measures. A max-size summary's preset is its answer, so it is named by
+    what was searched instead: ``max-size-<vary>-<budget>``."""
+    preset = r.preset
+    if r.max_size is not None:
+        preset = f"max-size-{r.max_size.get('vary')}-{r.max_size.get('budget_bytes', 0) / 2**30:g}GiB"
     return (
         r.workload,
-        r.preset,
+        preset,
         r.strategy,
         r.world_size,
         r.simulated,
@@ -87,6 +95,9 @@ class Side:
     steps: int = 0
     #: memory differed between repeats of the same cell (it should not; the larger is used)
     memory_varied: tuple[str, ...] = ()
+    #: a max-size summary's largest trainable parameter count (None: nothing fitted)
+    max_params: int | None = None
+    is_max_size: bool = False
 
 
 @dataclass
@@ -200,8 +211,8 @@ def compare_runs(
 def _by_cell(records: Sequence[Record]) -> dict[tuple, Side]:
     groups: dict[tuple, list[Record]] = defaultdict(list)
     for r in records:
-        if r.suite in ("max-size-probe",) or r.max_size is not None:
-            continue  # the search's probes and summaries are not step measurements
+        if r.suite == "max-size-probe":
+            continue  # the search's steps; its summary record carries the answer
         groups[identity(r)].append(r)
     return {key: _side(rs) for key, rs in groups.items()}
 
@@ -210,6 +221,12 @@ def _side(records: list[Record]) -> Side:
     """Repeats of one cell as one side: failed if any repeat failed (a flaky cell is a failing
     cell), memory the largest seen, time the median of the repeats' medians."""
     failed = [r.status for r in records if r.status != "ok"]
+    if records[0].max_size is not None:
+        fits = [((r.max_size or {}).get("largest_fit") or {}).get("params") for r in records]
+        known = [f for f in fits if f is not None]
+        # "oom" means nothing fitted: an answer (0 parameters), not a failed measurement
+        status = next((s for s in failed if s != "oom"), "ok")
+        return Side(status, len(records), {}, max_params=min(known) if known else 0, is_max_size=True)
     memory: dict[str, int | None] = {}
     varied = []
     for metric in MEMORY_METRICS:
@@ -271,6 +288,10 @@ def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds
     if base.status != "ok":
         delta.notes.append(f"failing on both sides ({base.status} -> {cur.status})")
         return delta
+    if base.is_max_size:
+        delta.metrics = [_max_size_delta(base.max_params, cur.max_params)]
+        delta.verdict = delta.metrics[0].verdict
+        return delta
     for side, name in ((base, "baseline"), (cur, "current")):
         if side.memory_varied:
             delta.notes.append(f"{name}: {', '.join(side.memory_varied)} differed between repeats")
@@ -321,6 +342,12 @@ def _time_delta(base: Side, cur: Side, t: Thresholds) -> MetricDelta | None:
         high=base.time_s + bound,
         note=f"band +/-{_ms(bound)} ({which}; {t.time_pct:g}% = {_ms(relative)}, noise {_ms(noise)})",
     )
+
+
+def _max_size_delta(base: int | None, cur: int | None) -> MetricDelta:
+    """Higher is better and the ladder is discrete: any step down regressed, any step up improved."""
+    verdict = "unchanged" if base == cur else "regressed" if (cur or 0) < (base or 0) else "improved"
+    return MetricDelta(MAX_SIZE_METRIC, "params", base, cur, verdict, low=base, high=base)
 
 
 def _verdict(difference: float, tolerance: float) -> str:

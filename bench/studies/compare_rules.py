@@ -1,6 +1,6 @@
 """The regression gate's thresholds: defaults, and a TOML rules file that overrides them.
 
-A rules file (``compare --rules FILE``; a nightly suite's ``bench/suites/<suite>.rules.toml``)::
+A rules file (``compare --rules FILE``; a nightly suite's ``bench/suites/rules/<suite>.toml``)::
 
     [memory]
     tolerance_pct = 0.5       # a memory metric regressed when it grew by more than
