@@ -14,9 +14,9 @@ from pathlib import Path
 import bench.studies.claim as claim
 import bench.studies.maxsize as maxsize
 from bench.cli import main
-from bench.harness.records import Record, append_record, read_records
+from bench.harness.records import Record, append_record, capture_env, read_records
 from bench.studies.claim import WorkloadResult
-from bench.studies.claim_gate import results_from_records
+from bench.studies.claim_gate import compare_claims, gate_section, results_from_records
 from bench.studies.claim_specs import SPECS, ClaimWorkload
 from tests.cells import run_cell_here
 
@@ -31,7 +31,7 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
     monkeypatch.setattr(claim, "run_cell", run_cell_here)
     monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
     monkeypatch.setattr(baselines, "BASELINES_DIR", tmp_path / "baselines")
-    held, n = tmp_path / "held.jsonl", SPECS["tiny"].world_size
+    held, n, env = tmp_path / "held.jsonl", SPECS["tiny"].world_size, capture_env("cpu")
     for w in WORKLOADS:
         for strategy, peak in (("ddp", 100), ("zero2", 40)):
             append_record(
@@ -42,6 +42,7 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
                     preset="tiny",
                     suite="claim-tiny",
                     world_size=n,
+                    env=env,
                 ),
             )
     assert main(["baseline", "save", str(held), "--as", "claim-held"]) == 0
@@ -89,3 +90,25 @@ def test_verdict_rule_and_its_explanation() -> None:
     holds, text = res.verdict(8)
     # ideal ZeRO-2 at N=8: (40 + 40 + 120/8) / 200 = 0.475 of DDP's peak
     assert holds is False and "would reach 0.47x" in text and "20% activations" in text
+
+
+def test_claim_gate_flags_a_claim_that_stopped_holding() -> None:
+    """Pure: the baseline's verdicts are rebuilt from its records by the same rule; a workload
+    that held there and does not now is the one regression, named with the ratio that moved."""
+    spec = SPECS["tiny"]
+    n = spec.world_size
+
+    def memory(workload: str, zero2_peak: int) -> list[Record]:
+        return [
+            replace(
+                _record(s, p, {}, 1.0), workload=workload, preset="tiny", suite="claim-tiny", world_size=n
+            )
+            for s, p in (("ddp", 100), ("zero2", zero2_peak))
+        ]
+
+    baseline = [*memory("transformer", 40), *memory("imagegpt", 80)]
+    now = results_from_records(spec, [*memory("transformer", 60), *memory("imagegpt", 40)])
+    changes = {c.workload: c for c in compare_claims(spec, baseline, now)}
+    assert changes["transformer"].regressed and not changes["imagegpt"].regressed
+    assert changes["transformer"].moved.startswith("zero2/ddp peak 0.40x -> 0.60x")
+    assert "transformer: holds -> does not hold - REGRESSED" in gate_section("b", list(changes.values()))

@@ -11,8 +11,8 @@ import pytest
 
 from bench.cli import main
 from bench.harness.records import Record, append_record
-from bench.studies.compare import EnvironmentChanged, compare_runs
-from bench.studies.compare_rules import load_rules
+from bench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
+from bench.studies.compare_rules import Rule, Rules, load_rules
 
 GIB = 1 << 30
 ENV = {"torch": "2.11.0", "device_name": "x86_64"}
@@ -200,7 +200,7 @@ def test_compare_cli_writes_files_and_exits_1_on_regression(tmp_path: Path, caps
     data = json.loads((cur / "compare.json").read_text())
     assert data["exit_code"] == 1 and data["counts"]["regressed"] == 1
     html = (cur / "compare.html").read_text()
-    assert html.index("regressed") < html.index("unchanged")  # regressions first
+    assert html.index('<tr class="regressed">') < html.index('<tr class="unchanged">')  # regressions first
     assert "### Regressions" in (cur / "compare.md").read_text()
     assert main(["compare", str(base), str(base), "--out", str(tmp_path / "same")]) == 0
 
@@ -251,3 +251,71 @@ def test_max_size_answers_are_gated() -> None:
     assert down.verdict == "regressed" and down.metrics[0].metric == "max_trainable_params"
     assert one([summary(100)], [summary(200)]).verdict == "improved"
     assert one([summary(100)], [summary(None)]).verdict == "regressed"
+
+
+def test_a_partial_ignore_covers_only_its_metrics() -> None:
+    rules = Rules(ignores=(Rule(match={"strategy": "ddp"}, reason="noisy", metrics=("step_time_s",)),))
+    slower = one([rec()], [rec(step_time_s=timed(0.2, 0.001))], rules=rules)
+    assert slower.verdict == "regressed" and slower.ignored == "noisy" and not slower.regressed
+    bigger = one([rec()], [rec(step_time_s=timed(0.2, 0.001), peak_mem_bytes={"max": 2 * GIB})], rules=rules)
+    assert bigger.regressed and not bigger.ignored  # memory regressed too: not covered
+    counts = compare_runs([rec()], [rec(step_time_s=timed(0.2, 0.001))], rules).counts()
+    assert counts["ignored"] == 1 and counts["regressed"] == 0
+
+
+def test_another_device_is_the_same_cell_when_allowed() -> None:
+    """The device name is an environment fact: refused by default; when allowed, the cells still
+    match (compared and marked), rather than all turning into new + missing."""
+    h100 = dict(device="cuda", env={**ENV, "device_name": "NVIDIA H100"})
+    h200 = dict(device="cuda", env={**ENV, "device_name": "NVIDIA H200"})
+    with pytest.raises(EnvironmentChanged, match="device_name"):
+        compare_runs([rec(**h100)], [rec(**h200)])
+    cell = one([rec(**h100)], [rec(**h200)], allow_env_change=True)
+    assert cell.verdict == "unchanged" and any("device_name" in n for n in cell.notes)
+
+
+def test_cpu_model_is_checked_between_cpu_records() -> None:
+    other = rec(env={**ENV, "cpu_model": "Intel Xeon"})
+    with pytest.raises(EnvironmentChanged, match="cpu_model"):
+        compare_runs([rec(env={**ENV, "cpu_model": "AMD EPYC"})], [other])
+    assert compare_runs([rec()], [other]).exit_code == 0  # a baseline written before the field
+
+
+def test_a_resumed_cell_counts_its_last_record() -> None:
+    """``run --resume`` leaves an ``interrupted`` record, then the ok one for the same repeat."""
+    resumed = [rec(status="interrupted", step_time_s=None), rec()]
+    assert one([rec()], resumed).verdict == "unchanged"
+    assert one(resumed, [rec()]).verdict == "unchanged"
+
+
+def test_nothing_in_common_is_refused_and_nightly_fails_missing_cells() -> None:
+    with pytest.raises(NothingInCommon, match="right baseline"):
+        compare_runs([rec(workload="swav")], [rec()])
+    lost = compare_runs([rec(), rec(strategy="zero2")], [rec()], missing_fails=True)
+    assert lost.exit_code == 1 and [c.verdict for c in lost.regressions] == ["missing"]
+
+
+def test_batch_searches_match_whatever_batch_they_found() -> None:
+    def found(batch: int) -> Record:
+        info = {"vary": "batch", "budget_bytes": GIB, "largest_fit": {"batch_size": batch, "params": 1000}}
+        return rec(suite="max-size", max_size=info, batch_size_per_rank=batch)
+
+    cell = one([found(64)], [found(32)])
+    assert cell.cell == "transformer/tiny@max-size-batch-1GiB/ddp/n2/fp32/cpu" and cell.verdict == "regressed"
+    assert cell.metrics[0].metric == "max_trainable_batch"
+
+
+def test_a_baseline_of_several_runs_carries_their_spread(tmp_path: Path) -> None:
+    """Step time on a shared CPU can sit in one mode for a whole process (measured: 57-62 ms in
+    one run, 76-93 ms in others, for the same cell): a baseline of one fast run flags a normal
+    night; one saved from several runs has their spread as noise."""
+    fast = [rec(run_id="a", step_time_s=timed(0.060, 0.004), repeat=i) for i in (0, 1)]
+    slow = [rec(run_id="b", step_time_s=timed(0.085, 0.004), repeat=i) for i in (0, 1)]
+    night = [rec(run_id="n", step_time_s=timed(0.085, 0.003), repeat=i) for i in (0, 1)]
+    assert verdicts(one(fast, night))["step_time_s"] == "regressed"
+    assert verdicts(one(fast + slow, night))["step_time_s"] == "unchanged"
+    runs = [write_run(tmp_path / name, rs) for name, rs in (("a", fast), ("b", slow))]
+    assert main(["baseline", "save", *map(str, runs), "--as", "two", "--root", str(tmp_path / "bl")]) == 0
+    saved = tmp_path / "bl" / "cpu" / "two.jsonl"
+    assert len(saved.read_text().splitlines()) == 4
+    assert json.loads(saved.with_suffix(".manifest.json").read_text())["run_ids"] == ["a", "b"]

@@ -4,6 +4,7 @@ saved, then two nights in a row compare with it and exit 0, each appending to th
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,13 @@ def test_nightly_twice_against_a_saved_baseline(tmp_path: Path, baselines: Path,
         assert (tmp_path / night / "compare.md").is_file() and (tmp_path / night / "index.html").is_file()
         data = json.loads((tmp_path / night / "compare.json").read_text())
         assert data["counts"]["unchanged"] == 2, data
+    # refused before running: a directory holding a night, a bad rules file
+    assert main(["nightly", "--suite", str(suite), "--out", str(tmp_path / "n1")]) == 2
+    assert "holds records of an earlier run" in capsys.readouterr().err
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[memory]\ntolerance = 1\n")
+    assert main(["nightly", "--suite", str(suite), "--rules", str(rules), "--out", str(tmp_path / "n3")]) == 2
+    assert "unknown key(s) tolerance" in capsys.readouterr().err and not (tmp_path / "n3").exists()
     lines = [json.loads(line) for line in history.read_text().splitlines()]
     assert len(lines) == 4 and {line["verdict"] for line in lines} == {"unchanged"}
     assert {line["baseline"] for line in lines} == {"nightly-test"}
@@ -69,7 +77,8 @@ def test_nightly_twice_against_a_saved_baseline(tmp_path: Path, baselines: Path,
 
 
 def test_nightly_refuses_before_running(tmp_path: Path, baselines: Path, capsys) -> None:
-    """No baseline, a bad rules file, a bad suite: exit 2 with the reason, nothing run."""
+    """No baseline, an empty baseline, a bad suite, a bad repeat: exit 2 with the reason,
+    nothing run."""
     suite = tmp_path / "nightly-test.toml"
     suite.write_text(SUITE)
     out = tmp_path / "out"
@@ -80,11 +89,16 @@ def test_nightly_refuses_before_running(tmp_path: Path, baselines: Path, capsys)
     assert main(["run", "--suite", str(suite), "--repeat", "0"]) == 2
     assert "--repeat must be an integer from 1 to 100" in capsys.readouterr().err
     assert not out.exists()
+    (baselines / "cpu").mkdir(parents=True)
+    (baselines / "cpu" / "nightly-test.jsonl").write_text("")
+    assert main(["nightly", "--suite", str(suite), "--out", str(out)]) == 2
+    assert "holds no records" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_suite_max_size_tables_are_validated_as_max_size_flags(tmp_path: Path) -> None:
     from bench.cli.common import UsageError
-    from bench.cli.nightly import _max_size_search
+    from bench.cli.suite_searches import resolve_searches
     from bench.harness.config import load_suite
 
     suite = tmp_path / "s.toml"
@@ -92,8 +106,29 @@ def test_suite_max_size_tables_are_validated_as_max_size_flags(tmp_path: Path) -
         SUITE + '[[max_size]]\nworkload = "transformer"\nstrategy = ["ddp", "zero2"]\nworld_size = [4]\n'
         'budget = "1GiB"\nfake = true\n'
     )
-    (table,) = load_suite(str(suite)).max_size
-    args, cells, budget, ladder = _max_size_search(table, 0, "s")
-    assert [c.strategy for c in cells] == ["ddp", "zero2"] and budget == 1 << 30 and cells[0].fake
+    spec = load_suite(str(suite))
+    (search,) = resolve_searches(spec)
+    assert [c.strategy for c in search.cells] == ["ddp", "zero2"] and search.budget == 1 << 30
+    assert search.cells[0].fake and search.vary == "params"
+    bad = replace(spec, max_size=({**spec.max_size[0], "ladder": ["tiny", "nope"]},))
     with pytest.raises(UsageError, match=r"\[\[max_size\]\] #1: .*unknown preset 'nope'"):
-        _max_size_search({**table, "ladder": ["tiny", "nope"]}, 0, "s")
+        resolve_searches(bad)
+
+
+def test_the_shipped_nightly_suites_plan() -> None:
+    """nightly-cpu's cells plan on this machine (its [[max_size]] tables too, if it has any);
+    nightly-gpu's cells parse (planning needs CUDA) and its searches are max-size flags."""
+    from bench.cli.suite_searches import resolve_searches
+    from bench.harness.config import load_suite
+    from bench.harness.validate import plan_cells
+
+    cpu = load_suite("nightly-cpu")
+    cells = plan_cells(cpu.cells())
+    assert {c.workload for c in cells} == {"transformer", "imagegpt", "swav", "deepspeech2"}
+    timed = [c for c in cells if not c.simulate]
+    assert timed and all(c.steps >= 5 for c in timed) and {c.repeat for c in timed} == {0, 1}
+    assert all(c.world_size == 8 for c in cells if c.simulate)
+    resolve_searches(cpu)
+    gpu = load_suite("nightly-gpu")
+    assert gpu.device == "cuda" and gpu.cells() and len(gpu.max_size) == 1
+    assert {"workload", "strategy", "budget"} <= set(gpu.max_size[0])

@@ -1,4 +1,4 @@
-"""``shardbench baseline save RUN --as NAME``: commit a run's records as a named baseline.
+"""``shardbench baseline save RUN [RUN ...] --as NAME``: commit runs' records as a named baseline.
 
 The records and a manifest (who, when, git sha, environment) go to
 ``results/baselines/<device>/NAME.jsonl``; ``compare`` and ``nightly`` accept ``NAME``.
@@ -15,8 +15,16 @@ from bench.cli.common import UsageError
 def add_baseline_parser(sub: argparse._SubParsersAction) -> None:
     base = sub.add_parser("baseline", help="save a run as a named baseline (results/baselines/)")
     actions = base.add_subparsers(dest="action", required=True)
-    save = actions.add_parser("save", help="copy RUN's records to results/baselines/<device>/NAME.jsonl")
-    save.add_argument("run", type=Path, help="run directory or records .jsonl file")
+    save = actions.add_parser(
+        "save", help="copy the records of RUN (one or more) to results/baselines/<device>/NAME.jsonl"
+    )
+    save.add_argument(
+        "run",
+        type=Path,
+        nargs="+",
+        help="run directories or records .jsonl files; several runs of the suite (e.g. three nights) "
+        "give the time rule their run-to-run spread as noise",
+    )
     save.add_argument("--as", dest="name", required=True, help="the baseline's name, e.g. nightly-cpu")
     save.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
     save.add_argument(

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.cli.common import UsageError, csv_list, require_cuda_if
+from bench.cli.common import UsageError, csv_list, require_cuda_if, require_env_of
 from bench.harness.config import DEVICES
 
 if TYPE_CHECKING:
@@ -100,4 +100,5 @@ def _baseline(name: str, spec: ClaimSpec) -> list[Record]:
         raise UsageError(str(e)) from None
     if not results_from_records(spec, records):
         raise UsageError(f"baseline {name!r} holds no records of claim spec {spec.name!r}")
+    require_env_of(records, spec.device, f"baseline {name!r}", allow=False)
     return records

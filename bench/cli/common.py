@@ -45,3 +45,21 @@ def tag_pair(text: str) -> tuple[str, str]:
             f"expected KEY=VALUE with a key of letters, digits, '-', '_' or '.', got {text!r}"
         )
     return key, value
+
+
+def require_env_of(baseline: list, device: str, label: str, *, allow: bool) -> None:
+    """Refuse, before anything runs, to measure against ``baseline`` on a machine whose torch,
+    device or record schema differ from its records' (compare would refuse afterwards)."""
+    from types import SimpleNamespace
+
+    from bench.harness.records import SCHEMA, capture_env
+    from bench.studies.compare import ENV_KEYS, env_changes
+
+    here = SimpleNamespace(env=capture_env(device), schema=SCHEMA, device=device)  # shaped like a record
+    changed = env_changes(baseline, [here])  # type: ignore[list-item]
+    if changed and not allow:
+        listed = "; ".join(f"{k}: {b} there, {c} here" for k, (b, c) in changed.items())
+        raise UsageError(
+            f"this machine differs from {label} ({listed}); its numbers would not compare. Save a "
+            f"baseline here, or pass --allow-env-change ({', '.join(ENV_KEYS)} must match)"
+        )

@@ -70,11 +70,11 @@ def compare_and_write(
 ) -> int:
     """Compare, write the three files, print the summary and regressions; the exit code."""
     from bench.report.compare_report import to_text, write_comparison
-    from bench.studies.compare import EnvironmentChanged, compare_runs
+    from bench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
 
     try:
         comparison = compare_runs(baseline, current, rules, allow_env_change=allow_env_change)
-    except EnvironmentChanged as e:
+    except (EnvironmentChanged, NothingInCommon) as e:
         raise UsageError(str(e)) from None
     paths = write_comparison(comparison, out, baseline=baseline_label, current=current_label)
     print(to_text(comparison))

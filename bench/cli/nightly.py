@@ -1,10 +1,13 @@
 """``shardbench nightly --suite nightly-cpu|nightly-gpu [--baseline NAME]``: the regression gate.
 
-Run the suite (named by date), compare it against the saved baseline, append the night to
-``results/history/<suite>.jsonl``, draw the trend, and exit with compare's code (0 no
-regression, 1 a regression, 2 bad input). Everything that can be checked before a cell runs is:
-the suite, the baseline, the rules, the output and history paths, and that this machine's torch
-and device match the baseline's (a nightly on a different machine compares nothing).
+Run the suite (named by date) and its max-size searches, compare the night with the saved
+baseline, append it to ``results/history/<suite>.jsonl``, draw the trend, and exit with
+compare's code (0 no regression, 1 a regression, 2 bad input). Everything that can be checked
+before a cell runs is: the suite, the baseline, the rules, the output and history paths, and that
+this machine's torch and device match the baseline's (a night on another machine compares
+nothing). The suite is fixed, so a baseline cell the night did not record is a regression: a
+lost measurement must not pass the gate. After the run, the verdict is printed first and each
+file is written on its own, so a failing write costs only that file.
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, require_cuda_if, tag_pair
+from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, require_cuda_if, require_env_of, tag_pair
 
 if TYPE_CHECKING:
     from bench.harness.records import Record
+    from bench.studies.compare import Comparison
     from bench.studies.compare_rules import Rules
 
 HISTORY_DIR = Path("results/history")
+T = TypeVar("T")
 
 
 def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +39,7 @@ def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
     n.add_argument(
         "--rules", type=Path, help="thresholds TOML (default: bench/suites/rules/<suite>.toml if present)"
     )
-    n.add_argument("--out", type=Path, help="run directory (default: results/runs/<run_id>)")
+    n.add_argument("--out", type=Path, help="run directory, new or empty (default: results/runs/<run_id>)")
     n.add_argument("--history", type=Path, help="history file (default: results/history/<suite>.jsonl)")
     n.add_argument("--repeat", type=int, help="repeats per timed cell (default: the suite's)")
     n.add_argument(
@@ -45,13 +51,12 @@ def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from bench.cli.run import check_repeat, execute_run
+    from bench.cli.run import check_repeat, execute_run, safe_name
+    from bench.cli.suite_searches import resolve_searches
     from bench.harness.config import SUITES_DIR, load_suite, override
-    from bench.harness.records import SCHEMA, capture_env
     from bench.harness.runner import new_run_id
     from bench.harness.validate import check_output_dir, plan_cells
     from bench.studies.baselines import find_baseline, load_records
-    from bench.studies.compare import ENV_KEYS, env_changes
     from bench.studies.compare_rules import Rules, load_rules
 
     try:
@@ -62,101 +67,69 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         baseline = load_records(baseline_path)
         rules_path = args.rules or (SUITES_DIR / "rules" / f"{spec.name}.toml")
         rules = load_rules(rules_path) if args.rules or rules_path.exists() else Rules()
-        searches = [_max_size_search(table, i, spec.name) for i, table in enumerate(spec.max_size)]
-        history = args.history or HISTORY_DIR / f"{spec.name}.jsonl"
+        history = args.history or HISTORY_DIR / f"{safe_name(spec.name)}.jsonl"
         check_output_dir(history.parent, cells=1)
+        if args.out is not None and (args.out / "records.jsonl").exists():
+            raise ValueError(
+                f"--out {args.out}: holds records of an earlier run; a night needs its own directory"
+            )
     except ValueError as e:
         raise UsageError(str(e)) from None
+    searches = resolve_searches(spec)
     require_cuda_if(spec.device)
-    here = capture_env(spec.device)
-    probe = [_Probe(here, SCHEMA)]
-    changed = env_changes(baseline, probe)  # type: ignore[arg-type]
-    if changed and not args.allow_env_change:
-        listed = "; ".join(f"{k}: baseline {b}, here {c}" for k, (b, c) in changed.items())
-        raise UsageError(
-            f"this machine differs from baseline {baseline_name!r} ({listed}); compare would refuse. "
-            f"Save a baseline here, or pass --allow-env-change (the {', '.join(ENV_KEYS)} must match)"
-        )
+    require_env_of(baseline, spec.device, f"baseline {baseline_name!r}", allow=args.allow_env_change)
 
-    name = f"{spec.name}-{time.strftime('%Y%m%d')}"
+    name = f"{safe_name(spec.name)}-{time.strftime('%Y%m%d')}"
     out = args.out or DEFAULT_RUNS_DIR / new_run_id(name)
     tags = {"nightly": spec.name, "baseline": baseline_name, **dict(args.tag)}
-    out, run_code = execute_run(cells, name=name, tags=tags, out=out)
-    if run_code in (130, 143):  # interrupted: a partial night is not compared or recorded
-        return run_code
-    _run_searches(searches, out)
-    return _gate(args, spec.name, name, out, baseline_name, baseline_path, baseline, rules, history)
-
-
-def _max_size_search(table: dict, index: int, suite: str) -> tuple[argparse.Namespace, list, int, tuple]:
-    """A suite's ``[[max_size]]`` table read as ``shardbench max-size`` flags and validated by
-    that command's own parser and checks, before anything runs."""
-    from bench.cli import build_parser
-    from bench.cli.max_size import resolve_max_size
-
-    argv = ["max-size"]
-    for key, value in table.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is not False:
-            argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
-    where = f"suite {suite!r} [[max_size]] #{index + 1}"
+    done = execute_run(cells, name=name, tags=tags, out=out, searches=searches)
+    if done.code in (130, 143):  # interrupted: a partial night is not compared or recorded
+        return done.code
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit:
-        raise UsageError(f"{where}: not valid max-size flags (argparse said why above)") from None
+        current = [r for r in load_records(done.out / "records.jsonl") if r.run_id == done.run_id]
+    except ValueError as e:
+        print(f"shardbench nightly: error: {e}; nothing to compare", file=sys.stderr)
+        return 1
+    comparison = _compare(args, baseline, current, rules)
+    print(
+        _gate_files(
+            comparison, args, spec.name, name, done.out, baseline_name, baseline_path, history, current
+        )
+    )
+    return comparison.exit_code
+
+
+def _compare(
+    args: argparse.Namespace, baseline: list[Record], current: list[Record], rules: Rules
+) -> Comparison:
+    from bench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
+
     try:
-        cells, budget, ladder = resolve_max_size(args)
-    except UsageError as e:
-        raise UsageError(f"{where}: {e}") from None
-    return args, cells, budget, ladder
+        return compare_runs(
+            baseline, current, rules, allow_env_change=args.allow_env_change, missing_fails=True
+        )
+    except (EnvironmentChanged, NothingInCommon) as e:
+        raise UsageError(str(e)) from None
 
 
-def _run_searches(searches: list, out: Path) -> None:
-    """Each max-size search into the night's run directory; its summary records are what the
-    gate compares (largest trainable parameters), its probes stay for the report."""
-    if not searches:
-        return
-    from bench.harness.records import read_records
-    from bench.report.build import write_report
-    from bench.studies.maxsize import search
-
-    run_id = read_records([out])[0].run_id
-    for args, cells, budget, ladder in searches:
-        for cell in cells:
-            search(cell, budget=budget, vary=args.vary, ladder=ladder, out_dir=out, run_id=run_id)
-    print(f"report: {write_report(out)}")
-
-
-class _Probe:
-    """This machine's environment shaped like a record, for the pre-run environment check."""
-
-    def __init__(self, env: dict, schema: int) -> None:
-        self.env, self.schema = env, schema
-
-
-def _gate(
+def _gate_files(
+    comparison: Comparison,
     args: argparse.Namespace,
     suite: str,
     name: str,
     out: Path,
     baseline_name: str,
     baseline_path: Path,
-    baseline: list[Record],
-    rules: Rules,
     history: Path,
-) -> int:
+    current: list[Record],
+) -> str:
+    """Print the verdict, then write the history, the trend and the compare files, each on its
+    own (a failed write is said and the rest go on); returns the verdict text."""
     from bench.report.compare_report import to_text, write_comparison
-    from bench.studies.baselines import load_records
-    from bench.studies.compare import EnvironmentChanged, compare_runs
     from bench.studies.history import append_history, history_lines
 
-    current = load_records(out / "records.jsonl")
-    try:
-        comparison = compare_runs(baseline, current, rules, allow_env_change=args.allow_env_change)
-    except EnvironmentChanged as e:
-        raise UsageError(str(e)) from None
+    text = to_text(comparison)
+    print(text, flush=True)
     lines = history_lines(
         comparison,
         suite=suite,
@@ -165,30 +138,37 @@ def _gate(
         baseline=baseline_name,
         git_sha=current[0].env.get("git_sha"),
     )
-    append_history(history, lines)
-    links = ['<p><a href="index.html">the run\'s report</a></p>']
-    trend = _trend(history, out)
-    if trend is not None:
-        links.append(f'<p><a href="{trend.relative_to(out)}">trend over the nights</a> ({history})</p>')
-    write_comparison(
-        comparison,
-        out,
-        baseline=f"{baseline_name} ({baseline_path})",
-        current=str(out),
-        extra_html="".join(links),
+    _try(f"history {history}", lambda: append_history(history, lines))
+    trend = _try("trend", lambda: _write_trend(history, out))
+    extra = '<p><a href="index.html">the run\'s report</a></p>' + (trend or "")
+    _try(
+        "compare files",
+        lambda: write_comparison(
+            comparison, out, baseline=f"{baseline_name} ({baseline_path})", current=str(out), extra_html=extra
+        ),
     )
-    print(to_text(comparison))
-    print(f"nightly: {out / 'compare.html'}; history: {history} (+{len(lines)} lines)", file=sys.stderr)
-    return comparison.exit_code
+    return f"nightly: {out / 'compare.html'}; history: {history} (+{len(lines)} lines)"
 
 
-def _trend(history: Path, out: Path) -> Path | None:
-    """The trend page, or None (said on stderr) when it cannot be drawn: the gate's verdict is
-    already decided and written; a chart must not cost it."""
+def _write_trend(history: Path, out: Path) -> str:
+    """The trend charts, drawn into ``out/trend`` and shown in the night's compare page."""
+    import html
+
+    from bench.report.trend_charts import write_trend
+
+    page = write_trend(history, out / "trend")
+    images = "".join(
+        f'<figure><img src="trend/{html.escape(p.name)}" alt="{html.escape(p.stem)}"></figure>'
+        for p in sorted(page.parent.glob("*.png"))
+    )
+    link = f'<a href="trend/{page.name}">trend page</a> ({html.escape(str(history))})'
+    return f"<h2>Trend</h2><p>{link}</p>{images}"
+
+
+def _try(what: str, action: Callable[[], T]) -> T | None:
+    """``action()``, or None with a line on stderr: the verdict is already decided and printed."""
     try:
-        from bench.report.trend_charts import write_trend
-
-        return write_trend(history, out / "trend")
-    except Exception as e:  # noqa: BLE001 - a by-product; the comparison stands
-        print(f"nightly: trend not drawn ({type(e).__name__}: {e})", file=sys.stderr)
+        return action()
+    except Exception as e:  # noqa: BLE001 - a by-product of the gate must not cost the gate
+        print(f"shardbench nightly: {what} not written ({type(e).__name__}: {e})", file=sys.stderr)
         return None

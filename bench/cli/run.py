@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if, tag_pair
+from bench.cli.suite_searches import SuiteSearch, run_searches
 from bench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
 
 #: ``--repeat`` beyond this is a typo, not a measurement plan
@@ -98,7 +101,10 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from bench.cli.suite_searches import resolve_searches
+
     spec, cells = resolve_cells(args)
+    searches = resolve_searches(spec)
     if args.resume is not None:
         if args.out is not None and args.out.resolve() != args.resume.resolve():
             raise UsageError("--resume RUN_DIR writes into RUN_DIR; drop --out or give the same directory")
@@ -106,9 +112,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--resume {args.resume}: no records.jsonl there; give the directory of an earlier run"
             )
-    name = check_run_name(args.name or spec.name)
+    name = check_run_name(args.name) if args.name is not None else safe_name(spec.name)
     out = args.resume or args.out
-    return execute_run(cells, name=name, tags=dict(args.tag), out=out, resume=args.resume)[1]
+    return execute_run(
+        cells, name=name, tags=dict(args.tag), out=out, resume=args.resume, searches=searches
+    ).code
 
 
 def check_repeat(repeat: int | None) -> int | None:
@@ -123,6 +131,20 @@ def check_run_name(name: str) -> str:
     return name
 
 
+def safe_name(suite: str) -> str:
+    """A suite file's stem as a run name (``my.suite.toml`` -> ``my-suite``)."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in suite) or "run"
+
+
+class Executed(NamedTuple):
+    out: Path
+    #: ``run``'s exit code: 0 all ok, 1 a cell failed, 130/143 interrupted
+    code: int
+    run_id: str
+    #: the run stopped early: a record could not be written (the cells after it never ran)
+    stopped: bool = False
+
+
 def execute_run(
     cells: list[CellConfig],
     *,
@@ -130,10 +152,10 @@ def execute_run(
     tags: dict[str, str],
     out: Path | None = None,
     resume: Path | None = None,
-) -> tuple[Path, int]:
-    """Run validated cells into ``out`` (a new run directory by default), print the table and
-    write the report; returns the run directory and ``run``'s exit code (0 all ok, 1 a cell
-    failed or a record could not be written, 130/143 interrupted)."""
+    searches: Sequence[SuiteSearch] = (),
+) -> Executed:
+    """Run validated cells into ``out`` (a new run directory by default), then the suite's
+    max-size searches, print the table and write the report."""
     from bench.harness.records import RecordWriteError, read_records
     from bench.harness.runner import done_keys, new_run_id, run_cells
     from bench.harness.validate import check_output_dir
@@ -161,7 +183,8 @@ def execute_run(
         print(
             f"shardbench run: error: {e}; the run stopped (records written so far are kept)", file=sys.stderr
         )
-        return out, 1
+        return Executed(out, 1, run_id, stopped=True)
+    searches_failed = run_searches(list(searches), out, run_id) if outcome.interrupted is None else 0
     print(outcome.table)
     print(f"report: {write_report(out)}")
     records = outcome.records
@@ -174,5 +197,6 @@ def execute_run(
             "(and the same suite and flags)",
             file=sys.stderr,
         )
-        return out, outcome.interrupted.exit_code
-    return out, 0 if all(r.status == "ok" for r in records) else 1
+        return Executed(out, outcome.interrupted.exit_code, run_id)
+    failed = searches_failed or any(r.status != "ok" for r in records)
+    return Executed(out, 1 if failed else 0, run_id)

@@ -23,6 +23,8 @@ def metric_value(m: MetricDelta, value: float | None) -> str:
         return f"{value / 2**20:,.2f} MiB"
     if m.unit == "params":
         return f"{value / 1e6:,.1f}M params"
+    if m.unit == "samples":
+        return f"{value:,.0f} per rank"
     return f"{value * 1e3:.3f} ms"
 
 
@@ -42,20 +44,23 @@ def _band(m: MetricDelta) -> str:
 
 
 def rows(comparison: Comparison, *, only_regressions: bool = False) -> list[tuple[str, ...]]:
-    """One row per metric of each cell (one row for a cell without metrics)."""
+    """One row per metric of each cell, saying the metric's own verdict (the cell's is the worst
+    of them); one row with the cell's verdict for a cell without metrics (failing, new, missing)."""
     out = []
     for c in comparison.cells:
         if only_regressions and not c.regressed:
             continue
-        verdict = c.verdict + (f" (ignored: {c.ignored})" if c.ignored else "")
+        ignored = f" (ignored: {c.ignored})" if c.ignored else ""
         notes = "; ".join(c.notes)
         metrics = [m for m in c.metrics if not only_regressions or m.verdict == "regressed"] or [None]
         for m in metrics:
             if m is None:
                 out.append(
-                    (verdict, c.cell, "-", c.baseline_status or "-", c.current_status or "-", "-", "-", notes)
-                )
+                    (c.verdict + ignored, c.cell, "-", c.baseline_status or "-", c.current_status or "-",
+                     "-", "-", notes)
+                )  # fmt: skip
                 continue
+            verdict = m.verdict + (ignored if m.verdict == "regressed" else "")
             note = "; ".join(x for x in (m.note, notes) if x)
             out.append(
                 (verdict, c.cell, m.metric, metric_value(m, m.baseline), metric_value(m, m.current),
@@ -128,8 +133,8 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
     head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
     body = []
     for c in comparison.cells:
-        css = "ignored" if c.ignored else c.verdict.replace(" ", "-")
         for row in rows(Comparison([c], comparison.env_changes, comparison.rules_source)):
+            css = "ignored" if "(ignored:" in row[0] else row[0].replace(" ", "-")
             cells = "".join(
                 f'<td class="{"verdict" if i == 0 else "text" if i in (1, 2) else "note" if i == 7 else ""}">'
                 f"{html.escape(v)}</td>"

@@ -116,15 +116,18 @@ def _figures(paths: Sequence[Path]) -> str:
 def _environment(records: Sequence[Record]) -> str:
     """One row per run: where, on what, with which versions, and how (simulated? fake?)."""
     header = (
-        "run id", "suite", "cells", "failed", "device", "device name", "precision", "simulated", "fake",
-        "torch", "cuda", "python", "host", "git sha", "time",
+        "run", "tags", "run id", "suite", "cells", "failed", "device", "device name", "precision",
+        "simulated", "fake", "torch", "cuda", "python", "host", "git sha", "time",
     )  # fmt: skip
     rows = []
     for run_id in dict.fromkeys(r.run_id for r in records):
         rs = [r for r in records if r.run_id == run_id]
         times = sorted({str(r.env.get("time")) for r in rs if r.env.get("time")})
+        tags = {k: v for r in rs for k, v in (r.tags or {}).items()}
         rows.append(
             (
+                _join(r.name for r in rs),
+                ", ".join(f"{k}={v}" for k, v in sorted(tags.items())),
                 run_id,
                 _join(r.suite for r in rs),
                 len(rs),

@@ -11,8 +11,8 @@ from __future__ import annotations
 import getpass
 import json
 import re
-import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,26 +44,26 @@ def load_records(path: Path) -> list[Record]:
     return records
 
 
-def save_baseline(run: Path, name: str, *, root: Path | None = None, force: bool = False) -> Path:
-    """Copy ``run``'s records to ``root/<device>/<name>.jsonl`` beside a manifest; returns the
-    records path. Refuses to overwrite an existing baseline unless ``force``."""
+def save_baseline(runs: Sequence[Path], name: str, *, root: Path | None = None, force: bool = False) -> Path:
+    """Copy the records of ``runs`` (one or more runs of the same suite, e.g. three nights) to
+    ``root/<device>/<name>.jsonl`` beside a manifest; returns the records path. Several runs make
+    a better baseline: their spread is the run-to-run noise a night is judged against. Refuses to
+    overwrite an existing baseline unless ``force``."""
     check_baseline_name(name)
     root = root or BASELINES_DIR
-    source = records_path(run)
-    records = load_records(source)
+    sources = [records_path(Path(run)) for run in runs]
+    records = [r for source in sources for r in load_records(source)]
     devices = sorted({r.device for r in records})
     if len(devices) != 1:
-        raise ValueError(
-            f"{source}: records from several devices ({', '.join(devices)}); save one run per device"
-        )
+        raise ValueError(f"records from several devices ({', '.join(devices)}); save one baseline per device")
     dest = root / devices[0] / f"{name}.jsonl"
     if dest.exists() and not force:
         raise ValueError(
             f"baseline {dest} exists; pass --force to replace it (the old one stays in git history)"
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, dest)
-    manifest_path(dest).write_text(json.dumps(manifest(records, source), indent=1, sort_keys=True) + "\n")
+    dest.write_text("".join(source.read_text() for source in sources))
+    manifest_path(dest).write_text(json.dumps(manifest(records, sources), indent=1, sort_keys=True) + "\n")
     return dest
 
 
@@ -71,13 +71,13 @@ def manifest_path(records: Path) -> Path:
     return records.with_suffix(".manifest.json")
 
 
-def manifest(records: list[Record], source: Path) -> dict[str, Any]:
+def manifest(records: list[Record], sources: Sequence[Path]) -> dict[str, Any]:
     envs = [r.env for r in records]
     first = envs[0]
     return {
         "saved_by": getpass.getuser(),
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "source": str(source),
+        "sources": [str(source) for source in sources],
         "run_ids": sorted({r.run_id for r in records}),
         "names": sorted({r.name for r in records if r.name}),
         "records": len(records),

@@ -13,8 +13,8 @@ whatever its sign. Cells with fewer than ``min_steps`` timed steps are compared 
 Verdicts per cell: ``regressed``, ``improved``, ``unchanged``, ``new`` (only in the current run),
 ``missing`` (only in the baseline), ``now failing`` (ok in the baseline, not now), ``now
 passing``. A regression (exit 1) is a cell that is ``now failing`` or a metric ``regressed``,
-unless a rule ignores it (the reason is shown). ``missing`` is reported, not failed: a suite that
-lost a cell is a suite edit, and a cell that stopped running records a failure, not nothing.
+unless a rule ignores it (the reason is shown). ``missing`` fails only where the suite is fixed
+(``nightly``: a lost measurement); comparing two arbitrary runs, it is a suite edit.
 """
 
 from __future__ import annotations
@@ -40,24 +40,34 @@ IDENTITY = (
     "precision",
     "batch_size",
     "device",
-    "device_name",
 )
-#: environment facts that make two runs' numbers incomparable when they differ
-ENV_KEYS = ("torch", "device_name", "schema")
+#: environment facts that make two runs' numbers incomparable when they differ. The device's
+#: name is checked here rather than matched as part of a cell: under ``--allow-env-change`` the
+#: same cell on another card is still the same cell, compared and marked. ``cpu_model`` is
+#: checked between CPU records (their ``device_name`` is only the architecture).
+ENV_KEYS = ("torch", "device_name", "cpu_model", "schema")
 MEMORY_METRICS = ("peak_mem_bytes", "model_state_bytes")
 TIME_METRIC = "step_time_s"
-#: a max-size search's answer (``max-size`` summary records): the largest model that trained in
-#: the budget. It moves in ladder steps, so any decrease is a regression.
-MAX_SIZE_METRIC = "max_trainable_params"
+#: a max-size search's answer (``max-size`` summary records): the largest model (or per-rank
+#: batch) that trained in the budget. It moves in discrete steps, so any decrease regresses.
+MAX_SIZE_METRICS = {
+    "params": ("max_trainable_params", "params"),
+    "batch": ("max_trainable_batch", "batch_size"),
+}
 VERDICTS = ("regressed", "now failing", "improved", "now passing", "new", "missing", "unchanged")
 
 
 def identity(r: Record) -> tuple[Any, ...]:
-    """The cell a record measures. A max-size summary's preset is its answer, so it is named by
-    what was searched instead: ``max-size-<vary>-<budget>``."""
-    preset = r.preset
+    """The cell a record measures. A max-size summary is a copy of its largest fit's record, so
+    what it found (the preset, or the batch) is its answer, not its identity: it is named by
+    what was searched instead, ``max-size-params-<budget>`` or ``<preset>@max-size-batch-<budget>``."""
+    preset, batch = r.preset, r.batch_size_per_rank
     if r.max_size is not None:
-        preset = f"max-size-{r.max_size.get('vary')}-{r.max_size.get('budget_bytes', 0) / 2**30:g}GiB"
+        search = f"max-size-{r.max_size.get('vary')}-{(r.max_size.get('budget_bytes') or 0) / 2**30:g}GiB"
+        if r.max_size.get("vary") == "batch":
+            preset, batch = f"{r.preset}@{search}", None
+        else:
+            preset = search
     return (
         r.workload,
         preset,
@@ -66,9 +76,8 @@ def identity(r: Record) -> tuple[Any, ...]:
         r.simulated,
         r.fake,
         r.precision,
-        r.batch_size_per_rank,
+        batch,
         r.device,
-        r.env.get("device_name"),
     )
 
 
@@ -76,9 +85,10 @@ def cell_label(key: tuple[Any, ...]) -> str:
     """A short stable name: workload/preset/strategy/nN/precision/bB/device[/sim|/fake]."""
     fields = dict(zip(IDENTITY, key, strict=True))
     mode = "/fake" if fields["fake"] else "/sim" if fields["simulated"] else ""
+    batch = "" if fields["batch_size"] is None else f"/b{fields['batch_size']}"
     return (
         f"{fields['workload']}/{fields['preset']}/{fields['strategy']}/n{fields['world_size']}/"
-        f"{fields['precision']}/b{fields['batch_size']}/{fields['device']}{mode}"
+        f"{fields['precision']}{batch}/{fields['device']}{mode}"
     )
 
 
@@ -95,9 +105,8 @@ class Side:
     steps: int = 0
     #: memory differed between repeats of the same cell (it should not; the larger is used)
     memory_varied: tuple[str, ...] = ()
-    #: a max-size summary's largest trainable parameter count (None: nothing fitted)
-    max_params: int | None = None
-    is_max_size: bool = False
+    #: a max-size summary's answer: (metric, largest that fitted; 0 when nothing did)
+    max_size: tuple[str, int] | None = None
 
 
 @dataclass
@@ -130,10 +139,15 @@ class CellDelta:
     notes: list[str] = field(default_factory=list)
     #: why a rule ignores this cell's regression ("" when none does)
     ignored: str = ""
+    #: a ``missing`` cell counts as a regression (``nightly``)
+    missing_fails: bool = False
 
     @property
     def regressed(self) -> bool:
-        return self.verdict in ("regressed", "now failing") and not self.ignored
+        failing = (
+            ("regressed", "now failing", "missing") if self.missing_fails else ("regressed", "now failing")
+        )
+        return self.verdict in failing and not self.ignored
 
 
 @dataclass
@@ -152,9 +166,10 @@ class Comparison:
         return 1 if self.regressions else 0
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(VERDICTS, 0)
+        """Cells per verdict; a regression a rule ignores counts as ``ignored``, not regressed."""
+        out = dict.fromkeys((*VERDICTS, "ignored"), 0)
         for c in self.cells:
-            out[c.verdict] += 1
+            out["ignored" if c.ignored and c.verdict in ("regressed", "now failing") else c.verdict] += 1
         return out
 
 
@@ -162,15 +177,25 @@ class EnvironmentChanged(ValueError):
     """The two sides ran on different software or hardware; their numbers do not compare."""
 
 
+class NothingInCommon(ValueError):
+    """The two sides share no cell: every row would be new or missing, and nothing compared."""
+
+
 def env_changes(baseline: Sequence[Record], current: Sequence[Record]) -> dict[str, tuple[list, list]]:
-    def values(records: Sequence[Record], key: str) -> list[Any]:
+    """{key: (baseline values, current values)} for each ``ENV_KEYS`` fact that differs."""
+
+    def values(records: Sequence[Record], key: str) -> list[Any] | None:
+        if key == "cpu_model":
+            records = [r for r in records if r.device == "cpu"]
+            if not records or all(r.env.get(key) is None for r in records):
+                return None  # no CPU records, or written before the field existed
         got = {r.schema if key == "schema" else r.env.get(key) for r in records}
         return sorted(got, key=str)
 
     out = {}
     for key in ENV_KEYS:
         b, c = values(baseline, key), values(current, key)
-        if b != c:
+        if b is not None and c is not None and b != c:
             out[key] = (b, c)
     return out
 
@@ -181,11 +206,15 @@ def compare_runs(
     rules: Rules | None = None,
     *,
     allow_env_change: bool = False,
+    missing_fails: bool = False,
 ) -> Comparison:
     """Every cell of either side with its verdict and per-metric deltas, regressions first.
 
     Raises ``EnvironmentChanged`` when torch, the device or the record schema differ between
-    the sides, unless ``allow_env_change`` (then every row carries a note saying so)."""
+    the sides, unless ``allow_env_change`` (then every row carries a note saying so), and
+    ``NothingInCommon`` when no cell is on both sides (the wrong baseline, most likely).
+    ``missing_fails``: a baseline cell absent now is a regression (``nightly``: the suite is
+    fixed, so a missing cell is a lost measurement, not a suite edit)."""
     rules = rules or Rules()
     changes = env_changes(baseline, current)
     if changes and not allow_env_change:
@@ -195,10 +224,16 @@ def compare_runs(
             "Save a new baseline on this environment, or pass --allow-env-change to compare anyway"
         )
     base_cells, cur_cells = _by_cell(baseline), _by_cell(current)
+    if base_cells and cur_cells and not set(base_cells) & set(cur_cells):
+        raise NothingInCommon(
+            f"no cell is in both runs ({len(base_cells)} in the baseline, {len(cur_cells)} now): "
+            "is it the right baseline?"
+        )
     cells = []
     for key in sorted(set(base_cells) | set(cur_cells), key=str):
         fields = dict(zip(IDENTITY, key, strict=True))
         delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), rules.thresholds_for(fields))
+        delta.missing_fails = missing_fails
         delta.ignored = rules.ignored_reason(fields, delta)
         delta.notes += [f"threshold override: {reason}" for reason in rules.override_reasons(fields)]
         if changes:
@@ -209,11 +244,18 @@ def compare_runs(
 
 
 def _by_cell(records: Sequence[Record]) -> dict[tuple, Side]:
-    groups: dict[tuple, list[Record]] = defaultdict(list)
+    """Records grouped by cell, one per run and repeat: when a run recorded a repeat twice (a
+    resumed run's ``interrupted`` record, then its ``ok`` one) the later record is the
+    measurement. Records of several runs (a baseline saved from several nights) are all repeats,
+    so the spread between runs is part of the noise the time rule allows."""
+    latest: dict[tuple, Record] = {}
     for r in records:
         if r.suite == "max-size-probe":
             continue  # the search's steps; its summary record carries the answer
-        groups[identity(r)].append(r)
+        latest[(identity(r), r.run_id, r.repeat)] = r
+    groups: dict[tuple, list[Record]] = defaultdict(list)
+    for (key, _, _), r in latest.items():
+        groups[key].append(r)
     return {key: _side(rs) for key, rs in groups.items()}
 
 
@@ -222,11 +264,11 @@ def _side(records: list[Record]) -> Side:
     cell), memory the largest seen, time the median of the repeats' medians."""
     failed = [r.status for r in records if r.status != "ok"]
     if records[0].max_size is not None:
-        fits = [((r.max_size or {}).get("largest_fit") or {}).get("params") for r in records]
-        known = [f for f in fits if f is not None]
-        # "oom" means nothing fitted: an answer (0 parameters), not a failed measurement
+        metric, field_ = MAX_SIZE_METRICS.get(records[0].max_size.get("vary"), MAX_SIZE_METRICS["params"])
+        # "oom" means nothing fitted: an answer (0), not a failed measurement
+        fits = [((r.max_size or {}).get("largest_fit") or {}).get(field_) or 0 for r in records]
         status = next((s for s in failed if s != "oom"), "ok")
-        return Side(status, len(records), {}, max_params=min(known) if known else 0, is_max_size=True)
+        return Side(status, len(records), {}, max_size=(metric, min(fits)))
     memory: dict[str, int | None] = {}
     varied = []
     for metric in MEMORY_METRICS:
@@ -288,8 +330,8 @@ def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds
     if base.status != "ok":
         delta.notes.append(f"failing on both sides ({base.status} -> {cur.status})")
         return delta
-    if base.is_max_size:
-        delta.metrics = [_max_size_delta(base.max_params, cur.max_params)]
+    if base.max_size is not None and cur.max_size is not None:
+        delta.metrics = [_max_size_delta(base.max_size[0], base.max_size[1], cur.max_size[1])]
         delta.verdict = delta.metrics[0].verdict
         return delta
     for side, name in ((base, "baseline"), (cur, "current")):
@@ -344,10 +386,11 @@ def _time_delta(base: Side, cur: Side, t: Thresholds) -> MetricDelta | None:
     )
 
 
-def _max_size_delta(base: int | None, cur: int | None) -> MetricDelta:
-    """Higher is better and the ladder is discrete: any step down regressed, any step up improved."""
-    verdict = "unchanged" if base == cur else "regressed" if (cur or 0) < (base or 0) else "improved"
-    return MetricDelta(MAX_SIZE_METRIC, "params", base, cur, verdict, low=base, high=base)
+def _max_size_delta(metric: str, base: int, cur: int) -> MetricDelta:
+    """Higher is better and the steps are discrete: any step down regressed, any up improved."""
+    verdict = "unchanged" if base == cur else "regressed" if cur < base else "improved"
+    unit = "params" if metric == "max_trainable_params" else "samples"
+    return MetricDelta(metric, unit, base, cur, verdict, low=base, high=base)
 
 
 def _verdict(difference: float, tolerance: float) -> str:

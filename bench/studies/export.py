@@ -92,9 +92,10 @@ def benchmark_name(r: Record) -> str:
 
 
 def exportable(r: Record) -> bool:
-    """An ``ok`` record with a measured step time (fake planning and failures have none)."""
+    """An ``ok`` record with a measured step time (fake planning and failures have none). A
+    max-size summary is a copy of its largest probe's record, not a step measurement of its own."""
     t = r.step_time_s or {}
-    return r.status == "ok" and t.get("median") is not None and bool(t.get("n"))
+    return r.status == "ok" and r.max_size is None and t.get("median") is not None and bool(t.get("n"))
 
 
 def step_stats(t: dict[str, float]) -> dict[str, Any]:
@@ -222,7 +223,11 @@ def to_pytest_benchmark(records: Iterable[Record], *, exported_at: datetime | No
                     {
                         "name": benchmark_name(r),
                         "status": r.status,
-                        "why": "not ok" if r.status != "ok" else "no step time",
+                        "why": "not ok"
+                        if r.status != "ok"
+                        else "max-size summary"
+                        if r.max_size is not None
+                        else "no step time",
                     }
                     for r in records
                     if not exportable(r)

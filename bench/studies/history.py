@@ -34,6 +34,8 @@ def history_lines(
             "cell": c.cell,
             "status": c.current_status or "missing",
             "verdict": c.verdict,
+            #: a rule ignores this cell's regression (the gate passed it): the reason, or ""
+            "ignored": c.ignored,
             "metrics": _metrics(c),
         }
         for c in comparison.cells

@@ -151,8 +151,15 @@ def _series(cell: str, metric: str, lines: Sequence[dict[str, Any]]) -> Series:
         baselines=tuple(_number(e.get("baseline")) for e in entries),
         lows=tuple(_number(e.get("low")) for e in entries),
         highs=tuple(_number(e.get("high")) for e in entries),
-        verdicts=tuple(_text(e.get("verdict")) for e in entries),
-        cell_verdicts=tuple(_text(line.get("verdict")) for line in lines),
+        # a regression a rule ignores passed the gate: it is drawn as such, not as an alarm
+        verdicts=tuple(
+            "ignored" if line.get("ignored") and e.get("verdict") == "regressed" else _text(e.get("verdict"))
+            for e, line in zip(entries, lines, strict=True)
+        ),
+        cell_verdicts=tuple(
+            "ignored" if line.get("ignored") and line.get("verdict") in ALARMS else _text(line.get("verdict"))
+            for line in lines
+        ),
         statuses=tuple(_text(line.get("status")) for line in lines),
         runs=tuple(str(line.get("name") or line.get("run_id") or "") for line in lines),
     )
@@ -191,6 +198,8 @@ def alarms(lines: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], str | 
     is now failing or regressed without naming a metric (metric ``None``)."""
     out: list[tuple[dict[str, Any], str | None]] = []
     for line in lines:
+        if line.get("ignored"):
+            continue  # a rule let the gate pass it (the reason is in the line)
         metrics = line.get("metrics") or {}
         bad = [m for m in sorted(metrics, key=metric_key) if metrics[m].get("verdict") == "regressed"]
         out += [(line, m) for m in bad]
