@@ -116,10 +116,14 @@ def test_nightly_job_gates_uploads_and_summarises(job_name: str, runner: Any) ->
     assert words[words.index("--out") + 1] == "$NIGHTLY_OUT"
     assert "if" not in gate and not gate.get("continue-on-error")  # its exit code fails the job
     upload = step_using(job, "actions/upload-artifact")
-    assert upload["if"] == "always()" and upload["with"]["path"] == "${{ env.NIGHTLY_OUT }}"
+    assert upload["if"] == "always()" and "${{ env.NIGHTLY_OUT }}" in upload["with"]["path"].splitlines()
     (summary,) = [s for s in job["steps"] if "$GITHUB_STEP_SUMMARY" in s.get("run", "")]
     assert summary["if"] == "always()"
     assert 'cat "$NIGHTLY_OUT/compare.md" >> "$GITHUB_STEP_SUMMARY"' in summary["run"]
+    # the history of earlier nights comes from the cache and goes back even after a regression
+    restore, save = step_using(job, "actions/cache/restore"), step_using(job, "actions/cache/save")
+    assert restore["with"]["path"] == save["with"]["path"] == "results/history" and save["if"] == "always()"
+    assert "results/history" in upload["with"]["path"].splitlines()
 
 
 def test_nightly_cpu_times_the_micro_benchmarks_against_the_previous_night() -> None:
