@@ -319,3 +319,17 @@ def test_a_baseline_of_several_runs_carries_their_spread(tmp_path: Path) -> None
     saved = tmp_path / "bl" / "cpu" / "two.jsonl"
     assert len(saved.read_text().splitlines()) == 4
     assert json.loads(saved.with_suffix(".manifest.json").read_text())["run_ids"] == ["a", "b"]
+
+
+def test_memory_held_between_steps_is_gated() -> None:
+    """A persistent extra buffer (e.g. DDP's buckets beside the gradients) that the peak hides."""
+    held = {"total": GIB // 2, "held": GIB // 2 + (64 << 20)}
+    grown = {"total": GIB // 2, "held": GIB // 2 + (96 << 20)}
+    cell = one([rec(model_state_bytes=held)], [rec(model_state_bytes=grown)])
+    assert verdicts(cell) == {
+        "peak_mem_bytes": "unchanged",
+        "model_state_bytes": "unchanged",
+        "held_after_step_bytes": "regressed",
+        "step_time_s": "unchanged",
+    }
+    assert "held_after_step_bytes" not in verdicts(one([rec()], [rec()]))  # older records: not measured

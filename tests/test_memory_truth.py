@@ -78,3 +78,19 @@ def test_bf16_prediction_follows_what_each_strategy_stores() -> None:
     ours = predict(tiny_cell(strategy="zero2", world_size=8, precision="bf16"), 8, 1000)
     assert (ddp["params"], ddp["grads"], ddp["optimizer"]) == (4000, 4000, 8000)
     assert (ours["params"], ours["grads"], ours["optimizer"]) == (2000, 250, 1500)
+
+
+def test_memory_held_between_steps_sees_ddps_extra_gradient_copy(monkeypatch) -> None:
+    """With ``gradient_as_bucket_view=False`` DDP keeps its buckets beside the gradients: one extra
+    gradient-sized copy per rank. The peak can hide it (it moves mid-backward); the memory held
+    between steps, which the nightly gate compares, shows it whole."""
+    import bench.strategies.ddp as ddp
+
+    views = run_cell_here(_cell("ddp", 4, simulate=True))
+    monkeypatch.setitem(ddp.DDP_SETTINGS, "gradient_as_bucket_view", False)
+    copies = run_cell_here(_cell("ddp", 4, simulate=True))
+    assert copies.strategy_settings["gradient_as_bucket_view"] is False
+    grads = views.model_state_bytes["grads"]
+    extra = copies.model_state_bytes["held"] - views.model_state_bytes["held"]
+    assert grads <= extra <= 1.05 * grads, (extra, grads)
+    assert views.model_state_bytes["held"] >= views.model_state_bytes["total"]

@@ -175,6 +175,10 @@ class MemoryProbe:
         breakdown = breakdown_from_snapshot(dev_snap)
         out = {k: breakdown[k] for k in ("params", "grads", "optimizer")}
         out["total"] = sum(out.values())
+        # everything still allocated between steps: model states plus what a strategy keeps
+        # beside them (DDP's gradient buckets, flat buffers) and the prepared inputs. A persistent
+        # extra buffer shows here even when it does not move the peak (which can sit mid-backward).
+        out["held"] = sum(breakdown.values())
         return out
 
 

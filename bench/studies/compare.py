@@ -46,7 +46,11 @@ IDENTITY = (
 #: same cell on another card is still the same cell, compared and marked. ``cpu_model`` is
 #: checked between CPU records (their ``device_name`` is only the architecture).
 ENV_KEYS = ("torch", "device_name", "cpu_model", "schema")
-MEMORY_METRICS = ("peak_mem_bytes", "model_state_bytes")
+#: peak of the highest rank; model states after a step (params + grads + optimizer); and all
+#: memory held between steps (``model_state_bytes["held"]``: model states plus what a strategy
+#: keeps beside them, e.g. DDP's gradient buckets), which catches a persistent extra buffer that
+#: a peak sitting mid-backward hides
+MEMORY_METRICS = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes")
 TIME_METRIC = "step_time_s"
 #: a max-size search's answer (``max-size`` summary records): the largest model (or per-rank
 #: batch) that trained in the budget. It moves in discrete steps, so any decrease regresses.
@@ -299,7 +303,7 @@ def _side(records: list[Record]) -> Side:
 def _memory(r: Record, metric: str) -> int | None:
     if metric == "peak_mem_bytes":
         return (r.peak_mem_bytes or {}).get("max")
-    return (r.model_state_bytes or {}).get("total")
+    return (r.model_state_bytes or {}).get("held" if metric == "held_after_step_bytes" else "total")
 
 
 def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds) -> CellDelta:

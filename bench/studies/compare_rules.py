@@ -51,7 +51,7 @@ MATCH_KEYS = (
     "device",
     "device_name",
 )
-METRICS = ("peak_mem_bytes", "model_state_bytes", "step_time_s")
+METRICS = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes", "step_time_s")
 #: override keys -> Thresholds field
 OVERRIDE_KEYS = {
     "memory_pct": "memory_pct",
