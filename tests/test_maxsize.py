@@ -1,5 +1,5 @@
-"""``shardbench max-size``: bisection finds the boundary the probes' own peaks define, and a
-probe that crashes is recorded while the search goes on.
+"""``shardbench max-size``: bisection finds the boundary the probes' own peaks define; a probe
+that crashes is recorded and stops the search as a failure (a timeout is retried once first).
 
 The searches run their probes in this process (tests/cells.py), except the one with a crashing
 probe, which goes through the real launcher: fresh processes, one of which fails."""
@@ -59,7 +59,9 @@ def test_ladder_search_returns_the_boundary_of_the_probes(tmp_path: Path, probes
     assert summary.params == fit["params"] and "largest fit: tiny" in summary.note
 
 
-def test_a_crashing_probe_is_recorded_and_the_search_finishes(tmp_path: Path, monkeypatch) -> None:
+def test_a_crashing_probe_stops_the_search_as_an_error(tmp_path: Path, monkeypatch) -> None:
+    """A probe that errors is a broken search, not a size that does not fit: the search stops
+    with status error and the probe's first error line, never "nothing fits"."""
     real_run_cell = maxsize.run_cell
 
     def crash_small(cell: CellConfig, *, run_id: str):
@@ -75,8 +77,27 @@ def test_a_crashing_probe_is_recorded_and_the_search_finishes(tmp_path: Path, mo
     records = read_records([tmp_path])
     crashed = [r for r in records if r.preset == "small" and r.suite == "max-size-probe"]
     assert len(crashed) == 1 and crashed[0].status == "error" and "injected error" in crashed[0].error
-    assert summary.max_size["largest_fit"]["preset"] == "tiny"
-    assert summary.max_size["smallest_fail"] == {**summary.max_size["smallest_fail"], "status": "error"}
+    assert summary.status == "error" and summary.suite == "max-size" and records[-1] == summary
+    assert summary.error.startswith("search stopped: probe small b=2 ended error: ")
+    assert "injected error" in summary.error and "nothing fits" not in summary.note
+    assert summary.max_size["largest_fit"] is None and summary.max_size["failed_probe"]["preset"] == "small"
+
+
+def test_a_timeout_is_retried_once_with_twice_the_time(tmp_path: Path, monkeypatch) -> None:
+    calls: list[float] = []
+
+    def slow(cell: CellConfig, *, run_id: str) -> Record:
+        calls.append(cell.timeout_s)
+        record = run_cell_here(replace(cell, steps=1))
+        return replace(record, status="timeout", error="timed out") if cell.preset == "small" else record
+
+    monkeypatch.setattr(maxsize, "run_cell", slow)
+    base = _base(timeout_s=7.0)
+    summary = maxsize.search(
+        base, budget=4 * 2**30, vary="params", ladder=("tiny", "small"), out_dir=tmp_path, run_id="t"
+    )
+    assert calls.count(14.0) == 1 and summary.status == "timeout"
+    assert "ended timeout" in summary.error
 
 
 def test_batch_search_finds_adjacent_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -78,6 +78,12 @@ class WorkloadResult:
         if size is not None:
             bounds = f" (between {_fmt(lower)}x and {_fmt(upper)}x at the ladder's resolution)"
             parts.append(f"largest trainable = {size:.2f}x ddp{bounds if lower or upper else ''}")
+        elif failed := [r for r in self.max_size.values() if r.status not in ("ok", "oom")]:
+            parts.append(
+                "largest trainable: search failed ("
+                + "; ".join(f"{r.strategy}: {first_line(r.error, 100)}" for r in failed)
+                + ")"
+            )
         else:
             parts.append("largest trainable: no boundary found on the ladder")
         t = self.time_ratio()

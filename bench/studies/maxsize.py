@@ -104,22 +104,53 @@ def search(
     base = replace(base, suite="max-size-probe", memory_budget_bytes=budget if enforced else None)
     probes: list[Probe] = []
 
+    def measure(cell: CellConfig) -> Record:
+        record = run_cell(cell, run_id=run_id)
+        append_record(out_dir / "records.jsonl", record)
+        return record
+
     def probe(value: str | int) -> bool:
         cell = replace(base, preset=value) if vary == "params" else replace(base, batch_size=int(value))
         if vary == "params" and value in known:
             record, reused = known[str(value)], " (already measured)"
         else:
-            record, reused = run_cell(cell, run_id=run_id), ""
-            append_record(out_dir / "records.jsonl", record)
+            record, reused = measure(cell), ""
+            if record.status == "timeout":  # once more with twice the time before calling it one
+                progress(f"[probe {len(probes) + 1}] timed out after {cell.timeout_s:g}s; retrying once")
+                record = measure(replace(cell, timeout_s=2 * cell.timeout_s))
         p = Probe(value, record, probe_fits(record, budget))
         probes.append(p)
         progress(_line(len(probes), cell, p, budget) + reused)
+        if record.status not in SIZE_ANSWERS:
+            raise SearchFailed(p)
         return p.fits
 
+    if vary == "params" and not ladder:
+        raise ValueError(f"workload {base.workload!r} has no size ladder to search")
+    try:
+        values, lo, hi = _search(probe, base, vary, list(ladder or ()), budget, known)
+    except SearchFailed as failed:
+        summary = _failed_summary(base, failed.probe, probes, budget=budget, vary=vary, run_id=run_id)
+    else:
+        by_value = {p.value: p for p in probes}
+        largest = by_value.get(values[lo]) if lo >= 0 else None
+        smallest_fail = by_value.get(values[hi]) if hi < len(values) else None
+        summary = _summary(base, largest, smallest_fail, probes, budget=budget, vary=vary, run_id=run_id)
+    append_record(out_dir / "records.jsonl", summary)
+    progress(summary.note)
+    return summary
+
+
+def _search(
+    probe: Callable[[Any], bool],
+    base: CellConfig,
+    vary: str,
+    values: list[Any],
+    budget: int,
+    known: dict[str, Record],
+) -> tuple[list[Any], int, int]:
+    """The bisection: (values, index of the largest fit or -1, index of the smallest non-fit)."""
     if vary == "params":
-        values: list[Any] = list(ladder or ())
-        if not values:
-            raise ValueError(f"workload {base.workload!r} has no size ladder to search")
         ceiling = analytic_ceiling(base, values, budget)
         lo, hi = -1, ceiling
         for i, v in enumerate(values[:ceiling]):
@@ -132,15 +163,56 @@ def search(
         lo, hi = _bisect(probe, values, lo, hi)
         if hi == ceiling < len(values) and hi == lo + 1:
             probe(values[hi])  # the boundary is measured, not predicted
-    else:
-        values, lo, hi = _search_batch(probe)
-    by_value = {p.value: p for p in probes}
-    largest = by_value.get(values[lo]) if lo >= 0 else None
-    smallest_fail = by_value.get(values[hi]) if hi < len(values) else None
-    summary = _summary(base, largest, smallest_fail, probes, budget=budget, vary=vary, run_id=run_id)
-    append_record(out_dir / "records.jsonl", summary)
-    progress(summary.note)
-    return summary
+        return values, lo, hi
+    return _search_batch(probe)
+
+
+#: probe statuses that answer "does this size fit?": a measured peak (over the budget or not), or
+#: an out-of-memory. Anything else (an error, a timeout twice, divergence) is a broken probe: the
+#: search stops and says so, rather than treating a crash as a size that does not fit.
+SIZE_ANSWERS = ("ok", "oom")
+
+
+class SearchFailed(Exception):
+    def __init__(self, probe: Probe) -> None:
+        super().__init__(probe.record.status)
+        self.probe = probe
+
+
+def _failed_summary(
+    base: CellConfig, failed: Probe, probes: list[Probe], *, budget: int, vary: str, run_id: str
+) -> Record:
+    """The summary of a search a broken probe stopped: the probe's status and first error line,
+    and what had fitted so far (for the record, not as an answer)."""
+    fitted = [p for p in probes if p.fits]
+    best = max(
+        fitted,
+        key=lambda p: p.record.params if vary == "params" else p.record.batch_size_per_rank,
+        default=None,
+    )
+    info = {
+        "vary": vary,
+        "budget_bytes": budget,
+        "fits_by": fits_by(base),
+        "largest_fit": None,
+        "smallest_fail": None,
+        "fitted_before_failure": best.summary() if best else None,
+        "failed_probe": failed.summary(),
+        "probes": len(probes),
+    }
+    r = failed.record
+    what = f"{r.preset} b={r.batch_size_per_rank}"
+    error = f"search stopped: probe {what} ended {r.status}: {first_line(r.error) or 'no error text'}"
+    head = f"max-size {base.workload} {base.strategy} N={base.world_size} budget {_gib(budget)}"
+    return replace(
+        r,
+        suite="max-size",
+        status=r.status,
+        error=error,
+        max_size=info,
+        note=f"{head}: {error}",
+        run_id=run_id,
+    )
 
 
 def analytic_ceiling(base: CellConfig, ladder: list[str], budget: int) -> int:
@@ -199,7 +271,8 @@ def _summary(
     run_id: str,
 ) -> Record:
     """The search's answer as a record: the largest fit's record (its measurements describe what
-    fits), re-labelled, with the ``max_size`` dict; "oom" when nothing fits."""
+    fits), re-labelled, with the ``max_size`` dict; "oom" when nothing fits (the smallest size
+    was measured over the budget: a search only gets here when every probe answered)."""
     source = largest or smallest_fail or probes[0]
     info = {
         "vary": vary,
