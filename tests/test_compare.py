@@ -13,6 +13,7 @@ from bench.cli import main
 from bench.harness.records import Record, append_record
 from bench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
 from bench.studies.compare_rules import Rule, Rules, load_rules
+from tests.records import make_record
 
 GIB = 1 << 30
 ENV = {"torch": "2.11.0", "device_name": "x86_64"}
@@ -21,29 +22,14 @@ ENV = {"torch": "2.11.0", "device_name": "x86_64"}
 def rec(**over: object) -> Record:
     """An ok CPU record: 1 GiB peak, 512 MiB model states, 100 ms steps (MAD 1 ms, 20 steps)."""
     fields: dict = dict(
-        run_id="r",
-        suite="s",
-        workload="transformer",
-        preset="tiny",
-        params=1000,
-        strategy="ddp",
-        world_size=2,
-        requested_world_size=2,
-        simulated=False,
-        backend="gloo",
-        device="cpu",
-        precision="fp32",
-        batch_size_per_rank=8,
         steps=20,
         warmup=3,
-        status="ok",
         peak_mem_bytes={"max": GIB, "per_rank": [GIB, GIB]},
         model_state_bytes={"total": GIB // 2},
         step_time_s={"median": 0.100, "mad": 0.001, "n": 20},
         env=dict(ENV),
     )
-    fields.update(over)
-    return Record(**fields)
+    return make_record(**{**fields, **over})
 
 
 def timed(median: float, mad: float, n: int = 20) -> dict:

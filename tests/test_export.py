@@ -14,6 +14,7 @@ import pytest
 from bench.cli import main
 from bench.harness.records import Record, append_record
 from bench.studies.export import to_pytest_benchmark
+from tests.records import make_record
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = {"median": 0.25, "mad": 0.01, "n": 8, "p10": 0.23, "p90": 0.3}
@@ -23,25 +24,17 @@ def _record(strategy: str, *, status: str = "ok", world_size: int = 2, **kw) -> 
     base = dict(
         run_id="20261130-000000-smoke",
         suite="smoke",
-        workload="transformer",
-        preset="tiny",
-        params=1_000,
         strategy=strategy,
         world_size=world_size,
         requested_world_size=world_size,
-        simulated=False,
-        backend="gloo",
-        device="cpu",
-        precision="fp32",
         batch_size_per_rank=4,
         steps=8,
-        warmup=2,
         status=status,
         step_time_s=dict(STEP) if status == "ok" else None,
         peak_mem_bytes={"per_rank": [100, 90], "max": 100, "source": "tracked tensors (MemTracker)"},
         env={"host": "vm", "python": "3.11.7", "git_sha": "abc123", "time": "2026-11-30T00:51:44+0000"},
     )
-    return Record(**{**base, **kw})
+    return make_record(**{**base, **kw})
 
 
 @pytest.fixture

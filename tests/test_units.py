@@ -6,6 +6,7 @@ from bench.harness.records import Record, append_record, read_records
 from bench.metrics.analytic import Sharding, predicted_model_state_bytes
 from bench.metrics.memory import breakdown_from_snapshot
 from bench.metrics.timing import slowest_rank, summarize
+from tests.records import make_record
 
 
 def test_summarize_median_mad_percentiles() -> None:
@@ -60,23 +61,8 @@ def test_breakdown_folds_tracker_categories() -> None:
 
 
 def test_record_round_trip(tmp_path) -> None:
-    r = Record(
-        run_id="r",
-        suite="s",
-        workload="transformer",
-        preset="tiny",
-        params=10,
-        strategy="ddp",
-        world_size=2,
-        requested_world_size=2,
-        simulated=False,
-        backend="gloo",
-        device="cpu",
-        precision="fp32",
-        batch_size_per_rank=8,
+    r = make_record(
         steps=5,
-        warmup=2,
-        status="ok",
         step_time_s={"median": 0.1, "mad": 0.0, "p10": 0.1, "p90": 0.1, "n": 5},
         mem_breakdown_bytes={"params": 1},
         env={"torch": "x"},

@@ -173,14 +173,20 @@ def read_records(paths: Iterable[Path], *, strict: bool = False) -> list[Record]
     return out
 
 
-def parse_record(line: str) -> Record:
-    """One JSONL line as a Record; ``ValueError`` says what is wrong with it."""
+def parse_json_object(line: str) -> dict[str, Any]:
+    """One JSONL line as a JSON object; ``ValueError`` says what is wrong with it."""
     try:
         data = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"invalid JSON at column {e.colno}: {e.msg}") from None
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_record(line: str) -> Record:
+    """One JSONL line as a Record; ``ValueError`` says what is wrong with it."""
+    data = parse_json_object(line)
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise ValueError(f"missing field(s) {', '.join(missing)}")

@@ -27,20 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.harness.records import Record
-from bench.studies.compare_rules import Rules, Thresholds
+from bench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
 
 #: what makes two records the same cell (the device's name comes from the record's env)
-IDENTITY = (
-    "workload",
-    "preset",
-    "strategy",
-    "world_size",
-    "simulated",
-    "fake",
-    "precision",
-    "batch_size",
-    "device",
-)
+IDENTITY = CELL_FIELDS
 #: environment facts that make two runs' numbers incomparable when they differ. The device's
 #: name is checked here rather than matched as part of a cell: under ``--allow-env-change`` the
 #: same cell on another card is still the same cell, compared and marked. ``cpu_model`` is

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from bench.studies.compare import CellDelta
 
 MIB = 1 << 20
-#: cell fields an override or ignore may match on
-MATCH_KEYS = (
+#: what makes two records the same cell: ``compare`` matches cells on these fields, and an
+#: override or ignore matches on any of them (the device's name is an environment fact instead)
+CELL_FIELDS = (
     "workload",
     "preset",
     "strategy",
@@ -49,8 +50,8 @@ MATCH_KEYS = (
     "precision",
     "batch_size",
     "device",
-    "device_name",
 )
+MATCH_KEYS = CELL_FIELDS
 METRICS = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes", "step_time_s")
 #: override keys -> Thresholds field
 OVERRIDE_KEYS = {

@@ -17,7 +17,6 @@ cell started failing, not close the gap over it.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Iterable, Sequence
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench.harness.records import parse_json_object
 
 #: fields a line must have to be placed on a chart at all
 REQUIRED = ("suite", "cell", "time")
@@ -84,12 +85,7 @@ def read_history(path: Path) -> list[dict[str, Any]]:
 
 def parse_line(line: str) -> dict[str, Any]:
     """One JSONL line as a history entry; ``ValueError`` says what is wrong with it."""
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON at column {e.colno}: {e.msg}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    data = parse_json_object(line)
     missing = [k for k in REQUIRED if not isinstance(data.get(k), str) or not data[k]]
     if missing:
         raise ValueError(f"missing or empty field(s) {', '.join(missing)}")
