@@ -11,11 +11,16 @@ from bench.metrics.memory import CATEGORIES
 from tests.cells import run_cell_here
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero2", "fsdp2-zero2"])
-def test_fake_peak_equals_the_real_peak_per_category(strategy: str, tiny_cell) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "precision"),
+    [("ddp", "fp32"), ("zero2", "fp32"), ("fsdp2-zero2", "fp32"), ("zero2", "bf16"), ("zero1", "bf16")],
+)
+def test_fake_peak_equals_the_real_peak_per_category(strategy: str, precision: str, tiny_cell) -> None:
     """Same simulated world (N=4), once with real tensors, once with fake ones (both in this
-    process: tests/cells.py)."""
-    base = tiny_cell(strategy=strategy, world_size=4, batch_size=4, steps=1, warmup=2, simulate=True)
+    process: tests/cells.py); bf16 converts the model's dtype, which --fake must plan too."""
+    base = tiny_cell(
+        strategy=strategy, world_size=4, batch_size=4, steps=1, warmup=2, simulate=True, precision=precision
+    )
     real = run_cell_here(base)
     fake = run_cell_here(replace(base, fake=True))
     assert real.status == fake.status == "ok", (real.error, fake.error)

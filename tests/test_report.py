@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -240,6 +241,21 @@ def test_max_size_chart_from_summary_records(tmp_path: Path, samples: list[Recor
     assert list(frame.note) == [s.note for s in summaries]  # the search's answer line
     # summaries describe searches, not cells: no bar or point of their own in the cell charts
     assert len(_bars(peak_memory_charts([*samples, *summaries]))) == len(samples)
+
+
+def test_every_measured_strategy_is_on_its_max_size_chart(samples: list[Record]) -> None:
+    """The claim measures ddp's search on a simulated world and zero2's under --fake: both
+    belong on the one chart "double the model" is read from, each with its bound."""
+    base = [r for r in samples if r.max_size is None][0]
+    ddp = replace(_summary(base, "ddp", 8, 100_000_000, 130_000_000), simulated=True, fake=False)
+    zero2 = replace(_summary(base, "zero2", 8, 250_000_000, 260_000_000), simulated=True, fake=True)
+    (chart,) = max_size_charts([ddp, zero2])
+    lines = {line.series: line for line in chart.panels[0].lines}
+    assert set(lines) == {"ddp", "zero2"}
+    assert lines["ddp"].upper == (130,) and lines["zero2"].upper == (260,)
+    bf16 = replace(zero2, precision="bf16")
+    names = [c.name for c in max_size_charts([ddp, zero2, bf16])]
+    assert len(names) == len(set(names)) == 2  # another precision: its own file, not an overwrite
 
 
 def _write_lines(path: Path, lines: list[str]) -> Path:

@@ -154,11 +154,14 @@ def max_size_charts(records: Sequence[Record]) -> list[Chart]:
     summaries = sorted((r for r in records if isinstance(r.max_size, dict)), key=_line_order)
 
     def key(r: Record) -> tuple:
+        # not split by how a probe measured (real, simulated, --fake): the claim measures ddp
+        # and zero2 on different paths, and "double the model" needs both on one chart
         ms = r.max_size or {}
-        return (r.workload, ms.get("vary"), ms.get("budget_bytes"), r.device, r.precision, r.fake)
+        return (r.workload, ms.get("vary"), ms.get("budget_bytes"), r.device, r.precision)
 
-    out = []
-    for (workload, vary, budget, *_), recs in by_key(summaries, key):
+    out: list[Chart] = []
+    names: set[str] = set()
+    for (workload, vary, budget, device, precision), recs in by_key(summaries, key):
         field_, scale, ylabel = _max_size_axis(vary, recs)
         lines = [_max_size_line(series, rs, field_, scale) for series, rs in by_key(recs, _series_key(recs))]
         fits_by = " / ".join(sorted({str((r.max_size or {}).get("fits_by")) for r in recs}))
@@ -170,7 +173,11 @@ def max_size_charts(records: Sequence[Record]) -> list[Chart]:
         what = "model" if vary == "params" else "batch"
         title = f"{workload}: largest trainable {what} per rank in {budget_text}"
         panel = Panel(ylabel=ylabel, lines=tuple(lines), xlabel="world size N (log2)")
-        out.append(_chart("max_size", slug("max_size", workload, vary, budget), title, recs, (panel,), notes))
+        name = slug("max_size", workload, vary, budget)
+        if name in names:  # the same search on another device or precision: its own file
+            name = slug("max_size", workload, vary, budget, device, precision)
+        names.add(name)
+        out.append(_chart("max_size", name, title, recs, (panel,), notes))
     return out
 
 

@@ -46,3 +46,19 @@ class ShardedOptimizerStrategy(Strategy):
         """Drop the optimizer: the worker destroys the process group next (our objects never
         hold the default group, but a caller-provided one they do)."""
         self.optimizer = None
+
+
+def cast_floating(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model.to(dtype)`` for its floating-point parameters and buffers, in place (the same
+    Parameter objects, as ``Module.to`` keeps them for plain tensors). Written out because under
+    FakeTensorMode (``--fake``) ``Module.to`` swaps each parameter for a new tensor subclass
+    instance and fails on one still referenced elsewhere ("_apply(): Couldn't swap
+    Embedding.weight"), which made every bf16 zero1/zero2 plan an error."""
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            if param.is_floating_point():
+                param.data = param.data.to(dtype)
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point():
+                module._buffers[name] = buffer.to(dtype)
+    return model
