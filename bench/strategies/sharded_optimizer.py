@@ -28,7 +28,7 @@ class ShardedOptimizerStrategy(Strategy):
 
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
         """bf16 parameters and gradients; the ShardedOptimizer keeps fp32 master weights."""
-        return (model.to(torch.bfloat16) if precision == "bf16" else model), False
+        return (cast_floating(model, torch.bfloat16) if precision == "bf16" else model), False
 
     def build_optimizer(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
