@@ -16,6 +16,7 @@ from bench.cli.common import UsageError
 
 if TYPE_CHECKING:
     from bench.harness.records import Record
+    from bench.studies.compare import Comparison
     from bench.studies.compare_rules import Rules
 
 
@@ -58,6 +59,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
 
+def compare_or_refuse(
+    baseline: list[Record],
+    current: list[Record],
+    rules: Rules,
+    *,
+    allow_env_change: bool,
+    missing_fails: bool = False,
+) -> Comparison:
+    """``compare_runs``, with the two refusals (environments differ, nothing in common) as
+    usage errors: exit 2, as for any bad input. ``compare`` and ``nightly`` both use it."""
+    from bench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
+
+    try:
+        return compare_runs(
+            baseline, current, rules, allow_env_change=allow_env_change, missing_fails=missing_fails
+        )
+    except (EnvironmentChanged, NothingInCommon) as e:
+        raise UsageError(str(e)) from None
+
+
 def compare_and_write(
     baseline: list[Record],
     current: list[Record],
@@ -70,12 +91,8 @@ def compare_and_write(
 ) -> int:
     """Compare, write the three files, print the summary and regressions; the exit code."""
     from bench.report.compare_report import to_text, write_comparison
-    from bench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
 
-    try:
-        comparison = compare_runs(baseline, current, rules, allow_env_change=allow_env_change)
-    except (EnvironmentChanged, NothingInCommon) as e:
-        raise UsageError(str(e)) from None
+    comparison = compare_or_refuse(baseline, current, rules, allow_env_change=allow_env_change)
     paths = write_comparison(comparison, out, baseline=baseline_label, current=current_label)
     print(to_text(comparison))
     print(f"compare: {paths['html']} (and compare.md, compare.json)", file=sys.stderr)

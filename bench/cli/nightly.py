@@ -24,7 +24,6 @@ from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, require_cuda_if, requ
 if TYPE_CHECKING:
     from bench.harness.records import Record
     from bench.studies.compare import Comparison
-    from bench.studies.compare_rules import Rules
 
 HISTORY_DIR = Path("results/history")
 T = TypeVar("T")
@@ -51,6 +50,7 @@ def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
+    from bench.cli.compare import compare_or_refuse
     from bench.cli.run import check_repeat, execute_run, safe_name
     from bench.cli.suite_searches import resolve_searches
     from bench.harness.config import SUITES_DIR, load_suite, override
@@ -90,26 +90,15 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"shardbench nightly: error: {e}; nothing to compare", file=sys.stderr)
         return 1
-    comparison = _compare(args, baseline, current, rules)
+    comparison = compare_or_refuse(
+        baseline, current, rules, allow_env_change=args.allow_env_change, missing_fails=True
+    )
     print(
         _gate_files(
             comparison, args, spec.name, name, done.out, baseline_name, baseline_path, history, current
         )
     )
     return comparison.exit_code
-
-
-def _compare(
-    args: argparse.Namespace, baseline: list[Record], current: list[Record], rules: Rules
-) -> Comparison:
-    from bench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
-
-    try:
-        return compare_runs(
-            baseline, current, rules, allow_env_change=args.allow_env_change, missing_fails=True
-        )
-    except (EnvironmentChanged, NothingInCommon) as e:
-        raise UsageError(str(e)) from None
 
 
 def _gate_files(

@@ -141,8 +141,6 @@ class Executed(NamedTuple):
     #: ``run``'s exit code: 0 all ok, 1 a cell failed, 130/143 interrupted
     code: int
     run_id: str
-    #: the run stopped early: a record could not be written (the cells after it never ran)
-    stopped: bool = False
 
 
 def execute_run(
@@ -183,7 +181,7 @@ def execute_run(
         print(
             f"shardbench run: error: {e}; the run stopped (records written so far are kept)", file=sys.stderr
         )
-        return Executed(out, 1, run_id, stopped=True)
+        return Executed(out, 1, run_id)
     searches_failed = run_searches(list(searches), out, run_id) if outcome.interrupted is None else 0
     print(outcome.table)
     print(f"report: {write_report(out)}")

@@ -93,7 +93,7 @@ class Strategy:
         if card is not None:
             from bench.strategies.catalog import CARDS
 
-            (found,) = [c for c in CARDS if c.name == card] or [None]
+            found = next((c for c in CARDS if c.name == card), None)
             if found is None:
                 raise TypeError(
                     f"{cls.__name__}: no strategy card named {card!r} in bench/strategies/catalog.py"
