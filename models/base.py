@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
+
+from models.presets.family import SizeFamily
 
 Inputs = dict[str, torch.Tensor]
 
@@ -40,10 +42,12 @@ class Workload(ABC):
 
     name: str
     #: preset name -> config overrides; ``tiny`` must exist and train a step in well under 1 s on CPU.
-    presets: dict[str, dict[str, Any]]
+    #: A ``models.presets.family.Presets`` also resolves any shape of the workload's size family.
+    presets: Mapping[str, dict[str, Any]]
     #: learning rate and optimizer of the paper/reference setting.
     lr: float = 1e-4
-    #: presets in increasing parameter count, for the largest-trainable-size search.
+    #: named presets in increasing parameter count: the reference points of ``shardbench list``,
+    #: and what a max-size search walks when the workload has no size family.
     ladder: tuple[str, ...] = ()
     #: why the workload cannot run under FakeTensorMode (``--fake``), or "" when it can: a model
     #: whose tensor shapes depend on its input's values has no fake-tensor equivalent.
@@ -51,7 +55,8 @@ class Workload(ABC):
 
     def check_preset(self, preset: str) -> None:
         if preset not in self.presets:
-            allowed = ", ".join(self.presets)
+            presets = self.presets
+            allowed = presets.allowed() if hasattr(presets, "allowed") else ", ".join(presets)
             raise ValueError(f"unknown preset {preset!r} for workload {self.name!r}; allowed: {allowed}")
 
     @abstractmethod
@@ -78,6 +83,10 @@ class Workload(ABC):
     @abstractmethod
     def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         """Mean training loss over the batch (mean, so DDP's gradient averaging is exact)."""
+
+    def size_family(self) -> SizeFamily | None:
+        """The continuous family a max-size search walks (None: search the ``ladder``)."""
+        return getattr(self.presets, "family", None)
 
     def optimizer_factory(self) -> Callable[[nn.Module], torch.optim.Optimizer]:
         """The reference optimizer as ``factory(model) -> Optimizer``.

@@ -28,7 +28,7 @@ class WideResNet50Trunk(nn.Module):
     """ResNet-50 (bottleneck, 3-4-6-3) whose stem has ``width`` channels (64 in ResNet-50, 64w
     in SwAV's RN50-wN) and every later width scaled with it; no fc."""
 
-    def __init__(self, width: int = 64) -> None:
+    def __init__(self, width: int = 64, depths: tuple[int, ...] = presets_module.DEPTHS) -> None:
         from torchvision.models.resnet import Bottleneck  # torchvision: imported only to build
 
         super().__init__()
@@ -40,7 +40,7 @@ class WideResNet50Trunk(nn.Module):
         )
         blocks: list[nn.Module] = []
         inplanes = width
-        for i, (depth, stride) in enumerate(zip((3, 4, 6, 3), (1, 2, 2, 2), strict=True)):
+        for i, (depth, stride) in enumerate(zip(depths, (1, 2, 2, 2), strict=True)):
             planes = width * 2**i
             for j in range(depth):
                 s = stride if j == 0 else 1
@@ -62,9 +62,16 @@ class WideResNet50Trunk(nn.Module):
 
 
 class SwAV(nn.Module):
-    def __init__(self, width: int, hidden: int, feat_dim: int, prototypes: int) -> None:
+    def __init__(
+        self,
+        width: int,
+        hidden: int,
+        feat_dim: int,
+        prototypes: int,
+        depths: tuple[int, ...] = presets_module.DEPTHS,
+    ) -> None:
         super().__init__()
-        self.trunk = WideResNet50Trunk(width)
+        self.trunk = WideResNet50Trunk(width, depths)
         self.projection = nn.Sequential(
             nn.Linear(self.trunk.out_dim, hidden),
             nn.BatchNorm1d(hidden),
@@ -122,7 +129,7 @@ class SwAVWorkload(Workload):
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         self.check_preset(preset)
         p = self.presets[preset]
-        return SwAV(p["width"], p["hidden"], p["feat_dim"], p["prototypes"])
+        return SwAV(p["width"], p["hidden"], p["feat_dim"], p["prototypes"], presets_module.depths(p))
 
     def batch(
         self,

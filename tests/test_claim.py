@@ -32,12 +32,13 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
     monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
     monkeypatch.setattr(baselines, "BASELINES_DIR", tmp_path / "baselines")
     held, n, env = tmp_path / "held.jsonl", SPECS["tiny"].world_size, capture_env("cpu")
-    for w in WORKLOADS:
+    for w, ac in ((w, ac) for w in WORKLOADS for ac in (False, True)):
         for strategy, peak in (("ddp", 100), ("zero2", 40)):
             append_record(
                 held,
                 replace(
                     _record(strategy, peak, {}, 1.0),
+                    activation_checkpointing=ac,
                     workload=w,
                     preset="tiny",
                     suite="claim-tiny",
@@ -50,13 +51,15 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
     code = main(["claim", "--spec", "tiny", "--out", str(out), "--baseline", "claim-held"])
     report = (out / "report.md").read_text()
     verdicts = [line for line in report.splitlines() if line.startswith("- **")]
-    assert [v.split("**")[1] for v in verdicts] == list(WORKLOADS)
+    labels = [w.label for w in SPECS["tiny"].variants()]  # each workload without and with AC
+    assert labels[:2] == ["transformer", "transformer +AC"]
+    assert [v.split("**")[1] for v in verdicts] == labels
     assert all(re.search(r": (HOLDS|DOES NOT HOLD|NOT MEASURED) - ", v) for v in verdicts), verdicts
     gate = report.split("## Against baseline `claim-held`")[1].strip().splitlines()
-    assert [line.split(":")[0].split()[-1] for line in gate] == list(WORKLOADS)
+    assert [line.split(":")[0].removeprefix("- ") for line in gate] == labels
     failing = [v.split("**")[1] for v in verdicts if ": HOLDS - " not in v]
     assert code == (1 if failing else 0)
-    assert [line.split(":")[0].split()[-1] for line in gate if " - REGRESSED (" in line] == failing
+    assert [line.split(":")[0].removeprefix("- ") for line in gate if " - REGRESSED (" in line] == failing
     assert all("zero2/ddp peak 0.40x -> " in line for line in gate)
     # the verdicts rebuilt from the records (what a baseline is judged by) are the report's
     rebuilt = results_from_records(SPECS["tiny"], read_records([out]))
@@ -66,7 +69,8 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
         assert (out / chart).is_file()
     records = read_records([out])
     assert {r.workload for r in records} == set(WORKLOADS)
-    assert sum(r.suite == "max-size" for r in records) == 2 * len(WORKLOADS)
+    assert sum(r.suite == "max-size" for r in records) == 2 * len(labels)
+    assert {r.activation_checkpointing for r in records} == {False, True}
     assert (out / "index.html").is_file()
 
 

@@ -168,6 +168,79 @@ def test_known_records_are_reused_and_bound_the_bisection(tmp_path: Path, monkey
     summary = maxsize.search(
         _base(), budget=budget, vary="params", ladder=ladder, out_dir=tmp_path, run_id="t", known=known
     )
-    assert "base" not in ran and ran == ["h768-l18", "h768-l24", "large"]
+    # the geometric middle of base (109.5M) and the ceiling large (335.1M) is h768-l24 (194.5M)
+    assert "base" not in ran and ran == ["h768-l24", "large"]
     assert summary.max_size["largest_fit"]["preset"] == "h768-l24"
     assert summary.max_size["smallest_fail"]["preset"] == "large"
+
+
+def _stand_in_probes(monkeypatch: pytest.MonkeyPatch, ran: list[str]) -> None:
+    """Probes whose peak is 16 bytes per parameter, without running anything."""
+    from bench.harness.result import RankResult, build_record
+    from bench.strategies.registry import get_strategy
+    from models.registry import get_workload
+
+    def stand_in(cell: CellConfig, *, run_id: str):
+        ran.append(cell.preset)
+        params = get_workload(cell.workload).param_count(cell.preset)
+        result = RankResult(rank=0, num_params=params, step_times=[1.0], losses=[1.0],
+                            tracked_peak=16 * params, breakdown={"params": 16 * params})  # fmt: skip
+        plan = get_strategy(cell.strategy).plan_world(cell.world_size, "cpu", True)
+        return build_record(cell, plan, [result], run_id=run_id, wall_s=0.0, processes=1)
+
+    monkeypatch.setattr(maxsize, "run_cell", stand_in)
+
+
+@pytest.mark.parametrize("workload", ["transformer", "imagegpt", "swav", "deepspeech2"])
+@pytest.mark.parametrize("target", [37e6, 250e6, 1.3e9])
+def test_a_family_search_ends_within_the_resolution(tmp_path: Path, monkeypatch, workload, target) -> None:
+    """Along a size family the bisection ends with a measured fit and a measured non-fit at
+    most 3% apart in parameters (or neighbours, where the family is coarser: below ~55M for
+    bert's 24M-parameter embeddings), the fit at or under the true limit, in a handful of probes."""
+    ran: list[str] = []
+    _stand_in_probes(monkeypatch, ran)
+    budget = int(16 * target)
+    base = replace(_base(), workload=workload, world_size=1, strategy="ddp")
+    summary = maxsize.search(base, budget=budget, vary="params", out_dir=tmp_path, run_id="t", progress=str)
+    info = summary.max_size
+    fit, fail = info["largest_fit"], info["smallest_fail"]
+    assert fit["peak_bytes"] <= budget < fail["peak_bytes"]
+    assert info["resolution"] == fail["params"] / fit["params"] - 1
+    between = [n for n, _ in _members(workload) if fit["params"] < n < fail["params"]]
+    assert fail["params"] <= 1.03 * fit["params"] or not between
+    assert info["sizes"].startswith("family ") and info["target_resolution"] == 0.03
+    assert len(ran) == info["probes"] <= 14
+
+
+def _members(workload: str) -> tuple[tuple[int, str], ...]:
+    from models.registry import get_workload
+
+    return get_workload(workload).size_family().members
+
+
+def test_a_coarser_resolution_takes_fewer_probes(tmp_path: Path, monkeypatch) -> None:
+    counts = []
+    for resolution in (0.03, 0.25):
+        ran: list[str] = []
+        _stand_in_probes(monkeypatch, ran)
+        summary = maxsize.search(
+            replace(_base(), world_size=1, strategy="ddp"),
+            budget=16 * 300_000_000,
+            vary="params",
+            resolution=resolution,
+            out_dir=tmp_path / str(resolution),
+            run_id="t",
+            progress=str,
+        )
+        assert summary.max_size["resolution"] <= resolution
+        counts.append(len(ran))
+    assert counts[1] < counts[0]
+
+
+def test_resolution_is_validated_and_its_default_is_one(capsys) -> None:
+    from bench.cli import max_size
+
+    assert max_size.DEFAULT_RESOLUTION == maxsize.DEFAULT_RESOLUTION
+    args = ["max-size", "--workload", "transformer", "--strategy", "ddp", "--world-size", "2"]
+    assert main([*args, "--budget", "1GiB", "--resolution", "1.5"]) == 2
+    assert "--resolution must be a fraction between 0 and 1" in capsys.readouterr().err

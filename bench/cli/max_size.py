@@ -8,22 +8,38 @@ from pathlib import Path
 from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
 from bench.harness.config import DEVICES, PRECISIONS, CellConfig
 
+DEFAULT_RESOLUTION = 0.03  # = bench.studies.maxsize's (a test checks), here to keep --help light
+PROBES_PER_SEARCH = 16  # about what a 3% search of a family takes, for the disk-space check
+
 
 def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
     ms = sub.add_parser(
         "max-size",
         help="largest model (or batch) per rank within a memory budget, by bisection",
-        description="Bisect over the workload's size ladder (or the batch size); each probe runs in "
-        "its own processes with a timeout. On CUDA the budget is enforced by the allocator "
-        "(a real OOM); on CPU or with --fake a probe fits when its tracked peak is within it.",
+        description="Bisect over the workload's size family (every shape of its architecture, "
+        "sorted by parameters) until the largest fit and the smallest non-fit are within "
+        "--resolution, or over --ladder, or over the batch size; each probe runs in its own "
+        "processes with a timeout. On CUDA the budget is enforced by the allocator (a real OOM); "
+        "on CPU or with --fake a probe fits when its tracked peak is within it.",
     )
     ms.add_argument("--workload", required=True, help="one workload")
     ms.add_argument("--strategy", type=csv_list(str), required=True, help="comma-separated strategies")
     ms.add_argument("--world-size", type=csv_list(int), required=True, help="comma-separated world sizes")
     ms.add_argument("--budget", required=True, help="per-rank memory budget, e.g. 16GiB, 2GiB, 512MiB")
     ms.add_argument("--vary", default="params", choices=("params", "batch"), help="what grows")
-    ms.add_argument("--preset", help="the preset (--vary batch; default: the ladder's first)")
-    ms.add_argument("--ladder", type=csv_list(str), help="presets, smallest first")
+    ms.add_argument("--preset", help="the preset (--vary batch; default: the workload's first)")
+    ms.add_argument(
+        "--ladder",
+        type=csv_list(str),
+        help="search these presets, smallest first, instead of the size family",
+    )
+    ms.add_argument(
+        "--resolution",
+        type=float,
+        default=DEFAULT_RESOLUTION,
+        help="stop when the largest fit and the smallest non-fit differ by at most this fraction "
+        "of parameters (default 0.03)",
+    )
     ms.add_argument("--batch-size", type=int, default=8, help="per-rank batch (--vary params; default 8)")
     ms.add_argument("--precision", default="fp32", choices=PRECISIONS)
     ms.add_argument("--device", default="cpu", choices=DEVICES)
@@ -35,26 +51,32 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
     ms.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
 
 
-def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, tuple[str, ...]]:
-    """Validated base cells (one per strategy x world size), the budget in bytes and the ladder."""
+def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, tuple[str, ...] | None]:
+    """Validated base cells (one per strategy x world size), the budget in bytes and the ladder
+    (None: the workload's size family, or its named ladder where it has no family)."""
     from bench.harness.validate import plan_cells
     from bench.studies.maxsize import parse_budget
     from models.registry import get_workload
 
     try:
         budget = parse_budget(args.budget)
+        resolution = getattr(args, "resolution", DEFAULT_RESOLUTION)
+        if not 0 < resolution < 1:
+            raise ValueError(f"--resolution must be a fraction between 0 and 1 (e.g. 0.03), got {resolution}")
         workload = get_workload(args.workload)
-        ladder = tuple(args.ladder or workload.ladder)
-        sizes = [workload.param_count(p) for p in ladder]  # (checks each preset's name too)
-        for i in range(1, len(ladder)):
+        ladder = tuple(args.ladder) if args.ladder else None
+        if ladder is None and workload.size_family() is None:
+            ladder = workload.ladder
+        sizes = [workload.param_count(p) for p in ladder or ()]  # (checks each preset's name too)
+        for i in range(1, len(ladder or ())):
             if sizes[i] < sizes[i - 1]:
                 raise ValueError(
                     f"ladder must grow: {ladder[i]!r} ({sizes[i]:,} params) comes after "
                     f"{ladder[i - 1]!r} ({sizes[i - 1]:,})"
                 )
-        preset = args.preset or (ladder[0] if ladder else None)
-        if preset is None:
-            raise ValueError(f"workload {args.workload!r} has no size ladder; give --ladder")
+        preset = args.preset or (ladder[0] if ladder else next(iter(workload.presets), None))
+        if preset is None or (args.vary == "params" and ladder == ()):
+            raise ValueError(f"workload {args.workload!r} has no size family or ladder; give --ladder")
         workload.check_preset(preset)
         if args.fake:
             workload.check_plannable()
@@ -97,11 +119,19 @@ def cmd_max_size(args: argparse.Namespace) -> int:
     run_id = new_run_id("max-size")
     out = args.out or DEFAULT_RUNS_DIR / run_id
     try:
-        check_output_dir(out, cells=len(cells) * len(ladder))
+        check_output_dir(out, cells=len(cells) * PROBES_PER_SEARCH)
     except ValueError as e:
         raise UsageError(str(e)) from None
     summaries = [
-        search(cell, budget=budget, vary=args.vary, ladder=ladder, out_dir=out, run_id=run_id)
+        search(
+            cell,
+            budget=budget,
+            vary=args.vary,
+            ladder=ladder,
+            resolution=args.resolution,
+            out_dir=out,
+            run_id=run_id,
+        )
         for cell in cells
     ]
     write_tables(read_records([out]), out)

@@ -23,7 +23,8 @@ class SuiteSearch:
     vary: str
     cells: list[CellConfig]
     budget: int
-    ladder: tuple[str, ...]
+    ladder: tuple[str, ...] | None  # None: the workload's size family
+    resolution: float
 
 
 def resolve_searches(spec: SuiteSpec) -> list[SuiteSearch]:
@@ -51,7 +52,7 @@ def _resolve(table: dict[str, Any], where: str) -> SuiteSearch:
         cells, budget, ladder = resolve_max_size(args)
     except UsageError as e:
         raise UsageError(f"{where}: {e}") from None
-    return SuiteSearch(where, args.vary, cells, budget, ladder)
+    return SuiteSearch(where, args.vary, cells, budget, ladder, args.resolution)
 
 
 def run_searches(searches: list[SuiteSearch], out: Path, run_id: str) -> int:
@@ -64,7 +65,15 @@ def run_searches(searches: list[SuiteSearch], out: Path, run_id: str) -> int:
     for s in searches:
         for cell in s.cells:
             try:
-                search(cell, budget=s.budget, vary=s.vary, ladder=s.ladder, out_dir=out, run_id=run_id)
+                search(
+                    cell,
+                    budget=s.budget,
+                    vary=s.vary,
+                    ladder=s.ladder,
+                    resolution=s.resolution,
+                    out_dir=out,
+                    run_id=run_id,
+                )
             except Exception as e:  # noqa: BLE001 - one search's crash must not cost the others
                 failed += 1
                 print(f"{s.where} ({cell.strategy} N={cell.world_size}): failed: {type(e).__name__}: {e}",

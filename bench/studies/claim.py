@@ -76,7 +76,7 @@ class WorkloadResult:
         if mem is not None:
             parts.append(f"zero2 peak = {mem:.2f}x ddp")
         if size is not None:
-            bounds = f" (between {_fmt(lower)}x and {_fmt(upper)}x at the ladder's resolution)"
+            bounds = f" (between {_fmt(lower)}x and {_fmt(upper)}x: the searches' brackets)"
             parts.append(f"largest trainable = {size:.2f}x ddp{bounds if lower or upper else ''}")
         elif failed := [r for r in self.max_size.values() if r.status not in ("ok", "oom")]:
             parts.append(
@@ -85,7 +85,7 @@ class WorkloadResult:
                 + ")"
             )
         else:
-            parts.append("largest trainable: no boundary found on the ladder")
+            parts.append("largest trainable: no boundary found in the sizes searched")
         t = self.time_ratio()
         parts.append(f"step time {t:.2f}x ddp" if t is not None else "step time not measured")
         text = "; ".join(parts)
@@ -137,7 +137,7 @@ def run_claim(
     """Measure every workload of ``spec``; records go to ``out_dir/records.jsonl`` as they come."""
     budget = parse_budget(spec.budget)
     results = []
-    for w in spec.workloads:
+    for w in spec.variants():
         if workloads and w.name not in workloads:
             continue
         res = WorkloadResult(w)
@@ -152,6 +152,7 @@ def run_claim(
             device=spec.device,
             suite=f"claim-{spec.name}",
             simulate=True,
+            activation_checkpointing=w.activation_checkpointing,
         )
 
         def record(cell: CellConfig) -> Record:
@@ -170,7 +171,6 @@ def run_claim(
         else:
             res.timing = {s: res.memory[s] for s in (BASELINE, OURS)}
         plannable = not get_workload(w.name).not_plannable and spec.device == "cpu"
-        ladder = w.ladder or get_workload(w.name).ladder
         for s in (BASELINE, OURS):
             probe = _with(base, strategy=s, fake=plannable, steps=1)
             res.max_size[s] = search(
@@ -178,7 +178,7 @@ def run_claim(
                 known={w.preset: res.memory[s]},
                 budget=budget,
                 vary="params",
-                ladder=ladder,
+                ladder=w.ladder,
                 out_dir=out_dir,
                 run_id=run_id,
                 progress=progress,
@@ -217,8 +217,9 @@ def write_claim_report(spec: ClaimSpec, results: list[WorkloadResult], out_dir: 
     for r in results:
         holds, text = r.verdict(spec.world_size)
         word = {True: "HOLDS", False: "DOES NOT HOLD", None: "NOT MEASURED"}[holds]
+        ac = ", activation checkpointing" if r.workload.activation_checkpointing else ""
         lines.append(
-            f"- **{r.workload.name}** ({r.workload.preset}, batch {r.workload.batch_size}): {word} - {text}"
+            f"- **{r.workload.label}** ({r.workload.preset}, batch {r.workload.batch_size}{ac}): {word} - {text}"
         )
     lines += ["", "## Measurements", "", _table(spec, results), ""]
     lines += [
@@ -243,7 +244,7 @@ def write_claim_report(spec: ClaimSpec, results: list[WorkloadResult], out_dir: 
 
 def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
     gib = 2**30
-    head = ["workload", "preset", "params (M)"]
+    head = ["workload", "AC", "preset", "params (M)"]
     head += [f"{s} peak GiB" for s in (BASELINE, OURS, *spec.peers)]
     head += [
         "zero2/ddp peak",
@@ -264,6 +265,7 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
         rows.append(
             [
                 r.workload.name,
+                "yes" if r.workload.activation_checkpointing else "no",
                 r.workload.preset,
                 f"{base.params / 1e6:.1f}" if base else "",
                 *[f"{p / gib:.3f}" if p else "failed" for p in peaks],

@@ -20,10 +20,10 @@ def results_from_records(spec: ClaimSpec, records: Sequence[Record]) -> list[Wor
     """The claim's per-workload results rebuilt from its records (the last record of each role
     wins, as in a run that repeated a cell); workloads with no record are left out."""
     results = []
-    for w in spec.workloads:
+    for w in spec.variants():
         res = WorkloadResult(w)
         for r in records:
-            if r.workload != w.name:
+            if r.workload != w.name or bool(r.activation_checkpointing) != w.activation_checkpointing:
                 continue
             if r.max_size is not None:
                 res.max_size[r.strategy] = r
@@ -54,13 +54,13 @@ class ClaimChange:
 def compare_claims(
     spec: ClaimSpec, baseline: Sequence[Record], current: Sequence[WorkloadResult]
 ) -> list[ClaimChange]:
-    before = {r.workload.name: r for r in results_from_records(spec, baseline)}
+    before = {r.workload.label: r for r in results_from_records(spec, baseline)}
     changes = []
     for now in current:
-        then = before.get(now.workload.name)
+        then = before.get(now.workload.label)
         held = then.verdict(spec.world_size)[0] if then is not None else None
         holds = now.verdict(spec.world_size)[0]
-        changes.append(ClaimChange(now.workload.name, held, holds, _moved(then, now)))
+        changes.append(ClaimChange(now.workload.label, held, holds, _moved(then, now)))
     return changes
 
 

@@ -9,7 +9,7 @@ the paper presets on one card (simulated N=8, an emulated card budget).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -17,8 +17,14 @@ class ClaimWorkload:
     name: str
     preset: str
     batch_size: int  # per rank, equal for every strategy
-    #: presets for the max-size search (None: the workload's whole ladder)
+    #: presets for the max-size search (None: the workload's size family, to 3%)
     ladder: tuple[str, ...] | None = None
+    activation_checkpointing: bool = False
+
+    @property
+    def label(self) -> str:
+        """The workload as a verdict names it: ``imagegpt`` or ``imagegpt +AC``."""
+        return self.name + (" +AC" if self.activation_checkpointing else "")
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,18 @@ class ClaimSpec:
     steps: int = 2  # timed steps of the step-time cells (memory cells time one)
     warmup: int = 1
     scale_note: str = ""
+    #: each workload is measured once per value: without and with activation checkpointing (users
+    #: who shard models this size checkpoint activations; without it, activations ZeRO does not
+    #: shard can decide the verdict)
+    activation_checkpointing: tuple[bool, ...] = (False, True)
+
+    def variants(self) -> tuple[ClaimWorkload, ...]:
+        """Every (workload, activation checkpointing) the claim measures, in report order."""
+        return tuple(
+            replace(w, activation_checkpointing=ac)
+            for w in self.workloads
+            for ac in self.activation_checkpointing
+        )
 
 
 SPECS: dict[str, ClaimSpec] = {

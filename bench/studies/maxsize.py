@@ -1,7 +1,10 @@
 """The largest model (or batch) that trains within a per-rank memory budget.
 
-``shardbench max-size`` bisects over a workload's size ladder (``--vary params``) or over the
-batch size (``--vary batch``: doubling until a probe fails, then bisection). Every probe is an
+``shardbench max-size`` bisects over a workload's size family (``--vary params``: every shape
+``models/presets/family.py`` allows, sorted by parameters, until the largest fit and the
+smallest non-fit are within ``--resolution``, 3% by default; or over an explicit ``--ladder`` of
+presets) or over the batch size (``--vary batch``: doubling until a probe fails, then
+bisection). Every probe is an
 ordinary cell run by ``bench.harness.launch.run_cell``, so it runs in fresh processes with a timeout: an
 OOM, a crash or a hang in one probe is recorded and never poisons the next.
 
@@ -9,8 +12,9 @@ A probe *fits* when it finishes and its peak is within the budget. On CUDA (real
 budget is enforced by the allocator, ``torch.cuda.set_per_process_memory_fraction`` (one large
 card plays a 16 or 80 GiB card), so a probe that does not fit dies with a real OOM. On CPU, or
 under ``--fake``, nothing enforces a cap: the probe's tracked peak is compared with the budget.
-A probe that fails for another reason (error, timeout) counts as not fitting and is reported with
-its status, so the answer never silently rests on a crash.
+A probe that fails for another reason (an error, a timeout twice, divergence) stops the search
+with that status and the probe's first error line: a crash is a broken search, never a size that
+does not fit, and "nothing fits" is only said when the smallest size was measured over budget.
 
 Probe records (suite ``max-size-probe``) and one summary record per search (suite ``max-size``,
 with a ``max_size`` dict) go to ``records.jsonl`` like any other record.
@@ -18,6 +22,7 @@ with a ``max_size`` dict) go to ``records.jsonl`` like any other record.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -29,6 +34,8 @@ from bench.harness.launch import run_cell
 from bench.harness.records import Record, append_record, first_line
 
 VARY = ("params", "batch")
+#: a params search stops when the largest fit and the smallest non-fit are this close (3%)
+DEFAULT_RESOLUTION = 0.03
 MAX_BATCH = 1 << 16  # the doubling phase stops here: a search must end
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _UNITS |= {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -87,6 +94,7 @@ def search(
     budget: int,
     vary: str,
     ladder: tuple[str, ...] | None = None,
+    resolution: float = DEFAULT_RESOLUTION,
     out_dir: Path,
     run_id: str,
     progress: Callable[[str], None] = print,
@@ -95,8 +103,11 @@ def search(
     """Run the search for one cell (its preset or batch size is what varies); append every
     probe's record and the summary record to ``out_dir/records.jsonl``; return the summary.
 
-    ``known`` maps presets to records already measured for exactly this cell (e.g. the claim's
-    memory cells): they count as probes without being run again and bound the bisection."""
+    ``--vary params`` walks ``ladder`` when given, else the workload's size family (else its
+    named ladder), until the largest fit and the smallest non-fit are within ``resolution`` of
+    each other in parameters (or neighbours: nothing lies between them). ``known`` maps presets
+    to records already measured for exactly this cell (e.g. the claim's memory cells): they
+    count as probes without being run again and bound the bisection."""
     known = {k: v for k, v in (known or {}).items() if v.status == "ok"}
     if vary not in VARY:
         raise ValueError(f"unknown --vary {vary!r}; allowed: {', '.join(VARY)}")
@@ -125,10 +136,14 @@ def search(
             raise SearchFailed(p)
         return p.fits
 
-    if vary == "params" and not ladder:
-        raise ValueError(f"workload {base.workload!r} has no size ladder to search")
+    sizes = SizeAxis.of(base.workload, ladder) if vary == "params" else None
+    if sizes is not None:
+        known = sizes.aliases(known)
     try:
-        values, lo, hi = _search(probe, base, vary, list(ladder or ()), budget, known)
+        if sizes is None:
+            values, lo, hi = _search_batch(probe)
+        else:
+            values, lo, hi = _search_params(probe, base, sizes, budget, resolution, known)
     except SearchFailed as failed:
         summary = _failed_summary(base, failed.probe, probes, budget=budget, vary=vary, run_id=run_id)
     else:
@@ -136,35 +151,92 @@ def search(
         largest = by_value.get(values[lo]) if lo >= 0 else None
         smallest_fail = by_value.get(values[hi]) if hi < len(values) else None
         summary = _summary(base, largest, smallest_fail, probes, budget=budget, vary=vary, run_id=run_id)
+        if sizes is not None:
+            summary.max_size.update(sizes.describe(resolution), resolution=bracket(summary.max_size))
+        summary = replace(summary, note=answer_line_from(summary.max_size, base))
     append_record(out_dir / "records.jsonl", summary)
     progress(summary.note)
     return summary
 
 
-def _search(
+@dataclass(frozen=True)
+class SizeAxis:
+    """What a ``--vary params`` search walks: preset names and their parameter counts, smallest
+    first, and where they came from (a size family, an explicit or the named ladder)."""
+
+    names: list[str]
+    params: list[int]
+    source: str
+
+    @staticmethod
+    def of(workload_name: str, ladder: tuple[str, ...] | None) -> SizeAxis:
+        from models.registry import get_workload
+
+        workload = get_workload(workload_name)
+        family = None if ladder else workload.size_family()
+        if family is not None:
+            params, names = zip(*family.members, strict=True)
+            return SizeAxis(list(names), list(params), f"family {family.spelling}")
+        names = list(ladder or workload.ladder)
+        if not names:
+            raise ValueError(
+                f"workload {workload_name!r} has no size family or ladder to search; give --ladder"
+            )
+        return SizeAxis(names, [workload.param_count(n) for n in names], "ladder")
+
+    def aliases(self, known: dict[str, Record]) -> dict[str, Record]:
+        """``known`` plus, for a named preset (``base``) that is a shape on this axis
+        (``h768-l12``), the same record under the axis's name: a claim's memory cell bounds the
+        search whatever it was called."""
+        out = dict(known)
+        for name, record in known.items():
+            if name in self.names or record.params is None:
+                continue
+            from models.registry import get_workload
+
+            presets = get_workload(record.workload).presets
+            for i, count in enumerate(self.params):
+                if count == record.params and presets[self.names[i]] == presets[name]:
+                    out[self.names[i]] = record
+        return out
+
+    def describe(self, resolution: float) -> dict[str, Any]:
+        return {"sizes": self.source, "target_resolution": resolution}
+
+
+def _search_params(
     probe: Callable[[Any], bool],
     base: CellConfig,
-    vary: str,
-    values: list[Any],
+    sizes: SizeAxis,
     budget: int,
+    resolution: float,
     known: dict[str, Record],
-) -> tuple[list[Any], int, int]:
-    """The bisection: (values, index of the largest fit or -1, index of the smallest non-fit)."""
-    if vary == "params":
-        ceiling = analytic_ceiling(base, values, budget)
-        lo, hi = -1, ceiling
-        for i, v in enumerate(values[:ceiling]):
-            if v in known:
-                if probe(v):
-                    lo = max(lo, i)
-                else:
-                    hi = min(hi, i)
-        lo = min(lo, hi - 1)
-        lo, hi = _bisect(probe, values, lo, hi)
-        if hi == ceiling < len(values) and hi == lo + 1:
-            probe(values[hi])  # the boundary is measured, not predicted
-        return values, lo, hi
-    return _search_batch(probe)
+) -> tuple[list[str], int, int]:
+    """The bisection over sizes: (names, index of the largest fit or -1, index of the smallest
+    non-fit or len). It starts below the first size whose predicted model states alone exceed
+    the budget; that size is probed only if the boundary ends next to it (measured, not
+    predicted)."""
+    names, counts = sizes.names, sizes.params
+    measured: set[str] = set()
+
+    def fits(name: str) -> bool:
+        measured.add(name)
+        return probe(name)
+
+    ceiling = analytic_ceiling(base, names, counts, budget)
+    lo, hi = -1, ceiling
+    for name in known:
+        if name in names and (i := names.index(name)) < ceiling:
+            if fits(name):
+                lo = max(lo, i)
+            else:
+                hi = min(hi, i)
+    lo = min(lo, hi - 1)
+    while True:
+        lo, hi = _bisect(fits, counts, names, lo, hi, resolution)
+        if hi == len(names) or names[hi] in measured or not fits(names[hi]):
+            return names, lo, hi  # (the predicted ceiling is measured before it is reported)
+        lo, hi = hi, len(names)  # the prediction was wrong: search on above it
 
 
 #: probe statuses that answer "does this size fit?": a measured peak (over the budget or not), or
@@ -215,28 +287,41 @@ def _failed_summary(
     )
 
 
-def analytic_ceiling(base: CellConfig, ladder: list[str], budget: int) -> int:
-    """Index of the first preset whose *predicted model states alone* exceed the budget (or the
-    ladder's length). Model states are a lower bound of the peak, so nothing from there on can
+def analytic_ceiling(base: CellConfig, names: list[str], counts: list[int], budget: int) -> int:
+    """Index of the first size whose *predicted model states alone* exceed the budget (or the
+    number of sizes). Model states are a lower bound of the peak, so nothing from there on can
     fit; the search never allocates a model many times the budget (a 20B DDP probe would take
-    320 GB of host memory). Only the first such preset may still be probed, to measure the
-    boundary."""
+    320 GB of host memory). Predictions grow with the parameter count: a bisection finds it."""
     from bench.harness.result import predict
-    from models.registry import get_workload
 
-    workload = get_workload(base.workload)
-    for i, preset in enumerate(ladder):
-        params = workload.param_count(preset)
-        if predict(replace(base, preset=preset), base.world_size, params)["total"] > budget:
-            return i
-    return len(ladder)
+    def over(i: int) -> bool:
+        return predict(replace(base, preset=names[i]), base.world_size, counts[i])["total"] > budget
 
-
-def _bisect(fits: Callable[[Any], bool], values: list[Any], lo: int, hi: int) -> tuple[int, int]:
-    """values[lo] fits (or lo = -1), values[hi] does not (or hi = len): narrow to neighbours."""
-    while hi - lo > 1:
+    lo, hi = 0, len(names)
+    while lo < hi:
         mid = (lo + hi) // 2
-        if fits(values[mid]):
+        if over(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _bisect(
+    fits: Callable[[Any], bool], counts: list[int], names: list[Any], lo: int, hi: int, resolution: float
+) -> tuple[int, int]:
+    """names[lo] fits (or lo = -1), names[hi] does not (or hi = len): probe the size nearest the
+    geometric middle of the two counts until they are within ``resolution`` or neighbours."""
+
+    def close() -> bool:
+        return 0 <= lo and hi < len(counts) and counts[hi] <= counts[lo] * (1 + resolution)
+
+    while hi - lo > 1 and not close():
+        a = counts[lo] if lo >= 0 else counts[0]
+        b = counts[hi] if hi < len(counts) else counts[-1]
+        middle = math.sqrt(a * b)
+        mid = min(range(lo + 1, hi), key=lambda i: abs(math.log(counts[i] / middle)))
+        if fits(names[mid]):
             lo = mid
         else:
             hi = mid
@@ -256,7 +341,7 @@ def _search_batch(fits: Callable[[Any], bool]) -> tuple[list[int], int, int]:
         values = list(range(1, good + 1))
         return values, good - 1, good
     values = list(range(1, bad + 1))
-    lo, hi = _bisect(fits, values, good - 1, bad - 1)
+    lo, hi = _bisect(fits, values, values, good - 1, bad - 1, 0.0)
     return values, lo, hi
 
 
@@ -297,6 +382,14 @@ def _summary(
     )
 
 
+def bracket(info: dict[str, Any]) -> float | None:
+    """How far apart in parameters the largest fit and the smallest non-fit are (0.03: 3%)."""
+    fit, fail = info.get("largest_fit"), info.get("smallest_fail")
+    if info.get("vary") != "params" or not fit or not fail:
+        return None
+    return fail["params"] / fit["params"] - 1
+
+
 def _gib(nbytes: int | None) -> str:
     return "?" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
 
@@ -328,4 +421,8 @@ def answer_line_from(info: dict[str, Any], cell: CellConfig) -> str:
         lost = f"smallest that did not fit: {_what(fail, vary)}, peak {_gib(fail['peak_bytes'])}{why}"
     else:
         lost = "everything probed fits"
+    gap, target = bracket(info), info.get("target_resolution")
+    if gap is not None and target is not None:
+        coarse = f", the sizes have nothing between them (target {target:.0%})" if gap > target else ""
+        lost += f" ({gap:.1%} apart{coarse})"
     return f"{head}: {got}; {lost}"

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from models.presets.family import Presets, SizeFamily
+
 #: output characters (the CTC blank + 28), and frequency bins of the input spectrogram (a
 #: 320-sample window: 320 // 2 + 1)
 CHARS, FREQ_BINS = 29, 161
 
-PRESETS: dict[str, dict[str, Any]] = {
+NAMED: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden=64, layers=2, channels=8, seconds=(0.15, 0.25), max_chars=4),
     "paper": dict(hidden=1024, layers=5, channels=32, seconds=(1.0, 2.0), max_chars=20),
     "h1536": dict(hidden=1536, layers=5, channels=32, seconds=(1.0, 2.0), max_chars=20),
@@ -47,3 +49,22 @@ def param_count(preset: dict[str, Any]) -> int:
     conv = (c * 41 * 11 + c) + 2 * c + (c * c * 21 * 11 + c) + 2 * c
     rnns = _bilstm(_conv_freq() * c, hidden) + (layers - 1) * (2 * hidden + _bilstm(hidden, hidden))
     return conv + rnns + 2 * hidden + hidden * CHARS
+
+
+def family_config(hidden: int, layers: int) -> dict[str, Any]:
+    """DeepSpeech2 at another hidden size and depth, with the paper preset's input (1-2 s clips,
+    32 conv channels); ``paper`` is h1024-l5."""
+    return dict(NAMED["paper"], hidden=hidden, layers=layers)
+
+
+#: hidden size in steps of 32, 2 to 12 bidirectional LSTM layers (the paper used 3-7). An LSTM
+#: has no head size to respect, and steps of 64 left 3.2-3.9% gaps at 99-290M parameters (the
+#: CPU claim's sizes), wider than a 3% search
+FAMILY = SizeFamily(
+    spelling="h{hidden}-l{layers}",
+    knobs={"hidden": range(32, 4097, 32), "layers": range(2, 13)},
+    config=family_config,
+    param_count=param_count,
+    described="the paper preset's clips and convolutions",
+)
+PRESETS = Presets(NAMED, FAMILY)

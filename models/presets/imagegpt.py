@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from models.presets.family import Presets, SizeFamily
+
 #: colour clusters a pixel token takes; token ``CLUSTERS`` is the start token
 CLUSTERS = 512
 
-PRESETS: dict[str, dict[str, Any]] = {
+NAMED: dict[str, dict[str, Any]] = {
     "tiny": dict(n_embd=64, n_layer=2, n_head=2, side=8),
     "igpt-s": dict(n_embd=512, n_layer=24, n_head=8, side=32),
     "igpt-m": dict(n_embd=1024, n_layer=36, n_head=8, side=32),
@@ -31,3 +33,21 @@ def param_count(preset: dict[str, Any]) -> int:
     e, vocab, positions = preset["n_embd"], CLUSTERS + 1, preset["side"] * preset["side"]
     layer = 2 * e + (3 * e * e + 3 * e) + (e * e + e) + (4 * e * e + 4 * e) + (4 * e * e + e)
     return (vocab + positions) * e + preset["n_layer"] * layer + e + e * CLUSTERS
+
+
+def family_config(n_embd: int, n_layer: int) -> dict[str, Any]:
+    """Image GPT at another width and depth: 64-dim heads, 32x32 images (igpt-s is e512-l24)."""
+    return dict(n_embd=n_embd, n_layer=n_layer, n_head=n_embd // 64, side=32)
+
+
+#: width in steps of one 64-dim head, depth in blocks; a search walks the shapes with 4 to 128
+#: dims per block (iGPT-S/M/L have 21-32; 8 left 4-5% gaps at 12-28M parameters)
+FAMILY = SizeFamily(
+    spelling="e{n_embd}-l{n_layer}",
+    knobs={"n_embd": range(64, 4097, 64), "n_layer": range(1, 97)},
+    config=family_config,
+    param_count=param_count,
+    in_band=lambda n_embd, n_layer: 4 <= n_embd / n_layer <= 128,
+    described="64-dim heads, 32x32 images",
+)
+PRESETS = Presets(NAMED, FAMILY)

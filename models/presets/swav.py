@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-PRESETS: dict[str, dict[str, Any]] = {
+from models.presets.family import Presets, SizeFamily
+
+NAMED: dict[str, dict[str, Any]] = {
     "tiny": dict(width=8, hidden=64, feat_dim=16, prototypes=30, crops=(2, 32, 2, 16)),
     "rn50": dict(width=64, hidden=2048, feat_dim=128, prototypes=3000, crops=(2, 224, 6, 96)),
     "rn50-w2": dict(width=128, hidden=2048, feat_dim=128, prototypes=3000, crops=(2, 224, 6, 96)),
@@ -21,7 +23,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 LADDER: tuple[str, ...] = ("tiny", "rn50", "rn50-w2", "rn50-w4", "rn50-w5")
 
 #: blocks per stage of ResNet-50, and torchvision's Bottleneck expansion
-_DEPTHS, _EXPANSION = (3, 4, 6, 3), 4
+DEPTHS, _EXPANSION = (3, 4, 6, 3), 4
+
+
+def depths(preset: dict[str, Any]) -> tuple[int, int, int, int]:
+    """Bottlenecks per stage: ResNet-50's, with the third stage at ``stage3`` blocks where the
+    preset says (ResNet-101 is the same with 23)."""
+    return (*DEPTHS[:2], preset.get("stage3", DEPTHS[2]), DEPTHS[3])
 
 
 def _bottleneck(inplanes: int, planes: int) -> int:
@@ -37,7 +45,7 @@ def param_count(preset: dict[str, Any]) -> int:
     width = preset["width"]
     total = 3 * width * 7 * 7 + 2 * width  # stem: 7x7 conv without bias, BatchNorm
     inplanes = width
-    for i, depth in enumerate(_DEPTHS):
+    for i, depth in enumerate(depths(preset)):
         planes = width * 2**i
         out = planes * _EXPANSION
         # the first block of every stage changes channels (and, after the first, strides): a
@@ -49,3 +57,23 @@ def param_count(preset: dict[str, Any]) -> int:
     hidden, feat = preset["hidden"], preset["feat_dim"]
     projection = (inplanes * hidden + hidden) + 2 * hidden + (hidden * feat + feat)
     return total + projection + feat * preset["prototypes"]
+
+
+def family_config(width: int, stage3: int) -> dict[str, Any]:
+    """RN50-w at any stem width and third-stage depth, with rn50's head and crops (rn50 is
+    w64-s6, ResNet-101's depth s23). ResNet-50's depth is left implicit, as the named presets
+    leave it, so ``rn50-w2`` and ``w128-s6`` are the same preset."""
+    config = dict(NAMED["rn50"], width=width)
+    return config if stage3 == DEPTHS[2] else dict(config, stage3=stage3)
+
+
+#: trunk width in steps of 8 channels, 2 to 36 third-stage blocks (ResNet-50: 6, -101: 23,
+#: -152: 36); width alone steps by 13-55% at these sizes, the depth fills between
+FAMILY = SizeFamily(
+    spelling="w{width}-s{stage3}",
+    knobs={"width": range(8, 1025, 8), "stage3": range(2, 37)},
+    config=family_config,
+    param_count=param_count,
+    described="rn50's projection head, prototypes and multi-crop",
+)
+PRESETS = Presets(NAMED, FAMILY)

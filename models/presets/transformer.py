@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from models.presets.family import Presets, SizeFamily
+
 _BERT_BASE: dict[str, Any] = dict(
     vocab_size=30522,
     hidden_size=768,
@@ -21,7 +23,7 @@ _BERT_BASE: dict[str, Any] = dict(
     num_labels=2,
 )
 
-PRESETS: dict[str, dict[str, Any]] = {
+NAMED: dict[str, dict[str, Any]] = {
     "tiny": dict(
         _BERT_BASE,
         vocab_size=1024,
@@ -142,3 +144,27 @@ def param_count(preset: dict[str, Any]) -> int:
     mlp = (h * inter + inter) + (inter * h + h) + 2 * h  # up, down; LayerNorm
     pooler, head = h * h + h, h * labels + labels
     return embeddings + p["num_hidden_layers"] * (attention + mlp) + pooler + head
+
+
+def family_config(hidden: int, layers: int) -> dict[str, Any]:
+    """bert-base at another width and depth: 64-dim heads, a 4x MLP, its vocabulary and sequence."""
+    return dict(
+        _BERT_BASE,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        intermediate_size=4 * hidden,
+    )
+
+
+#: width in steps of one 64-dim head, depth in layers; a search walks the shapes with 16 to 256
+#: dims per layer (bert-base 64, bert-large 43, the 1b-20b presets 80-140)
+FAMILY = SizeFamily(
+    spelling="h{hidden}-l{layers}",
+    knobs={"hidden": range(128, 8193, 64), "layers": range(1, 97)},
+    config=family_config,
+    param_count=param_count,
+    in_band=lambda hidden, layers: 16 <= hidden / layers <= 256,
+    described="bert-base's vocabulary and sequence, 64-dim heads, a 4x MLP",
+)
+PRESETS = Presets(NAMED, FAMILY)
