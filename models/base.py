@@ -95,6 +95,21 @@ class Workload(ABC):
         groups; sharded strategies rebuild the same optimizer class and groups over shards."""
         return functools.partial(_adamw_over_trainable, lr=self.lr)
 
+    def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules of ``model`` (as ``build`` made it) that activation checkpointing
+        recomputes in backward (``--activation-checkpointing``; ``models/checkpointing.py``):
+        the repeated blocks, whose inputs are small beside what they save inside. A workload
+        that names none cannot run with activation checkpointing."""
+        raise ValueError(
+            f"workload {self.name!r} declares no activation-checkpointing units; "
+            "it needs a checkpoint_units(model) method to run with --activation-checkpointing"
+        )
+
+    def check_checkpointable(self) -> None:
+        """Raise ValueError if this workload names no activation-checkpointing units."""
+        if type(self).checkpoint_units is Workload.checkpoint_units:
+            self.checkpoint_units(nn.Module())
+
     def check_plannable(self) -> None:
         """Raise ValueError saying why, if this workload cannot run under ``--fake``."""
         if self.not_plannable:

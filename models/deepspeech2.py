@@ -113,6 +113,13 @@ class DeepSpeech2Workload(Workload):
         p = self.presets[preset]
         return DeepSpeech2(p["hidden"], p["layers"], p["channels"])
 
+    def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
+        """The convolution block and each recurrent layer (sequence-wise BatchNorm + LSTM):
+        the units whose outputs the next one takes, with their BatchNorm statistics kept from
+        counting the batch twice by ``models.checkpointing``."""
+        assert isinstance(model, DeepSpeech2)
+        return [model.conv, *model.rnns]
+
     def batch(
         self,
         preset: str,

@@ -57,6 +57,12 @@ class ImageGPTWorkload(Workload):
         config, _ = self._config(preset, dropout)
         return ImageGPTForCausalImageModeling(config)
 
+    def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
+        """Each transformer block (``transformer.h[i]``: attention and MLP)."""
+        blocks = model.transformer.h
+        assert isinstance(blocks, nn.ModuleList)
+        return list(blocks)
+
     def batch(
         self,
         preset: str,
@@ -76,4 +82,7 @@ class ImageGPTWorkload(Workload):
 
     def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         ids = inputs["input_ids"]
-        return model(input_ids=ids, labels=ids).loss
+        # No KV cache: training never reads one, and under activation checkpointing a block's
+        # recompute would append its keys and values to it a second time. (Memory is the same
+        # either way: the cache held the very tensors attention saves for backward.)
+        return model(input_ids=ids, labels=ids, use_cache=False).loss

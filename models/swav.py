@@ -131,6 +131,12 @@ class SwAVWorkload(Workload):
         p = self.presets[preset]
         return SwAV(p["width"], p["hidden"], p["feat_dim"], p["prototypes"], presets_module.depths(p))
 
+    def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
+        """Each ResNet bottleneck (``trunk.blocks[i]``); its BatchNorm statistics are kept from
+        counting the batch twice by ``models.checkpointing``."""
+        assert isinstance(model, SwAV)
+        return list(model.trunk.blocks)
+
     def batch(
         self,
         preset: str,

@@ -63,6 +63,11 @@ class TransformerWorkload(Workload):
         config, extra = self._config(preset, dropout)
         return BertClassifier(config, num_labels=extra["num_labels"], head_dropout=0.3 if dropout else 0.0)
 
+    def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
+        """Each BERT layer (``bert.encoder.layer[i]``: self-attention and feed-forward)."""
+        assert isinstance(model, BertClassifier)
+        return list(model.bert.encoder.layer)
+
     def batch(
         self,
         preset: str,

@@ -45,6 +45,11 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
     ms.add_argument("--device", default="cpu", choices=DEVICES)
     ms.add_argument("--simulate", action="store_true", help="one process as rank 0 of each world size")
     ms.add_argument("--fake", action="store_true", help="probes under FakeTensorMode (implies --simulate)")
+    ms.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="probes recompute each block's activations in backward (torch.utils.checkpoint)",
+    )
     ms.add_argument("--steps", type=int, default=1, help="timed steps per probe (default 1)")
     ms.add_argument("--warmup", type=int, default=1, help="warm-up steps per probe (default 1)")
     ms.add_argument("--timeout", type=float, default=900.0, help="seconds per probe (default 900)")
@@ -98,6 +103,7 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
                         timeout_s=args.timeout,
                         simulate=simulate,
                         fake=args.fake,
+                        activation_checkpointing=args.activation_checkpointing,
                     )
                 )
         cells = plan_cells(cells)

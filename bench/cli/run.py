@@ -46,6 +46,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         "(implies --simulate); memory by category, no step time",
     )
     run.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        default=None,
+        help="recompute each transformer block / ResNet bottleneck / recurrent layer in backward "
+        "instead of keeping its activations (torch.utils.checkpoint, non-reentrant)",
+    )
+    run.add_argument(
         "--name", help="a name for the run (default: the suite's); the run id adds time and a suffix"
     )
     run.add_argument(
@@ -91,6 +98,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
             timeout_s=args.timeout,
             simulate=args.simulate,
             fake=args.fake,
+            activation_checkpointing=args.activation_checkpointing,
             repeat=check_repeat(args.repeat),
         )
         cells = plan_cells(spec.cells())

@@ -52,6 +52,9 @@ class CellConfig:
     memory_budget_bytes: int | None = None
     #: dropout off: identical updates across world sizes (parity tests, not benchmarks).
     dropout: bool = True
+    #: recompute each of the workload's checkpoint units in backward instead of keeping its
+    #: activations (models/checkpointing.py): less activation memory for more compute
+    activation_checkpointing: bool = False
     #: how the world is laid out (processes launched, world size reported, note), fixed once by
     #: ``bench.harness.validate.plan_cells`` and carried to every rank in the cell JSON
     plan: WorldPlan | None = None
@@ -89,6 +92,7 @@ class CellConfig:
             self.device,
             self.simulate,
             self.fake,
+            self.activation_checkpointing,
             self.repeat,
         )
 
@@ -117,6 +121,9 @@ class SuiteSpec:
     timeout_s: float = 600.0
     simulate: bool = False
     fake: bool = False
+    #: activation checkpointing for every cell (``run --activation-checkpointing``); a matrix
+    #: may set its own, so one suite can measure a workload with and without it
+    activation_checkpointing: bool = False
     #: run each timed cell this many times in a row, each in fresh processes, so a comparison
     #: sees run-to-run noise (``run --repeat`` overrides; a matrix may set its own)
     repeat: int = 1
@@ -128,7 +135,8 @@ class SuiteSpec:
 
     #: extra cross products (a suite's ``[[matrix]]`` tables): each overrides some of the lists
     #: above, e.g. a different preset per workload, and may set its own steps, warmup,
-    #: timeout_s, simulate or fake. Empty: the lists above are the one matrix.
+    #: timeout_s, simulate, fake, activation_checkpointing or repeat. Empty: the lists above
+    #: are the one matrix.
     matrices: tuple[dict[str, Any], ...] = ()
 
     def cells(self) -> list[CellConfig]:
@@ -151,6 +159,7 @@ class SuiteSpec:
                     suite=self.name,
                     simulate=at["simulate"] or at["fake"],
                     fake=at["fake"],
+                    activation_checkpointing=at["activation_checkpointing"],
                 )
                 # a --fake cell measures no time and its memory is deterministic: once is enough
                 for i in range(1 if cell.fake else at["repeat"]):
@@ -176,12 +185,13 @@ _SCALAR_KEYS = {
     "timeout_s": float,
     "simulate": bool,
     "fake": bool,
+    "activation_checkpointing": bool,
     "repeat": int,
 }
 
 
 #: settings a ``[[matrix]]`` may set for its own cells
-_MATRIX_SCALARS = ("steps", "warmup", "timeout_s", "simulate", "fake", "repeat")
+_MATRIX_SCALARS = ("steps", "warmup", "timeout_s", "simulate", "fake", "activation_checkpointing", "repeat")
 
 
 def suite_names() -> list[str]:

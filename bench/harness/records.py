@@ -29,6 +29,8 @@ from typing import Any
 #: version of the record layout; 2 added ``schema``, ``failure`` and the statuses
 #: ``diverged`` and ``interrupted``; 3 added the run's ``name`` and ``tags`` and the cell's
 #: ``repeat`` index. Records without ``schema`` are version 1; every older record still loads.
+#: ``activation_checkpointing`` came later without a bump: a record without it reads as False,
+#: which is what every older record measured.
 SCHEMA = 3
 STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped")
 FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
@@ -74,6 +76,8 @@ class Record:
     model_state_bytes: dict[str, int] | None = None
     #: planned under FakeTensorMode: memory is what the tracker saw allocated, none was
     fake: bool = False
+    #: the workload's checkpoint units recomputed their activations in backward
+    activation_checkpointing: bool = False
     #: only on ``shardbench max-size`` summary records (suite "max-size"); see bench/studies/maxsize.py
     max_size: dict[str, Any] | None = None
     loss: dict[str, float | None] | None = None  # {"first", "last"}, rank 0

@@ -143,6 +143,7 @@ def build_record(
         requested_world_size=cell.world_size,
         simulated=plan.simulated,
         fake=cell.fake,
+        activation_checkpointing=cell.activation_checkpointing,
         backend=_backend(cell, plan),
         device=cell.device,
         precision=cell.precision,

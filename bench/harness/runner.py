@@ -73,6 +73,7 @@ def _record_key(r: Record) -> tuple:
         r.device,
         r.simulated,
         r.fake,
+        r.activation_checkpointing,
         r.repeat,
     )
 
@@ -167,7 +168,7 @@ def _interrupted_record(cell: CellConfig, e: Interrupted, *, run_id: str, wall_s
 def _label(cell: CellConfig) -> str:
     return (
         f"{cell.workload}/{cell.preset} {cell.strategy} N={cell.world_size} "
-        f"{cell.precision} b={cell.batch_size}"
+        f"{cell.precision} b={cell.batch_size}" + (" AC" if cell.activation_checkpointing else "")
     )
 
 

@@ -86,6 +86,8 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
         workload.check_preset(cell.preset)
         if cell.fake:
             workload.check_plannable()
+        if cell.activation_checkpointing:
+            workload.check_checkpointable()
         name = canonical_name(cell.strategy)
         plan = get_strategy(name).plan_world(cell.world_size, cell.device, cell.simulate or cell.fake)
         planned.append(replace(cell, strategy=name, simulate=cell.simulate or cell.fake, plan=plan))

@@ -46,6 +46,7 @@ from bench.metrics.timing import timed
 from bench.strategies.base import RankContext
 from bench.strategies.registry import get_strategy
 from models.base import concat_inputs
+from models.checkpointing import apply_activation_checkpointing
 from models.registry import get_workload
 
 COLLECTIVE_TIMEOUT_MARGIN_S = 30.0
@@ -151,11 +152,19 @@ def build_model(workload: Any, cell: CellConfig, device: torch.device) -> torch.
     """The workload's model, every parameter and buffer on ``device``. Built under the device
     context (no host copy of a large model), then moved, because some libraries' modules
     allocate with constructors that ignore that context (transformers' ImageGPTLayerNorm uses
-    ``torch.Tensor(n)``; on a GPU its weights stayed on the CPU and DDP refused the model)."""
+    ``torch.Tensor(n)``; on a GPU its weights stayed on the CPU and DDP refused the model).
+
+    Activation checkpointing is applied here, before any strategy wraps the model (as
+    torchtitan does before ``fully_shard``): a wrapper's hooks then run around each
+    checkpointed unit, and its recompute sees the parameters the wrapper gathered."""
     with torch.device(device):
         model = workload.build(cell.preset, dropout=cell.dropout)
     stray = any(t.device != device for t in [*model.parameters(), *model.buffers()])
-    return model.to(device) if stray else model  # (a no-op .to still swaps fake tensors: avoid it)
+    if stray:  # (a no-op .to still swaps fake tensors: avoid it)
+        model = model.to(device)
+    if cell.activation_checkpointing:
+        apply_activation_checkpointing(model, workload.checkpoint_units(model))
+    return model
 
 
 def _train_and_measure(

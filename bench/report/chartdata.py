@@ -79,11 +79,20 @@ def slug(*parts: object) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)
 
 
+#: how a record was measured, as (flag, label): in subtitles, and in the label of each cell
+#: it applies to, so cells that differ only in them never share a bar or a legend entry
+FLAGS: tuple[tuple[Callable[[Record], bool], str], ...] = (
+    (lambda r: r.simulated, "simulated"),
+    (lambda r: r.fake, "fake (planned)"),
+    (lambda r: r.activation_checkpointing, "AC"),
+)
+
+
 def subtitle(records: Sequence[Record]) -> str:
-    """Where and how the numbers were taken: device, precision, simulated/fake, runs."""
+    """Where and how the numbers were taken: device, precision, simulated/fake/AC, runs."""
     devices = sorted({f"{r.device} ({r.env.get('device_name') or '?'})" for r in records})
     parts = [", ".join(devices), "/".join(sorted({r.precision for r in records}))]
-    for flag, label in ((lambda r: r.simulated, "simulated"), (lambda r: r.fake, "fake (planned)")):
+    for flag, label in FLAGS:
         n = sum(1 for r in records if flag(r))
         if n:
             parts.append(label if n == len(records) else f"{n} of {len(records)} cells {label}")
@@ -98,6 +107,11 @@ def flag_notes(records: Sequence[Record]) -> list[str]:
         notes.append("simulated: one process as rank 0 of a fake world of N; real memory, no communication.")
     if any(r.fake for r in records):
         notes.append("fake (planned): sized under FakeTensorMode; nothing was allocated.")
+    if any(r.activation_checkpointing for r in records):
+        notes.append(
+            "AC: activation checkpointing; each block's activations are recomputed in backward "
+            "(less activation memory, more compute)."
+        )
     return notes
 
 
@@ -108,8 +122,8 @@ def cells(records: Sequence[Record]) -> list[Record]:
 
 def _reading_order(r: Record) -> tuple:
     return (
-        r.workload, r.params, r.preset, r.world_size, r.simulated, r.fake, r.precision,
-        r.device, r.batch_size_per_rank, r.run_id, strategy_key(r.strategy),
+        r.workload, r.params, r.preset, r.world_size, r.simulated, r.fake, r.activation_checkpointing,
+        r.precision, r.device, r.batch_size_per_rank, r.run_id, strategy_key(r.strategy),
     )  # fmt: skip
 
 
@@ -156,14 +170,17 @@ def _label(r: Record, vary: set[str]) -> str:
         head.append(r.device)
     if "batch_size_per_rank" in vary:
         head.append(f"b={r.batch_size_per_rank}")
-    flags = [name for on, name in ((r.simulated, "simulated"), (r.fake, "fake (planned)")) if on]
+    flags = [name for on, name in FLAGS if on(r)]
     return "\n".join([" ".join(head), *flags])
 
 
 def series_labels(records: Sequence[Record]) -> list[str]:
-    """Line labels for x = world size: the strategy, plus the run id where runs share a point."""
-    dup = {s for s, rs in by_key(records, lambda r: r.strategy) if len({r.world_size for r in rs}) < len(rs)}
-    return [f"{r.strategy} [{r.run_id}]" if r.strategy in dup else r.strategy for r in records]
+    """Line labels for x = world size: the strategy (``+AC`` with activation checkpointing, a
+    line of its own), plus the run id where runs share a point."""
+    names = [f"{r.strategy}+AC" if r.activation_checkpointing else r.strategy for r in records]
+    dup = {s for s, idx in by_key(range(len(records)), lambda i: names[i])
+           if len({records[i].world_size for i in idx}) < len(idx)}  # fmt: skip
+    return [f"{n} [{r.run_id}]" if n in dup else n for n, r in zip(names, records, strict=True)]
 
 
 def status_of(r: Record, value: float | None) -> str:

@@ -218,10 +218,11 @@ def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
     """(e) Memory per rank against world size, measured and predicted, per workload/preset."""
 
     def key(r: Record) -> tuple:
-        return (r.workload, r.preset, r.device, r.precision, r.batch_size_per_rank, r.fake)
+        flags = (r.fake, r.activation_checkpointing)
+        return (r.workload, r.preset, r.device, r.precision, r.batch_size_per_rank, *flags)
 
     out = []
-    for (workload, preset, device, precision, batch, fake), recs in by_key(memory_cells(records), key):
+    for (workload, preset, device, precision, batch, fake, ac), recs in by_key(memory_cells(records), key):
         if len({r.world_size for r in recs}) < 2:
             continue
         recs = sorted(recs, key=_line_order)
@@ -235,9 +236,17 @@ def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
             *_source_note(recs),
             *flag_notes(recs),
         ]
-        title = f"{workload}/{preset}: memory per rank vs world size ({precision}, batch {batch} per rank)"
+        how = f"{precision}, batch {batch} per rank" + (", activation checkpointing" if ac else "")
+        title = f"{workload}/{preset}: memory per rank vs world size ({how})"
         name = slug(
-            "memory_scaling", workload, preset, device, precision, f"b{batch}", "fake" if fake else ""
+            "memory_scaling",
+            workload,
+            preset,
+            device,
+            precision,
+            f"b{batch}",
+            "fake" if fake else "",
+            "ac" if ac else "",
         )
         out.append(_chart("memory_scaling", name, title, recs, (panel,), notes))
     return out

@@ -117,7 +117,7 @@ def _environment(records: Sequence[Record]) -> str:
     """One row per run: where, on what, with which versions, and how (simulated? fake?)."""
     header = (
         "run", "tags", "run id", "suite", "cells", "failed", "device", "device name", "precision",
-        "simulated", "fake", "torch", "cuda", "python", "host", "git sha", "time",
+        "simulated", "fake", "activation checkpointing", "torch", "cuda", "python", "host", "git sha", "time",
     )  # fmt: skip
     rows = []
     for run_id in dict.fromkeys(r.run_id for r in records):
@@ -137,6 +137,7 @@ def _environment(records: Sequence[Record]) -> str:
                 _join(r.precision for r in rs),
                 _mixed([r.simulated for r in rs], "simulated", "real"),
                 _mixed([r.fake for r in rs], "fake (planned)", "real tensors"),
+                _mixed([r.activation_checkpointing for r in rs], "AC", "off"),
                 _join(r.env.get("torch") for r in rs),
                 _join(r.env.get("cuda") for r in rs),
                 _join(r.env.get("python") for r in rs),

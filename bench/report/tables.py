@@ -24,11 +24,13 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     """Flatten records into one row per cell (memory in MiB, time in ms).
 
     Merged runs get a leading ``run_id`` column (two runs may measure the same cell; the row must
-    say which); a ``fake`` column appears once any record was planned under FakeTensorMode.
+    say which); a ``fake`` column appears once any record was planned under FakeTensorMode, and
+    an ``AC`` column once any record ran with activation checkpointing (its activations are
+    recomputed, so its memory and time are not the plain cell's).
     """
     rows = []
     several_runs = len({r.run_id for r in records}) > 1
-    any_fake = any(r.fake for r in records)
+    optional = {"fake": any(r.fake for r in records), "AC": any(r.activation_checkpointing for r in records)}
     for r in records:
         bd = r.mem_breakdown_bytes or {}
         model_state = _model_state(r)
@@ -44,6 +46,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "world_size": r.world_size,
                 "simulated": r.simulated,
                 "fake": r.fake,
+                "AC": r.activation_checkpointing,
                 "precision": r.precision,
                 "batch_per_rank": r.batch_size_per_rank,
                 "status": r.status,
@@ -63,7 +66,8 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
         )
         rows.append(row)
     frame = pd.DataFrame(rows)
-    return frame if any_fake or frame.empty else frame.drop(columns="fake")
+    unused = [column for column, shown in optional.items() if not shown]
+    return frame if frame.empty else frame.drop(columns=unused)
 
 
 def _model_state(r: Record) -> int | None:

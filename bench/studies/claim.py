@@ -217,10 +217,9 @@ def write_claim_report(spec: ClaimSpec, results: list[WorkloadResult], out_dir: 
     for r in results:
         holds, text = r.verdict(spec.world_size)
         word = {True: "HOLDS", False: "DOES NOT HOLD", None: "NOT MEASURED"}[holds]
-        ac = ", activation checkpointing" if r.workload.activation_checkpointing else ""
-        lines.append(
-            f"- **{r.workload.label}** ({r.workload.preset}, batch {r.workload.batch_size}{ac}): {word} - {text}"
-        )
+        w = r.workload
+        ac = ", activation checkpointing" if w.activation_checkpointing else ""
+        lines.append(f"- **{w.label}** ({w.preset}, batch {w.batch_size}{ac}): {word} - {text}")
     lines += ["", "## Measurements", "", _table(spec, results), ""]
     lines += [
         "## How it was produced",

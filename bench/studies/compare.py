@@ -69,6 +69,7 @@ def identity(r: Record) -> tuple[Any, ...]:
         r.world_size,
         r.simulated,
         r.fake,
+        r.activation_checkpointing,
         r.precision,
         batch,
         r.device,
@@ -76,9 +77,11 @@ def identity(r: Record) -> tuple[Any, ...]:
 
 
 def cell_label(key: tuple[Any, ...]) -> str:
-    """A short stable name: workload/preset/strategy/nN/precision/bB/device[/sim|/fake]."""
+    """A short stable name: workload/preset/strategy/nN/precision/bB/device[/sim|/fake][/ac]
+    (``/ac``: activation checkpointing; a cell without it keeps the name it always had)."""
     fields = dict(zip(IDENTITY, key, strict=True))
     mode = "/fake" if fields["fake"] else "/sim" if fields["simulated"] else ""
+    mode += "/ac" if fields["activation_checkpointing"] else ""
     batch = "" if fields["batch_size"] is None else f"/b{fields['batch_size']}"
     return (
         f"{fields['workload']}/{fields['preset']}/{fields['strategy']}/n{fields['world_size']}/"

@@ -47,6 +47,7 @@ CELL_FIELDS = (
     "world_size",
     "simulated",
     "fake",
+    "activation_checkpointing",
     "precision",
     "batch_size",
     "device",

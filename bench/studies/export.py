@@ -82,11 +82,13 @@ EXTRA_FIELDS = (
 
 def benchmark_name(r: Record) -> str:
     """``transformer/tiny/ddp/n2/fp32/b4``; a simulated world is ``n8-sim`` (it timed no
-    communication, so it must not be compared with a real world of the same size). Repetition
-    k > 0 of a cell (``run --repeat``, records of schema 3) is ``.../b4/r<k>``: the first keeps
-    the cell's name, so runs with and without repeats still match by name."""
+    communication, so it must not be compared with a real world of the same size), and a cell
+    with activation checkpointing ends in ``/ac`` (it recomputes, so it is slower by design).
+    Repetition k > 0 of a cell (``run --repeat``, records of schema 3) is ``.../b4/r<k>``: the
+    first keeps the cell's name, so runs with and without repeats still match by name."""
     world = f"n{r.world_size}" + ("-sim" if r.simulated else "")
     name = f"{r.workload}/{r.preset}/{r.strategy}/{world}/{r.precision}/b{r.batch_size_per_rank}"
+    name += "/ac" if r.activation_checkpointing else ""
     repeat = getattr(r, "repeat", 0) or 0
     return f"{name}/r{repeat}" if repeat else name
 
@@ -135,6 +137,7 @@ def to_benchmark(r: Record) -> dict[str, Any]:
             "strategy": r.strategy,
             "world_size": r.world_size,
             "simulated": r.simulated,
+            "activation_checkpointing": r.activation_checkpointing,
             "precision": r.precision,
             "batch_size_per_rank": r.batch_size_per_rank,
             "repeat": getattr(r, "repeat", 0) or 0,
