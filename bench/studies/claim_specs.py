@@ -63,8 +63,7 @@ SPECS: dict[str, ClaimSpec] = {
             ClaimWorkload("transformer", "base", 2),
             ClaimWorkload("imagegpt", "igpt-s", 1),
             ClaimWorkload("swav", "rn50", 1),
-            # its ladder stops at h1536 here: the h2048-l7 probe is minutes of LSTM on 2 cores
-            ClaimWorkload("deepspeech2", "paper", 1, ladder=("tiny", "paper", "h1536")),
+            ClaimWorkload("deepspeech2", "paper", 1),
         ),
         peers=(),  # --peers adds torch-zero1 and fsdp2-zero2 (~3 more minutes on 2 cores)
         scale_note=(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -108,6 +109,7 @@ def search(
     each other in parameters (or neighbours: nothing lies between them). ``known`` maps presets
     to records already measured for exactly this cell (e.g. the claim's memory cells): they
     count as probes without being run again and bound the bisection."""
+    started = time.perf_counter()
     known = {k: v for k, v in (known or {}).items() if v.status == "ok"}
     if vary not in VARY:
         raise ValueError(f"unknown --vary {vary!r}; allowed: {', '.join(VARY)}")
@@ -154,6 +156,7 @@ def search(
         if sizes is not None:
             summary.max_size.update(sizes.describe(resolution), resolution=bracket(summary.max_size))
         summary = replace(summary, note=answer_line_from(summary.max_size, base))
+    summary.max_size["search_wall_s"] = time.perf_counter() - started
     append_record(out_dir / "records.jsonl", summary)
     progress(summary.note)
     return summary
