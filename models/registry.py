@@ -57,3 +57,13 @@ def preset_param_counts(name: str) -> dict[str, int]:
         return {p: presets.param_count(shape) for p, shape in presets.PRESETS.items()}
     w = get_workload(name)  # raises the ValueError naming the known workloads
     return {p: w.param_count(p) for p in w.presets}
+
+
+def size_family_help(name: str) -> str | None:
+    """How to spell any size of the workload's family (torch-free where it has a presets
+    module), or None when it has none."""
+    if name in _PRESET_MODULES:
+        family = getattr(importlib.import_module(_PRESET_MODULES[name]), "FAMILY", None)
+    else:
+        family = get_workload(name).size_family()
+    return family.help() if family is not None else None

@@ -116,3 +116,28 @@ def test_claim_gate_flags_a_claim_that_stopped_holding() -> None:
     assert changes["transformer"].regressed and not changes["imagegpt"].regressed
     assert changes["transformer"].moved.startswith("zero2/ddp peak 0.40x -> 0.60x")
     assert "transformer: holds -> does not hold - REGRESSED" in gate_section("b", list(changes.values()))
+
+
+def test_claim_results_keep_checkpointed_cells_apart() -> None:
+    """Each workload is judged twice, without and with activation checkpointing, from its own
+    records: an AC record never stands in for a plain one."""
+    spec = SPECS["tiny"]
+    n = spec.world_size
+
+    def memory(ac: bool, zero2_peak: int) -> list[Record]:
+        return [
+            replace(
+                _record(s, p, {}, 1.0),
+                workload="swav",
+                preset="tiny",
+                suite="claim-tiny",
+                world_size=n,
+                activation_checkpointing=ac,
+            )
+            for s, p in (("ddp", 100), ("zero2", zero2_peak))
+        ]
+
+    results = results_from_records(spec, [*memory(False, 60), *memory(True, 30)])
+    by_label = {r.workload.label: r for r in results}
+    assert set(by_label) == {"swav", "swav +AC"}
+    assert by_label["swav"].memory_ratio() == 0.6 and by_label["swav +AC"].memory_ratio() == 0.3

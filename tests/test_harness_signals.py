@@ -63,3 +63,27 @@ def test_a_signal_records_the_cell_as_interrupted_and_stops_every_rank(tmp_path,
         assert proc.returncode == 0, err
         assert "1 of 2 cells already ok" in err
         assert [r.status for r in read_records([out])] == ["ok", "interrupted", "ok"]
+
+
+def test_sigterm_during_a_max_size_probe_stops_its_ranks(tmp_path) -> None:
+    """Commands other than ``run`` (max-size, claim, nightly's searches) unwind on SIGTERM too:
+    the probe's ranks are stopped and reaped, the exit code is 143 and the records written stay."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), "SHARDBENCH_FAULT": "hang:rank=1"}
+    out = tmp_path / "ms"
+    args = "max-size --workload transformer --strategy ddp --world-size 2 --budget 1GiB".split()
+    args += ["--ladder", "tiny", "--batch-size", "2", "--steps", "1", "--warmup", "0", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.cli", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not worker_processes(str(tmp)):  # the probe's ranks are up
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert worker_processes(str(tmp)) == []

@@ -210,12 +210,22 @@ def test_a_family_search_ends_within_the_resolution(tmp_path: Path, monkeypatch,
     assert fail["params"] <= 1.03 * fit["params"] or not between
     assert info["sizes"].startswith("family ") and info["target_resolution"] == 0.03
     assert len(ran) == info["probes"] <= 14
+    # the probes follow the family's spine: on average nearer its usual proportions than the
+    # members of the range they searched
+    family = _family(workload)
+    distance = {n: family.distance(**family.parse(n)) for n in ran}
+    searched = [family.distance(**family.parse(n)) for c, n in family.members if c <= fail["params"]]
+    assert sum(distance.values()) / len(ran) < sum(searched) / len(searched)
+
+
+def _family(workload: str):
+    from models.registry import get_workload
+
+    return get_workload(workload).size_family()
 
 
 def _members(workload: str) -> tuple[tuple[int, str], ...]:
-    from models.registry import get_workload
-
-    return get_workload(workload).size_family().members
+    return _family(workload).members
 
 
 def test_a_coarser_resolution_takes_fewer_probes(tmp_path: Path, monkeypatch) -> None:

@@ -9,7 +9,9 @@ one line on stderr naming what is allowed, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from bench.cli.baseline import add_baseline_parser, cmd_baseline
 from bench.cli.claim import add_claim_parser, cmd_claim
@@ -45,8 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM as an exception, so every command unwinds: the cell launcher's cleanup stops and
+    reaps the rank processes in flight (Python's default for SIGTERM is to die on the spot,
+    leaving them running). ``run`` installs its own handler while cells run (it records the cell
+    as interrupted); this one covers max-size, claim and nightly's searches."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     handler = {
         "run": cmd_run,
         "max-size": cmd_max_size,
@@ -65,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"shardbench {args.command}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,13 @@ def listing() -> dict:
     """Everything ``list`` shows, read from declarations: no strategy or model library is
     imported (the strategy catalog and the workloads' preset modules are torch-free)."""
     from bench.strategies.registry import strategy_cards
-    from models.registry import preset_param_counts, workload_names
+    from models.registry import preset_param_counts, size_family_help, workload_names
 
     workloads = {
-        name: {"presets": {p: {"params": n} for p, n in preset_param_counts(name).items()}}
+        name: {
+            "presets": {p: {"params": n} for p, n in preset_param_counts(name).items()},
+            "sizes": size_family_help(name),
+        }
         for name in workload_names()
     }
     strategies = {
@@ -52,6 +55,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, w in data["workloads"].items():
         presets = ", ".join(f"{p} ({v['params'] / 1e6:.1f}M)" for p, v in w["presets"].items())
         print(f"  {name}: {presets}")
+        if w["sizes"]:
+            print(f"    any size: {w['sizes']}")
     print("strategies:")
     for name, s in data["strategies"].items():
         alias = f" (alias: {', '.join(s['aliases'])})" if s["aliases"] else ""

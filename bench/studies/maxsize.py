@@ -170,6 +170,8 @@ class SizeAxis:
     names: list[str]
     params: list[int]
     source: str
+    #: how unusual each size's proportions are (0 for a ladder: its presets are all usual)
+    distances: list[float]
 
     @staticmethod
     def of(workload_name: str, ladder: tuple[str, ...] | None) -> SizeAxis:
@@ -179,13 +181,14 @@ class SizeAxis:
         family = None if ladder else workload.size_family()
         if family is not None:
             params, names = zip(*family.members, strict=True)
-            return SizeAxis(list(names), list(params), f"family {family.spelling}")
+            distances = [family.distance(**family.parse(n)) for n in names]
+            return SizeAxis(list(names), list(params), f"family {family.spelling}", distances)
         names = list(ladder or workload.ladder)
         if not names:
             raise ValueError(
                 f"workload {workload_name!r} has no size family or ladder to search; give --ladder"
             )
-        return SizeAxis(names, [workload.param_count(n) for n in names], "ladder")
+        return SizeAxis(names, [workload.param_count(n) for n in names], "ladder", [0.0] * len(names))
 
     def aliases(self, known: dict[str, Record]) -> dict[str, Record]:
         """``known`` plus, for a named preset (``base``) that is a shape on this axis
@@ -236,7 +239,7 @@ def _search_params(
                 hi = min(hi, i)
     lo = min(lo, hi - 1)
     while True:
-        lo, hi = _bisect(fits, counts, names, lo, hi, resolution)
+        lo, hi = _bisect(fits, counts, names, lo, hi, resolution, sizes.distances)
         if hi == len(names) or names[hi] in measured or not fits(names[hi]):
             return names, lo, hi  # (the predicted ceiling is measured before it is reported)
         lo, hi = hi, len(names)  # the prediction was wrong: search on above it
@@ -311,10 +314,19 @@ def analytic_ceiling(base: CellConfig, names: list[str], counts: list[int], budg
 
 
 def _bisect(
-    fits: Callable[[Any], bool], counts: list[int], names: list[Any], lo: int, hi: int, resolution: float
+    fits: Callable[[Any], bool],
+    counts: list[int],
+    names: list[Any],
+    lo: int,
+    hi: int,
+    resolution: float,
+    distances: list[float] | None = None,
 ) -> tuple[int, int]:
-    """names[lo] fits (or lo = -1), names[hi] does not (or hi = len): probe the size nearest the
-    geometric middle of the two counts until they are within ``resolution`` or neighbours."""
+    """names[lo] fits (or lo = -1), names[hi] does not (or hi = len): probe near the geometric
+    middle of the two counts until they are within ``resolution`` or neighbours. Of the sizes
+    within a quarter of the bracket (in log scale) around the middle, the one with the most
+    usual proportions (smallest ``distances``) is probed, the nearest to the middle among equals:
+    the probes follow the family's spine rather than whichever odd shape is nearest in size."""
 
     def close() -> bool:
         return 0 <= lo and hi < len(counts) and counts[hi] <= counts[lo] * (1 + resolution)
@@ -322,8 +334,14 @@ def _bisect(
     while hi - lo > 1 and not close():
         a = counts[lo] if lo >= 0 else counts[0]
         b = counts[hi] if hi < len(counts) else counts[-1]
-        middle = math.sqrt(a * b)
-        mid = min(range(lo + 1, hi), key=lambda i: abs(math.log(counts[i] / middle)))
+        middle, window = math.sqrt(a * b), math.log(b / a) / 4 if b > a else 0.0
+
+        def off(i: int) -> float:
+            return abs(math.log(counts[i] / middle))
+
+        inside = range(lo + 1, hi)
+        near = [i for i in inside if off(i) <= window] or [min(inside, key=off)]
+        mid = min(near, key=lambda i: ((distances[i] if distances else 0.0), off(i)))
         if fits(names[mid]):
             lo = mid
         else:

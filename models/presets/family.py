@@ -13,6 +13,13 @@ sorted by parameter count: neighbours differ by a few percent in parameters and 
 same kind. Any shape within the knobs' ranges can still be named and run (``--preset h768-l1``);
 the band only decides what a search walks.
 
+Shapes of equal size are not equal in memory: activations grow with depth x width, parameters
+with depth x width², so a deep narrow model of 37M parameters can need twice the memory of a
+wide shallow one. A search therefore probes, among the members near the size it wants, the one
+closest to the architecture's usual proportions (``distance``): its probes follow the family's
+spine, and only the last few percent are resolved between neighbours of somewhat different
+shape.
+
 Everything here is torch-free: counting a family's thousands of members is arithmetic.
 """
 
@@ -31,13 +38,17 @@ class SizeFamily:
 
     ``knobs`` gives each knob's allowed values (a ``range``: its step is the width granularity);
     ``config`` turns knob values into a preset dict; ``in_band`` says whether a shape is a member
-    of the search family (the aspect band); ``param_count`` counts a preset dict's parameters."""
+    of the search family (the aspect band); ``distance`` how unusual its proportions are;
+    ``param_count`` counts a preset dict's parameters."""
 
     spelling: str
     knobs: dict[str, range]
     config: Callable[..., dict[str, Any]]
     param_count: Callable[[dict[str, Any]], int]
     in_band: Callable[..., bool] = lambda **_: True
+    #: how far a shape is from the architecture's usual proportions (0: on them): of the shapes
+    #: near the size a search wants to probe, it probes the most usual one
+    distance: Callable[..., float] = lambda **_: 0.0
     described: str = ""
 
     @functools.cached_property

@@ -8,6 +8,7 @@ meta build.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from models.presets.family import Presets, SizeFamily
@@ -40,14 +41,15 @@ def family_config(n_embd: int, n_layer: int) -> dict[str, Any]:
     return dict(n_embd=n_embd, n_layer=n_layer, n_head=n_embd // 64, side=32)
 
 
-#: width in steps of one 64-dim head, depth in blocks; a search walks the shapes with 4 to 128
-#: dims per block (iGPT-S/M/L have 21-32; 8 left 4-5% gaps at 12-28M parameters)
+#: width in steps of one 64-dim head, depth in blocks; a search walks the shapes with 8 to 64
+#: dims per block (iGPT-S/M/L have 21-32), nearest 24 first
 FAMILY = SizeFamily(
     spelling="e{n_embd}-l{n_layer}",
     knobs={"n_embd": range(64, 4097, 64), "n_layer": range(1, 97)},
     config=family_config,
     param_count=param_count,
-    in_band=lambda n_embd, n_layer: 4 <= n_embd / n_layer <= 128,
+    in_band=lambda n_embd, n_layer: 8 <= n_embd / n_layer <= 64,
+    distance=lambda n_embd, n_layer: abs(math.log(n_embd / n_layer / 24)),
     described="64-dim heads, 32x32 images",
 )
 PRESETS = Presets(NAMED, FAMILY)

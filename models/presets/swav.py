@@ -8,6 +8,7 @@ check ``param_count`` against a meta build of every preset.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from models.presets.family import Presets, SizeFamily
@@ -67,11 +68,12 @@ def family_config(width: int, stage3: int) -> dict[str, Any]:
     return config if stage3 == DEPTHS[2] else dict(config, stage3=stage3)
 
 
-#: trunk width in steps of 8 channels, 2 to 36 third-stage blocks (ResNet-50: 6, -101: 23,
-#: -152: 36); width alone steps by 13-55% at these sizes, the depth fills between
+#: trunk width in steps of 8 channels, 2 to 24 third-stage blocks (ResNet-50: 6, -101: 23);
+#: width alone steps by 13-55% at these sizes, the depth fills between, nearest 6 first
 FAMILY = SizeFamily(
     spelling="w{width}-s{stage3}",
-    knobs={"width": range(8, 1025, 8), "stage3": range(2, 37)},
+    knobs={"width": range(8, 1025, 8), "stage3": range(2, 25)},
+    distance=lambda width, stage3: abs(math.log(stage3 / DEPTHS[2])),
     config=family_config,
     param_count=param_count,
     described="rn50's projection head, prototypes and multi-crop",

@@ -8,6 +8,7 @@ takes ``PRESETS`` and ``LADDER`` from here; the tests check ``param_count`` agai
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from models.presets.family import Presets, SizeFamily
@@ -157,14 +158,15 @@ def family_config(hidden: int, layers: int) -> dict[str, Any]:
     )
 
 
-#: width in steps of one 64-dim head, depth in layers; a search walks the shapes with 16 to 256
-#: dims per layer (bert-base 64, bert-large 43, the 1b-20b presets 80-140)
+#: width in steps of one 64-dim head, depth in layers; a search walks the shapes with 24 to 160
+#: dims per layer (bert-base 64, bert-large 43, the 1b-20b presets 80-140), nearest 64 first
 FAMILY = SizeFamily(
     spelling="h{hidden}-l{layers}",
     knobs={"hidden": range(128, 8193, 64), "layers": range(1, 97)},
     config=family_config,
     param_count=param_count,
-    in_band=lambda hidden, layers: 16 <= hidden / layers <= 256,
+    in_band=lambda hidden, layers: 24 <= hidden / layers <= 160,
+    distance=lambda hidden, layers: abs(math.log(hidden / layers / 64)),
     described="bert-base's vocabulary and sequence, 64-dim heads, a 4x MLP",
 )
 PRESETS = Presets(NAMED, FAMILY)
