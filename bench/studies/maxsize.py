@@ -336,7 +336,7 @@ def _bisect(
         b = counts[hi] if hi < len(counts) else counts[-1]
         middle, window = math.sqrt(a * b), math.log(b / a) / 4 if b > a else 0.0
 
-        def off(i: int) -> float:
+        def off(i: int, middle: float = middle) -> float:
             return abs(math.log(counts[i] / middle))
 
         inside = range(lo + 1, hi)
