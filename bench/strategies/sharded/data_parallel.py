@@ -67,12 +67,43 @@ def _weakly(method: Callable[..., None], *first: Any, required: str = "") -> Cal
 
 class ShardedDataParallel(nn.Module):
     """Gradient sharding (ZeRO-2) around ``module``; pair it with the ``ShardedOptimizer``
-    that packed ``module``'s parameters. See the module docstring for the design."""
+    that packed ``module``'s parameters. See the module docstring for the design.
+
+    ``stage=3`` also shards the parameters, gathered per unit when used (``unit``: which modules
+    are gathered together, see ``units.py``); that is ``stage3.ShardedDataParallel3``, a
+    subclass returned by this same constructor."""
+
+    #: names the profiler labels (``shardbench::<label>::reduce``)
+    label = "zero2"
+
+    def __new__(
+        cls,
+        module: nn.Module | None = None,
+        sharded_optimizer: ShardedOptimizer | None = None,
+        *,
+        stage: int = 2,
+        **kwargs: Any,
+    ) -> ShardedDataParallel:
+        if stage not in (2, 3):
+            raise ValueError(
+                f"ShardedDataParallel stage must be 2 or 3, got {stage!r} (stage 1 is a ShardedOptimizer "
+                "with plain DistributedDataParallel)"
+            )
+        if stage == 3 and cls is ShardedDataParallel:
+            from bench.strategies.sharded.stage3 import ShardedDataParallel3
+
+            cls = ShardedDataParallel3
+        return super().__new__(cls)
 
     def __init__(
-        self, module: nn.Module, sharded_optimizer: ShardedOptimizer, *, broadcast_buffers: bool = True
+        self,
+        module: nn.Module,
+        sharded_optimizer: ShardedOptimizer,
+        *,
+        stage: int = 2,
+        broadcast_buffers: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__()  # (``stage`` was checked by __new__, which chose the class)
         self.module = module
         self.optimizer = sharded_optimizer
         self.broadcast_buffers = broadcast_buffers
@@ -106,7 +137,7 @@ class ShardedDataParallel(nn.Module):
         self._globally_used: set[int] | None = None  # slots used on any rank since zero_grad
         self._sync = True
         self._callback_queued = False
-        sharded_optimizer.label = "zero2"
+        sharded_optimizer.label = self.label
         sharded_optimizer.layout_locked_by = "ShardedDataParallel"
         sharded_optimizer.grad_source = _weakly(
             self._grads_from_shards,
@@ -115,15 +146,19 @@ class ShardedDataParallel(nn.Module):
         )
         self._zero_grad_hook = _weakly(self._on_zero_grad)
         sharded_optimizer.zero_grad_hooks.append(self._zero_grad_hook)
-        if self.world_size > 1:  # start from identical weights, as DDP does
-            with torch.no_grad():
-                for flat in sharded_optimizer.flats:
-                    dist.broadcast(flat, src=self._src, group=self.process_group)
+        self._start_identical()
         self._hook_handles = [
             p.register_post_accumulate_grad_hook(_weakly(self._on_grad, b.index, i))
             for b in buckets
             for i, p in enumerate(b.params)
         ]
+
+    def _start_identical(self) -> None:
+        """Start from identical weights, as DDP does: rank 0's, broadcast."""
+        if self.world_size > 1:
+            with torch.no_grad():
+                for flat in self.optimizer.flats:
+                    dist.broadcast(flat, src=self._src, group=self.process_group)
 
     def close(self) -> None:
         """End of training, before ``dist.destroy_process_group``: wait for any reduction still
@@ -208,7 +243,7 @@ class ShardedDataParallel(nn.Module):
             self._complete_oldest()
         buf = self._buffers.pop(bucket.index)
         work, out = None, None
-        with record_function("shardbench::zero2::reduce"):
+        with record_function(f"shardbench::{self.label}::reduce"):
             if self.world_size > 1:
                 buf.div_(self.world_size)  # average, as DDP does (pre-divided, then summed)
                 if self.reduce == "all_reduce":
@@ -238,11 +273,8 @@ class ShardedDataParallel(nn.Module):
 
     def _finish_backward(self) -> None:
         """End of backward: flush every bucket in order, then agree on which params were used."""
-        with record_function("shardbench::zero2::reduce"):
-            for b in self.optimizer.buckets[self._next :]:
-                self._buffer(b)  # params without a gradient contribute zeros
-                self._ready.add(b.index)
-            self._launch_ready()
+        with record_function(f"shardbench::{self.label}::reduce"):
+            self._flush()
             while self._in_flight:
                 self._complete_oldest()
             used = self._used.clone()
@@ -257,6 +289,13 @@ class ShardedDataParallel(nn.Module):
         self._ready.clear()
         self._next = 0
         self._callback_queued = False
+
+    def _flush(self) -> None:
+        """Launch every bucket not launched yet, in bucket order (the same on every rank)."""
+        for b in self.optimizer.buckets[self._next :]:
+            self._buffer(b)  # params without a gradient contribute zeros
+            self._ready.add(b.index)
+        self._launch_ready()
 
     def _used_slots(self, used: torch.Tensor) -> set[int]:
         """The slots flagged in the all-reduced ``used`` tensor. Under FakeTensorMode (planning
