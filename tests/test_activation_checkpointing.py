@@ -91,7 +91,7 @@ def test_tracked_activations_shrink(name: str, tiny_cell) -> None:
     assert ac.loss["first"] == pytest.approx(plain.loss["first"], rel=1e-6)
 
 
-STRATEGIES = ["dp", "ddp", "zero1", "zero2", "torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
+STRATEGIES = ["dp", "ddp", "zero1", "zero2", "zero3", "torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -32,7 +32,7 @@ def _assert_model_states_match(record) -> None:
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3"])
 def test_real_world_model_states_match_the_zero_formula(strategy: str, world_size: int) -> None:
     record = run_cell_here(_cell(strategy, world_size))
     _assert_model_states_match(record)
@@ -42,7 +42,7 @@ def test_real_world_model_states_match_the_zero_formula(strategy: str, world_siz
 
 
 @pytest.mark.parametrize("world_size", [8, 64])
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "torch-zero1"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "torch-zero1"])
 def test_simulated_model_states_match_the_prediction(strategy: str, world_size: int) -> None:
     record = run_cell_here(_cell(strategy, world_size, simulate=True))
     _assert_model_states_match(record)
