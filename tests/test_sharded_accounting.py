@@ -83,6 +83,8 @@ def _stage3_holdings(rank: int, world_size: int) -> dict:
         out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))  # the root only
         loss.backward()
         out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))
+        # no full gradient either: none held, none in a buffer or a reduction in flight
+        assert not (sdp._held or sdp._buffers or sdp._in_flight)
         opt.step()
         out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))
     root = sum(b.padded * 4 for b, u in zip(opt.buckets, sdp._unit_of_bucket, strict=True) if u == 0)

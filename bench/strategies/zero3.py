@@ -18,7 +18,7 @@ from torch import nn
 
 from bench.strategies.base import OptimizerFactory, RankContext
 from bench.strategies.sharded import ShardedDataParallel
-from bench.strategies.sharded.data_parallel import MAX_IN_FLIGHT
+from bench.strategies.sharded.stage3 import ShardedDataParallel3
 from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy
 
 
@@ -37,7 +37,7 @@ class Zero3Strategy(ShardedOptimizerStrategy, card="zero3"):
             "units": "each parameterised child of an nn.ModuleList/nn.Sequential, then the root",
             "unit_count": len(units) if units is not None else None,
             "prefetch": 0,
-            "max_buckets_in_flight": MAX_IN_FLIGHT,
+            "max_buckets_in_flight": ShardedDataParallel3.max_in_flight,
             "gradient_reduction": reduction,
             "broadcast_buffers": True,
         }

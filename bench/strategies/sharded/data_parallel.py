@@ -75,6 +75,8 @@ class ShardedDataParallel(nn.Module):
 
     #: names the profiler labels (``shardbench::<label>::reduce``)
     label = "zero2"
+    #: reductions in flight before backward waits for the oldest (each holds a bucket buffer)
+    max_in_flight = MAX_IN_FLIGHT
 
     def __new__(
         cls,
@@ -199,6 +201,17 @@ class ShardedDataParallel(nn.Module):
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
             self._callback_queued = True
+        self._collect(bucket, i, p)
+        self._used[self._slot[p]] = 1
+        self._used_here.add(self._slot[p])
+        self._pending[bucket.index] -= 1
+        if self._pending[bucket.index] == 0:
+            self._ready.add(bucket.index)
+            self._launch_ready()
+
+    def _collect(self, bucket: Bucket, i: int, p: torch.Tensor) -> None:
+        """Move parameter ``i``'s gradient into its bucket's buffer and drop ``p.grad``."""
+        assert p.grad is not None
         if len(bucket.params) == 1 and bucket.padded == p.numel() and p.grad.is_contiguous():
             # A bucket of one parameter that splits evenly (a big embedding, typically):
             # reduce its gradient in place rather than copy it into a second buffer.
@@ -208,12 +221,6 @@ class ShardedDataParallel(nn.Module):
             off = bucket.offsets[i]
             self._buffer(bucket)[off : off + p.numel()].copy_(p.grad.reshape(-1))
         p.grad = None  # the full gradient is not kept: this is what stage 2 saves
-        self._used[self._slot[p]] = 1
-        self._used_here.add(self._slot[p])
-        self._pending[bucket.index] -= 1
-        if self._pending[bucket.index] == 0:
-            self._ready.add(bucket.index)
-            self._launch_ready()
 
     def _buffer(self, bucket: Bucket) -> torch.Tensor:
         buf = self._buffers.get(bucket.index)
@@ -237,9 +244,8 @@ class ShardedDataParallel(nn.Module):
     def _launch(self, bucket: Bucket) -> None:
         # Release reductions that have finished, without waiting; block only when the limit
         # of buckets in flight would be exceeded (that wait is what bounds the memory).
-        while self._in_flight and (self._in_flight[0][0] is None or self._in_flight[0][0].is_completed()):
-            self._complete_oldest()
-        while len(self._in_flight) >= MAX_IN_FLIGHT:
+        self._release_finished()
+        while len(self._in_flight) >= self.max_in_flight:
             self._complete_oldest()
         buf = self._buffers.pop(bucket.index)
         work, out = None, None
@@ -253,6 +259,11 @@ class ShardedDataParallel(nn.Module):
                     self._observe(out, "grads" if self._grad_shards[bucket.index] is None else "other")
                     work = dist.reduce_scatter_tensor(out, buf, group=self.process_group, async_op=True)
         self._in_flight.append((work, bucket, buf, out))
+
+    def _release_finished(self) -> None:
+        """Complete the reductions that have finished, oldest first, without waiting."""
+        while self._in_flight and (self._in_flight[0][0] is None or self._in_flight[0][0].is_completed()):
+            self._complete_oldest()
 
     def _complete_oldest(self) -> None:
         """Wait for the oldest reduction; its result becomes (or is added to) the bucket's
