@@ -26,6 +26,10 @@ A unit's life in a step:
 Between uses a rank holds only its chunks: parameters, gradient shards, optimizer state (and fp32
 masters for low-precision parameters), 16 Psi / N with fp32 AdamW.
 
+Checkpoints: ``full_state_dict()`` consolidates the model (a collective; load it into the plain
+module before wrapping, at any world size); the optimizer consolidates and loads as in stages
+1-2, its state loaded *after* wrapping (wrapping re-packs the buckets, which needs them stateless).
+
 Requirements, as FSDP's: every rank runs the same units in the same order (gathers are
 collectives); a parameter's values are needed in backward only by the operations that produce
 its gradient (true of ordinary layers; a weight used through ``.detach()`` or ``.data`` in a
