@@ -11,6 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from models.base import concat_inputs
 from tests import tricky
 from tests.dist import run_in_world
 from tests.parity import max_rel_diff, max_rel_l2_diff
@@ -81,35 +82,48 @@ def test_parity_check_can_fail() -> None:
     assert max_rel_diff(reference(clip=None), reference())[0] > 1e-4
 
 
-def _accumulate(rank: int, world_size: int, use_no_sync: bool, stage: int) -> dict[str, torch.Tensor]:
+def _halves(step: int, rank: int, world_size: int) -> list[dict]:
+    """This rank's two half-batches of the step (of the global batch's 2N chunks)."""
+    return [
+        tricky.rank_slice(tricky.global_batch(step, CHUNKS), 2 * rank + h, 2 * world_size) for h in (0, 1)
+    ]
+
+
+def _accumulate(
+    rank: int, world_size: int, use_no_sync: bool, stage: int, second_flag: int
+) -> dict[str, torch.Tensor]:
     """Two half-batches per step: the first under no_sync (full local gradients, DDP-style) or
-    not (reduced into the shards at once); the second backward completes the sum either way."""
+    not (reduced into the shards at once); the second backward completes the sum either way.
+    ``second_flag`` 1: the second pass leaves the branch out, so its gradient comes from the
+    first pass alone (under no_sync: never seen by a synchronised pass's hooks)."""
     model = tricky.build()
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW)
     sdp = wrap(model, opt, stage)
     for step in range(3):
         opt.zero_grad(set_to_none=True)
-        halves = [
-            tricky.rank_slice(tricky.global_batch(step, CHUNKS), 2 * rank + h, 2 * world_size)
-            for h in range(2)
-        ]
+        halves = _halves(step, rank, world_size)
         with sdp.no_sync() if use_no_sync else contextlib.nullcontext():
             (tricky.loss(sdp, halves[0], 0) / 2).backward()
-        (tricky.loss(sdp, halves[1], 0) / 2).backward()
+        (tricky.loss(sdp, halves[1], second_flag) / 2).backward()
         opt.step()
     return tricky.state(sdp if stage == 3 else model)
 
 
-@pytest.mark.parametrize(("use_no_sync", "stage"), [(True, 2), (False, 2), (False, 3)])
-def test_gradient_accumulation(use_no_sync: bool, stage: int) -> None:
+@pytest.mark.parametrize(
+    ("use_no_sync", "stage", "second_flag"),
+    [(True, 2, 0), (False, 2, 0), (True, 3, 0), (False, 3, 0), (True, 3, 1), (False, 3, 1)],
+)
+def test_gradient_accumulation(use_no_sync: bool, stage: int, second_flag: int) -> None:
     model = tricky.build()
     opt = torch.optim.AdamW(tricky.param_groups(model))
     for step in range(3):
         opt.zero_grad(set_to_none=True)
-        tricky.loss(model, tricky.global_batch(step, CHUNKS), 0).backward()
+        rank0, rank1 = (_halves(step, r, 2) for r in range(2))
+        ((tricky.loss(model, concat_inputs([rank0[0], rank1[0]]), 0)) / 2).backward()
+        ((tricky.loss(model, concat_inputs([rank0[1], rank1[1]]), second_flag)) / 2).backward()
         opt.step()
     ref = tricky.state(model)
-    (st, _) = run_in_world(_accumulate, 2, use_no_sync, stage)
+    (st, _) = run_in_world(_accumulate, 2, use_no_sync, stage, second_flag)
     diff, where = max_rel_diff(st, ref)
     assert diff < 1e-6, f"{where} off by {diff:.2e}"
 

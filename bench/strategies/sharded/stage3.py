@@ -26,6 +26,10 @@ A unit's life in a step:
 Between uses a rank holds only its chunks: parameters, gradient shards, optimizer state (and fp32
 masters for low-precision parameters), 16 Psi / N with fp32 AdamW.
 
+Gradient accumulation, as in stage 2: backward passes between ``zero_grad`` calls each reduce
+into the gradient shards, or ``with model.no_sync():`` keeps full local gradients (units are
+still gathered and freed as usual) for the next synchronised backward to reduce.
+
 Checkpoints: ``full_state_dict()`` consolidates the model (a collective; load it into the plain
 module before wrapping, at any world size); the optimizer consolidates and loads as in stages
 1-2, its state loaded *after* wrapping (wrapping re-packs the buckets, which needs them stateless).
@@ -135,14 +139,6 @@ class ShardedDataParallel3(ShardedDataParallel):
         for u in list(self._gathered):
             self._free(u)
 
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        raise NotImplementedError(
-            "no_sync is not supported with stage=3 yet: accumulate by calling backward several "
-            "times between zero_grad calls (each pass is reduced into the gradient shards)"
-        )
-        yield  # pragma: no cover
-
     # ----- gather and free ---------------------------------------------------------------------
     @torch.no_grad()
     def _gather(self, u: int) -> None:
@@ -188,6 +184,19 @@ class ShardedDataParallel3(ShardedDataParallel):
         if u not in self._done:
             self._gather(u)
 
+    def _on_grad(self, index: int, i: int, p: torch.Tensor) -> None:
+        """Under ``no_sync`` the full gradient stays in ``p.grad`` (autograd sums the passes) for
+        the next synchronised backward to reduce, as in stage 2; the unit's parameters are still
+        freed as soon as all of its gradients are there."""
+        if self._sync or p.grad is None:
+            super()._on_grad(index, i, p)
+            return
+        self._pending[index] -= 1
+        u = self._unit_of_bucket[index]
+        if all(self._pending[b] == 0 for b in self._unit_buckets[u]):
+            self._done.add(u)
+            self._free(u)
+
     # ----- reduce: as stage 2, but each bucket as soon as it is complete -----------------------
     def _collect(self, bucket: Bucket, i: int, p: torch.Tensor) -> None:
         """The root's buckets keep autograd's gradients until they are complete. The root's
@@ -226,12 +235,21 @@ class ShardedDataParallel3(ShardedDataParallel):
         for b in self.optimizer.buckets:
             if b.index not in self._launched:
                 self._release_held(b)
+                for i, p in enumerate(b.params):
+                    if p.grad is not None:  # from a no_sync pass only: reduce it now
+                        super()._collect(b, i, p)
+                        self._used[self._slot[p]] = 1
+                        self._used_here.add(self._slot[p])
                 self._buffer(b)  # params without a gradient contribute zeros
                 self._ready.add(b.index)
         self._launch_ready()
 
     def _finish_backward(self) -> None:
-        super()._finish_backward()
+        if self._sync:
+            super()._finish_backward()
+        else:  # nothing is reduced: the gradients wait, whole, for a synchronised backward
+            self._pending = [len(b.params) for b in self.optimizer.buckets]
+            self._callback_queued = False
         for u in list(self._gathered):  # gathered in backward, yet no gradient came
             self._free(u)
         self._launched.clear()
