@@ -111,7 +111,7 @@ def _accumulate(
 
 @pytest.mark.parametrize(
     ("use_no_sync", "stage", "second_flag"),
-    [(True, 2, 0), (False, 2, 0), (True, 3, 0), (False, 3, 0), (True, 3, 1), (False, 3, 1)],
+    [(True, 2, 0), (True, 2, 1), (False, 2, 0), (True, 3, 0), (False, 3, 0), (True, 3, 1), (False, 3, 1)],
 )
 def test_gradient_accumulation(use_no_sync: bool, stage: int, second_flag: int) -> None:
     model = tricky.build()

@@ -304,9 +304,19 @@ class ShardedDataParallel(nn.Module):
     def _flush(self) -> None:
         """Launch every bucket not launched yet, in bucket order (the same on every rank)."""
         for b in self.optimizer.buckets[self._next :]:
+            self._collect_leftovers(b)
             self._buffer(b)  # params without a gradient contribute zeros
             self._ready.add(b.index)
         self._launch_ready()
+
+    def _collect_leftovers(self, bucket: Bucket) -> None:
+        """Collect gradients a ``no_sync`` pass left in ``p.grad`` for parameters that this
+        synchronised pass did not use (no hook collected them): they belong in the sum too."""
+        for i, p in enumerate(bucket.params):
+            if p.grad is not None:
+                self._collect(bucket, i, p)
+                self._used[self._slot[p]] = 1
+                self._used_here.add(self._slot[p])
 
     def _used_slots(self, used: torch.Tensor) -> set[int]:
         """The slots flagged in the all-reduced ``used`` tensor. Under FakeTensorMode (planning

@@ -234,12 +234,8 @@ class ShardedDataParallel3(ShardedDataParallel):
     def _flush(self) -> None:
         for b in self.optimizer.buckets:
             if b.index not in self._launched:
+                self._collect_leftovers(b)
                 self._release_held(b)
-                for i, p in enumerate(b.params):
-                    if p.grad is not None:  # from a no_sync pass only: reduce it now
-                        super()._collect(b, i, p)
-                        self._used[self._slot[p]] = 1
-                        self._used_here.add(self._slot[p])
                 self._buffer(b)  # params without a gradient contribute zeros
                 self._ready.add(b.index)
         self._launch_ready()
