@@ -4,6 +4,7 @@ parameters too, and no unit's full buffer outlives its use."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -62,21 +63,21 @@ def _full_bytes(opt: ShardedOptimizer) -> int:
     return sum(flat.untyped_storage().nbytes() for flat in opt.flats)
 
 
-def _stage3_holdings(rank: int, world_size: int) -> dict:
+def _stage3_holdings(rank: int, world_size: int, prefetch: bool) -> dict:
     model = tricky.build(BIG_VOCAB)
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW)
-    sdp = ShardedDataParallel(model, opt, stage=3, unit=tricky.child_units(model))
+    sdp = ShardedDataParallel(model, opt, stage=3, unit=tricky.child_units(model), prefetch=prefetch)
     most_gathered = 0
     gather = sdp._gather
 
-    def counting_gather(u: int) -> None:
+    def counting_gather(u: int, **kw) -> None:
         nonlocal most_gathered
-        gather(u)
+        gather(u, **kw)
         most_gathered = max(most_gathered, len(sdp.gathered_units()))
 
     sdp._gather = counting_gather  # type: ignore[method-assign]
     out: dict = {"full_bytes": []}
-    for step in range(2):  # the branch (a unit) is used on step 0, not on step 1
+    for step in range(3):  # the branch (a unit) is used on steps 0 and 2, not on step 1
         batch = tricky.rank_slice(tricky.global_batch(step, 4, vocab=BIG_VOCAB), rank, world_size)
         opt.zero_grad(set_to_none=True)
         loss = tricky.loss(sdp, batch, step)
@@ -121,21 +122,23 @@ def _stage3_holdings(rank: int, world_size: int) -> dict:
     return out
 
 
-def test_stage3_each_rank_holds_only_its_chunks_at_n4() -> None:
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_stage3_each_rank_holds_only_its_chunks_at_n4(prefetch: bool) -> None:
     """Between uses a rank holds its chunk of every unit (parameters, gradient shard, AdamW
     state: 16 bytes per owned element), nothing more than one unit's padding beyond total/N;
     the forward leaves only the root gathered (backward starts with it), backward and the
-    step nothing, and at most the root and one unit are ever gathered at once (no prefetch)."""
+    step nothing, and besides the root at most one unit is ever whole, or two with prefetch
+    (one running, the next gathering), also when the prefetch guessed a skipped unit."""
     n = 4
     total = sum(p.numel() for p in tricky.build(BIG_VOCAB).parameters() if p.requires_grad)
-    ranks = run_in_world(_stage3_holdings, n)
+    ranks = run_in_world(_stage3_holdings, n, prefetch)
     assert sum(r["owned"] for r in ranks) == total  # every element owned exactly once
     for r in ranks:
         assert r["units"] == 4  # root (the tied embedding/head weight), body, branch, head
         forward, backward, step = r["full_bytes"][:3]
         assert forward == (r["root_bytes"], [""]) and backward == step == (0, [])
-        assert r["full_bytes"][3:] == [forward, backward, step]  # the branch unused: the same
-        assert r["most_gathered"] == 2
+        assert r["full_bytes"][3:] == [forward, backward, step] * 2  # with or without the branch
+        assert r["most_gathered"] == (3 if prefetch else 2)
         assert r["full_grads"] == 0
         assert r["param_bytes"] == r["grad_bytes"] == 4 * r["chunks"]
         assert r["state_bytes"] == 8 * r["owned"]
@@ -171,8 +174,6 @@ def test_refuses_optimizers_that_are_not_elementwise() -> None:
     class LAMB(torch.optim.Optimizer):  # a trust ratio needs whole-tensor norms
         def __init__(self, params, lr=1e-3):
             super().__init__(params, {"lr": lr})
-
-    import pytest
 
     with pytest.raises(ValueError, match="LAMB.*Allowed: SGD, Adam, AdamW"):
         ShardedOptimizer([nn.Parameter(torch.ones(2))], optim=LAMB)

@@ -91,3 +91,20 @@ def _errors(rank: int, world_size: int) -> None:
 
 def test_stage3_errors_name_what_is_wrong() -> None:
     run_simulated_here(_errors, 2)
+
+
+def test_prefetch_predicts_from_the_last_forward() -> None:
+    """Forward prefetches the unit that followed, backward the one that preceded; a unit run
+    twice keeps its first successor and last predecessor; nothing is predicted before a
+    forward has finished."""
+    from bench.strategies.sharded.prefetch import UnitOrder
+
+    order = UnitOrder()
+    order.start()
+    for u in (1, 2, 3, 2, 4):
+        order.ran(u)
+    assert order.first() is None and order.after(1) is None  # still running
+    order.finish()
+    assert order.first() == 1
+    assert [order.after(u) for u in (1, 2, 3, 4)] == [2, 3, 2, None]
+    assert [order.before(u) for u in (1, 2, 3, 4)] == [None, 3, 2, 2]

@@ -36,7 +36,7 @@ class Zero3Strategy(ShardedOptimizerStrategy, card="zero3"):
             "partition": "one flat buffer per unit and param group, element-balanced",
             "units": "each parameterised child of an nn.ModuleList/nn.Sequential, then the root",
             "unit_count": len(units) if units is not None else None,
-            "prefetch": 0,
+            "prefetch": "one unit ahead in forward and backward; at most two units whole besides the root",
             "max_buckets_in_flight": ShardedDataParallel3.max_in_flight,
             "gradient_reduction": reduction,
             "broadcast_buffers": True,

@@ -10,12 +10,14 @@ stay valid objects, and regain their values when the storage is refilled (FSDP's
 
 A unit's life in a step:
 
-1. pre-forward hook: all-gather its buckets into their flat buffers (``shardbench::zero3::gather``);
+1. pre-forward hook: all-gather its buckets into their flat buffers (``shardbench::zero3::gather``),
+   or wait for that gather if a prefetch started it, and start the next unit's (``prefetch.py``:
+   the unit that followed this one in the last forward; at most two units whole besides the root);
 2. post-forward hook: free them, and hook its outputs' gradients (the root unit instead stays
    gathered into backward, which begins with it, as FSDP keeps its root);
-3. the first gradient reaching one of its outputs re-gathers it, before any of its backward runs,
-   so an activation-checkpointed unit's recompute (which calls no module hooks) finds its
-   parameters there;
+3. the first gradient reaching one of its outputs re-gathers it (and prefetches the unit that ran
+   before it), before any of its backward runs, so an activation-checkpointed unit's recompute
+   (which calls no module hooks) finds its parameters there;
 4. when every parameter of a bucket has its gradient accumulated, the bucket is reduced (the
    stage-2 machinery, ``shardbench::zero3::reduce``) into this rank's gradient shard; when all
    of a unit's buckets are, its parameters are no longer needed and are freed at once;
@@ -55,6 +57,7 @@ from torch.profiler import record_function
 from bench.strategies.sharded.data_parallel import ShardedDataParallel, _weakly
 from bench.strategies.sharded.layout import Bucket
 from bench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
+from bench.strategies.sharded.prefetch import UnitOrder
 from bench.strategies.sharded.units import Unit, UnitPolicy, find_units
 
 
@@ -95,6 +98,7 @@ class ShardedDataParallel3(ShardedDataParallel):
         *,
         stage: int = 3,
         unit: UnitPolicy | None = None,
+        prefetch: bool = True,
         broadcast_buffers: bool = True,
     ) -> None:
         opt = sharded_optimizer
@@ -113,7 +117,12 @@ class ShardedDataParallel3(ShardedDataParallel):
         self._unit_buckets: list[list[int]] = [[] for _ in units]
         for bi, u in enumerate(self._unit_of_bucket):
             self._unit_buckets[u].append(bi)
-        self._gathered: set[int] = set()
+        self._gathered: set[int] = set()  # units whose flat buffers hold their parameters
+        #: start gathering the next unit while this one runs (see ``prefetch.py``)
+        self.prefetch = prefetch
+        self._order = UnitOrder()
+        self._gathering: dict[int, list[Any]] = {}  # unit -> its gathers not yet waited for
+        self._prefetched: set[int] = set()  # gathered ahead, not used yet
         self._launched: set[int] = set()  # buckets launched in this backward
         self._done: set[int] = set()  # units whose gradients are all reduced in this backward
         self._held: dict[int, list[tuple[int, torch.Tensor]]] = {}  # root buckets' waiting grads
@@ -141,26 +150,55 @@ class ShardedDataParallel3(ShardedDataParallel):
 
     # ----- gather and free ---------------------------------------------------------------------
     @torch.no_grad()
-    def _gather(self, u: int) -> None:
-        if u in self._gathered:
-            return
+    def _gather(self, u: int, *, wait: bool = True) -> None:
+        """Gather unit ``u`` (idempotent); ``wait=False`` only starts it (a prefetch)."""
         opt = self.optimizer
         with record_function("shardbench::zero3::gather"):
-            for bi in self._unit_buckets[u]:
-                flat, chunk = opt.flats[bi], opt.chunks[bi]
-                with _preserve_version(flat):
-                    flat.untyped_storage().resize_(flat.numel() * flat.element_size())
-                    if self.world_size > 1:
-                        dist.all_gather_into_tensor(flat, chunk, group=self.process_group)
-                    else:
-                        flat.copy_(chunk)
-        self._gathered.add(u)
+            if u not in self._gathered:
+                works = []
+                for bi in self._unit_buckets[u]:
+                    flat, chunk = opt.flats[bi], opt.chunks[bi]
+                    with _preserve_version(flat):
+                        flat.untyped_storage().resize_(flat.numel() * flat.element_size())
+                        if self.world_size > 1:
+                            works.append(
+                                dist.all_gather_into_tensor(
+                                    flat, chunk, group=self.process_group, async_op=not wait
+                                )
+                            )
+                        else:
+                            flat.copy_(chunk)
+                self._gathered.add(u)
+                if not wait and self.world_size > 1:
+                    self._gathering[u] = works
+            if wait:
+                for work in self._gathering.pop(u, []):
+                    work.wait()
 
     def _free(self, u: int, *, force: bool = False) -> None:
         if u in self._gathered or force:
+            for work in self._gathering.pop(u, []):  # never free what a gather still writes
+                work.wait()
             for bi in self._unit_buckets[u]:
                 self.optimizer.flats[bi].untyped_storage().resize_(0)
             self._gathered.discard(u)
+            self._prefetched.discard(u)
+
+    def _use(self, u: int) -> None:
+        """Unit ``u`` is about to run: a prefetch that guessed another unit is freed (so at most
+        two units are ever whole, besides the root), and ``u`` is gathered and waited for."""
+        for other in self._prefetched - {u}:
+            self._free(other)
+        self._prefetched.discard(u)
+        self._gather(u)
+
+    def _prefetch(self, u: int | None) -> None:
+        if not self.prefetch or u is None or u in self._gathered or u in self._done:
+            return
+        if len(self._gathered - {0}) >= 2:  # the bound: two units whole besides the root
+            return
+        self._gather(u, wait=False)
+        self._prefetched.add(u)
 
     def gathered_units(self) -> list[str]:
         """Names of the units whose full parameters exist now ("" is the root)."""
@@ -168,12 +206,23 @@ class ShardedDataParallel3(ShardedDataParallel):
 
     # ----- hooks -------------------------------------------------------------------------------
     def _pre_forward(self, u: int, module: nn.Module, args: Any) -> None:
-        self._gather(u)
+        if self.units[u].is_root:
+            self._order.start()
+            self._use(u)
+            self._prefetch(self._order.first())
+        else:
+            self._order.ran(u)
+            self._use(u)
+            self._prefetch(self._order.after(u))
 
     def _post_forward(self, u: int, module: nn.Module, args: Any, output: Any) -> None:
         needs_grad = [t for t in _tensors(output) if t.requires_grad] if torch.is_grad_enabled() else []
         for t in needs_grad:
             t.register_hook(_weakly(self._pre_backward, u))
+        if self.units[u].is_root:
+            self._order.finish()
+            for other in list(self._prefetched):  # guessed, and no unit came
+                self._free(other)
         if not (self.units[u].is_root and needs_grad):
             self._free(u)
 
@@ -182,7 +231,8 @@ class ShardedDataParallel3(ShardedDataParallel):
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
             self._callback_queued = True
         if u not in self._done:
-            self._gather(u)
+            self._use(u)
+            self._prefetch(self._order.before(u))
 
     def _on_grad(self, index: int, i: int, p: torch.Tensor) -> None:
         """Under ``no_sync`` the full gradient stays in ``p.grad`` (autograd sums the passes) for
