@@ -73,6 +73,8 @@ def _errors(rank: int, world_size: int) -> None:
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW)
     with pytest.raises(ValueError, match="stage must be 2 or 3, got 1 .*DistributedDataParallel"):
         ShardedDataParallel(model, opt, stage=1)
+    with pytest.raises(ValueError, match="prefetch, unit: stage 3 options"):
+        ShardedDataParallel(model, opt, unit=None, prefetch=False)
     sdp = ShardedDataParallel(model, opt, stage=3)
     assert type(sdp).__name__ == "ShardedDataParallel3" and isinstance(sdp, ShardedDataParallel)
     with pytest.raises(RuntimeError, match="ShardedDataParallel already relies on them"):

@@ -91,6 +91,10 @@ class ShardedDataParallel(nn.Module):
                 f"ShardedDataParallel stage must be 2 or 3, got {stage!r} (stage 1 is a ShardedOptimizer "
                 "with plain DistributedDataParallel)"
             )
+        if stage == 2 and (stage3_only := sorted({"unit", "prefetch"} & set(kwargs))):
+            raise ValueError(
+                f"{', '.join(stage3_only)}: stage 3 options (stage 2 does not shard parameters); pass stage=3"
+            )
         if stage == 3 and cls is ShardedDataParallel:
             from bench.strategies.sharded.stage3 import ShardedDataParallel3
 

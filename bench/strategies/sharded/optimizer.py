@@ -154,7 +154,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
         ``units`` lists, per unit, its parameters; every trainable parameter of every group must
         be in exactly one unit. With ``own_chunks`` each rank's chunk becomes a tensor of its own
-        (the shards view it), so the flat buffers' storage can be freed between uses. Only an
+        (the shards view it) and the flat buffers are left without storage (their metadata kept:
+        the parameters stay views of them), for the caller to gather when needed. Only an
         optimizer that has not stepped or loaded state can be re-packed (its state is keyed by the
         shards it replaces; state an optimizer creates at construction, like Adagrad's, is
         created again over the new shards)."""
@@ -232,12 +233,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             group = self.param_groups[gi]
             buckets = self._group_buckets([p for p in group["params"] if p.requires_grad], unit_of)
             group_shards: list[nn.Parameter] = []
-            for b, flat in zip(buckets, flatten_into_buckets(buckets), strict=True):
+            for b in buckets:
+                # one bucket at a time: a re-pack then holds the old buffers (released as their
+                # parameters move out) and one new one, not a second copy of the model
+                (flat,) = flatten_into_buckets([b])
                 chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
+                low_precision = flat.is_floating_point() and flat.dtype != torch.float32
                 if own_chunks:
                     chunk = chunk.clone()
-                low_precision = flat.is_floating_point() and flat.dtype != torch.float32
                 master = chunk.detach().float() if low_precision else None
+                if own_chunks:  # the chunk is this rank's copy now; the owner gathers the rest
+                    flat.untyped_storage().resize_(0)
                 src = master if master is not None else chunk
                 shards = [nn.Parameter(src[pc.chunk_offset : pc.chunk_offset + pc.numel]) for pc in b.pieces]
                 self.buckets.append(b)
