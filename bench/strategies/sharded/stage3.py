@@ -253,8 +253,8 @@ class ShardedDataParallel3(ShardedDataParallel):
         parameters are used at both ends of forward (BERT: embeddings first, pooler and head
         last), so its gradients come at both ends of backward; a flat buffer allocated at the
         first of them would hold the whole root through the activation peak (bert-base: 93 MiB,
-        a fifth of the model: at simulated N=8, batch 2, holding it made the peak 651 MiB; now
-        560, and 548 with one reduction in flight, where FSDP2's zero3 peaks at 561 MiB)."""
+        a fifth of the model; at simulated N=8, batch 2, without prefetch, the peak fell from
+        651 to 560 MiB)."""
         # Buffers of finished reductions go now, not at the next launch: between two launches
         # lies a whole unit's backward, with the activation peak in it.
         self._release_finished()
