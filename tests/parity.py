@@ -67,14 +67,20 @@ def train_strategy_rank(
     steps: int,
     batch_size: int,
     optimizer_factory: Callable[..., torch.optim.Optimizer] | None = None,
+    activation_checkpointing: bool = False,
 ) -> dict[str, Any]:
-    """Run on each rank (inside tests.dist.run_distributed); returns rank 0's final state."""
+    """Run on each rank (inside tests.dist.run_distributed); returns the rank's final state
+    (whole parameters: a wrapper that shards them consolidates them with ``full_state_dict``)."""
     import torch.distributed as dist
+
+    from models.checkpointing import apply_activation_checkpointing
 
     workload = _workload(workload_name)
     strategy = get_strategy(strategy_name)
     torch.manual_seed(SEED)
     model = workload.build(preset, dropout=False)
+    if activation_checkpointing:
+        apply_activation_checkpointing(model, workload.checkpoint_units(model))
     ctx = RankContext(
         rank=rank, world_size=world_size, device=torch.device("cpu"), process_group=dist.group.WORLD
     )
@@ -82,7 +88,9 @@ def train_strategy_rank(
     for step in range(steps):
         inputs = workload.batch(preset, batch_size, seed=SEED, step=step, rank=rank)
         strategy.train_step(model, opt, inputs, workload.loss)
-    state = {k: _full(v) for k, v in _unwrap(model).state_dict().items()}
+    full_state_dict = getattr(model, "full_state_dict", None)
+    state_dict = full_state_dict() if full_state_dict is not None else _unwrap(model).state_dict()
+    state = {k: _full(v) for k, v in state_dict.items()}
     strategy.teardown()
     return state
 

@@ -91,7 +91,7 @@ def test_tracked_activations_shrink(name: str, tiny_cell) -> None:
     assert ac.loss["first"] == pytest.approx(plain.loss["first"], rel=1e-6)
 
 
-STRATEGIES = ["dp", "ddp", "zero1", "zero2", "torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
+STRATEGIES = ["dp", "ddp", "zero1", "zero2", "zero3", "torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -103,10 +103,10 @@ def test_every_strategy_trains_with_checkpointing(strategy: str, tiny_cell) -> N
     assert r.activation_checkpointing and r.mem_breakdown_bytes["activations"] > 0
 
 
-@pytest.mark.parametrize("strategy", ["zero2", "fsdp2-zero2"])
+@pytest.mark.parametrize("strategy", ["zero2", "zero3", "fsdp2-zero2"])
 def test_fake_planning_with_checkpointing_equals_the_real_run(strategy: str, tiny_cell) -> None:
     """The recompute is planned too: the fake peak is the real one. (Per category only for
-    zero2: at this size FSDP2's fake and real runs split the same peak differently between
+    ours: at this size FSDP2's fake and real runs split the same peak differently between
     parameters and activations, with or without checkpointing.)"""
     base = tiny_cell(strategy=strategy, simulate=True, activation_checkpointing=True, steps=1, warmup=0)
     real = run_cell_here(base)
@@ -114,5 +114,5 @@ def test_fake_planning_with_checkpointing_equals_the_real_run(strategy: str, tin
     assert real.status == fake.status == "ok", (real.error, fake.error)
     assert fake.fake and fake.activation_checkpointing
     assert fake.peak_mem_bytes["max"] == pytest.approx(real.peak_mem_bytes["max"], rel=0.01)
-    if strategy == "zero2":
+    if strategy != "fsdp2-zero2":
         assert fake.mem_breakdown_bytes == pytest.approx(real.mem_breakdown_bytes, rel=0.01, abs=64)

@@ -1,4 +1,5 @@
-"""DDP trains to the same parameters as one process on the same global batch (N = 1, 2, 4)."""
+"""DDP (and our zero3 on the transformer) trains to the same parameters as one process on the
+same global batch (N = 1, 2, 4)."""
 
 import pytest
 import torch
@@ -26,11 +27,20 @@ def test_ddp_adamw_matches_reference(world_size: int) -> None:
         assert max_rel_diff(state, states[0])[0] == 0.0
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_ddp_transformer_matches_reference(world_size: int) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "world_size", "checkpointing"),
+    [("ddp", 2, False), ("ddp", 4, False), ("zero3", 1, False), ("zero3", 2, False), ("zero3", 4, False),
+     ("zero3", 2, True)],
+)  # fmt: skip
+def test_transformer_matches_reference(strategy: str, world_size: int, checkpointing: bool) -> None:
+    """zero3 gathers each BERT layer (the default unit policy) and, with activation
+    checkpointing, must have it gathered again when backward recomputes the layer's forward."""
     # SGD: Adam would turn the pure-noise gradients of attention key biases into lr-sized steps
     # (see tests/tiny_models.py), which no elementwise tolerance can compare.
     ref = train_reference("transformer", "tiny", world_size, STEPS, BATCH, _sgd)
-    states = run_in_world(train_strategy_rank, world_size, "ddp", "transformer", "tiny", STEPS, BATCH, _sgd)
-    diff, where = max_rel_diff(states[0], ref)
-    assert diff < 1e-6, f"{where} differs by {diff:.2e} (relative)"
+    states = run_in_world(
+        train_strategy_rank, world_size, strategy, "transformer", "tiny", STEPS, BATCH, _sgd, checkpointing
+    )
+    for rank, state in enumerate(states):
+        diff, where = max_rel_diff(state, ref)
+        assert diff < 1e-6, f"{strategy} N={world_size} rank {rank}: {where} differs by {diff:.2e} (relative)"

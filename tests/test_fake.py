@@ -13,7 +13,15 @@ from tests.cells import run_cell_here
 
 @pytest.mark.parametrize(
     ("strategy", "precision"),
-    [("ddp", "fp32"), ("zero2", "fp32"), ("fsdp2-zero2", "fp32"), ("zero2", "bf16"), ("zero1", "bf16")],
+    [
+        ("ddp", "fp32"),
+        ("zero2", "fp32"),
+        ("fsdp2-zero2", "fp32"),
+        ("zero2", "bf16"),
+        ("zero1", "bf16"),
+        ("zero3", "fp32"),
+        ("zero3", "bf16"),
+    ],
 )
 def test_fake_peak_equals_the_real_peak_per_category(strategy: str, precision: str, tiny_cell) -> None:
     """Same simulated world (N=4), once with real tensors, once with fake ones (both in this

@@ -32,7 +32,7 @@ def _assert_model_states_match(record) -> None:
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3"])
 def test_real_world_model_states_match_the_zero_formula(strategy: str, world_size: int) -> None:
     record = run_cell_here(_cell(strategy, world_size))
     _assert_model_states_match(record)
@@ -42,7 +42,7 @@ def test_real_world_model_states_match_the_zero_formula(strategy: str, world_siz
 
 
 @pytest.mark.parametrize("world_size", [8, 64])
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "torch-zero1"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "torch-zero1"])
 def test_simulated_model_states_match_the_prediction(strategy: str, world_size: int) -> None:
     record = run_cell_here(_cell(strategy, world_size, simulate=True))
     _assert_model_states_match(record)
@@ -94,3 +94,11 @@ def test_memory_held_between_steps_sees_ddps_extra_gradient_copy(monkeypatch) ->
     extra = copies.model_state_bytes["held"] - views.model_state_bytes["held"]
     assert grads <= extra <= 1.05 * grads, (extra, grads)
     assert views.model_state_bytes["held"] >= views.model_state_bytes["total"]
+
+
+def test_zero3_bf16_model_states_are_two_two_twelve_over_n() -> None:
+    """bf16 parameter chunks and gradient shards, fp32 masters and AdamW state: (2+2+12) Psi / N."""
+    record = run_cell_here(_cell("zero3", 8, simulate=True, precision="bf16"))
+    _assert_model_states_match(record)
+    psi = record.params
+    assert record.predicted_mem_bytes["params"] == -(-2 * psi // 8)

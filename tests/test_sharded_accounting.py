@@ -1,8 +1,10 @@
 """Exact accounting of what each rank holds: balanced to the element, with one embedding that is
-most of the model (where whole-parameter partitions put ~all state on one rank)."""
+most of the model (where whole-parameter partitions put ~all state on one rank); for stage 3,
+parameters too, and no unit's full buffer outlives its use."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -56,6 +58,96 @@ def test_each_rank_holds_its_partition_at_n4() -> None:
         assert r["grad_bytes"] <= 4 * (total / 4 * 1.01) + 4 * r["max_bucket"]
 
 
+def _full_bytes(opt: ShardedOptimizer) -> int:
+    """Bytes held now by the flat buffers, in which stage 3 gathers whole units."""
+    return sum(flat.untyped_storage().nbytes() for flat in opt.flats)
+
+
+def _stage3_holdings(rank: int, world_size: int, prefetch: bool) -> dict:
+    model = tricky.build(BIG_VOCAB)
+    opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW)
+    sdp = ShardedDataParallel(model, opt, stage=3, unit=tricky.child_units(model), prefetch=prefetch)
+    most_gathered = 0
+    gather = sdp._gather
+
+    def counting_gather(u: int, **kw) -> None:
+        nonlocal most_gathered
+        gather(u, **kw)
+        most_gathered = max(most_gathered, len(sdp.gathered_units()))
+
+    sdp._gather = counting_gather  # type: ignore[method-assign]
+    out: dict = {"full_bytes": []}
+    for step in range(3):  # the branch (a unit) is used on steps 0 and 2, not on step 1
+        batch = tricky.rank_slice(tricky.global_batch(step, 4, vocab=BIG_VOCAB), rank, world_size)
+        opt.zero_grad(set_to_none=True)
+        loss = tricky.loss(sdp, batch, step)
+        out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))  # the root only
+        loss.backward()
+        out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))
+        # no full gradient either: none held, none in a buffer or a reduction in flight
+        assert not (sdp._held or sdp._buffers or sdp._in_flight)
+        opt.step()
+        out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))
+    root = sum(b.padded * 4 for b, u in zip(opt.buckets, sdp._unit_of_bucket, strict=True) if u == 0)
+    out |= {
+        "root_bytes": root,
+        "most_gathered": most_gathered,
+        "full_grads": sum(p.grad.numel() for p in model.parameters() if p.grad is not None),
+        # each chunk is a tensor of its own: holding it keeps no whole buffer alive
+        "param_bytes": sum(c.untyped_storage().nbytes() for c in opt.chunks),
+        "grad_bytes": sum(g.untyped_storage().nbytes() for g in sdp.memory_tensors()["grads"]),
+        "state_bytes": sum(
+            v.untyped_storage().nbytes()
+            for st in opt.state.values()
+            for v in st.values()
+            if torch.is_tensor(v) and v.dim() > 0
+        ),
+        "owned": sum(pc.numel for b in opt.buckets for pc in b.pieces),
+        "chunks": sum(b.chunk for b in opt.buckets),
+        "units": len(sdp.units),
+        "buckets": len(opt.buckets),
+    }
+    # eval: a forward under no_grad gathers each unit and keeps nothing; it computes what a
+    # plain model with the consolidated weights computes
+    full = sdp.full_state_dict()
+    sdp.eval()
+    with torch.no_grad():
+        logits = sdp(batch["tokens"], True)
+    out["after_eval"] = (_full_bytes(opt), sdp.gathered_units())
+    plain = tricky.build(BIG_VOCAB)
+    plain.load_state_dict(full)
+    with torch.no_grad():
+        out["eval_diff"] = (plain.eval()(batch["tokens"], True) - logits).abs().max().item()
+    sdp.close()
+    return out
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_stage3_each_rank_holds_only_its_chunks_at_n4(prefetch: bool) -> None:
+    """Between uses a rank holds its chunk of every unit (parameters, gradient shard, AdamW
+    state: 16 bytes per owned element), nothing more than one unit's padding beyond total/N;
+    the forward leaves only the root gathered (backward starts with it), backward and the
+    step nothing, and besides the root at most one unit is ever whole, or two with prefetch
+    (one running, the next gathering), also when the prefetch guessed a skipped unit."""
+    n = 4
+    total = sum(p.numel() for p in tricky.build(BIG_VOCAB).parameters() if p.requires_grad)
+    ranks = run_in_world(_stage3_holdings, n, prefetch)
+    assert sum(r["owned"] for r in ranks) == total  # every element owned exactly once
+    for r in ranks:
+        assert r["units"] == 4  # root (the tied embedding/head weight), body, branch, head
+        forward, backward, step = r["full_bytes"][:3]
+        assert forward == (r["root_bytes"], [""]) and backward == step == (0, [])
+        assert r["full_bytes"][3:] == [forward, backward, step] * 2  # with or without the branch
+        assert r["most_gathered"] == (3 if prefetch else 2)
+        assert r["full_grads"] == 0
+        assert r["param_bytes"] == r["grad_bytes"] == 4 * r["chunks"]
+        assert r["state_bytes"] == 8 * r["owned"]
+        # balanced to the element: total/N plus under N padding elements per bucket
+        assert r["owned"] <= r["chunks"] < total / n + r["buckets"]
+        assert r["after_eval"] == (0, [])
+        assert r["eval_diff"] < 1e-6
+
+
 def test_whole_parameter_partition_would_be_unbalanced() -> None:
     """What element balance buys here: the embedding alone is 94% of the model, so any
     whole-parameter partition gives one rank >= 3.7x its share at N=4."""
@@ -82,8 +174,6 @@ def test_refuses_optimizers_that_are_not_elementwise() -> None:
     class LAMB(torch.optim.Optimizer):  # a trust ratio needs whole-tensor norms
         def __init__(self, params, lr=1e-3):
             super().__init__(params, {"lr": lr})
-
-    import pytest
 
     with pytest.raises(ValueError, match="LAMB.*Allowed: SGD, Adam, AdamW"):
         ShardedOptimizer([nn.Parameter(torch.ones(2))], optim=LAMB)

@@ -1,10 +1,12 @@
 """Checkpoints: consolidated on one rank in the plain optimizer's format, loadable into the plain
-optimizer, and re-shardable to another world size (4 -> 2)."""
+optimizer, and re-shardable to another world size (4 -> 2), from stage 2 and from stage 3 (whose
+model is consolidated by ``full_state_dict``)."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
@@ -15,25 +17,29 @@ from tests.parity import max_rel_diff
 CHUNKS, FIRST, TOTAL = 4, 3, 5
 
 
-def _first_phase(rank: int, world_size: int):
+def _wrap(model, opt: ShardedOptimizer, stage: int) -> ShardedDataParallel:
+    unit = tricky.child_units(model) if stage == 3 else None
+    return ShardedDataParallel(model, opt, stage=stage, **({"unit": unit} if unit else {}))
+
+
+def _first_phase(rank: int, world_size: int, stage: int):
     model = tricky.build()
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW, bucket_cap_mb=0.001)
-    tricky.train_sharded_steps(ShardedDataParallel(model, opt), opt, range(FIRST), rank, world_size, CHUNKS)
+    sdp = _wrap(model, opt, stage)
+    tricky.train_sharded_steps(sdp, opt, range(FIRST), rank, world_size, CHUNKS)
     opt.consolidate_state_dict(to=0)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, (
-        opt.state_dict() if rank == 0 else None
-    )
+    model_state = sdp.full_state_dict() if stage == 3 else model.state_dict()
+    return {k: v.detach().clone() for k, v in model_state.items()}, (opt.state_dict() if rank == 0 else None)
 
 
-def _second_phase(rank: int, world_size: int, model_state, opt_state):
+def _second_phase(rank: int, world_size: int, model_state, opt_state, stage: int):
     model = tricky.build()
-    model.load_state_dict(model_state)
+    model.load_state_dict(model_state)  # into the plain model, before any wrapper shards it
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW, bucket_cap_mb=0.002)
-    opt.load_state_dict(opt_state)
-    tricky.train_sharded_steps(
-        ShardedDataParallel(model, opt), opt, range(FIRST, TOTAL), rank, world_size, CHUNKS
-    )
-    return tricky.state(model)
+    sdp = _wrap(model, opt, stage)
+    opt.load_state_dict(opt_state)  # stage 3: after wrapping, which re-packs the (stateless) buckets
+    tricky.train_sharded_steps(sdp, opt, range(FIRST, TOTAL), rank, world_size, CHUNKS)
+    return tricky.state(sdp if stage == 3 else model)
 
 
 def _plain(steps, model=None, opt=None):
@@ -46,8 +52,9 @@ def _plain(steps, model=None, opt=None):
     return model, opt
 
 
-def test_round_trip_into_plain_optimizer_and_reshard_4_to_2() -> None:
-    (model_state, sd), *_ = run_in_world(_first_phase, 4)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_round_trip_into_plain_optimizer_and_reshard_4_to_2(stage: int) -> None:
+    (model_state, sd), *_ = run_in_world(_first_phase, 4, stage)
     ref_model, ref_opt = _plain(range(FIRST))
     # same format and values as the plain optimizer's own state dict
     ref_sd = ref_opt.state_dict()
@@ -65,6 +72,6 @@ def test_round_trip_into_plain_optimizer_and_reshard_4_to_2() -> None:
     reference = tricky.state(_plain(range(TOTAL))[0])
     assert max_rel_diff(tricky.state(resumed), reference)[0] < 1e-6
     # and a ShardedOptimizer at world size 2 resumes from it
-    for st in run_in_world(_second_phase, 2, model_state, sd):
+    for st in run_in_world(_second_phase, 2, model_state, sd, stage):
         diff, where = max_rel_diff(st, reference)
         assert diff < 1e-6, f"{where} off by {diff:.2e} after resharding 4 -> 2"

@@ -1,6 +1,6 @@
-"""Our ZeRO stages 1 and 2 train to the parameters of plain AdamW in one process on the same
-global batch: tied weights, a frozen layer, a branch unused on odd steps, two parameter groups,
-gradient clipping; world sizes 1, 2, 4."""
+"""Our ZeRO stages 1, 2 and 3 train to the parameters of plain AdamW in one process on the same
+global batch: tied weights (across stage-3 units), a frozen layer, a branch (a unit) unused on
+odd steps, two parameter groups, gradient clipping; world sizes 1, 2, 4."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from models.base import concat_inputs
 from tests import tricky
 from tests.dist import run_in_world
 from tests.parity import max_rel_diff, max_rel_l2_diff
@@ -31,6 +32,8 @@ def reference(steps: int = STEPS, clip: float | None = CLIP) -> dict[str, torch.
 
 
 def wrap(model, opt: ShardedOptimizer, stage: int):
+    if stage == 3:
+        return ShardedDataParallel(model, opt, stage=3, unit=tricky.child_units(model))
     if stage == 2:
         return ShardedDataParallel(model, opt)
     return DistributedDataParallel(model, gradient_as_bucket_view=True, find_unused_parameters=True)
@@ -45,19 +48,26 @@ def train_sharded(
     for step in range(STEPS):
         opt.zero_grad(set_to_none=True)
         batch = tricky.rank_slice(tricky.global_batch(step, CHUNKS), rank, world_size)
-        tricky.loss(wrapped, batch, step).backward()
-        if stage == 2:  # no rank ever holds a full set of gradients
+        loss = tricky.loss(wrapped, batch, step)
+        if stage == 3:  # only the root unit stays gathered into backward
+            assert wrapped.gathered_units() == [""]
+        loss.backward()
+        if stage >= 2:  # no rank ever holds a full set of gradients
             assert all(p.grad is None for p in model.parameters())
+        if stage == 3:
+            assert wrapped.gathered_units() == []
         if clip:
             opt.clip_grad_norm_(clip)
         opt.step()
-    return tricky.state(model)
+    return tricky.state(wrapped if stage == 3 else model)
 
 
-# A bucket cap of a few hundred bytes forces many buckets and parameters straddling chunks.
-@pytest.mark.parametrize("stage", [1, 2])
+# A bucket cap of a few hundred bytes forces many buckets and parameters straddling chunks
+# (stage 3 re-packs the buckets by unit, whatever the cap).
+@pytest.mark.parametrize(
+    ("stage", "bucket_cap_mb"), [(1, 25.0), (1, 0.0005), (2, 25.0), (2, 0.0005), (3, 25.0)]
+)
 @pytest.mark.parametrize("world_size", [1, 2, 4])
-@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.0005])
 def test_matches_single_process_adamw(stage: int, world_size: int, bucket_cap_mb: float) -> None:
     ref = reference()
     states = run_in_world(train_sharded, world_size, stage, CLIP, bucket_cap_mb)
@@ -72,35 +82,48 @@ def test_parity_check_can_fail() -> None:
     assert max_rel_diff(reference(clip=None), reference())[0] > 1e-4
 
 
-def _accumulate(rank: int, world_size: int, use_no_sync: bool) -> dict[str, torch.Tensor]:
+def _halves(step: int, rank: int, world_size: int) -> list[dict]:
+    """This rank's two half-batches of the step (of the global batch's 2N chunks)."""
+    return [
+        tricky.rank_slice(tricky.global_batch(step, CHUNKS), 2 * rank + h, 2 * world_size) for h in (0, 1)
+    ]
+
+
+def _accumulate(
+    rank: int, world_size: int, use_no_sync: bool, stage: int, second_flag: int
+) -> dict[str, torch.Tensor]:
     """Two half-batches per step: the first under no_sync (full local gradients, DDP-style) or
-    not (reduced into the shards at once); the second backward completes the sum either way."""
+    not (reduced into the shards at once); the second backward completes the sum either way.
+    ``second_flag`` 1: the second pass leaves the branch out, so its gradient comes from the
+    first pass alone (under no_sync: never seen by a synchronised pass's hooks)."""
     model = tricky.build()
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW)
-    sdp = ShardedDataParallel(model, opt)
+    sdp = wrap(model, opt, stage)
     for step in range(3):
         opt.zero_grad(set_to_none=True)
-        halves = [
-            tricky.rank_slice(tricky.global_batch(step, CHUNKS), 2 * rank + h, 2 * world_size)
-            for h in range(2)
-        ]
+        halves = _halves(step, rank, world_size)
         with sdp.no_sync() if use_no_sync else contextlib.nullcontext():
             (tricky.loss(sdp, halves[0], 0) / 2).backward()
-        (tricky.loss(sdp, halves[1], 0) / 2).backward()
+        (tricky.loss(sdp, halves[1], second_flag) / 2).backward()
         opt.step()
-    return tricky.state(model)
+    return tricky.state(sdp if stage == 3 else model)
 
 
-@pytest.mark.parametrize("use_no_sync", [True, False])
-def test_gradient_accumulation(use_no_sync: bool) -> None:
+@pytest.mark.parametrize(
+    ("use_no_sync", "stage", "second_flag"),
+    [(True, 2, 0), (True, 2, 1), (False, 2, 0), (True, 3, 0), (False, 3, 0), (True, 3, 1), (False, 3, 1)],
+)
+def test_gradient_accumulation(use_no_sync: bool, stage: int, second_flag: int) -> None:
     model = tricky.build()
     opt = torch.optim.AdamW(tricky.param_groups(model))
     for step in range(3):
         opt.zero_grad(set_to_none=True)
-        tricky.loss(model, tricky.global_batch(step, CHUNKS), 0).backward()
+        rank0, rank1 = (_halves(step, r, 2) for r in range(2))
+        ((tricky.loss(model, concat_inputs([rank0[0], rank1[0]]), 0)) / 2).backward()
+        ((tricky.loss(model, concat_inputs([rank0[1], rank1[1]]), second_flag)) / 2).backward()
         opt.step()
     ref = tricky.state(model)
-    (st, _) = run_in_world(_accumulate, 2, use_no_sync)
+    (st, _) = run_in_world(_accumulate, 2, use_no_sync, stage, second_flag)
     diff, where = max_rel_diff(st, ref)
     assert diff < 1e-6, f"{where} off by {diff:.2e}"
 
@@ -108,11 +131,12 @@ def test_gradient_accumulation(use_no_sync: bool) -> None:
 BF16_LR = 1e-2  # updates must be well above bf16 resolution (2^-8 of a weight) to be seen
 
 
-def _bf16(rank: int, world_size: int) -> dict[str, torch.Tensor]:
+def _bf16(rank: int, world_size: int, stage: int) -> dict[str, torch.Tensor]:
     model = tricky.build().to(torch.bfloat16)
     opt = ShardedOptimizer(tricky.param_groups(model, BF16_LR), optim=torch.optim.AdamW)
-    tricky.train_sharded_steps(ShardedDataParallel(model, opt), opt, range(STEPS), rank, world_size, CHUNKS)
-    return tricky.state(model)
+    wrapped = wrap(model, opt, stage)
+    tricky.train_sharded_steps(wrapped, opt, range(STEPS), rank, world_size, CHUNKS)
+    return tricky.state(wrapped if stage == 3 else model)
 
 
 def bf16_reference(steps: int = STEPS) -> dict[str, torch.Tensor]:
@@ -138,14 +162,16 @@ def bf16_reference(steps: int = STEPS) -> dict[str, torch.Tensor]:
     return tricky.state(model)
 
 
-def test_bf16_with_fp32_master_weights() -> None:
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_with_fp32_master_weights(stage: int) -> None:
     """Tolerance 1e-2, per tensor in the L2 norm: bf16 keeps 8 significant bits (each rounding
     up to 2^-9 = 2e-3 relative), and gradients summed in bf16 in another order flip the sign of
     Adam's first steps on a few near-zero-gradient elements; measured 4.5e-3 at N=2. One step
-    more or less is 7.7e-2 (asserted below, so the check can fail)."""
+    more or less is 7.7e-2 (asserted below, so the check can fail). Stage 3 keeps bf16
+    parameter chunks and fp32 masters of them, and steps exactly as stage 2 does."""
     ref = bf16_reference()
     assert max_rel_l2_diff(bf16_reference(STEPS - 1), ref)[0] > 5e-2
-    for st in run_in_world(_bf16, 2):
+    for st in run_in_world(_bf16, 2, stage):
         diff, where = max_rel_l2_diff(st, ref)
         assert diff < 1e-2, f"{where} off by {diff:.2e}"
 
@@ -164,11 +190,12 @@ def _train_with(rank: int, world_size: int, stage: int, name: str) -> dict[str, 
     opt = ShardedOptimizer(
         [p for p in model.parameters() if p.requires_grad], optim=cls, bucket_cap_mb=0.0005, **kw
     )
-    tricky.train_sharded_steps(wrap(model, opt, stage), opt, range(3), rank, world_size, CHUNKS)
-    return tricky.state(model)
+    wrapped = wrap(model, opt, stage)
+    tricky.train_sharded_steps(wrapped, opt, range(3), rank, world_size, CHUNKS)
+    return tricky.state(wrapped if stage == 3 else model)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_elementwise_optimizers_match_unsharded(stage: int, name: str) -> None:
     """No clipping, and SGD among them: Adam with clipping is blind to the gradient's scale,

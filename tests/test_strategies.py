@@ -21,7 +21,7 @@ from tests.dist import run_in_world
 from tests.parity import max_rel_diff, train_reference, train_strategy_rank
 from tests.tiny_models import MLPWorkload
 
-MULTI_RANK = ["ddp", "zero1", "zero2", "torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
+MULTI_RANK = ["ddp", "zero1", "zero2", "zero3", "torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
 
 
 def test_registry_names_and_aliases() -> None:
@@ -37,7 +37,7 @@ def test_declared_sharding() -> None:
     assert sharding["zero1"] == ZERO1
     assert sharding["torch-zero1"] == Sharding(optimizer_state=True, whole_parameters=True)
     assert sharding["zero2"] == sharding["fsdp2-zero2"] == ZERO2
-    assert sharding["fsdp2-zero3"] == ZERO3
+    assert sharding["zero3"] == sharding["fsdp2-zero3"] == ZERO3
     # the shards_* flags are read-only views of the declaration, on classes and instances alike
     zero2 = get_strategy("zero2")
     flags = (zero2.shards_optimizer_state, zero2.shards_gradients, zero2.shards_parameters)
@@ -54,10 +54,10 @@ def test_declared_display() -> None:
     classes = strategy_classes()
     displays = {c.name: c.display for c in classes}
     assert [c.name for c in sorted(classes, key=lambda c: c.display.order)] == [
-        "dp", "ddp", "zero1", "torch-zero1", "zero2", "fsdp2-zero2", "fsdp2-zero3",
+        "dp", "ddp", "zero1", "torch-zero1", "zero2", "fsdp2-zero2", "zero3", "fsdp2-zero3",
     ]  # fmt: skip
     assert len({d.color for d in displays.values()}) == len(displays)
-    assert {n for n, d in displays.items() if d.role == "ours"} == {"zero1", "zero2"}
+    assert {n for n, d in displays.items() if d.role == "ours"} == {"zero1", "zero2", "zero3"}
     assert reference_strategy() == "ddp"
     assert display_of("sharded") == displays["zero2"] and display_of("zero9") is None
 

@@ -37,6 +37,14 @@ def build(vocab: int = VOCAB) -> TrickyNet:
     return TrickyNet(vocab)
 
 
+def child_units(model: nn.Module):
+    """A stage-3 unit policy making every child a unit: the tied embedding and head fall in two
+    units (so their weight is gathered by the root, which encloses both), the frozen layer is a
+    unit with nothing to shard, and the branch a unit unused on odd steps."""
+    children = {id(m) for m in model.children()}
+    return lambda module: id(module) in children
+
+
 def param_groups(model: nn.Module, lr: float = 1e-4) -> list[dict]:
     """Two groups: matrices with weight decay, vectors with twice the lr and none."""
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -67,7 +75,10 @@ def loss(model: nn.Module, batch: dict, step: int) -> torch.Tensor:
 
 
 def state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    """Whole parameters and buffers, in fp32 (a stage-3 wrapper consolidates its shards)."""
+    full_state_dict = getattr(model, "full_state_dict", None)
+    sd = full_state_dict() if full_state_dict is not None else model.state_dict()
+    return {k: v.detach().float().clone() for k, v in sd.items()}
 
 
 def train_sharded_steps(

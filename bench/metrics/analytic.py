@@ -31,6 +31,16 @@ Which bytes each term counts, per rank:
   precision) for the elements the rank updates. The 4-byte ``step`` counters per tensor are left
   out (under 0.01% for the presets here).
 
+zero3 (ours and ``fsdp2-zero3``) keeps only 16 Psi / N of model states between uses, but a rank
+also needs a *working set* while it computes, which this model leaves to the measurement (it
+depends on the unit sizes, not on Psi alone): the full parameters of the units gathered at the
+moment (the root unit, kept from its forward to its backward, and the unit running) and the full
+gradient buffers of the unit in backward and of at most two whose reductions are in flight. So,
+roughly, its peak is model states + the two largest units' full parameters and gradients +
+activations. With a dominant root (BERT's embeddings are ~22% of bert-base) the measured "params"
+at the peak sit well above 4 Psi / N, while the model states measured between steps equal the
+prediction.
+
 The prediction is driven by a strategy's declared ``Sharding``, not its name, so a new strategy
 gets the right formula by declaring what it shards; ``FORMULAS`` names the paper's rows. A
 strategy's storage precision is what it really keeps: DDP-style strategies run bf16 as autocast

@@ -100,6 +100,13 @@ CARDS: tuple[StrategyCard, ...] = (
         display=Display(order=30, color="#e6550d", role="ours"),
     ),
     StrategyCard(
+        name="zero3",
+        implementation="bench.strategies.zero3:Zero3Strategy",
+        description="ours: ShardedOptimizer + ShardedDataParallel(stage=3) (ZeRO-3, per-unit gathers)",
+        sharding=ZERO3,
+        display=Display(order=40, color="#31a354", role="ours"),
+    ),
+    StrategyCard(
         name="torch-zero1",
         implementation="bench.strategies.torch_zero1:TorchZero1Strategy",
         description="peer: torch ZeroRedundancyOptimizer (whole-parameter partition) + DDP",

@@ -5,30 +5,40 @@
   as FairScale's OSS does; that pairing is the ``zero1`` strategy.
 - ``ShardedDataParallel(module, sharded_optimizer)``: stage 2, gradients reduce-scattered to
   their owners during backward and kept only as shards; the ``zero2`` strategy.
+- ``ShardedDataParallel(module, sharded_optimizer, stage=3, unit=None)``: stage 3, parameters
+  sharded too: each *unit* (``unit``: a callable ``module -> bool``; default: every child of an
+  ``nn.ModuleList``/``nn.Sequential`` holding parameters, and the root for the rest) is gathered
+  just before its forward and again before its backward, and freed after each (``stage3.py``,
+  ``units.py``); ``full_state_dict()`` consolidates the model (a collective). The ``zero3``
+  strategy.
 
 What lives where, per rank, with Psi parameters and N ranks (fp32 AdamW):
 
-=====================  =========================  ==========================
-                       zero1 (+ DDP)              zero2
-=====================  =========================  ==========================
-parameters             full (4 Psi), flat buckets  full (4 Psi), flat buckets
-gradients              full (4 Psi, DDP buckets)   own chunk (4 Psi / N)
-optimizer state        own chunk (8 Psi / N)       own chunk (8 Psi / N)
-in flight (other)      DDP's buckets are the grads <= 2 reduce buckets + filling ones
-=====================  =========================  ==========================
+=================  ===========================  ===========================  ===========================
+                   zero1 (+ DDP)                zero2                        zero3
+=================  ===========================  ===========================  ===========================
+parameters         full (4 Psi), flat buckets   full (4 Psi), flat buckets   own chunk (4 Psi / N); a
+                                                                             unit whole while it runs
+gradients          full (4 Psi, DDP buckets)    own chunk (4 Psi / N)        own chunk (4 Psi / N)
+optimizer state    own chunk (8 Psi / N)        own chunk (8 Psi / N)        own chunk (8 Psi / N)
+in flight (other)  DDP's buckets are the grads  <= 2 reduce buckets +        <= 2 reduce buckets +
+                                                filling ones                 filling ones (per unit)
+=================  ===========================  ===========================  ===========================
 
 With bf16 parameters each rank also keeps an fp32 master copy of its chunk (4 Psi / N), so model
-states are 2 Psi + 2 Psi + 12 Psi / N (stage 1) and 2 Psi + 14 Psi / N (stage 2, gradient shards
-in bf16, cast to fp32 for the optimizer step).
+states are 2 Psi + 2 Psi + 12 Psi / N (stage 1), 2 Psi + 14 Psi / N (stage 2, gradient shards
+in bf16, cast to fp32 for the optimizer step) and 16 Psi / N (stage 3, split 2 + 2 + 12).
 
 Partitioning (``layout.py``): parameters are packed into flat buckets, each padded to a multiple
 of N and split into N equal chunks; rank r owns chunk r of every bucket. This is balanced to the
-element, unlike whole-parameter partitions, and each bucket is one equal-chunk collective.
+element, unlike whole-parameter partitions, and each bucket is one equal-chunk collective. Stage 3
+re-packs the buckets one per unit (and param group), so a unit is gathered by its own buckets.
 
 Usage in a training loop::
 
     opt = ShardedOptimizer(model.parameters(), optim=torch.optim.AdamW, lr=1e-4)
-    model = ShardedDataParallel(model, opt)          # omit for stage 1 (use DDP instead)
+    model = ShardedDataParallel(model, opt)          # omit for stage 1 (use DDP instead);
+                                                     # stage=3 to shard the parameters too
     for batch in data:
         opt.zero_grad(set_to_none=True)
         loss_fn(model(batch)).backward()

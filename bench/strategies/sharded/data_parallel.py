@@ -67,12 +67,49 @@ def _weakly(method: Callable[..., None], *first: Any, required: str = "") -> Cal
 
 class ShardedDataParallel(nn.Module):
     """Gradient sharding (ZeRO-2) around ``module``; pair it with the ``ShardedOptimizer``
-    that packed ``module``'s parameters. See the module docstring for the design."""
+    that packed ``module``'s parameters. See the module docstring for the design.
+
+    ``stage=3`` also shards the parameters, gathered per unit when used (``unit``: which modules
+    are gathered together, see ``units.py``); that is ``stage3.ShardedDataParallel3``, a
+    subclass returned by this same constructor."""
+
+    #: names the profiler labels (``shardbench::<label>::reduce``)
+    label = "zero2"
+    #: reductions in flight before backward waits for the oldest (each holds a bucket buffer)
+    max_in_flight = MAX_IN_FLIGHT
+
+    def __new__(
+        cls,
+        module: nn.Module | None = None,
+        sharded_optimizer: ShardedOptimizer | None = None,
+        *,
+        stage: int = 2,
+        **kwargs: Any,
+    ) -> ShardedDataParallel:
+        if stage not in (2, 3):
+            raise ValueError(
+                f"ShardedDataParallel stage must be 2 or 3, got {stage!r} (stage 1 is a ShardedOptimizer "
+                "with plain DistributedDataParallel)"
+            )
+        if stage == 2 and (stage3_only := sorted({"unit", "prefetch"} & set(kwargs))):
+            raise ValueError(
+                f"{', '.join(stage3_only)}: stage 3 options (stage 2 does not shard parameters); pass stage=3"
+            )
+        if stage == 3 and cls is ShardedDataParallel:
+            from bench.strategies.sharded.stage3 import ShardedDataParallel3
+
+            cls = ShardedDataParallel3
+        return super().__new__(cls)
 
     def __init__(
-        self, module: nn.Module, sharded_optimizer: ShardedOptimizer, *, broadcast_buffers: bool = True
+        self,
+        module: nn.Module,
+        sharded_optimizer: ShardedOptimizer,
+        *,
+        stage: int = 2,
+        broadcast_buffers: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__()  # (``stage`` was checked by __new__, which chose the class)
         self.module = module
         self.optimizer = sharded_optimizer
         self.broadcast_buffers = broadcast_buffers
@@ -106,7 +143,7 @@ class ShardedDataParallel(nn.Module):
         self._globally_used: set[int] | None = None  # slots used on any rank since zero_grad
         self._sync = True
         self._callback_queued = False
-        sharded_optimizer.label = "zero2"
+        sharded_optimizer.label = self.label
         sharded_optimizer.layout_locked_by = "ShardedDataParallel"
         sharded_optimizer.grad_source = _weakly(
             self._grads_from_shards,
@@ -115,15 +152,19 @@ class ShardedDataParallel(nn.Module):
         )
         self._zero_grad_hook = _weakly(self._on_zero_grad)
         sharded_optimizer.zero_grad_hooks.append(self._zero_grad_hook)
-        if self.world_size > 1:  # start from identical weights, as DDP does
-            with torch.no_grad():
-                for flat in sharded_optimizer.flats:
-                    dist.broadcast(flat, src=self._src, group=self.process_group)
+        self._start_identical()
         self._hook_handles = [
             p.register_post_accumulate_grad_hook(_weakly(self._on_grad, b.index, i))
             for b in buckets
             for i, p in enumerate(b.params)
         ]
+
+    def _start_identical(self) -> None:
+        """Start from identical weights, as DDP does: rank 0's, broadcast."""
+        if self.world_size > 1:
+            with torch.no_grad():
+                for flat in self.optimizer.flats:
+                    dist.broadcast(flat, src=self._src, group=self.process_group)
 
     def close(self) -> None:
         """End of training, before ``dist.destroy_process_group``: wait for any reduction still
@@ -164,6 +205,17 @@ class ShardedDataParallel(nn.Module):
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
             self._callback_queued = True
+        self._collect(bucket, i, p)
+        self._used[self._slot[p]] = 1
+        self._used_here.add(self._slot[p])
+        self._pending[bucket.index] -= 1
+        if self._pending[bucket.index] == 0:
+            self._ready.add(bucket.index)
+            self._launch_ready()
+
+    def _collect(self, bucket: Bucket, i: int, p: torch.Tensor) -> None:
+        """Move parameter ``i``'s gradient into its bucket's buffer and drop ``p.grad``."""
+        assert p.grad is not None
         if len(bucket.params) == 1 and bucket.padded == p.numel() and p.grad.is_contiguous():
             # A bucket of one parameter that splits evenly (a big embedding, typically):
             # reduce its gradient in place rather than copy it into a second buffer.
@@ -173,12 +225,6 @@ class ShardedDataParallel(nn.Module):
             off = bucket.offsets[i]
             self._buffer(bucket)[off : off + p.numel()].copy_(p.grad.reshape(-1))
         p.grad = None  # the full gradient is not kept: this is what stage 2 saves
-        self._used[self._slot[p]] = 1
-        self._used_here.add(self._slot[p])
-        self._pending[bucket.index] -= 1
-        if self._pending[bucket.index] == 0:
-            self._ready.add(bucket.index)
-            self._launch_ready()
 
     def _buffer(self, bucket: Bucket) -> torch.Tensor:
         buf = self._buffers.get(bucket.index)
@@ -202,13 +248,12 @@ class ShardedDataParallel(nn.Module):
     def _launch(self, bucket: Bucket) -> None:
         # Release reductions that have finished, without waiting; block only when the limit
         # of buckets in flight would be exceeded (that wait is what bounds the memory).
-        while self._in_flight and (self._in_flight[0][0] is None or self._in_flight[0][0].is_completed()):
-            self._complete_oldest()
-        while len(self._in_flight) >= MAX_IN_FLIGHT:
+        self._release_finished()
+        while len(self._in_flight) >= self.max_in_flight:
             self._complete_oldest()
         buf = self._buffers.pop(bucket.index)
         work, out = None, None
-        with record_function("shardbench::zero2::reduce"):
+        with record_function(f"shardbench::{self.label}::reduce"):
             if self.world_size > 1:
                 buf.div_(self.world_size)  # average, as DDP does (pre-divided, then summed)
                 if self.reduce == "all_reduce":
@@ -218,6 +263,11 @@ class ShardedDataParallel(nn.Module):
                     self._observe(out, "grads" if self._grad_shards[bucket.index] is None else "other")
                     work = dist.reduce_scatter_tensor(out, buf, group=self.process_group, async_op=True)
         self._in_flight.append((work, bucket, buf, out))
+
+    def _release_finished(self) -> None:
+        """Complete the reductions that have finished, oldest first, without waiting."""
+        while self._in_flight and (self._in_flight[0][0] is None or self._in_flight[0][0].is_completed()):
+            self._complete_oldest()
 
     def _complete_oldest(self) -> None:
         """Wait for the oldest reduction; its result becomes (or is added to) the bucket's
@@ -238,11 +288,8 @@ class ShardedDataParallel(nn.Module):
 
     def _finish_backward(self) -> None:
         """End of backward: flush every bucket in order, then agree on which params were used."""
-        with record_function("shardbench::zero2::reduce"):
-            for b in self.optimizer.buckets[self._next :]:
-                self._buffer(b)  # params without a gradient contribute zeros
-                self._ready.add(b.index)
-            self._launch_ready()
+        with record_function(f"shardbench::{self.label}::reduce"):
+            self._flush()
             while self._in_flight:
                 self._complete_oldest()
             used = self._used.clone()
@@ -257,6 +304,23 @@ class ShardedDataParallel(nn.Module):
         self._ready.clear()
         self._next = 0
         self._callback_queued = False
+
+    def _flush(self) -> None:
+        """Launch every bucket not launched yet, in bucket order (the same on every rank)."""
+        for b in self.optimizer.buckets[self._next :]:
+            self._collect_leftovers(b)
+            self._buffer(b)  # params without a gradient contribute zeros
+            self._ready.add(b.index)
+        self._launch_ready()
+
+    def _collect_leftovers(self, bucket: Bucket) -> None:
+        """Collect gradients a ``no_sync`` pass left in ``p.grad`` for parameters that this
+        synchronised pass did not use (no hook collected them): they belong in the sum too."""
+        for i, p in enumerate(bucket.params):
+            if p.grad is not None:
+                self._collect(bucket, i, p)
+                self._used[self._slot[p]] = 1
+                self._used_here.add(self._slot[p])
 
     def _used_slots(self, used: torch.Tensor) -> set[int]:
         """The slots flagged in the all-reduced ``used`` tensor. Under FakeTensorMode (planning

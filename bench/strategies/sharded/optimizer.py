@@ -9,7 +9,8 @@ phases, each labelled for the profiler:
    ``param.grad`` as DDP left it) or of the reduced gradient shard (stage 2 attaches a source);
 2. ``step``: the wrapped optimizer updates the owned pieces in place (views of the parameters,
    or of fp32 master copies when the parameters are low precision);
-3. ``gather``: ``all_gather_into_tensor`` per bucket brings every rank the updated parameters.
+3. ``gather``: ``all_gather_into_tensor`` per bucket brings every rank the updated parameters
+   (stages 1-2; stage 3 keeps only its chunks and gathers a unit's parameters when it runs).
 
 Only optimizers whose update is elementwise give results identical to the unsharded optimizer
 when run on slices; others (LARS, LAMB, Adafactor: per-tensor norms or factored statistics) are
@@ -19,7 +20,7 @@ refused unless the caller vouches for them with ``assume_elementwise=True``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -118,6 +119,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._cap_bytes = max(1, int(bucket_cap_mb * 2**20))
         self.buckets: list[Bucket] = []
         self.flats: list[torch.Tensor] = []  # the parameters live in these (one per bucket)
+        #: this rank's chunk of each bucket: a view of its flat buffer, or (stage 3, see
+        #: ``pack_by_units``) a tensor of its own that outlives the flat buffer's storage
+        self.chunks: list[torch.Tensor] = []
+        #: all-gather the updated chunks into the flat buffers after each step (stages 1-2);
+        #: stage 3 gathers parameters only when a unit runs, so it turns this off
+        self.gather_after_step = True
         self._masters: list[torch.Tensor | None] = []  # fp32 own chunk for low-precision params
         self._shards: list[list[nn.Parameter]] = []  # per bucket: one tensor per owned piece
         self._bucket_group: list[int] = []
@@ -131,12 +138,52 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.zero_grad_hooks: list[Callable[[bool], None]] = []
         self._grads_ready = False
         self._consolidated: dict[str, Any] | None = None
+        self._stateful = False  # stepped or loaded a state dict: the layout is now fixed
         self._ready = False
         #: set by a wrapper whose hooks depend on the bucket layout (ShardedDataParallel).
         self.layout_locked_by: str | None = None
         super().__init__(params, optim_kwargs)
         self._ready = True
         self._shard_groups(list(range(len(self.param_groups))))
+
+    def pack_by_units(self, units: Sequence[Sequence[nn.Parameter]], *, own_chunks: bool = False) -> None:
+        """Re-pack the buckets so each holds the parameters of one unit (and one param group):
+        stage 3 gathers a unit's parameters with one collective per bucket, so buckets must
+        follow unit boundaries rather than the size cap. No cap applies: a unit is one bucket
+        whatever its size (more only where its parameters differ in dtype or device).
+
+        ``units`` lists, per unit, its parameters; every trainable parameter of every group must
+        be in exactly one unit. With ``own_chunks`` each rank's chunk becomes a tensor of its own
+        (the shards view it) and the flat buffers are left without storage (their metadata kept:
+        the parameters stay views of them), for the caller to gather when needed. Only an
+        optimizer that has not stepped or loaded state can be re-packed (its state is keyed by the
+        shards it replaces; state an optimizer creates at construction, like Adagrad's, is
+        created again over the new shards)."""
+        if self.layout_locked_by:
+            raise RuntimeError(f"cannot re-pack the buckets: {self.layout_locked_by} already relies on them")
+        if self._stateful:
+            raise RuntimeError(
+                "cannot re-pack the buckets of an optimizer that has state (it has stepped or "
+                "loaded a state dict): wrap the model before the first step, load state after"
+            )
+        trainable = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        unit_of: dict[int, int] = {}
+        for u, params in enumerate(units):
+            for p in params:
+                if id(p) in unit_of:
+                    raise ValueError(f"a parameter of shape {tuple(p.shape)} is in two units")
+                unit_of[id(p)] = u
+        missing = [p for p in trainable if id(p) not in unit_of]
+        if missing or len(unit_of) != len(trainable):
+            raise ValueError(
+                f"units must cover exactly the optimizer's trainable parameters: {len(missing)} of "
+                f"{len(trainable)} are in no unit, {len(unit_of) - len(trainable) + len(missing)} "
+                "unit parameters are not trainable parameters of this optimizer"
+            )
+        self.buckets, self.flats, self.chunks, self._masters, self._shards = [], [], [], [], []
+        self._bucket_group = []
+        self.local = None
+        self._shard_groups(list(range(len(self.param_groups))), unit_of=unit_of, own_chunks=own_chunks)
 
     @classmethod
     def from_optimizer(cls, template: torch.optim.Optimizer, **kwargs: Any) -> ShardedOptimizer:
@@ -155,28 +202,53 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._ready:
             self._shard_groups([len(self.param_groups) - 1])
 
-    def _shard_groups(self, group_indices: list[int]) -> None:
-        local_groups = []
-        for gi in group_indices:
-            group = self.param_groups[gi]
-            trainable = [p for p in group["params"] if p.requires_grad]
+    def _group_buckets(self, trainable: list[nn.Parameter], unit_of: dict[int, int] | None) -> list[Bucket]:
+        """Buckets of one group's trainable parameters: by the size cap, or one per unit."""
+        if unit_of is None:
             elem = trainable[0].element_size() if trainable else 4
-            buckets = build_buckets(
+            return build_buckets(
                 trainable,
                 world_size=self.world_size,
                 rank=self.rank,
                 cap_numel=max(1, self._cap_bytes // elem),
                 first_index=len(self.buckets),
             )
+        buckets: list[Bucket] = []
+        for u in sorted({unit_of[id(p)] for p in trainable}):
+            params = [p for p in trainable if unit_of[id(p)] == u]
+            buckets += build_buckets(
+                params,
+                world_size=self.world_size,
+                rank=self.rank,
+                cap_numel=sum(p.numel() for p in params),
+                first_index=len(self.buckets) + len(buckets),
+            )
+        return buckets
+
+    def _shard_groups(
+        self, group_indices: list[int], *, unit_of: dict[int, int] | None = None, own_chunks: bool = False
+    ) -> None:
+        local_groups = []
+        for gi in group_indices:
+            group = self.param_groups[gi]
+            buckets = self._group_buckets([p for p in group["params"] if p.requires_grad], unit_of)
             group_shards: list[nn.Parameter] = []
-            for b, flat in zip(buckets, flatten_into_buckets(buckets), strict=True):
+            for b in buckets:
+                # one bucket at a time: a re-pack then holds the old buffers (released as their
+                # parameters move out) and one new one, not a second copy of the model
+                (flat,) = flatten_into_buckets([b])
                 chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
                 low_precision = flat.is_floating_point() and flat.dtype != torch.float32
+                if own_chunks:
+                    chunk = chunk.clone()
                 master = chunk.detach().float() if low_precision else None
+                if own_chunks:  # the chunk is this rank's copy now; the owner gathers the rest
+                    flat.untyped_storage().resize_(0)
                 src = master if master is not None else chunk
                 shards = [nn.Parameter(src[pc.chunk_offset : pc.chunk_offset + pc.numel]) for pc in b.pieces]
                 self.buckets.append(b)
                 self.flats.append(flat)
+                self.chunks.append(chunk)
                 self._masters.append(master)
                 self._shards.append(shards)
                 self._bucket_group.append(gi)
@@ -219,6 +291,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         assert self.local is not None
+        self._stateful = True
         self.prepare_grads()
         for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
             local_group.update(hyperparameters(group))
@@ -231,8 +304,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 shard.grad = None
         works: list[dist.Work] = []
         try:
-            for b, flat, master, shards, bucket_grads in zip(
-                self.buckets, self.flats, self._masters, self._shards, grads, strict=True
+            for flat, chunk, master, shards, bucket_grads in zip(
+                self.flats, self.chunks, self._masters, self._shards, grads, strict=True
             ):
                 with record_function(f"shardbench::{self.label}::step"):
                     for shard, g in zip(shards, bucket_grads, strict=True):
@@ -241,8 +314,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         self.local.step()
                     for shard in shards:
                         shard.grad = None
+                    if master is not None and not self.gather_after_step:
+                        chunk.copy_(master)  # stage 3: the chunk is all this rank keeps
+                if not self.gather_after_step:
+                    continue
                 with record_function(f"shardbench::{self.label}::gather"):
-                    chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
                     if master is not None:
                         chunk.copy_(master)
                     if self.world_size > 1:
@@ -304,9 +380,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def refresh_master_weights(self) -> None:
         """Re-read fp32 master copies from the (low-precision) parameters, e.g. after loading a
         model checkpoint into them."""
-        for b, flat, master in zip(self.buckets, self.flats, self._masters, strict=True):
+        for chunk, master in zip(self.chunks, self._masters, strict=True):
             if master is not None:
-                master.copy_(flat[b.chunk_start : b.chunk_start + b.chunk])
+                master.copy_(chunk)
 
     # ----- accounting --------------------------------------------------------------------------
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
@@ -354,6 +430,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         """Load a full (plain-format) state dict; each rank keeps the slices it owns."""
         assert self.local is not None
+        self._stateful = True
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
             len(g["params"]) != len(s["params"]) for g, s in zip(groups, self.param_groups, strict=True)

@@ -1,0 +1,112 @@
+"""Stage 3's units (bench/strategies/sharded/units.py): which parameters each unit gathers, and
+the errors a user gets for what stage 3 cannot do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from bench.strategies.sharded.units import find_units
+from models.registry import get_workload
+from tests import tricky
+from tests.dist import run_simulated_here
+
+
+class Tied(nn.Module):
+    """Blocks in a ModuleList; the first block's embedding is tied to the last block's head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            [
+                nn.Embedding(10, 4),
+                nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)),
+                nn.Linear(4, 10),
+            ]
+        )
+        self.blocks[2].weight = self.blocks[0].weight
+        self.norm = nn.LayerNorm(4)
+        self.frozen = nn.ModuleList([nn.Linear(4, 4)])
+        self.frozen.requires_grad_(False)
+
+
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def test_default_policy_gathers_each_block_and_ties_into_the_root() -> None:
+    model = Tied()
+    units = find_units(model, None, _trainable(model))
+    names = {u.name: u for u in units}
+    # the embedding's unit lost its only (tied) weight to the root; the frozen block is no unit;
+    # the Sequential inside blocks.1 is not split further (outermost blocks only)
+    assert list(names) == ["", "blocks.1", "blocks.2"]
+    root = names[""]
+    assert root.is_root and root.params[0] is model.blocks[0].weight
+    assert {id(p) for p in root.params} == {id(model.blocks[0].weight), *map(id, model.norm.parameters())}
+    assert names["blocks.1"].parent == root.index and len(names["blocks.1"].params) == 4
+    assert names["blocks.2"].params == [model.blocks[2].bias]
+    assert sum(len(u.params) for u in units) == len(_trainable(model))
+
+
+def test_default_policy_on_the_transformer_is_one_unit_per_layer() -> None:
+    model = get_workload("transformer").build("tiny")
+    units = find_units(model, None, _trainable(model))
+    layers = [f"bert.encoder.layer.{i}" for i in range(len(model.bert.encoder.layer))]
+    assert [u.name for u in units] == ["", *layers]
+    assert [u.module for u in units[1:]] == list(model.bert.encoder.layer)
+
+
+def test_a_custom_policy_may_nest_units() -> None:
+    model = Tied()
+    inner = model.blocks[1][0]
+    units = find_units(model, lambda m: m is model.blocks[1] or m is inner, _trainable(model))
+    by_name = {u.name: u for u in units}
+    assert by_name["blocks.1.0"].parent == by_name["blocks.1"].index
+    assert by_name["blocks.1.0"].params == [inner.weight, inner.bias]
+
+
+def _errors(rank: int, world_size: int) -> None:
+    model = tricky.build()
+    opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW)
+    with pytest.raises(ValueError, match="stage must be 2 or 3, got 1 .*DistributedDataParallel"):
+        ShardedDataParallel(model, opt, stage=1)
+    with pytest.raises(ValueError, match="prefetch, unit: stage 3 options"):
+        ShardedDataParallel(model, opt, unit=None, prefetch=False)
+    sdp = ShardedDataParallel(model, opt, stage=3)
+    assert type(sdp).__name__ == "ShardedDataParallel3" and isinstance(sdp, ShardedDataParallel)
+    with pytest.raises(RuntimeError, match="ShardedDataParallel already relies on them"):
+        opt.pack_by_units([_trainable(model)])
+    sdp.close()
+
+    model = tricky.build()  # (the wrapped one's parameters stay sharded: their storage is freed)
+    stepped = ShardedOptimizer(_trainable(model), optim=torch.optim.AdamW)
+    stepped.step()
+    with pytest.raises(RuntimeError, match="has stepped or loaded a state dict"):
+        ShardedDataParallel(model, stepped, stage=3)
+    fresh = ShardedOptimizer(_trainable(model), optim=torch.optim.AdamW)
+    with pytest.raises(ValueError, match="1 of 6 are in no unit"):
+        fresh.pack_by_units([_trainable(model)[1:]])
+
+
+def test_stage3_errors_name_what_is_wrong() -> None:
+    run_simulated_here(_errors, 2)
+
+
+def test_prefetch_predicts_from_the_last_forward() -> None:
+    """Forward prefetches the unit that followed, backward the one that preceded; a unit run
+    twice keeps its first successor and last predecessor; nothing is predicted before a
+    forward has finished."""
+    from bench.strategies.sharded.prefetch import UnitOrder
+
+    order = UnitOrder()
+    order.start()
+    for u in (1, 2, 3, 2, 4):
+        order.ran(u)
+    assert order.first() is None and order.after(1) is None  # still running
+    order.finish()
+    assert order.first() == 1
+    assert [order.after(u) for u in (1, 2, 3, 4)] == [2, 3, 2, None]
+    assert [order.before(u) for u in (1, 2, 3, 4)] == [None, 3, 2, 2]
