@@ -7,6 +7,7 @@ line to the report; the launcher has its own tests (test_run_end_to_end, test_ma
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -72,6 +73,15 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
     assert sum(r.suite == "max-size" for r in records) == 2 * len(labels)
     assert {r.activation_checkpointing for r in records} == {False, True}
     assert (out / "index.html").is_file()
+    # --from-records rebuilds the same verdicts without measuring; variants without records
+    # (a claim stopped part-way) are listed as not measured
+    plain = [r for r in records if not r.activation_checkpointing]
+    (out / "records.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in plain))
+    monkeypatch.setattr(claim, "run_cell", None)  # nothing may run
+    assert main(["claim", "--spec", "tiny", "--out", str(out), "--from-records"]) == 0
+    rebuilt = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("- **")]
+    assert [v for v in rebuilt if "+AC" not in v] == [v for v in verdicts if "+AC" not in v]
+    assert all(": NOT MEASURED - " in v for v in rebuilt if "+AC" in v) and len(rebuilt) == len(verdicts)
 
 
 def _record(strategy: str, peak: int, breakdown: dict[str, int], step_s: float) -> Record:

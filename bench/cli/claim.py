@@ -34,6 +34,12 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--out", type=Path, help="report directory (default results/claim/<spec>)")
     c.add_argument(
+        "--from-records",
+        action="store_true",
+        help="measure nothing: rebuild report.md and the charts from the directory's records.jsonl "
+        "(after a report change, or a claim stopped part-way: what has no records is 'not measured')",
+    )
+    c.add_argument(
         "--baseline",
         help="saved baseline (shardbench baseline save results/claim/cpu --as NAME): exit 1 when a "
         "workload whose claim held there no longer holds",
@@ -75,7 +81,10 @@ def cmd_claim(args: argparse.Namespace) -> int:
         check_output_dir(out)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    report, results = claim(spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None)
+    if args.from_records:
+        report, results = _rebuild(spec, out)
+    else:
+        report, results = claim(spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None)
     code = 0
     if baseline is not None:
         from bench.studies.claim_gate import compare_claims, gate_section
@@ -87,6 +96,20 @@ def cmd_claim(args: argparse.Namespace) -> int:
     print(report.read_text())
     print(f"report: {report}")
     return code
+
+
+def _rebuild(spec: ClaimSpec, out: Path) -> tuple[Path, list]:
+    """The claim's report from the records already in ``out``, each variant without records
+    listed as not measured."""
+    from bench.harness.records import read_records
+    from bench.studies.claim import WorkloadResult, write_claim_report
+    from bench.studies.claim_gate import results_from_records
+
+    if not (out / "records.jsonl").is_file():
+        raise UsageError(f"--from-records: no {out / 'records.jsonl'} to rebuild the report from")
+    found = {r.workload.label: r for r in results_from_records(spec, read_records([out / "records.jsonl"]))}
+    results = [found.get(w.label) or WorkloadResult(w) for w in spec.variants()]
+    return write_claim_report(spec, results, out, wall_s=None), results
 
 
 def _baseline(name: str, spec: ClaimSpec) -> list[Record]:

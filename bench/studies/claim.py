@@ -191,7 +191,9 @@ def _with(cell: CellConfig, **changes: Any) -> CellConfig:
     return CellConfig(**{**cell.to_json(), **changes})
 
 
-def write_claim_report(spec: ClaimSpec, results: list[WorkloadResult], out_dir: Path, wall_s: float) -> Path:
+def write_claim_report(
+    spec: ClaimSpec, results: list[WorkloadResult], out_dir: Path, wall_s: float | None
+) -> Path:
     """``report.md``: the verdict per workload, the table of ratios, how it was measured, and the
     charts (written by the report builder from the same records)."""
     from bench.report.build import build_report
@@ -224,7 +226,12 @@ def write_claim_report(spec: ClaimSpec, results: list[WorkloadResult], out_dir: 
     lines += [
         "## How it was produced",
         "",
-        f"`shardbench claim --spec {spec.name}` ({wall_s / 60:.1f} min wall). Records: `records.jsonl`; "
+        (
+            f"`shardbench claim --spec {spec.name}` ({wall_s / 60:.1f} min wall). "
+            if wall_s is not None
+            else f"`shardbench claim --spec {spec.name}`, report rebuilt from its records (`--from-records`). "
+        )
+        + "Records: `records.jsonl`; "
         "every cell: `table.md`; charts: `index.html`. Max-size probes: "
         + (
             "under --fake where the workload allows it (planning = real within 1%), real otherwise."
