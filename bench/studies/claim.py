@@ -229,7 +229,7 @@ def write_claim_report(
         (
             f"`shardbench claim --spec {spec.name}` ({wall_s / 60:.1f} min wall). "
             if wall_s is not None
-            else f"`shardbench claim --spec {spec.name}`, report rebuilt from its records (`--from-records`). "
+            else f"`shardbench claim --spec {spec.name}`, report rebuilt from records (`--from-records`). "
         )
         + "Records: `records.jsonl`; "
         "every cell: `table.md`; charts: `index.html`. Max-size probes: "
