@@ -12,6 +12,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 import bench.studies.claim as claim
 import bench.studies.maxsize as maxsize
 from bench.cli import main
@@ -151,3 +153,24 @@ def test_claim_results_keep_checkpointed_cells_apart() -> None:
     by_label = {r.workload.label: r for r in results}
     assert set(by_label) == {"swav", "swav +AC"}
     assert by_label["swav"].memory_ratio() == 0.6 and by_label["swav +AC"].memory_ratio() == 0.3
+
+
+@pytest.mark.parametrize(
+    ("fits", "fails", "decided"),
+    [
+        ((100, 205), (101, 206), True),  # 2.05x; at least 205/101 = 2.03x
+        ((100, 199), (103, 210), None),  # 1.99x, between 1.93x and 2.10x: straddles 2x
+        ((100, 190), (101, 195), False),  # 1.90x, at most 1.95x
+    ],
+)
+def test_the_size_test_is_decided_on_the_brackets(fits, fails, decided) -> None:
+    """zero2's largest model >= 2x DDP's holds only when the brackets prove it, fails only when
+    they rule it out; a ratio whose bracket straddles 2x is undecided, and said so."""
+    res = WorkloadResult(ClaimWorkload("w", "p", 1))
+    for strategy, fit, fail in zip(("ddp", "zero2"), fits, fails, strict=True):
+        info = {"largest_fit": {"params": fit}, "smallest_fail": {"params": fail}}
+        res.max_size[strategy] = replace(_record(strategy, 1, {}, 1.0), max_size=info)
+    assert res.size_decides() is decided
+    holds, text = res.verdict(8)
+    assert holds is (decided is True)
+    assert ("undecided at this resolution" in text) is (decided is None)

@@ -41,6 +41,7 @@ class Line:
     hollow: tuple[bool, ...]  # simulated or fake (planned) points
     dashed: bool = False  # predicted rather than measured
     upper: tuple[float | None, ...] | None = None  # bisection bound (smallest failing size)
+    marker: str = "o"  # "^": activation checkpointing, so a variant of one strategy reads apart
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,13 @@ def flag_notes(records: Sequence[Record]) -> list[str]:
 
 
 def cells(records: Sequence[Record]) -> list[Record]:
-    """Measured cells (probes included), in a stable reading order."""
-    return sorted((r for r in records if not is_summary(r)), key=_reading_order)
+    """Measured cells, in a stable reading order. A max-size search's probes are left out: a
+    search over a size family probes a dozen shapes per strategy, which would crowd every
+    memory chart with one-off presets; the max-size chart shows the answer with its bracket,
+    and the tables keep every probe."""
+    return sorted(
+        (r for r in records if not is_summary(r) and r.suite != "max-size-probe"), key=_reading_order
+    )
 
 
 def _reading_order(r: Record) -> tuple:

@@ -193,7 +193,8 @@ def _max_size_line(series: str, rs: Sequence[Record], field_: str, scale: float)
         status.append(r.status if r.status != "ok" else ("ok" if y is not None else "nothing fits"))
     x = tuple(r.world_size for r in rs)
     hollow = tuple(r.simulated or r.fake for r in rs)
-    return Line(series, rs[0].strategy, x, tuple(ys), tuple(status), hollow, upper=tuple(ups))
+    marker = "^" if rs[0].activation_checkpointing else "o"
+    return Line(series, rs[0].strategy, x, tuple(ys), tuple(status), hollow, upper=tuple(ups), marker=marker)
 
 
 def _max_size_axis(vary: str | None, recs: Sequence[Record]) -> tuple[str, float, str]:

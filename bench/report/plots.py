@@ -233,7 +233,7 @@ def _draw_lines(ax: Axes, panel: Panel) -> None:
             ax.plot(*zip(*pts, strict=True), style, color=c, linewidth=1.8 if not line.dashed else 1.2)
         for x, y, hollow in zip(line.x, line.y, line.hollow, strict=True):
             if y is not None:
-                marker, size = ("s", 5) if line.dashed else ("o", 6)  # a lone point still says which it is
+                marker, size = ("s", 5) if line.dashed else (line.marker, 6)  # a lone point says which it is
                 ax.plot(x, y, marker, color=c, markerfacecolor="white" if hollow else c, markersize=size)
         for x, y, up in zip(line.x, line.y, line.upper or [None] * len(line.x), strict=True):
             if up is not None and y is not None:  # the bisection interval: the true limit lies in it
@@ -251,10 +251,10 @@ def _draw_lines(ax: Axes, panel: Panel) -> None:
     ax.set_xlabel(panel.xlabel)
     ax.set_ylabel(panel.ylabel)
     ax.grid(alpha=0.3)
-    labels = list(dict.fromkeys((line.series, line.strategy) for line in panel.lines))
+    labels = list(dict.fromkeys((line.series, line.strategy, line.marker) for line in panel.lines))
     handles: list[Artist] = [
-        Line2D([], [], color=strategy_color(s), marker="o", label=legend_label(label, s))
-        for label, s in labels
+        Line2D([], [], color=strategy_color(s), marker=m, label=legend_label(label, s))
+        for label, s, m in labels
     ]
     if any(line.dashed for line in panel.lines):  # say which style is which only when both appear
         handles.append(Line2D([], [], color="black", linestyle="-", marker="o", label="measured"))

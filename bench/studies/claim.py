@@ -63,6 +63,19 @@ class WorkloadResult:
         upper = o_fail["params"] / b_fit["params"] if o_fail else None
         return ratio, lower, upper
 
+    def size_decides(self) -> bool | None:
+        """Whether zero2's largest model is >= 2x DDP's, judged on the brackets: True only when
+        even the least favourable end (zero2's fit over DDP's smallest non-fit) reaches it,
+        False when even the most favourable end does not, None in between (or unmeasured)."""
+        size, lower, upper = self.size_ratio()
+        if size is None:
+            return None
+        if (lower if lower is not None else size) >= SIZE_THRESHOLD:
+            return True
+        if (upper if upper is not None else size) < SIZE_THRESHOLD:
+            return False
+        return None
+
     def time_ratio(self) -> float | None:
         t = {s: (r.step_time_s or {}).get("median") for s, r in self.timing.items() if r.status == "ok"}
         return t[OURS] / t[BASELINE] if t.get(OURS) and t.get(BASELINE) else None
@@ -71,13 +84,16 @@ class WorkloadResult:
         mem, (size, lower, upper) = self.memory_ratio(), self.size_ratio()
         if mem is None and size is None:
             return None, "not measured: " + self._failures()
-        holds = (mem is not None and mem <= MEMORY_THRESHOLD) or (size is not None and size >= SIZE_THRESHOLD)
+        by_size = self.size_decides()
+        holds = (mem is not None and mem <= MEMORY_THRESHOLD) or by_size is True
         parts = []
         if mem is not None:
             parts.append(f"zero2 peak = {mem:.2f}x ddp")
         if size is not None:
-            bounds = f" (between {_fmt(lower)}x and {_fmt(upper)}x: the searches' brackets)"
-            parts.append(f"largest trainable = {size:.2f}x ddp{bounds if lower or upper else ''}")
+            bounds = f" (between {_fmt(lower)}x and {_fmt(upper)}x: the searches' brackets"
+            if by_size is None:
+                bounds += f", which straddle {SIZE_THRESHOLD:g}x: undecided at this resolution"
+            parts.append(f"largest trainable = {size:.2f}x ddp{bounds + ')' if lower or upper else ''}")
         elif failed := [r for r in self.max_size.values() if r.status not in ("ok", "oom")]:
             parts.append(
                 "largest trainable: search failed ("
@@ -262,7 +278,8 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
     rows = []
     for r in results:
         base = r.memory.get(BASELINE)
-        peaks = [r.peak(s) for s in (BASELINE, OURS, *spec.peers)]
+        strategies = (BASELINE, OURS, *spec.peers)
+        peaks = [r.peak(s) for s in strategies]
         fits = [
             (m.max_size or {}).get("largest_fit") if (m := r.max_size.get(s)) else None
             for s in (BASELINE, OURS)
@@ -274,7 +291,10 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
                 "yes" if r.workload.activation_checkpointing else "no",
                 r.workload.preset,
                 f"{base.params / 1e6:.1f}" if base else "",
-                *[f"{p / gib:.3f}" if p else "failed" for p in peaks],
+                *[
+                    f"{p / gib:.3f}" if p else ("failed" if s in r.memory else "-")
+                    for s, p in zip(strategies, peaks, strict=True)
+                ],
                 _fmt(r.memory_ratio()),
                 *[f"{f['params'] / 1e6:.1f}" if f else "none" for f in fits],
                 _fmt(size),
