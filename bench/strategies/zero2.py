@@ -16,6 +16,9 @@ from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy
 
 
 class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
+    #: ZeRO stage of the ShardedDataParallel built (``zero3`` subclasses this with 3)
+    stage = 2
+
     def __init__(self) -> None:
         super().__init__()
         self.model: ShardedDataParallel | None = None
@@ -33,7 +36,7 @@ class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         optimizer = self.build_optimizer(model, optimizer_factory, ctx)
-        self.model = ShardedDataParallel(model, optimizer)
+        self.model = ShardedDataParallel(model, optimizer, stage=self.stage)
         return self.model, optimizer
 
     def teardown(self) -> None:
