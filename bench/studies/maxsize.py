@@ -22,6 +22,7 @@ with a ``max_size`` dict) go to ``records.jsonl`` like any other record.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import time
@@ -152,10 +153,10 @@ def search(
         by_value = {p.value: p for p in probes}
         largest = by_value.get(values[lo]) if lo >= 0 else None
         smallest_fail = by_value.get(values[hi]) if hi < len(values) else None
-        summary = _summary(base, largest, smallest_fail, probes, budget=budget, vary=vary, run_id=run_id)
-        if sizes is not None:
-            summary.max_size.update(sizes.describe(resolution), resolution=bracket(summary.max_size))
-        summary = replace(summary, note=answer_line_from(summary.max_size, base))
+        extra = sizes.describe(resolution) if sizes is not None else {}
+        summary = _summary(
+            base, largest, smallest_fail, probes, budget=budget, vary=vary, run_id=run_id, extra=extra
+        )
     summary.max_size["search_wall_s"] = time.perf_counter() - started
     append_record(out_dir / "records.jsonl", summary)
     progress(summary.note)
@@ -194,15 +195,17 @@ class SizeAxis:
         """``known`` plus, for a named preset (``base``) that is a shape on this axis
         (``h768-l12``), the same record under the axis's name: a claim's memory cell bounds the
         search whatever it was called."""
+        from models.registry import get_workload
+
         out = dict(known)
         for name, record in known.items():
-            if name in self.names or record.params is None:
+            if record.params is None:
                 continue
-            from models.registry import get_workload
-
-            presets = get_workload(record.workload).presets
-            for i, count in enumerate(self.params):
-                if count == record.params and presets[self.names[i]] == presets[name]:
+            # sizes are sorted by count, one per count: the only candidate is found by bisection
+            i = bisect.bisect_left(self.params, record.params)
+            if i < len(self.params) and self.params[i] == record.params and self.names[i] != name:
+                presets = get_workload(record.workload).presets
+                if presets[self.names[i]] == presets[name]:
                     out[self.names[i]] = record
         return out
 
@@ -375,6 +378,7 @@ def _summary(
     budget: int,
     vary: str,
     run_id: str,
+    extra: dict[str, Any] | None = None,
 ) -> Record:
     """The search's answer as a record: the largest fit's record (its measurements describe what
     fits), re-labelled, with the ``max_size`` dict; "oom" when nothing fits (the smallest size
@@ -387,7 +391,10 @@ def _summary(
         "largest_fit": largest.summary() if largest else None,
         "smallest_fail": smallest_fail.summary() if smallest_fail else None,
         "probes": len(probes),
+        **(extra or {}),
     }
+    if extra:
+        info["resolution"] = bracket(info)
     status = "ok" if largest else "oom"
     error = None
     if not largest:
