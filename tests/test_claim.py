@@ -72,7 +72,13 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
         assert (out / chart).is_file()
     records = read_records([out])
     assert {r.workload for r in records} == set(WORKLOADS)
-    assert sum(r.suite == "max-size" for r in records) == 2 * len(labels)
+    # zero3 is measured like zero2 (peak and largest model) and shown in the table
+    searched = ("ddp", "zero2", *SPECS["tiny"].further)
+    assert "zero3" in searched
+    assert sum(r.suite == "max-size" for r in records) == len(searched) * len(labels)
+    assert {r.strategy for r in records if r.suite == "max-size"} == set(searched)
+    table = report.split("## Measurements")[1]
+    assert "zero3 peak GiB" in table and "zero3/ddp max-size" in table
     assert {r.activation_checkpointing for r in records} == {False, True}
     assert (out / "index.html").is_file()
     # --from-records rebuilds the same verdicts without measuring; variants without records
@@ -84,6 +90,20 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
     rebuilt = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("- **")]
     assert [v for v in rebuilt if "+AC" not in v] == [v for v in verdicts if "+AC" not in v]
     assert all(": NOT MEASURED - " in v for v in rebuilt if "+AC" in v) and len(rebuilt) == len(verdicts)
+    # --resume measures only what the records lack (here: transformer's zero3 searches, whose one
+    # probe is the known memory cell), and reports every variant
+    lacking = [
+        r for r in records if not (r.workload == "transformer" and r.strategy == "zero3" and r.max_size)
+    ]
+    assert len(lacking) == len(records) - 2
+    (out / "records.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in lacking))
+    monkeypatch.setattr(claim, "run_cell", None)
+    monkeypatch.setattr(maxsize, "run_cell", None)
+    assert main(["claim", "--spec", "tiny", "--out", str(out), "--resume"]) == 0
+    added = read_records([out])[len(lacking) :]
+    assert [(r.workload, r.strategy, r.suite) for r in added] == [("transformer", "zero3", "max-size")] * 2
+    resumed = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("- **")]
+    assert resumed == verdicts
 
 
 def _record(strategy: str, peak: int, breakdown: dict[str, int], step_s: float) -> Record:

@@ -40,6 +40,12 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
         "(after a report change, or a claim stopped part-way: what has no records is 'not measured')",
     )
     c.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the directory's ok cells and measure only the rest (a claim stopped part-way, "
+        "or a spec that gained a strategy); the report covers every workload",
+    )
+    c.add_argument(
         "--baseline",
         help="saved baseline (shardbench baseline save results/claim/cpu --as NAME): exit 1 when a "
         "workload whose claim held there no longer holds",
@@ -81,10 +87,14 @@ def cmd_claim(args: argparse.Namespace) -> int:
         check_output_dir(out)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.from_records and args.resume:
+        raise UsageError("--from-records measures nothing and --resume measures the rest: pick one")
     if args.from_records:
         report, results = _rebuild(spec, out)
     else:
-        report, results = claim(spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None)
+        report, results = claim(
+            spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None, resume=args.resume
+        )
     code = 0
     if baseline is not None:
         from bench.studies.claim_gate import compare_claims, gate_section

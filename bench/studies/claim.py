@@ -2,8 +2,9 @@
 
 For each workload of a ``ClaimSpec`` (bench/studies/claim_specs.py) it measures, at equal per-rank batch:
 
-* per-rank peak memory of ddp, zero2 and the peers at a simulated world size N (real memory);
-* the largest trainable model of ddp and zero2 within the same per-rank budget (max-size search;
+* per-rank peak memory of ddp, zero2, our further stages (zero3) and the peers at a simulated
+  world size N (real memory);
+* the largest trainable model of ddp, zero2 and zero3 within the same per-rank budget (max-size search;
   probes under ``--fake`` where the workload allows it, since planning equals a real run within
   1% per category (tests/test_fake.py), real allocations otherwise);
 * the step time of ddp and zero2 on real ranks where the machine has them, else the simulated
@@ -16,6 +17,7 @@ the peak is made of (typically activations, which no ZeRO stage shards).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from bench.harness.launch import run_cell
 from bench.harness.records import Record, append_record, first_line
 from bench.report.tables import markdown_table
 from bench.studies.claim_specs import ClaimSpec, ClaimWorkload
+from bench.studies.compare_rules import Thresholds
 from bench.studies.maxsize import parse_budget, search
 from models.registry import get_workload
 
@@ -46,12 +49,15 @@ class WorkloadResult:
         return (r.peak_mem_bytes or {}).get("max") if r is not None and r.status == "ok" else None
 
     def memory_ratio(self) -> float | None:
-        ours, base = self.peak(OURS), self.peak(BASELINE)
+        return self.peak_ratio(OURS)
+
+    def peak_ratio(self, strategy: str) -> float | None:
+        ours, base = self.peak(strategy), self.peak(BASELINE)
         return ours / base if ours and base else None
 
-    def size_ratio(self) -> tuple[float | None, float | None, float | None]:
-        """(measured, lower bound, upper bound) of zero2's / ddp's largest trainable params."""
-        ours, base = (self.max_size.get(s) for s in (OURS, BASELINE))
+    def size_ratio(self, strategy: str = OURS) -> tuple[float | None, float | None, float | None]:
+        """(measured, lower bound, upper bound) of ``strategy``'s / ddp's largest trainable params."""
+        ours, base = (self.max_size.get(s) for s in (strategy, BASELINE))
         if not ours or not base or not ours.max_size or not base.max_size:
             return None, None, None
         o_fit, b_fit = ours.max_size["largest_fit"], base.max_size["largest_fit"]
@@ -80,6 +86,23 @@ class WorkloadResult:
         t = {s: (r.step_time_s or {}).get("median") for s, r in self.timing.items() if r.status == "ok"}
         return t[OURS] / t[BASELINE] if t.get(OURS) and t.get(BASELINE) else None
 
+    def time_noise(self) -> str | None:
+        """Whether zero2's step time differs from DDP's by more than the noise, by the rule
+        ``compare`` uses: at least ``min_steps`` timed steps each, and a difference beyond
+        ``k_mad`` x the combined MAD; None when unmeasured."""
+        ok = {s: r for s, r in self.timing.items() if r.status == "ok" and r.step_time_s}
+        if OURS not in ok or BASELINE not in ok or self.time_ratio() is None:
+            return None
+        t = Thresholds()
+        steps = min(ok[s].steps for s in (OURS, BASELINE))
+        if steps < t.min_steps:
+            return f"{steps} timed steps: too few to tell from noise"
+        med = {s: ok[s].step_time_s["median"] for s in (OURS, BASELINE)}
+        noise = t.k_mad * math.hypot(*((ok[s].step_time_s.get("mad") or 0.0) for s in (OURS, BASELINE)))
+        if abs(med[OURS] - med[BASELINE]) <= noise:
+            return "within noise"
+        return f"beyond noise: {t.k_mad:g} x combined MAD = {noise / med[BASELINE]:.0%} of ddp's"
+
     def verdict(self, world_size: int) -> tuple[bool | None, str]:
         mem, (size, lower, upper) = self.memory_ratio(), self.size_ratio()
         if mem is None and size is None:
@@ -103,7 +126,9 @@ class WorkloadResult:
         else:
             parts.append("largest trainable: no boundary found in the sizes searched")
         t = self.time_ratio()
-        parts.append(f"step time {t:.2f}x ddp" if t is not None else "step time not measured")
+        parts.append(
+            f"step time {t:.2f}x ddp ({self.time_noise()})" if t is not None else "step time not measured"
+        )
         text = "; ".join(parts)
         if not holds:
             text += ". " + self.why_not(world_size)
@@ -149,21 +174,27 @@ def run_claim(
     run_id: str,
     workloads: tuple[str, ...] | None = None,
     progress: Callable[[str], None] = print,
+    measured: dict[str, WorkloadResult] | None = None,
 ) -> list[WorkloadResult]:
-    """Measure every workload of ``spec``; records go to ``out_dir/records.jsonl`` as they come."""
+    """Measure every workload of ``spec``; records go to ``out_dir/records.jsonl`` as they come.
+    ``measured`` (``claim --resume``): results by variant label whose ok cells are kept, not
+    measured again."""
     budget = parse_budget(spec.budget)
     results = []
     for w in spec.variants():
         if workloads and w.name not in workloads:
             continue
         res = WorkloadResult(w)
+        have = (measured or {}).get(w.label) or WorkloadResult(w)
         base = CellConfig(
             workload=w.name,
             preset=w.preset,
             strategy=BASELINE,
             world_size=spec.world_size,
             batch_size=w.batch_size,
-            steps=1,  # memory cells: one timed step (after warm-up) is enough; timing cells get more
+            # memory cells: one timed step (after warm-up) is enough, unless they are also the
+            # step-time cells (no real ranks: timing_world_size 0)
+            steps=1 if spec.timing_world_size else spec.steps,
             warmup=spec.warmup,
             device=spec.device,
             suite=f"claim-{spec.name}",
@@ -171,23 +202,28 @@ def run_claim(
             activation_checkpointing=w.activation_checkpointing,
         )
 
-        def record(cell: CellConfig) -> Record:
+        def record(cell: CellConfig, kept: dict[str, Record]) -> Record:
+            if (r := kept.get(cell.strategy)) is not None and r.status == "ok":
+                return r
             r = run_cell(cell, run_id=run_id)
             append_record(out_dir / "records.jsonl", r)
             label = f"{cell.workload}/{cell.preset} {cell.strategy} N={r.world_size}"
             progress(f"{label}: {r.status} ({r.wall_s:.0f}s)")
             return r
 
-        for s in (BASELINE, OURS, *spec.peers):
-            res.memory[s] = record(_with(base, strategy=s))
+        for s in (BASELINE, OURS, *spec.further, *spec.peers):
+            res.memory[s] = record(_with(base, strategy=s), have.memory)
         if spec.timing_world_size:
             for s in (BASELINE, OURS):
                 real = _with(base, strategy=s, world_size=spec.timing_world_size, simulate=False)
-                res.timing[s] = record(_with(real, steps=spec.steps, track_memory=False))
+                res.timing[s] = record(_with(real, steps=spec.steps, track_memory=False), have.timing)
         else:
             res.timing = {s: res.memory[s] for s in (BASELINE, OURS)}
         plannable = not get_workload(w.name).not_plannable and spec.device == "cpu"
-        for s in (BASELINE, OURS):
+        for s in (BASELINE, OURS, *spec.further):
+            if (kept := have.max_size.get(s)) is not None and kept.status == "ok":
+                res.max_size[s] = kept
+                continue
             probe = _with(base, strategy=s, fake=plannable, steps=1)
             res.max_size[s] = search(
                 probe,
@@ -208,7 +244,12 @@ def _with(cell: CellConfig, **changes: Any) -> CellConfig:
 
 
 def write_claim_report(
-    spec: ClaimSpec, results: list[WorkloadResult], out_dir: Path, wall_s: float | None
+    spec: ClaimSpec,
+    results: list[WorkloadResult],
+    out_dir: Path,
+    wall_s: float | None,
+    *,
+    resumed: bool = False,
 ) -> Path:
     """``report.md``: the verdict per workload, the table of ratios, how it was measured, and the
     charts (written by the report builder from the same records)."""
@@ -227,6 +268,12 @@ def write_claim_report(
             f"Step time: real ranks, N={spec.timing_world_size}."
             if spec.timing_world_size
             else "Step time: the simulated runs (compute only, no communication)."
+        )
+        + (
+            f" {', '.join(spec.further)}: measured the same way to show how far sharding goes "
+            "(its columns in the table); the verdict is zero2's."
+            if spec.further
+            else ""
         ),
         "",
         "## Verdicts",
@@ -242,12 +289,7 @@ def write_claim_report(
     lines += [
         "## How it was produced",
         "",
-        (
-            f"`shardbench claim --spec {spec.name}` ({wall_s / 60:.1f} min wall). "
-            if wall_s is not None
-            else f"`shardbench claim --spec {spec.name}`, report rebuilt from records (`--from-records`). "
-        )
-        + "Records: `records.jsonl`; "
+        _how(spec, wall_s, resumed) + "Records: `records.jsonl`; "
         "every cell: `table.md`; charts: `index.html`. Max-size probes: "
         + (
             "under --fake where the workload allows it (planning = real within 1%), real otherwise."
@@ -264,57 +306,82 @@ def write_claim_report(
     return path
 
 
+def _how(spec: ClaimSpec, wall_s: float | None, resumed: bool) -> str:
+    command = f"`shardbench claim --spec {spec.name}`"
+    if wall_s is None:
+        return f"{command}, report rebuilt from records (`--from-records`). "
+    if resumed:
+        return f"{command}, completed by `--resume` (that part: {wall_s / 60:.1f} min wall). "
+    return f"{command} ({wall_s / 60:.1f} min wall). "
+
+
 def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
+    """One row per workload variant: peaks, zero2's ratios (the verdict's), then each further
+    stage's ratios (how far sharding goes); "-" where a cell was not measured."""
     gib = 2**30
-    head = ["workload", "AC", "preset", "params (M)"]
-    head += [f"{s} peak GiB" for s in (BASELINE, OURS, *spec.peers)]
-    head += [
-        "zero2/ddp peak",
-        "ddp max params (M)",
-        "zero2 max params (M)",
-        "max-size ratio",
-        "zero2/ddp step time",
-    ]
+    peaked = (BASELINE, OURS, *spec.further, *spec.peers)
+    sized = (BASELINE, OURS, *spec.further)
+    head = ["workload", "AC", "preset", "params (M)", *(f"{s} peak GiB" for s in peaked)]
+    head += [f"{s}/ddp peak" for s in (OURS, *spec.further)]
+    head += [f"{s} max params (M)" for s in sized]
+    head += [f"{s}/ddp max-size" for s in (OURS, *spec.further)]
+    head += ["zero2/ddp step time"]
     rows = []
     for r in results:
         base = r.memory.get(BASELINE)
-        strategies = (BASELINE, OURS, *spec.peers)
-        peaks = [r.peak(s) for s in strategies]
-        fits = [
-            (m.max_size or {}).get("largest_fit") if (m := r.max_size.get(s)) else None
-            for s in (BASELINE, OURS)
-        ]
-        size, _, _ = r.size_ratio()
         rows.append(
             [
                 r.workload.name,
                 "yes" if r.workload.activation_checkpointing else "no",
                 r.workload.preset,
                 f"{base.params / 1e6:.1f}" if base else "",
-                *[
-                    f"{p / gib:.3f}" if p else ("failed" if s in r.memory else "-")
-                    for s, p in zip(strategies, peaks, strict=True)
-                ],
-                _fmt(r.memory_ratio()),
-                *[f"{f['params'] / 1e6:.1f}" if f else "none" for f in fits],
-                _fmt(size),
-                _fmt(r.time_ratio()),
+                *[_peak_cell(r, s, gib) for s in peaked],
+                *[_fmt(r.peak_ratio(s)) if s in r.memory else "-" for s in (OURS, *spec.further)],
+                *[_fit_cell(r, s) for s in sized],
+                *[_fmt(r.size_ratio(s)[0]) if s in r.max_size else "-" for s in (OURS, *spec.further)],
+                _fmt(r.time_ratio()) + (" (within noise)" if r.time_noise() == "within noise" else ""),
             ]
         )
     return markdown_table(head, rows)
 
 
+def _peak_cell(r: WorkloadResult, strategy: str, gib: int) -> str:
+    if strategy not in r.memory:
+        return "-"
+    peak = r.peak(strategy)
+    return f"{peak / gib:.3f}" if peak else "failed"
+
+
+def _fit_cell(r: WorkloadResult, strategy: str) -> str:
+    if (m := r.max_size.get(strategy)) is None:
+        return "-"
+    fit = (m.max_size or {}).get("largest_fit")
+    return f"{fit['params'] / 1e6:.1f}" if fit else "none"
+
+
 def claim(
-    spec: ClaimSpec, *, out_dir: Path, workloads: tuple[str, ...] | None = None
+    spec: ClaimSpec, *, out_dir: Path, workloads: tuple[str, ...] | None = None, resume: bool = False
 ) -> tuple[Path, list[WorkloadResult]]:
-    """Run the claim into ``out_dir``; its ``report.md`` and the per-workload results."""
+    """Run the claim into ``out_dir``; its ``report.md`` and the per-workload results. With
+    ``resume``, the directory's ok cells are kept and only the others measured (a claim stopped
+    part-way, or a spec that gained a strategy); the report then covers every variant."""
     start = time.perf_counter()
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-claim-{spec.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
     old = out_dir / "records.jsonl"
-    if old.exists():  # a report describes one claim run; the previous one is kept aside, not lost
+    measured = None
+    if resume and old.exists():
+        from bench.harness.records import read_records
+        from bench.studies.claim_gate import results_from_records
+
+        measured = {r.workload.label: r for r in results_from_records(spec, read_records([old]))}
+    elif old.exists():  # a report describes one claim run; the previous one is kept aside, not lost
         old.rename(
             out_dir / f"records.{time.strftime('%Y%m%d-%H%M%S', time.localtime(old.stat().st_mtime))}.bak"
         )
-    results = run_claim(spec, out_dir=out_dir, run_id=run_id, workloads=workloads)
-    return write_claim_report(spec, results, out_dir, time.perf_counter() - start), results
+    results = run_claim(spec, out_dir=out_dir, run_id=run_id, workloads=workloads, measured=measured)
+    if measured:
+        ran = {r.workload.label: r for r in results}
+        results = [ran.get(w.label) or measured.get(w.label) or WorkloadResult(w) for w in spec.variants()]
+    report = write_claim_report(spec, results, out_dir, time.perf_counter() - start, resumed=bool(measured))
+    return report, results

@@ -38,7 +38,12 @@ class ClaimSpec:
     #: which excludes communication (one GPU cannot host a multi-rank NCCL world)
     timing_world_size: int = 2
     peers: tuple[str, ...] = ("torch-zero1", "fsdp2-zero2")
-    steps: int = 2  # timed steps of the step-time cells (memory cells time one)
+    #: our further ZeRO stages, measured like zero2 (peak and largest model) to show how far
+    #: sharding goes; the verdict stays about zero2, the seed's "Sharded"
+    further: tuple[str, ...] = ("zero3",)
+    #: timed steps of the step-time cells (memory cells time one, unless they are the timing);
+    #: enough for a median and MAD that ``compare``'s rule (>= 5 steps) can judge
+    steps: int = 10
     warmup: int = 1
     scale_note: str = ""
     #: each workload is measured once per value: without and with activation checkpointing (users

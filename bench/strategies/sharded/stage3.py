@@ -18,9 +18,11 @@ A unit's life in a step:
 3. the first gradient reaching one of its outputs re-gathers it (and prefetches the unit that ran
    before it), before any of its backward runs, so an activation-checkpointed unit's recompute
    (which calls no module hooks) finds its parameters there;
-4. when every parameter of a bucket has its gradient accumulated, the bucket is reduced (the
-   stage-2 machinery, ``shardbench::zero3::reduce``) into this rank's gradient shard; when all
-   of a unit's buckets are, its parameters are no longer needed and are freed at once;
+4. autograd's gradients of a unit are held as they come; when all of them are there, the unit's
+   backward is over: its parameters are freed, then its gradients are copied into one flat
+   buffer (after the previous unit's reduction is completed, so at most two units' full
+   gradients exist) and reduce-scattered (the stage-2 machinery, ``shardbench::zero3::reduce``)
+   into this rank's gradient shard while the next unit's backward runs;
 5. at the end of backward (an autograd engine callback) buckets that got no gradient are reduced
    with zeros, units still gathered are freed, and, as in stage 2, parameters no rank used get
    no gradient at all.
@@ -86,9 +88,10 @@ class ShardedDataParallel3(ShardedDataParallel):
     module docstring; ``unit`` is the unit policy (``units.py``; None: the default)."""
 
     label = "zero3"
-    #: a bucket here is a whole unit (a transformer layer), not 25 MB: one reduction in flight
-    #: and one unit's gradients filling bound the full gradients to two units, and the reduction
-    #: has a whole unit's backward to finish before the next one waits for it
+    #: a bucket here is a whole unit (a transformer layer), not 25 MB, so one reduction in
+    #: flight overlaps the next unit's whole backward; it is completed before that unit's
+    #: gradients are copied into their own buffer (``_buffer``), so at most two units' full
+    #: gradients exist at once: one reducing, one being computed
     max_in_flight = 1
 
     def __init__(
@@ -125,7 +128,7 @@ class ShardedDataParallel3(ShardedDataParallel):
         self._prefetched: set[int] = set()  # gathered ahead, not used yet
         self._launched: set[int] = set()  # buckets launched in this backward
         self._done: set[int] = set()  # units whose gradients are all reduced in this backward
-        self._held: dict[int, list[tuple[int, torch.Tensor]]] = {}  # root buckets' waiting grads
+        self._held: dict[int, list[tuple[int, torch.Tensor]]] = {}  # bucket -> gradients held until complete
         for u in units:
             self._free(u.index, force=True)
         self._module_hooks = [
@@ -249,37 +252,45 @@ class ShardedDataParallel3(ShardedDataParallel):
 
     # ----- reduce: as stage 2, but each bucket as soon as it is complete -----------------------
     def _collect(self, bucket: Bucket, i: int, p: torch.Tensor) -> None:
-        """The root's buckets keep autograd's gradients until they are complete. The root's
-        parameters are used at both ends of forward (BERT: embeddings first, pooler and head
-        last), so its gradients come at both ends of backward; a flat buffer allocated at the
-        first of them would hold the whole root through the activation peak (bert-base: 93 MiB,
-        a fifth of the model; at simulated N=8, batch 2, without prefetch, the peak fell from
-        651 to 560 MiB)."""
+        """A bucket keeps autograd's gradients until it is complete, and only then are they
+        copied into its flat buffer (``_release_held``), as FSDP2 copies in at a unit's
+        post-backward. A buffer allocated at a unit's first gradient would hold a whole unit's
+        gradients through that unit's backward, where the activation peak is: bert-base,
+        simulated N=8, batch 2, the peak fell from 562.8 to 562.0 MiB (and to 554.1 with the
+        parameters freed before the copy-in, ``_launch_ready``). The root matters most:
+        its parameters are used at both ends of forward (BERT: embeddings first, pooler and
+        head last), so a buffer allocated at its first gradient would live through all of
+        backward (93 MiB, a fifth of bert-base; 651 -> 560 MiB without prefetch)."""
         # Buffers of finished reductions go now, not at the next launch: between two launches
         # lies a whole unit's backward, with the activation peak in it.
         self._release_finished()
-        if self._unit_of_bucket[bucket.index] == 0:
-            self._held.setdefault(bucket.index, []).append((i, p))
-        else:
-            super()._collect(bucket, i, p)
+        self._held.setdefault(bucket.index, []).append((i, p))
+
+    def _buffer(self, bucket: Bucket) -> torch.Tensor:
+        if bucket.index not in self._buffers:
+            while self._in_flight:  # its buffer goes before the next one is allocated
+                self._complete_oldest()
+        return super()._buffer(bucket)
 
     def _release_held(self, bucket: Bucket) -> None:
         for i, p in self._held.pop(bucket.index, []):
             super()._collect(bucket, i, p)
 
     def _launch_ready(self) -> None:
-        """Launch complete buckets at once, not in bucket order: buckets follow units here, and a
-        unit's parameters are freed only once its buckets are launched. Ranks still launch in the
-        same order, since they run the same units in the same order."""
+        """Launch complete buckets at once, not in bucket order: buckets follow units here. Ranks
+        still launch in the same order, since they run the same units in the same order. A unit
+        whose buckets are all complete has finished its backward, so its parameters are freed
+        *before* its gradients are copied into flat buffers, not after: the copy-in is the
+        moment both a unit's gradients and their buffer exist."""
         buckets = self.optimizer.buckets
         for bi in sorted(self._ready - self._launched):
+            u = self._unit_of_bucket[bi]
+            if all(b in self._ready for b in self._unit_buckets[u]):
+                self._done.add(u)
+                self._free(u)
             self._release_held(buckets[bi])
             self._launch(buckets[bi])
             self._launched.add(bi)
-            u = self._unit_of_bucket[bi]
-            if all(b in self._launched for b in self._unit_buckets[u]):
-                self._done.add(u)
-                self._free(u)
 
     def _flush(self) -> None:
         for b in self.optimizer.buckets:
