@@ -16,6 +16,9 @@ from bench.harness.runner import run_cells
 from bench.harness.validate import plan_cells
 from tests.procs import worker_processes
 
+#: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)
+pytestmark = pytest.mark.xdist_group("test_harness_faults")
+
 FAULTS = ",".join(
     ["crash:rank=1:strategy=ddp", "hang:rank=1:strategy=zero1", "nan:rank=1:step=1:strategy=zero2",
      "oom:rank=1:strategy=torch-zero1"]

@@ -4,10 +4,13 @@ survives, the exit code is 130/143, and ``--resume`` finishes the suite."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,9 +25,17 @@ ARGS += ["--steps", "2", "--warmup", "0"]
 ARGS += ["--batch-size", "2", "--timeout", "300"]
 
 
-def _start(out: Path, *extra: str, fault: str | None) -> subprocess.Popen[str]:
-    tmp = out.parent / "tmp"  # the cells' temporary directories: a marker for their processes
-    tmp.mkdir(exist_ok=True)
+@pytest.fixture
+def cell_tmp() -> Iterator[Path]:
+    """The command's TMPDIR, where its cells' temporary directories go: a marker for their
+    processes. Short, because the fork server's socket lives there and an AF_UNIX path is limited
+    to 107 bytes (pytest's tmp_path under xdist is longer)."""
+    path = Path(tempfile.mkdtemp(prefix="sb-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _start(out: Path, tmp: Path, *extra: str, fault: str | None) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
     env.pop("SHARDBENCH_FAULT", None)
     if fault:
@@ -35,8 +46,8 @@ def _start(out: Path, *extra: str, fault: str | None) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def _interrupt_during_cell_2(out: Path, sig: int) -> tuple[int, str]:
-    proc = _start(out, "--out", str(out), fault="hang:rank=1:strategy=zero2")
+def _interrupt_during_cell_2(out: Path, tmp: Path, sig: int) -> tuple[int, str]:
+    proc = _start(out, tmp, "--out", str(out), fault="hang:rank=1:strategy=zero2")
     records = out / "records.jsonl"
     deadline = time.monotonic() + 240
     while not (records.exists() and records.read_text().count("\n") == 1):  # cell 1 written
@@ -49,27 +60,26 @@ def _interrupt_during_cell_2(out: Path, sig: int) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_records_the_cell_as_interrupted_and_stops_every_rank(tmp_path, sig, code) -> None:
+def test_a_signal_records_the_cell_as_interrupted_and_stops_every_rank(tmp_path, cell_tmp, sig, code) -> None:
     out = tmp_path / "run"
-    rc, err = _interrupt_during_cell_2(out, sig)
+    rc, err = _interrupt_during_cell_2(out, cell_tmp, sig)
     assert rc == code, err
     assert [r.status for r in read_records([out])] == ["ok", "interrupted"]
     assert f"shardbench run --resume {out}" in err
-    assert worker_processes(str(tmp_path / "tmp")) == []
-    assert list((tmp_path / "tmp").glob("shardbench-cell-*")) == []  # the cell's temporary directory
+    assert worker_processes(str(cell_tmp)) == []
+    assert list(cell_tmp.glob("shardbench-cell-*")) == []  # the cell's temporary directory
     if sig == signal.SIGINT:  # resume once: one more cell, the suite complete
-        proc = _start(out, "--resume", str(out), fault=None)
+        proc = _start(out, cell_tmp, "--resume", str(out), fault=None)
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
         assert "1 of 2 cells already ok" in err
         assert [r.status for r in read_records([out])] == ["ok", "interrupted", "ok"]
 
 
-def test_sigterm_during_a_max_size_probe_stops_its_ranks(tmp_path) -> None:
+def test_sigterm_during_a_max_size_probe_stops_its_ranks(tmp_path, cell_tmp) -> None:
     """Commands other than ``run`` (max-size, claim, nightly's searches) unwind on SIGTERM too:
     the probe's ranks are stopped and reaped, the exit code is 143 and the records written stay."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp = cell_tmp
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), "SHARDBENCH_FAULT": "hang:rank=1"}
     out = tmp_path / "ms"
     args = "max-size --workload transformer --strategy ddp --world-size 2 --budget 1GiB".split()

@@ -29,6 +29,9 @@ from bench.report.charts import (
 from bench.report.styles import FALLBACK_COLORS, legend_label, strategy_color, strategy_key
 from bench.report.tables import markdown_table, records_to_frame, write_tables
 
+#: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)
+pytestmark = pytest.mark.xdist_group("test_report")
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "results" / "samples"
 PLOTS = (

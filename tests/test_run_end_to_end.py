@@ -12,6 +12,9 @@ from bench.harness.config import CellConfig
 from bench.harness.records import read_records
 from tests.cells import tiny_cell
 
+#: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)
+pytestmark = pytest.mark.xdist_group("test_run_end_to_end")
+
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> Path:

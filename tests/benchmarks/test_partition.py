@@ -14,6 +14,9 @@ from torch import nn
 from bench.strategies.sharded.layout import Bucket, build_buckets
 from models.registry import get_workload
 
+#: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)
+pytestmark = pytest.mark.xdist_group("test_partition")
+
 WORLD_SIZE = 8
 CAP_NUMEL = 25 * 2**20 // 4  # ShardedOptimizer's default 25 MB buckets of fp32
 
