@@ -12,9 +12,7 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "setup: installing shardbench and its pinned stack into .venv (first time: several minutes)" >&2
     # This machine's pip config lists local mirrors that lack most packages; pip warns about each.
-    # --no-compile: no .pyc for the whole stack up front (torch alone is thousands of modules);
-    # Python compiles what is imported, when it is first imported
-    .venv/bin/python -m pip install --quiet --no-compile --disable-pip-version-check -e '.[dev]' \
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' \
         2> >(grep -v "is ignored: it is neither" >&2)
     echo "$want" > "$stamp"
 fi

@@ -53,7 +53,10 @@ def _interrupt_during_cell_2(out: Path, tmp: Path, sig: int) -> tuple[int, str]:
     while not (records.exists() and records.read_text().count("\n") == 1):  # cell 1 written
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
-    time.sleep(3)  # cell 2's ranks are up
+    while len(worker_processes(str(tmp))) < 2:  # cell 2's ranks are up
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     return proc.returncode, err
@@ -89,10 +92,10 @@ def test_sigterm_during_a_max_size_probe_stops_its_ranks(tmp_path, cell_tmp) -> 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 120
-    while not worker_processes(str(tmp)):  # the probe's ranks are up
+    while len(worker_processes(str(tmp))) < 2:  # the probe's ranks are up
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
-    time.sleep(2)
+    time.sleep(1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
