@@ -112,13 +112,13 @@ def _rebuild(spec: ClaimSpec, out: Path) -> tuple[Path, list]:
     """The claim's report from the records already in ``out``, each variant without records
     listed as not measured."""
     from bench.harness.records import read_records
-    from bench.studies.claim import WorkloadResult, write_claim_report
+    from bench.studies.claim import every_variant, write_claim_report
     from bench.studies.claim_gate import results_from_records
 
     if not (out / "records.jsonl").is_file():
         raise UsageError(f"--from-records: no {out / 'records.jsonl'} to rebuild the report from")
     found = {r.workload.label: r for r in results_from_records(spec, read_records([out / "records.jsonl"]))}
-    results = [found.get(w.label) or WorkloadResult(w) for w in spec.variants()]
+    results = every_variant(spec, found)
     return write_claim_report(spec, results, out, wall_s=None), results
 
 

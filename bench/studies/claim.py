@@ -359,6 +359,12 @@ def _fit_cell(r: WorkloadResult, strategy: str) -> str:
     return f"{fit['params'] / 1e6:.1f}" if fit else "none"
 
 
+def every_variant(spec: ClaimSpec, found: dict[str, WorkloadResult]) -> list[WorkloadResult]:
+    """A result per variant of ``spec``, in report order, from those found by label; a variant
+    without one is an empty result (reported as not measured)."""
+    return [found.get(w.label) or WorkloadResult(w) for w in spec.variants()]
+
+
 def claim(
     spec: ClaimSpec, *, out_dir: Path, workloads: tuple[str, ...] | None = None, resume: bool = False
 ) -> tuple[Path, list[WorkloadResult]]:
@@ -382,6 +388,6 @@ def claim(
     results = run_claim(spec, out_dir=out_dir, run_id=run_id, workloads=workloads, measured=measured)
     if measured:
         ran = {r.workload.label: r for r in results}
-        results = [ran.get(w.label) or measured.get(w.label) or WorkloadResult(w) for w in spec.variants()]
+        results = every_variant(spec, {**measured, **ran})
     report = write_claim_report(spec, results, out_dir, time.perf_counter() - start, resumed=bool(measured))
     return report, results
