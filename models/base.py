@@ -105,6 +105,16 @@ class Workload(ABC):
             "it needs a checkpoint_units(model) method to run with --activation-checkpointing"
         )
 
+    def shard_units(self, model: nn.Module) -> list[nn.Module] | None:
+        """The submodules of ``model`` that parameter-sharding strategies gather as units
+        (``zero3``'s unit policy, FSDP2's ``fully_shard`` before the root); None: their default
+        (every parameterised child of an ``nn.ModuleList``/``nn.Sequential``, then the root).
+
+        A workload names more only when the default would leave a large module in the root,
+        which stays gathered through the whole step; the same list goes to zero3 and FSDP2, so
+        their comparison stays like for like."""
+        return None
+
     def check_checkpointable(self) -> None:
         """Raise ValueError if this workload names no activation-checkpointing units."""
         if type(self).checkpoint_units is Workload.checkpoint_units:

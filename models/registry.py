@@ -34,10 +34,14 @@ _PRESET_MODULES: dict[str, str] = {
 
 
 def workload_names() -> list[str]:
-    return list(_WORKLOADS)
+    """The built-in workloads, then those installed packages register (``models/specs.py``)."""
+    from models.specs import registered
+
+    return [*_WORKLOADS, *(n for n in registered() if n not in _WORKLOADS)]
 
 
 def workload_class(name: str) -> type[Workload]:
+    """A built-in workload's class."""
     try:
         module, cls = _WORKLOADS[name].split(":")
     except KeyError:
@@ -46,7 +50,15 @@ def workload_class(name: str) -> type[Workload]:
 
 
 def get_workload(name: str) -> Workload:
-    return workload_class(name)()
+    """The workload ``name`` names: a built-in one, or any spec ``models/specs.py`` resolves
+    (``hf:Arch``, ``module:factory``, ``file.py:factory``, a registered entry point)."""
+    if name in _WORKLOADS:
+        return workload_class(name)()
+    from models.specs import FORMS, is_spec, resolve
+
+    if is_spec(name):
+        return resolve(name)
+    raise ValueError(f"unknown workload {name!r}; allowed: {', '.join(workload_names())}, or {FORMS}")
 
 
 def preset_param_counts(name: str) -> dict[str, int]:

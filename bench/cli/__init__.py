@@ -21,6 +21,7 @@ from bench.cli.export import add_export_parser, cmd_export
 from bench.cli.listing import add_listing_parsers, cmd_env, cmd_list
 from bench.cli.max_size import add_max_size_parser, cmd_max_size
 from bench.cli.nightly import add_nightly_parser, cmd_nightly
+from bench.cli.plan import add_plan_parser, cmd_plan
 from bench.cli.report import add_report_parser, cmd_report
 from bench.cli.run import add_run_parser, cmd_run, resolve_cells
 from bench.cli.trend import add_trend_parser, cmd_trend
@@ -28,14 +29,44 @@ from bench.cli.trend import add_trend_parser, cmd_trend
 __all__ = ["UsageError", "build_parser", "main", "resolve_cells"]
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, where it has one worth saying (not None,
+    False or an empty list) and the help does not state it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default in (None, False, argparse.SUPPRESS)
+            or (isinstance(default, list | tuple) and not default)
+            or not action.option_strings
+        ):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else default
+        return f"{text} (default: {shown})"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shardbench")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="shardbench",
         description="Memory and throughput benchmarks for distributed PyTorch training strategies.",
+        formatter_class=DefaultsHelpFormatter,
     )
+    ap.add_argument("--version", action="version", version=f"shardbench {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
     add_run_parser(sub)
     add_max_size_parser(sub)
+    add_plan_parser(sub)
     add_claim_parser(sub)
     add_report_parser(sub)
     add_compare_parser(sub)
@@ -44,7 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_trend_parser(sub)
     add_export_parser(sub)
     add_listing_parsers(sub)
+    for parser in sub.choices.values():
+        _defaults_in_help(parser)
     return ap
+
+
+def _defaults_in_help(parser: argparse.ArgumentParser) -> None:
+    """Set the defaults-showing formatter on a subcommand and on its own subcommands."""
+    if parser.formatter_class is argparse.HelpFormatter:
+        parser.formatter_class = DefaultsHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _defaults_in_help(child)
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -62,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         "run": cmd_run,
         "max-size": cmd_max_size,
+        "plan": cmd_plan,
         "report": cmd_report,
         "claim": cmd_claim,
         "compare": cmd_compare,

@@ -21,6 +21,12 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser(
         "claim",
         help="does zero2 halve per-rank memory or double the trainable model vs ddp? a verdict per workload",
+        description="Measure the claim for every workload of the spec: per-rank peak of ddp, zero2 "
+        "(and zero3) at a simulated N, real-rank step time, and the largest model within the budget. "
+        "Writes records.jsonl, report.md, charts and index.html into results/claim/<device>/ (--out "
+        "to change). How long: the cpu spec takes about 2 hours on a 2-core machine (the max-size "
+        "searches are most of it; deepspeech2, which cannot be planned under FakeTensorMode, "
+        "about half), the tiny spec under a minute; --resume continues a claim stopped part-way.",
     )
     c.add_argument("--device", choices=DEVICES, help="cpu or cuda (default cpu); picks the spec of that name")
     c.add_argument("--spec", choices=list(SPECS), help="what to run (default: the device's); tiny = a test")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 DEFAULT_RUNS_DIR = Path("results/runs")
@@ -63,3 +63,37 @@ def require_env_of(baseline: list, device: str, label: str, *, allow: bool) -> N
             f"this machine differs from {label} ({listed}); its numbers would not compare. Save a "
             f"baseline here, or pass --allow-env-change ({', '.join(ENV_KEYS)} must match)"
         )
+
+
+def add_model_config_args(parser: argparse.ArgumentParser) -> None:
+    """``--model-config`` and ``--seq-len``: the shape of an ``hf:<Arch>`` workload."""
+    parser.add_argument(
+        "--model-config",
+        metavar="KEY=VALUE,...",
+        help="hf:<Arch> workloads: overrides of the architecture's config class, e.g. "
+        "hidden_size=2048,num_hidden_layers=16,num_attention_heads=16 (default: the class's defaults)",
+    )
+    parser.add_argument("--seq-len", type=int, help="hf:<Arch> workloads: tokens per sample (default 128)")
+
+
+def model_config_preset(args: argparse.Namespace, workloads: Sequence[str] | None) -> str | None:
+    """The preset ``--model-config``/``--seq-len`` name (``models/hf.py``), or None if neither
+    is given; UsageError if they are given with ``--preset`` or for a workload not ``hf:``."""
+    config, seq_len = getattr(args, "model_config", None), getattr(args, "seq_len", None)
+    if config is None and seq_len is None:
+        return None
+    flags = "--model-config/--seq-len"
+    if getattr(args, "preset", None):
+        raise UsageError(f"{flags} write the preset of an hf: workload: give them or --preset, not both")
+    if not workloads or (others := [w for w in workloads if not w.startswith("hf:")]):
+        named = ", ".join(others) if workloads else "none given"
+        raise UsageError(f"{flags} apply to hf:<Arch> workloads only; not to {named}")
+    from models.hf import format_model_config, parse_model_config
+
+    try:
+        values = parse_model_config(config or "")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if seq_len is not None:
+        values["seq_len"] = seq_len
+    return format_model_config(values)

@@ -43,7 +43,9 @@ def listing() -> dict:
         for c in strategy_cards()
     }
     suites = {n: load_suite(n).description for n in suite_names()}
-    return {"workloads": workloads, "strategies": strategies, "suites": suites}
+    from models.specs import FORMS
+
+    return {"workloads": workloads, "workload_forms": FORMS, "strategies": strategies, "suites": suites}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -57,6 +59,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {name}: {presets}")
         if w["sizes"]:
             print(f"    any size: {w['sizes']}")
+    print(f"  and your own: {data['workload_forms']} (README: Your own model)")
     print("strategies:")
     for name, s in data["strategies"].items():
         alias = f" (alias: {', '.join(s['aliases'])})" if s["aliases"] else ""

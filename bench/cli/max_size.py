@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if
+from bench.cli.common import (
+    DEFAULT_RUNS_DIR,
+    UsageError,
+    add_model_config_args,
+    csv_list,
+    model_config_preset,
+    require_cuda_if,
+)
 from bench.harness.config import DEVICES, PRECISIONS, CellConfig
 
 DEFAULT_RESOLUTION = 0.03  # = bench.studies.maxsize's (a test checks), here to keep --help light
@@ -40,8 +47,9 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
         help="stop when the largest fit and the smallest non-fit differ by at most this fraction "
         "of parameters (default 0.03)",
     )
+    add_model_config_args(ms)
     ms.add_argument("--batch-size", type=int, default=8, help="per-rank batch (--vary params; default 8)")
-    ms.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    ms.add_argument("--precision", default="fp32", choices=PRECISIONS, help="training precision")
     ms.add_argument("--device", default="cpu", choices=DEVICES)
     ms.add_argument("--simulate", action="store_true", help="one process as rank 0 of each world size")
     ms.add_argument("--fake", action="store_true", help="probes under FakeTensorMode (implies --simulate)")
@@ -63,6 +71,8 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
     from bench.studies.maxsize import parse_budget
     from models.registry import get_workload
 
+    if (preset := model_config_preset(args, [args.workload])) is not None:
+        args.preset = preset
     try:
         budget = parse_budget(args.budget)
         resolution = getattr(args, "resolution", DEFAULT_RESOLUTION)

@@ -8,7 +8,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, csv_list, require_cuda_if, tag_pair
+from bench.cli.common import (
+    DEFAULT_RUNS_DIR,
+    UsageError,
+    add_model_config_args,
+    csv_list,
+    model_config_preset,
+    require_cuda_if,
+    tag_pair,
+)
 from bench.cli.suite_searches import SuiteSearch, run_searches
 from bench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
 
@@ -25,6 +33,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--strategy", type=csv_list(str), help="comma-separated strategies")
     run.add_argument("--world-size", type=csv_list(int), help="comma-separated world sizes")
     run.add_argument("--preset", type=csv_list(str), help="comma-separated size presets")
+    add_model_config_args(run)
     run.add_argument("--precision", type=csv_list(str), help="fp32 and/or bf16")
     run.add_argument("--batch-size", type=csv_list(int), help="per-rank batch size(s)")
     run.add_argument("--steps", type=int, help="measured steps per cell")
@@ -71,6 +80,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
     run.add_argument(
+        "--columns",
+        type=csv_list(str),
+        help="columns of the terminal table (table.md has them all); default: "
+        "workload,preset,strategy,N,flags,status,peak,states/pred,step,throughput; also: "
+        "params,precision,batch,error",
+    )
+    run.add_argument(
         "--resume",
         type=Path,
         metavar="RUN_DIR",
@@ -83,13 +99,15 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
     (raises UsageError naming what is allowed)."""
     from bench.harness.validate import plan_cells
 
+    preset = model_config_preset(args, args.workload)
+    presets = (preset,) if preset is not None else args.preset
     try:
         spec = override(
             load_suite(args.suite),
             workloads=args.workload,
             strategies=args.strategy,
             world_sizes=args.world_size,
-            presets=args.preset,
+            presets=presets,
             precisions=args.precision,
             batch_sizes=args.batch_size,
             steps=args.steps,
@@ -110,7 +128,12 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
 
 def cmd_run(args: argparse.Namespace) -> int:
     from bench.cli.suite_searches import resolve_searches
+    from bench.report.terminal import DEFAULT_COLUMNS, check_columns
 
+    try:
+        columns = check_columns(args.columns) if args.columns else DEFAULT_COLUMNS
+    except ValueError as e:
+        raise UsageError(f"--columns: {e}") from None
     spec, cells = resolve_cells(args)
     searches = resolve_searches(spec)
     if args.resume is not None:
@@ -123,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = check_run_name(args.name) if args.name is not None else safe_name(spec.name)
     out = args.resume or args.out
     return execute_run(
-        cells, name=name, tags=dict(args.tag), out=out, resume=args.resume, searches=searches
+        cells, name=name, tags=dict(args.tag), out=out, resume=args.resume, searches=searches, columns=columns
     ).code
 
 
@@ -159,6 +182,7 @@ def execute_run(
     out: Path | None = None,
     resume: Path | None = None,
     searches: Sequence[SuiteSearch] = (),
+    columns: Sequence[str] | None = None,
 ) -> Executed:
     """Run validated cells into ``out`` (a new run directory by default), then the suite's
     max-size searches, print the table and write the report."""
@@ -191,8 +215,11 @@ def execute_run(
         )
         return Executed(out, 1, run_id)
     searches_failed = run_searches(list(searches), out, run_id) if outcome.interrupted is None else 0
-    print(outcome.table)
-    print(f"report: {write_report(out)}")
+    from bench.report.terminal import DEFAULT_COLUMNS, terminal_table
+
+    if outcome.records:
+        print(terminal_table(outcome.records, columns or DEFAULT_COLUMNS))
+    print(f"report: {write_report(out)} (every column: {out / 'table.md'})")
     records = outcome.records
     ok = sum(r.status == "ok" for r in records)
     skipped = f", {outcome.skipped} skipped (already ok)" if outcome.skipped else ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import faulthandler
 import functools
 import json
@@ -181,6 +182,8 @@ def _train_and_measure(
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
     model = build_model(workload, cell, device)
     num_params = sum(p.numel() for p in model.parameters())
+    if (units := workload.shard_units(model)) is not None:
+        ctx = dataclasses.replace(ctx, shard_units=tuple(units))
     model, use_autocast = strategy.prepare_precision(model, cell.precision)
     model, optimizer = strategy.setup(model, workload.optimizer_factory(), ctx)
     model.train()

@@ -39,6 +39,9 @@ class RankContext:
     #: the default process group, or None for single-process strategies (dp).
     process_group: dist.ProcessGroup | None = None
     precision: str = "fp32"
+    #: the modules the workload asks parameter-sharding strategies (zero3, FSDP2) to gather as
+    #: units (``Workload.shard_units``); None: each strategy's default wrapping
+    shard_units: tuple[nn.Module, ...] | None = None
 
 
 class _ShardingView:

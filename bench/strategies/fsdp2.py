@@ -8,8 +8,10 @@ parameters are resharded after forward.
 
 Configured as the FSDP2 documentation and torchtitan do: ``fully_shard`` on every repeated
 block (each module held in an ``nn.ModuleList``: transformer layers, ResNet stages' blocks...),
-then on the root; bf16 via ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over
-fp32 sharded parameters.
+or on the units the workload names (``Workload.shard_units``, the same ones zero3 gathers; the
+transformer adds its embeddings, as torchtitan wraps ``tok_embeddings``), then on the root;
+bf16 via ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over fp32 sharded
+parameters.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class FSDP2Strategy(Strategy):
 
     def __init__(self) -> None:
         self.mesh: Any = None
+        self.wrap = "each nn.ModuleList child, then the root"
 
     def init_world(self, ctx: RankContext) -> None:
         init_device_mesh = _fsdp_api()[0]
@@ -54,7 +57,7 @@ class FSDP2Strategy(Strategy):
     def settings(self) -> dict[str, Any]:
         return {
             "reshard_after_forward": self.reshard_after_forward,
-            "wrap": "each nn.ModuleList child, then the root",
+            "wrap": self.wrap,
             "mixed_precision": "param bf16, reduce fp32 (bf16 runs only)",
         }
 
@@ -73,7 +76,10 @@ class FSDP2Strategy(Strategy):
             if ctx.precision == "bf16"
             else MixedPrecisionPolicy()
         )
-        for unit in shard_units(model):
+        units = ctx.shard_units if ctx.shard_units is not None else shard_units(model)
+        if ctx.shard_units is not None:
+            self.wrap = "the workload's units (Workload.shard_units), then the root"
+        for unit in units:
             fully_shard(unit, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
         return model, optimizer_factory(model)

@@ -12,8 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch import nn
+
+from bench.strategies.base import OptimizerFactory, RankContext
+from bench.strategies.sharded import ShardedDataParallel
 from bench.strategies.sharded.stage3 import ShardedDataParallel3
+from bench.strategies.sharded.units import UnitPolicy
 from bench.strategies.zero2 import Zero2Strategy
+
+DEFAULT_UNITS = "each parameterised child of an nn.ModuleList/nn.Sequential, then the root"
 
 
 class Zero3Strategy(Zero2Strategy, card="zero3"):
@@ -21,13 +29,30 @@ class Zero3Strategy(Zero2Strategy, card="zero3"):
 
     stage = 3
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.units = DEFAULT_UNITS
+
+    def setup(
+        self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """As zero2's, with the workload's units (``Workload.shard_units``) where it names them."""
+        policy: UnitPolicy | None = None
+        if ctx.shard_units is not None:
+            chosen = {id(m) for m in ctx.shard_units}
+            policy = lambda module: id(module) in chosen  # noqa: E731
+            self.units = "the workload's units (Workload.shard_units), then the root"
+        optimizer = self.build_optimizer(model, optimizer_factory, ctx)
+        self.model = ShardedDataParallel(model, optimizer, stage=self.stage, unit=policy)
+        return self.model, optimizer
+
     def settings(self) -> dict[str, Any]:
         units = getattr(self.model, "units", None)
         cap = "bucket_cap_mb"  # buckets follow units here, whatever their size
         return {
             **{k: v for k, v in super().settings().items() if k != cap},
             "partition": "one flat buffer per unit and param group, element-balanced",
-            "units": "each parameterised child of an nn.ModuleList/nn.Sequential, then the root",
+            "units": self.units,
             "unit_count": len(units) if units is not None else None,
             "prefetch": "one unit ahead in forward and backward; at most two units whole besides the root",
             "max_buckets_in_flight": ShardedDataParallel3.max_in_flight,

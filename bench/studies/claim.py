@@ -17,7 +17,6 @@ the peak is made of (typically activations, which no ZeRO stage shards).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from bench.harness.launch import run_cell
 from bench.harness.records import Record, append_record, first_line
 from bench.report.tables import markdown_table
 from bench.studies.claim_specs import ClaimSpec, ClaimWorkload
-from bench.studies.compare_rules import Thresholds
+from bench.studies.compare_rules import step_time_noise
 from bench.studies.maxsize import parse_budget, search
 from models.registry import get_workload
 
@@ -90,18 +89,10 @@ class WorkloadResult:
         """Whether zero2's step time differs from DDP's by more than the noise, by the rule
         ``compare`` uses: at least ``min_steps`` timed steps each, and a difference beyond
         ``k_mad`` x the combined MAD; None when unmeasured."""
-        ok = {s: r for s, r in self.timing.items() if r.status == "ok" and r.step_time_s}
-        if OURS not in ok or BASELINE not in ok or self.time_ratio() is None:
+        ours, base = self.timing.get(OURS), self.timing.get(BASELINE)
+        if ours is None or base is None:
             return None
-        t = Thresholds()
-        steps = min(ok[s].steps for s in (OURS, BASELINE))
-        if steps < t.min_steps:
-            return f"{steps} timed steps: too few to tell from noise"
-        med = {s: ok[s].step_time_s["median"] for s in (OURS, BASELINE)}
-        noise = t.k_mad * math.hypot(*((ok[s].step_time_s.get("mad") or 0.0) for s in (OURS, BASELINE)))
-        if abs(med[OURS] - med[BASELINE]) <= noise:
-            return "within noise"
-        return f"beyond noise: {t.k_mad:g} x combined MAD = {noise / med[BASELINE]:.0%} of ddp's"
+        return step_time_noise(ours, base, base_label=BASELINE)
 
     def verdict(self, world_size: int) -> tuple[bool | None, str]:
         mem, (size, lower, upper) = self.memory_ratio(), self.size_ratio()

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from bench.harness.records import Record
     from bench.studies.compare import CellDelta
 
 MIB = 1 << 20
@@ -71,6 +72,23 @@ class Thresholds:
     time_pct: float = 15.0
     k_mad: float = 3.0
     min_steps: int = 5
+
+
+def step_time_noise(ours: Record, base: Record, *, base_label: str) -> str | None:
+    """Whether ``ours``' step time differs from ``base``'s by more than the noise, by the rule
+    ``compare`` uses: at least ``min_steps`` timed steps each, and a difference beyond ``k_mad``
+    x the combined MAD. None when either has no step time."""
+    a, b = ours.step_time_s or {}, base.step_time_s or {}
+    if ours.status != "ok" or base.status != "ok" or not a.get("median") or not b.get("median"):
+        return None
+    t = Thresholds()
+    steps = min(ours.steps, base.steps)
+    if steps < t.min_steps:
+        return f"{steps} timed steps: too few to tell from noise"
+    noise = t.k_mad * math.hypot(a.get("mad") or 0.0, b.get("mad") or 0.0)
+    if abs(a["median"] - b["median"]) <= noise:
+        return "within noise"
+    return f"beyond noise: {t.k_mad:g} x combined MAD = {noise / b['median']:.0%} of {base_label}'s"
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,11 @@
 ``shardbench max-size`` bisects over a workload's size family (``--vary params``: every shape
 ``models/presets/family.py`` allows, sorted by parameters, until the largest fit and the
 smallest non-fit are within ``--resolution``, 3% by default; or over an explicit ``--ladder`` of
-presets) or over the batch size (``--vary batch``: doubling until a probe fails, then
-bisection). Every probe is an
-ordinary cell run by ``bench.harness.launch.run_cell``, so it runs in fresh processes with a timeout: an
-OOM, a crash or a hang in one probe is recorded and never poisons the next.
+presets) or over the batch size (``--vary batch``: batches 1 and 2 predict the answer from
+the peak's growth per sample, probes beside the prediction confirm it, bisection settles a
+miss). Every probe is an ordinary cell run by ``bench.harness.launch.run_cell``, so it runs in
+fresh processes with a timeout: an OOM, a crash or a hang in one probe is recorded and never
+poisons the next.
 
 A probe *fits* when it finishes and its peak is within the budget. On CUDA (real tensors) the
 budget is enforced by the allocator, ``torch.cuda.set_per_process_memory_fraction`` (one large
@@ -144,7 +145,7 @@ def search(
         known = sizes.aliases(known)
     try:
         if sizes is None:
-            values, lo, hi = _search_batch(probe)
+            values, lo, hi = _search_batch(probe, _peak_of(probes), budget)
         else:
             values, lo, hi = _search_params(probe, base, sizes, budget, resolution, known)
     except SearchFailed as failed:
@@ -161,6 +162,10 @@ def search(
     append_record(out_dir / "records.jsonl", summary)
     progress(summary.note)
     return summary
+
+
+def _peak_of(probes: list[Probe]) -> Callable[[int], int | None]:
+    return lambda value: next((p.peak for p in probes if p.value == value), None)
 
 
 @dataclass(frozen=True)
@@ -352,21 +357,52 @@ def _bisect(
     return lo, hi
 
 
-def _search_batch(fits: Callable[[Any], bool]) -> tuple[list[int], int, int]:
-    """Double the batch from 1 until a probe does not fit, then bisect the last interval."""
-    good, bad = 0, None
-    b = 1
-    while b <= MAX_BATCH:
-        if not fits(b):
-            bad = b
-            break
-        good, b = b, b * 2
-    if bad is None:  # everything up to MAX_BATCH fitted
-        values = list(range(1, good + 1))
-        return values, good - 1, good
-    values = list(range(1, bad + 1))
-    lo, hi = _bisect(fits, values, values, good - 1, bad - 1, 0.0)
-    return values, lo, hi
+def _search_batch(
+    fits: Callable[[int], bool], peak_of: Callable[[int], int | None], budget: int
+) -> tuple[list[int], int, int]:
+    """The largest batch that fits, as indices into ``values = [1, 2, ...]``: ``lo`` fits,
+    ``hi`` does not (``len(values)`` when everything up to ``MAX_BATCH`` fitted).
+
+    Batches 1 and 2 are measured; the peak's growth from one to the other (activations grow
+    linearly with the batch) predicts the largest batch that fits, which is probed with its
+    neighbour; bisection between the nearest measured fit and non-fit settles any miss, so the
+    answer is always a measured fit beside a measured non-fit. A linear peak takes four probes
+    whatever the budget (doubling to an 80 GiB card's batch took a dozen)."""
+    fit, fail = 0, None  # the largest measured fit, the smallest measured non-fit
+    moved: list[bool] = []  # which bound each settling probe moved (True: the fit)
+
+    def test(b: int) -> bool:
+        nonlocal fit, fail
+        ok = fits(b)
+        if ok:
+            fit = max(fit, b)
+        else:
+            fail = b if fail is None else min(fail, b)
+        return ok
+
+    def predict(a: int, b: int) -> int | None:
+        """Where the line through the peaks at ``a`` and ``b`` meets the budget."""
+        pa, pb = peak_of(a), peak_of(b)
+        if pa is None or pb is None or pb <= pa:
+            return None
+        return a + (budget - pa) * (b - a) // (pb - pa)
+
+    if test(1) and test(2):
+        guess = predict(1, 2)
+        test(MAX_BATCH if guess is None else int(min(MAX_BATCH, max(3, guess))))
+        step = 1
+        while fail is None and fit < MAX_BATCH:  # gallop up from a prediction that fitted
+            test(min(MAX_BATCH, fit + step))
+            step *= 2
+        while fail is not None and fail - fit > 1:
+            # the secant through the two nearest measurements, unless it moved the same bound
+            # twice running (a curved peak): then the middle, so the bracket always halves soon
+            guess = None if moved[-2:] in ([True, True], [False, False]) else predict(fit, fail)
+            b = (fit + fail) // 2 if guess is None else min(fail - 1, max(fit + 1, guess))
+            moved.append(test(b))
+    if fail is None:
+        return list(range(1, fit + 1)), fit - 1, fit
+    return list(range(1, fail + 1)), fit - 1, fail - 1
 
 
 def _summary(

@@ -37,24 +37,31 @@ class Unit:
         return self.parent is None
 
 
-def default_unit_policy(root: nn.Module) -> UnitPolicy:
+def repeated_blocks(root: nn.Module) -> list[nn.Module]:
     """Every child of an ``nn.ModuleList`` or ``nn.Sequential`` (a repeated block: a
-    transformer layer, a ResNet block) that holds trainable parameters, outermost only.
+    transformer layer, a ResNet block) that holds trainable parameters, outermost only, in
+    module order.
 
     Outermost only: a block's own small Sequential (a ResNet downsample's conv and norm) would
     be gathered inside its block's forward, when the block is already gathered, so making it a
     unit of its own adds a collective per use and saves no memory."""
-    chosen: set[int] = set()
+    found: list[nn.Module] = []
 
     def visit(module: nn.Module) -> None:
         containers = isinstance(module, nn.ModuleList | nn.Sequential)
         for child in module.children():
             if containers and any(p.requires_grad for p in child.parameters()):
-                chosen.add(id(child))
+                found.append(child)
             else:
                 visit(child)
 
     visit(root)
+    return found
+
+
+def default_unit_policy(root: nn.Module) -> UnitPolicy:
+    """The units of ``repeated_blocks(root)`` (the root takes what remains)."""
+    chosen = {id(m) for m in repeated_blocks(root)}
     return lambda module: id(module) in chosen
 
 

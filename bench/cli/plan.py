@@ -1,0 +1,127 @@
+"""``shardbench plan``: plan every strategy for one model on N ranks within a memory budget,
+print one table and the recommendation (``bench/studies/plan.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.cli.common import (
+    DEFAULT_RUNS_DIR,
+    UsageError,
+    add_model_config_args,
+    csv_list,
+    model_config_preset,
+    require_cuda_if,
+)
+from bench.harness.config import DEVICES, PRECISIONS, CellConfig
+
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    from bench.studies.plan import PLAN_STRATEGIES
+
+    p = sub.add_parser(
+        "plan",
+        help="will a model train on N ranks within a memory budget, and with which strategy",
+        description="Plan every strategy for one model on N ranks (one simulated rank each, under "
+        "FakeTensorMode where the workload allows: nothing is allocated) and recommend the least "
+        "sharding that fits the per-rank budget.",
+    )
+    p.add_argument(
+        "--workload", required=True, help="a built-in name, hf:<Arch>, module:factory or file.py:factory"
+    )
+    p.add_argument("--preset", help="the size preset (default: the workload's first)")
+    add_model_config_args(p)
+    p.add_argument("--world-size", type=int, required=True, help="ranks (N)")
+    p.add_argument("--budget", required=True, help="memory per rank, e.g. 80GiB, 16GiB")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="training precision")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--batch-size", type=int, default=8, help="per-rank batch to plan")
+    batch.add_argument(
+        "--max-batch", action="store_true", help="search each strategy's largest per-rank batch that fits"
+    )
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute blocks in backward")
+    p.add_argument(
+        "--strategy", type=csv_list(str), default=PLAN_STRATEGIES, help="strategies to plan (comma-separated)"
+    )
+    p.add_argument("--device", default="cpu", choices=DEVICES, help="where the planned cells run")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per planned cell")
+    p.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
+
+
+def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], int]:
+    """Validated cells, one per strategy, and the budget in bytes (UsageError if anything is wrong)."""
+    from bench.harness.validate import plan_cells
+    from bench.studies.maxsize import parse_budget
+    from bench.studies.plan import planning_cells
+    from models.registry import get_workload
+
+    if (preset := model_config_preset(args, [args.workload])) is not None:
+        args.preset = preset
+    try:
+        budget = parse_budget(args.budget)
+        workload = get_workload(args.workload)
+        preset = args.preset or next(iter(workload.presets))
+        cells = planning_cells(
+            workload=args.workload,
+            preset=preset,
+            world_size=args.world_size,
+            precision=args.precision,
+            batch_size=1 if args.max_batch else args.batch_size,
+            activation_checkpointing=args.activation_checkpointing,
+            device=args.device,
+            fake=not workload.not_plannable,
+            timeout_s=args.timeout,
+            strategies=args.strategy,
+        )
+        cells = plan_cells(cells)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    require_cuda_if(args.device)
+    return cells, budget
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    cells, budget = resolve_plan(args)
+    from bench.harness.records import read_records
+    from bench.harness.runner import new_run_id, run_cells
+    from bench.harness.validate import check_output_dir
+    from bench.report.build import write_report
+    from bench.report.tables import write_tables
+    from bench.studies.maxsize import search
+    from bench.studies.plan import plan_markdown, print_plan, rows_from
+
+    run_id = new_run_id("plan")
+    out = args.out or DEFAULT_RUNS_DIR / run_id
+    try:
+        check_output_dir(out, cells=len(cells))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    interrupted = None
+    if args.max_batch:
+        for cell in cells:
+            search(cell, budget=budget, vary="batch", out_dir=out, run_id=run_id)
+    else:
+        interrupted = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}).interrupted
+    records = read_records([out])
+    rows = rows_from(records, budget, max_batch=args.max_batch)
+    first = cells[0]
+    mode = "fake" if first.fake else "simulated, real tensors"
+    title = (
+        f"plan: {first.workload} {first.preset}, N={first.world_size}, {first.precision}, "
+        f"budget {args.budget} per rank, "
+        + ("largest batch" if args.max_batch else f"batch {first.batch_size}")
+        + (", AC" if first.activation_checkpointing else "")
+        + f" ({mode})"
+    )
+    batch = None if args.max_batch else first.batch_size
+    (out / "plan.md").write_text(plan_markdown(rows, budget, title=title, batch=batch))
+    write_tables(records, out)
+    print_plan(rows, budget, title=title, batch=batch)
+    print(f"report: {write_report(out)}")
+    print(f"plan: {out / 'plan.md'}; records: {out / 'records.jsonl'}")
+    if interrupted is not None:
+        print(f"interrupted by {interrupted}: the plan covers the cells run before it", file=sys.stderr)
+        return interrupted.exit_code
+    return 0 if rows and all(r.record.status in ("ok", "oom") for r in rows) else 1

@@ -1,0 +1,183 @@
+"""The table a person reads in the terminal after a run: the columns read first, at most 120
+characters wide, a flag legend instead of repeated notes, and per group of comparable cells a
+line of ratios against ddp. The full table (every column) stays in ``table.md``/``table.csv``.
+
+Comparable cells: the same workload, preset, world size, precision, batch, activation
+checkpointing and the same simulated/fake mode; ratios are set against ddp's cell of the group
+(step time with ``compare``'s noise rule: a ratio within the noise says so).
+"""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from bench.harness.records import Record, first_line
+from bench.report.tables import _model_state
+from bench.studies.compare_rules import step_time_noise
+
+WIDTH = 120
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return ""
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+
+
+def _step(r: Record) -> str:
+    t = r.step_time_s or {}
+    if not t.get("median"):
+        return ""
+    med, mad = t["median"], t.get("mad") or 0.0
+    return f"{med:.2f} ± {mad:.2f} s" if med >= 1 else f"{med * 1e3:.0f} ± {mad * 1e3:.0f} ms"
+
+
+def _states(r: Record) -> str:
+    held, predicted = _model_state(r), (r.predicted_mem_bytes or {}).get("total")
+    return f"{held / predicted:.3f}" if held and predicted else ""
+
+
+def flags(r: Record) -> str:
+    """Letters for how a cell was measured (see ``LEGEND``)."""
+    out = []
+    if r.simulated:
+        out.append("S")
+    if r.fake:
+        out.append("F")
+    if r.requested_world_size and r.world_size < r.requested_world_size:
+        out.append("1")
+    if r.activation_checkpointing:
+        out.append("AC")
+    return " ".join(out)
+
+
+LEGEND = {
+    "S": "simulated: rank 0 of a fake world, no communication in its time",
+    "F": "fake: planned under FakeTensorMode, nothing allocated, no time",
+    "1": "single-device: the strategy ran fewer ranks than requested",
+    "AC": "activation checkpointing",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    value: Callable[[Record], str]
+    right: bool = False
+
+
+COLUMNS: dict[str, Column] = {
+    "workload": Column("workload", lambda r: r.workload),
+    "preset": Column("preset", lambda r: r.preset),
+    "params": Column("params", lambda r: f"{r.params / 1e6:.1f}M", right=True),
+    "strategy": Column("strategy", lambda r: r.strategy),
+    "N": Column("N", lambda r: str(r.world_size), right=True),
+    "precision": Column("prec", lambda r: r.precision),
+    "batch": Column("batch", lambda r: str(r.batch_size_per_rank), right=True),
+    "flags": Column("flags", flags),
+    "status": Column("status", lambda r: r.status),
+    "peak": Column("peak", lambda r: _bytes((r.peak_mem_bytes or {}).get("max")), right=True),
+    "states/pred": Column("states/pred", _states, right=True),
+    "step": Column("step time", _step, right=True),
+    "throughput": Column(
+        "samples/s", lambda r: f"{r.samples_per_s:.3g}" if r.samples_per_s else "", right=True
+    ),
+    "error": Column("error", lambda r: first_line(r.error, 60) if r.status != "ok" else ""),
+}
+DEFAULT_COLUMNS = (
+    "workload",
+    "preset",
+    "strategy",
+    "N",
+    "flags",
+    "status",
+    "peak",
+    "states/pred",
+    "step",
+    "throughput",
+)
+
+
+def check_columns(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` if every one is a column; ValueError naming the allowed ones otherwise."""
+    if unknown := [n for n in names if n not in COLUMNS]:
+        raise ValueError(f"unknown column {unknown[0]!r}; allowed: {', '.join(COLUMNS)}")
+    return tuple(names)
+
+
+def _group(r: Record) -> tuple:
+    return (
+        r.workload,
+        r.preset,
+        r.world_size,
+        r.precision,
+        r.batch_size_per_rank,
+        r.activation_checkpointing,
+        r.fake,
+        r.simulated,
+    )
+
+
+def ratio_lines(records: Sequence[Record]) -> list[str]:
+    """Per group with an ok ddp cell: each other ok strategy's peak and step time against it."""
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        if r.status == "ok" and not r.max_size:
+            groups.setdefault(_group(r), []).append(r)
+    lines = []
+    for key, members in groups.items():
+        base = next((r for r in members if r.strategy == "ddp"), None)
+        if base is None or len(members) < 2:
+            continue
+        parts = []
+        for r in members:
+            if r is base:
+                continue
+            text = f"{r.strategy}: "
+            peaks = [(x.peak_mem_bytes or {}).get("max") for x in (r, base)]
+            text += f"{peaks[0] / peaks[1]:.2f}x peak" if all(peaks) else "peak unmeasured"
+            times = [(x.step_time_s or {}).get("median") for x in (r, base)]
+            if all(times):
+                noise = step_time_noise(r, base, base_label="ddp")
+                text += f", {times[0] / times[1]:.2f}x step time"
+                if noise == "within noise" or (noise or "").endswith("too few to tell from noise"):
+                    text += f" ({noise.split(': ')[-1] if noise != 'within noise' else noise})"
+            parts.append(text)
+        head = f"{key[0]} {key[1]} N={key[2]} vs ddp: "
+        lines += textwrap.wrap(head + "; ".join(parts), WIDTH, subsequent_indent="  ")
+    return lines
+
+
+def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
+    """The summary as text: the table (rich, ``WIDTH`` columns; plain aligned text without rich),
+    the legend of the flags that occur and the ratio lines."""
+    cols = [COLUMNS[c] for c in columns]
+    if any(r.status != "ok" for r in records) and "error" not in columns:
+        cols.append(COLUMNS["error"])
+    rows = [[c.value(r) for c in cols] for r in records]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max([len(c.header)] + [len(row[i]) for row in rows]) for i, c in enumerate(cols)]
+        fmt = [(str.rjust if c.right else str.ljust) for c in cols]
+        lines = ["  ".join(f(c.header, w) for c, f, w in zip(cols, fmt, widths, strict=True))]
+        lines += ["  ".join(f(v, w) for v, f, w in zip(row, fmt, widths, strict=True)) for row in rows]
+        text = "\n".join(line[:WIDTH] for line in lines)
+    else:
+        table = Table(header_style="bold", pad_edge=False, box=None)
+        for c in cols:
+            table.add_column(c.header, justify="right" if c.right else "left", overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        buffer = io.StringIO()
+        Console(file=buffer, width=WIDTH, color_system=None).print(table)
+        text = buffer.getvalue().rstrip("\n")
+    used = sorted({f for r in records for f in flags(r).split()}, key=list(LEGEND).index)
+    legend = [f"{f} = {LEGEND[f]}" for f in used]
+    extra = "\n".join(textwrap.wrap("flags: " + "; ".join(legend), WIDTH)) if legend else ""
+    return "\n".join(part for part in (text, extra, "\n".join(ratio_lines(records))) if part)

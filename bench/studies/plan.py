@@ -1,0 +1,214 @@
+"""``shardbench plan``: will this model train on N ranks of a given memory, and how.
+
+Every strategy is planned as an ordinary cell of one simulated rank (``--fake``: under
+FakeTensorMode, nothing allocated, so a 1B model plans on a laptop; a workload whose shapes
+depend on its data, which FakeTensorMode cannot follow, runs with real tensors instead), at the
+given per-rank batch or, with ``--max-batch``, searched for the largest batch that fits
+(``maxsize.search``, ``--vary batch``). The table gives each strategy's per-rank peak, its
+breakdown, whether it fits the budget and the headroom left.
+
+The recommendation is the *least sharding that fits*: sharding more than needed costs
+communication (ZeRO-3 gathers the parameters twice a step) for memory the run does not need.
+Strategies are ranked by what they shard (nothing; optimizer state; + gradients;
++ parameters); within a rank the one with the most headroom is recommended. Where cells ran for
+real (not ``--fake``), their step time is shown against ddp's with the noise rule ``compare``
+uses; a simulated world has no communication, so it is a compute-only time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.harness.config import CellConfig
+from bench.harness.records import Record, first_line
+from bench.report.tables import markdown_table
+from bench.studies.compare_rules import step_time_noise
+
+#: every strategy a user would choose between, least sharding first
+PLAN_STRATEGIES = ("ddp", "zero1", "torch-zero1", "zero2", "fsdp2-zero2", "zero3", "fsdp2-zero3")
+#: what each sharding level adds, for the table
+LEVELS = ("none", "optim", "+grads", "+params")
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def sharding_level(strategy: str) -> int:
+    """0 nothing sharded, 1 optimizer state, 2 + gradients, 3 + parameters."""
+    from bench.strategies.registry import get_strategy
+
+    s = get_strategy(strategy).sharding
+    return int(s.optimizer_state or s.whole_parameters) + int(s.gradients) + int(s.parameters)
+
+
+def planning_cells(
+    *,
+    workload: str,
+    preset: str,
+    world_size: int,
+    precision: str,
+    batch_size: int,
+    activation_checkpointing: bool,
+    device: str,
+    fake: bool,
+    timeout_s: float,
+    strategies: Sequence[str] = PLAN_STRATEGIES,
+) -> list[CellConfig]:
+    """One cell per strategy: one simulated rank, one warm-up and one measured step (memory is
+    what a plan needs; the peak is reached within the first steps)."""
+    return [
+        CellConfig(
+            workload=workload,
+            preset=preset,
+            strategy=s,
+            world_size=world_size,
+            precision=precision,
+            batch_size=batch_size,
+            steps=1,
+            warmup=1,
+            device=device,
+            timeout_s=timeout_s,
+            suite="plan",
+            simulate=True,
+            fake=fake,
+            activation_checkpointing=activation_checkpointing,
+        )
+        for s in strategies
+    ]
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One strategy's answer: the record of the cell planned (with ``--max-batch``: of the
+    largest batch that fits, or of batch 1 when none does)."""
+
+    strategy: str
+    record: Record
+    budget: int
+    max_batch: int | None = None  # None: not searched
+
+    @property
+    def level(self) -> int:
+        return sharding_level(self.strategy)
+
+    @property
+    def peak(self) -> int | None:
+        return (self.record.peak_mem_bytes or {}).get("max")
+
+    @property
+    def fits(self) -> bool:
+        if self.max_batch is not None:
+            return self.max_batch >= 1
+        return self.record.status == "ok" and self.peak is not None and self.peak <= self.budget
+
+    @property
+    def headroom(self) -> int | None:
+        return None if self.peak is None or not self.fits else self.budget - self.peak
+
+
+def rows_from(records: Sequence[Record], budget: int, *, max_batch: bool) -> list[PlanRow]:
+    """The plan's rows from a plan run's records, in ``PLAN_STRATEGIES`` order."""
+    rows = []
+    for r in records:
+        if max_batch and r.suite == "max-size" and r.max_size:
+            fit = r.max_size.get("largest_fit")
+            rows.append(PlanRow(r.strategy, r, budget, max_batch=fit["batch_size"] if fit else 0))
+        elif not max_batch and r.suite == "plan":
+            rows.append(PlanRow(r.strategy, r, budget))
+    order = {s: i for i, s in enumerate(PLAN_STRATEGIES)}
+    return sorted(rows, key=lambda row: order.get(row.strategy, len(order)))
+
+
+def recommend(rows: Sequence[PlanRow]) -> PlanRow | None:
+    """The least sharding that fits; within it, the most headroom."""
+    fitting = [r for r in rows if r.fits]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda r: (r.level, -(r.headroom or 0)))
+
+
+def _size(nbytes: int | None, unit: int) -> str:
+    return "-" if nbytes is None else f"{nbytes / unit:.2f}" if unit == GIB else f"{nbytes / unit:.1f}"
+
+
+def _step(row: PlanRow, base: PlanRow | None) -> str:
+    t = row.record.step_time_s or {}
+    if not t.get("median"):
+        return "-"
+    text = f"{t['median'] * 1e3:.0f} ± {(t.get('mad') or 0) * 1e3:.0f} ms"
+    if base is not None and base is not row and (b := base.record.step_time_s or {}).get("median"):
+        noise = step_time_noise(row.record, base.record, base_label="ddp")
+        text += f" ({t['median'] / b['median']:.2f}x{', within noise' if noise == 'within noise' else ''})"
+    return text
+
+
+def table(rows: Sequence[PlanRow], budget: int) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of the plan table (sizes in GiB, or MiB under a 1 GiB budget)."""
+    unit, label = (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
+    searched = any(r.max_batch is not None for r in rows)
+    timed = any((r.record.step_time_s or {}).get("median") for r in rows)
+    base = next((r for r in rows if r.strategy == "ddp" and r.record.status == "ok"), None)
+    columns = ["strategy", "shards", f"peak {label}"]
+    columns += [f"{c} {label}" for c in ("params", "grads", "optim", "activ", "other")]
+    columns += ["fits", f"headroom {label}"] + (["max batch"] if searched else [])
+    columns += ["step time (vs ddp)"] if timed else []
+    out = []
+    for r in rows:
+        parts = r.record.mem_breakdown_bytes or {}
+        if r.record.status != "ok" and not searched:
+            fits = f"{r.record.status}: {first_line(r.record.error, 40)}"
+        else:
+            fits = "yes" if r.fits else "no"
+        line = [r.strategy, LEVELS[r.level], _size(r.peak, unit)]
+        line += [_size(parts.get(c), unit) for c in ("params", "grads", "optimizer", "activations", "other")]
+        line += [fits, _size(r.headroom, unit)] + ([str(r.max_batch)] if searched else [])
+        line += [_step(r, base)] if timed else []
+        out.append(line)
+    return columns, out
+
+
+def verdict(rows: Sequence[PlanRow], budget: int, *, batch: int | None) -> str:
+    """One line: the recommendation and why, or why nothing fits."""
+    unit, label = (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
+    at = f"at batch {batch} per rank" if batch is not None else "at batch 1 per rank"
+    best = recommend(rows)
+    if best is None:
+        measured = [r for r in rows if r.peak is not None]
+        lowest = min(measured, key=lambda r: r.peak or 0, default=None)
+        least = (
+            f"; the lowest peak is {lowest.strategy}'s, {_size(lowest.peak, unit)} {label}" if lowest else ""
+        )
+        return (
+            f"nothing fits {at} in {_size(budget, unit)} {label} per rank{least}: try "
+            "--activation-checkpointing, --precision bf16, a smaller batch or more ranks"
+        )
+    why = "the least sharding that fits" if best.level else "nothing needs sharding"
+    batch_part = f", largest batch {best.max_batch}" if best.max_batch is not None else ""
+    return (
+        f"recommended: {best.strategy} ({why}; peak {_size(best.peak, unit)} of {_size(budget, unit)} "
+        f"{label}, {_size(best.headroom, unit)} {label} headroom{batch_part})"
+    )
+
+
+def plan_markdown(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int | None) -> str:
+    columns, body = table(rows, budget)
+    return f"# {title}\n\n{markdown_table(columns, body)}\n\n{verdict(rows, budget, batch=batch)}\n"
+
+
+def print_plan(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int | None) -> None:
+    """The plan table on the terminal (rich, at most 120 columns; plain text without rich)."""
+    columns, body = table(rows, budget)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(plan_markdown(rows, budget, title=title, batch=batch))
+        return
+    t = Table(title=title, title_justify="left", header_style="bold", pad_edge=False, box=None)
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i < 2 or c == "fits" else "right", overflow="fold")
+    for line in body:
+        t.add_row(*line)
+    here = Console()
+    console = Console(width=min(120, here.width) if here.is_terminal else 120)
+    console.print(t)
+    console.print(verdict(rows, budget, batch=batch))

@@ -1,0 +1,163 @@
+"""Your own model as a workload: an ``nn.Module`` factory plus its inputs, adapted to the
+``Workload`` contract (``models/base.py``) so every strategy, ``--simulate``, ``--fake``,
+``max-size`` and ``plan`` take it as they take the built-in ones.
+
+A factory named on the command line (``--workload package.module:factory`` or
+``--workload path/to/file.py:factory``, ``models/specs.py``) may return a ``Workload`` of its
+own, or a ``ModelSpec``:
+
+    def factory():
+        return ModelSpec(
+            build=lambda: MyNet(width=1024),          # called once per rank, after seeding
+            inputs={"x": Input((3, 64, 64)), "labels": Input((), high=10)},
+        )
+
+Inputs are declared by shape *per sample* (the batch dimension is prepended): float inputs are
+standard normal, integer ones (``high=``) uniform in ``[0, high)``; or ``inputs`` is a function
+``(batch_size, generator) -> dict`` for anything else. Either way the data is a function of
+(seed, step, rank) only, as the contract requires. The loss comes from the model's output, the
+first of: a scalar output; an output with a ``loss`` (a transformers ``ModelOutput``, a dict);
+cross-entropy of the output against an integer ``labels`` input; the mean square of the output
+(a synthetic objective: memory and step time do not depend on what the loss means, only on the
+backward it starts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.strategies.sharded.units import repeated_blocks
+from models.base import Inputs, Workload, batch_generator
+
+#: the one preset of a workload built from a factory: the model is whatever the factory builds
+DEFAULT_PRESET = "default"
+
+
+@dataclass(frozen=True)
+class Input:
+    """One model input, per sample: ``shape`` without the batch dimension; ``high`` makes it
+    integer (token ids, class labels) in ``[0, high)``, otherwise standard-normal floats."""
+
+    shape: tuple[int, ...] = ()
+    high: int | None = None
+    dtype: torch.dtype = torch.float32
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+        size = (batch_size, *self.shape)
+        if self.high is not None:
+            return torch.randint(0, self.high, size, generator=generator)
+        return torch.randn(size, generator=generator).to(self.dtype)
+
+
+InputsFn = Callable[[int, torch.Generator], Mapping[str, torch.Tensor]]
+
+
+@dataclass
+class ModelSpec:
+    """What a factory returns for a plain ``nn.Module``: how to build it and what it reads."""
+
+    build: Callable[[], nn.Module]
+    inputs: Mapping[str, Input] | InputsFn
+    lr: float = 1e-4
+    #: the modules activation checkpointing recomputes and zero3/FSDP2 gather as units; None:
+    #: every parameterised child of an ``nn.ModuleList``/``nn.Sequential`` (``repeated_blocks``)
+    blocks: Callable[[nn.Module], list[nn.Module]] | None = None
+    not_plannable: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _tensors(output: Any) -> Iterator[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, Mapping):
+        for value in output.values():
+            yield from _tensors(value)
+    elif isinstance(output, tuple | list):
+        for value in output:
+            yield from _tensors(value)
+
+
+def loss_from_output(output: Any, inputs: Inputs) -> torch.Tensor:
+    """The training loss read off a model's output (see the module docstring for the order)."""
+    if isinstance(output, torch.Tensor) and output.dim() == 0:
+        return output
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    first = next(iter(_tensors(output)), None)
+    if first is None:
+        raise ValueError(f"the model's output ({type(output).__name__}) holds no tensor to take a loss from")
+    labels = inputs.get("labels")
+    if labels is not None and not labels.is_floating_point() and first.is_floating_point():
+        return F.cross_entropy(first.reshape(-1, first.shape[-1]).float(), labels.reshape(-1))
+    return first.float().pow(2).mean()
+
+
+class ModuleWorkload(Workload):
+    """A ``ModelSpec`` as a ``Workload`` with one preset, ``default``."""
+
+    presets: Mapping[str, dict[str, Any]] = {DEFAULT_PRESET: {}}
+
+    def __init__(self, name: str, spec: ModelSpec) -> None:
+        self.name = name
+        self.spec = spec
+        self.lr = spec.lr
+        self.not_plannable = spec.not_plannable
+
+    def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
+        self.check_preset(preset)
+        model = self.spec.build()
+        if not isinstance(model, nn.Module):
+            raise ValueError(
+                f"workload {self.name!r}: ModelSpec.build returned {type(model).__name__}, not an nn.Module"
+            )
+        if not dropout:
+            for m in model.modules():
+                if isinstance(m, nn.modules.dropout._DropoutNd):
+                    m.p = 0.0
+        return model
+
+    def batch(
+        self,
+        preset: str,
+        batch_size: int,
+        *,
+        seed: int,
+        step: int,
+        rank: int,
+        device: torch.device | str = "cpu",
+    ) -> Inputs:
+        g = batch_generator(seed=seed, step=step, rank=rank)
+        declared = self.spec.inputs
+        if callable(declared):
+            made = declared(batch_size, g)
+        else:
+            made = {k: i.sample(batch_size, g) for k, i in declared.items()}
+        return {k: v.to(device) for k, v in made.items()}
+
+    def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
+        return loss_from_output(model(**inputs), inputs)
+
+    def _blocks(self, model: nn.Module) -> list[nn.Module]:
+        return self.spec.blocks(model) if self.spec.blocks is not None else repeated_blocks(model)
+
+    def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
+        blocks = self._blocks(model)
+        if not blocks:
+            raise ValueError(
+                f"workload {self.name!r} has no repeated blocks (no nn.ModuleList/nn.Sequential children "
+                "with parameters) to checkpoint; name them with ModelSpec(blocks=...)"
+            )
+        return blocks
+
+    def check_checkpointable(self) -> None:
+        """Whether there are blocks is known only from a built model: checked when it is built."""
+
+    def shard_units(self, model: nn.Module) -> list[nn.Module] | None:
+        return self.spec.blocks(model) if self.spec.blocks is not None else None

@@ -1,0 +1,188 @@
+"""``--workload hf:<ArchitectureClass>``: any transformers architecture, built locally from its
+config class (never downloaded) and trained on synthetic token batches.
+
+The preset *is* the configuration: ``default`` (the config class's own defaults: for
+``LlamaForCausalLM`` that is Llama-2-7B's shape) or ``key=value,...`` overrides of the config's
+fields, plus ``seq_len`` (default 128), joined by ``:`` (``hidden_size=64:num_hidden_layers=2``:
+a comma would split it into several presets on the command line); ``--model-config`` (commas,
+as elsewhere) and ``--seq-len`` write it. So every record names the exact shape it measured,
+and any shape is a preset, as the built-in size families are.
+
+The loss follows the class's head: a causal LM (``...ForCausalLM``, ``...LMHeadModel``) and a
+masked LM (``...ForMaskedLM``) predict the batch's own tokens (the model shifts them), a
+sequence classifier (``...ForSequenceClassification``) random labels over ``num_labels``; the
+model computes it (``outputs.loss``), as it does in training.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.strategies.sharded.units import repeated_blocks
+from models.base import Inputs, Workload, batch_generator
+
+DEFAULT_PRESET = "default"
+DEFAULT_SEQ_LEN = 128
+SEPARATOR = ":"
+#: class-name suffix -> the labels its loss needs
+HEADS = {
+    "ForCausalLM": "tokens",
+    "LMHeadModel": "tokens",
+    "ForMaskedLM": "tokens",
+    "ForSequenceClassification": "classes",
+}
+
+
+def parse_model_config(text: str) -> dict[str, Any]:
+    """``"hidden_size=64:num_hidden_layers=2"`` (or with commas) -> ``{"hidden_size": 64, ...}``;
+    values are Python literals (ints, floats, True/False, None) or else strings."""
+    if text.strip() in ("", DEFAULT_PRESET):
+        return {}
+    out: dict[str, Any] = {}
+    for item in text.replace(",", SEPARATOR).split(SEPARATOR):
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key or not raw:
+            raise ValueError(f"model config item {item.strip()!r} is not key=value (e.g. hidden_size=2048)")
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def format_model_config(config: dict[str, Any]) -> str:
+    """The preset string of ``config`` (``parse_model_config``'s inverse); ``default`` if empty."""
+    return SEPARATOR.join(f"{k}={v}" for k, v in config.items()) or DEFAULT_PRESET
+
+
+class _AnyConfig(dict):
+    """``presets`` of an hf workload: every well-formed config string is a preset."""
+
+    def __init__(self, workload: HFWorkload) -> None:
+        super().__init__({DEFAULT_PRESET: {}})
+        self.workload = workload
+
+    def __contains__(self, preset: object) -> bool:
+        try:
+            self.workload.config(str(preset))
+        except ValueError:
+            return False
+        return True
+
+    def allowed(self) -> str:
+        return f"{DEFAULT_PRESET}, or key=value,... over the fields of {self.workload.config_class.__name__}"
+
+
+class HFWorkload(Workload):
+    """One transformers architecture class; see the module docstring."""
+
+    lr = 1e-4
+
+    def __init__(self, arch: str) -> None:
+        import transformers
+
+        model_class = getattr(transformers, arch, None)
+        if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
+            raise ValueError(
+                f"hf:{arch}: transformers {transformers.__version__} has no model class {arch!r} "
+                "(e.g. hf:LlamaForCausalLM, hf:GPT2LMHeadModel, hf:BertForSequenceClassification)"
+            )
+        head = next((h for h in HEADS if arch.endswith(h)), None)
+        if head is None:
+            raise ValueError(
+                f"hf:{arch}: no training loss for this class; allowed: classes ending in {', '.join(HEADS)}"
+            )
+        self.name = f"hf:{arch}"
+        self.model_class = model_class
+        self.config_class = model_class.config_class
+        self.labels = HEADS[head]
+        self.presets = _AnyConfig(self)
+        self._checked: set[str] = set()
+
+    def check_preset(self, preset: str) -> None:
+        """The preset's config is valid and the model builds from it (on the meta device: a
+        shape the architecture refuses, heads not dividing the width, fails here, before any
+        cell runs)."""
+        if preset in self._checked:
+            return
+        config, _ = self.config(preset)
+        try:
+            with torch.device("meta"):
+                self.model_class(config)
+        except Exception as e:
+            raise ValueError(f"{self.name} with {preset!r}: {type(e).__name__}: {e}") from None
+        self._checked.add(preset)
+
+    def config(self, preset: str, *, dropout: bool = True) -> tuple[Any, int]:
+        """The model config and sequence length a preset names; ValueError on a bad key."""
+        overrides = parse_model_config(preset)
+        seq_len = overrides.pop("seq_len", DEFAULT_SEQ_LEN)
+        config = self.config_class()
+        known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+        if unknown := [k for k in overrides if k not in known]:
+            close = difflib.get_close_matches(unknown[0], [*known, "seq_len"], n=3)
+            hint = f"did you mean {' or '.join(close)}?" if close else "see its fields in transformers' docs"
+            raise ValueError(f"{self.name}: {self.config_class.__name__} has no field {unknown[0]!r}; {hint}")
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        if not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(f"{self.name}: seq_len must be a positive integer, got {seq_len!r}")
+        limit = getattr(config, "max_position_embeddings", None)
+        if isinstance(limit, int) and seq_len > limit:
+            raise ValueError(f"{self.name}: seq_len {seq_len} > max_position_embeddings {limit}")
+        if self.labels == "classes" and getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = 0  # a classifier over batches > 1 needs one (tokens never use it)
+        if not dropout:
+            for key, value in config.to_dict().items():
+                if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+                    setattr(config, key, 0.0)
+        return config, seq_len
+
+    def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
+        config, _ = self.config(preset, dropout=dropout)
+        return self.model_class(config)
+
+    def batch(
+        self,
+        preset: str,
+        batch_size: int,
+        *,
+        seed: int,
+        step: int,
+        rank: int,
+        device: torch.device | str = "cpu",
+    ) -> Inputs:
+        config, seq_len = self.config(preset)
+        g = batch_generator(seed=seed, step=step, rank=rank)
+        low = 1 if self.labels == "classes" else 0  # never the pad token a classifier looks for
+        tokens = torch.randint(low, config.vocab_size, (batch_size, seq_len), generator=g)
+        if self.labels == "tokens":
+            labels = tokens
+        else:
+            labels = torch.randint(0, config.num_labels, (batch_size,), generator=g)
+        return {"input_ids": tokens.to(device), "labels": labels.to(device)}
+
+    def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
+        return model(**inputs).loss
+
+    def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
+        """The decoder/encoder layers (the children of the model's ``nn.ModuleList``)."""
+        return repeated_blocks(model)
+
+    def check_checkpointable(self) -> None:
+        """Every transformers architecture holds its layers in an ``nn.ModuleList``."""
+
+    def shard_units(self, model: nn.Module) -> list[nn.Module] | None:
+        """The input embedding, then the layers, as for the built-in transformer (and as
+        torchtitan wraps ``tok_embeddings``); when the embedding is tied to the output head it
+        stays in the root with it (one gather serves both ends)."""
+        embedding = model.get_input_embeddings()
+        output = model.get_output_embeddings()
+        tied = output is not None and getattr(output, "weight", None) is embedding.weight
+        return None if tied else [embedding, *repeated_blocks(model)]

@@ -1,0 +1,112 @@
+"""What ``--workload`` accepts besides the built-in names, resolved to a ``Workload``.
+
+* ``hf:<ArchitectureClass>``: a transformers architecture built from its config (``models/hf.py``);
+* ``package.module:factory`` or ``path/to/file.py:factory``: a callable returning a ``Workload``
+  (or a ``Workload`` subclass), or a ``ModelSpec`` (an ``nn.Module`` factory plus its inputs,
+  ``models/custom.py``);
+* a name another installed package registers in the entry point group ``shardbench.workloads``
+  (its value a ``module:attr`` as above).
+
+A spec is resolved in every process that runs a cell (the ranks import the same module or file
+the parent did), so everything it needs must be importable there: a file path is resolved
+against the directory the command runs in, which the ranks share. Every error is one line naming
+what is wrong and what is allowed, raised before anything runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch: ``shardbench list`` reads the registered names without importing it
+    from models.base import Workload
+
+ENTRY_POINT_GROUP = "shardbench.workloads"
+FORMS = "hf:<ArchitectureClass>, package.module:factory or path/to/file.py:factory"
+
+
+def registered() -> dict[str, str]:
+    """``{name: "module:attr"}`` of the workloads installed packages register."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def is_spec(name: str) -> bool:
+    """Whether ``name`` is a spec this module resolves (not a built-in name)."""
+    return ":" in name or name in registered()
+
+
+@functools.cache
+def resolve(spec: str) -> Workload:
+    """The workload ``spec`` names (cached: a rank resolves it once); ValueError if it cannot."""
+    if spec.startswith("hf:"):
+        from models.hf import HFWorkload
+
+        return HFWorkload(spec.removeprefix("hf:"))
+    target = registered().get(spec, spec)
+    where, sep, attr = target.rpartition(":")
+    if not sep or not where or not attr:
+        raise ValueError(f"workload {spec!r} is not a built-in name, {FORMS}")
+    obj = getattr(_load(where, spec), attr, None)
+    if obj is None:
+        raise ValueError(f"workload {spec!r}: {where!r} has no attribute {attr!r}")
+    return _as_workload(obj, spec)
+
+
+def _load(where: str, spec: str) -> Any:
+    if where.endswith(".py"):
+        path = Path(where).resolve()
+        if not path.is_file():
+            raise ValueError(f"workload {spec!r}: no file {str(path)!r}")
+        name = f"shardbench_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        assert loader_spec is not None and loader_spec.loader is not None
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module  # before running it: dataclasses and pickling look it up
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as e:
+            del sys.modules[name]
+            raise ValueError(f"workload {spec!r}: importing {str(path)!r}: {type(e).__name__}: {e}") from e
+        return module
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as e:
+        raise ValueError(f"workload {spec!r}: no module {e.name!r} (installed? on PYTHONPATH?)") from e
+    except Exception as e:
+        raise ValueError(f"workload {spec!r}: importing {where!r}: {type(e).__name__}: {e}") from e
+
+
+def _as_workload(obj: Any, spec: str) -> Workload:
+    from models.base import Workload
+    from models.custom import ModelSpec, ModuleWorkload
+
+    if isinstance(obj, type) and issubclass(obj, Workload):
+        made: Any = obj()
+    elif callable(obj):
+        try:
+            made = obj()
+        except Exception as e:
+            raise ValueError(f"workload {spec!r}: calling the factory failed: {type(e).__name__}: {e}") from e
+    else:
+        raise ValueError(
+            f"workload {spec!r} is a {type(obj).__name__}, not callable: name a factory returning a "
+            "Workload or a ModelSpec"
+        )
+    if isinstance(made, Workload):
+        if not getattr(made, "name", ""):
+            made.name = spec
+        return made
+    if isinstance(made, ModelSpec):
+        return ModuleWorkload(spec, made)
+    raise ValueError(
+        f"workload {spec!r}: the factory returned a {type(made).__name__}; allowed: a Workload or a "
+        "ModelSpec (models.custom: an nn.Module factory plus its inputs)"
+    )

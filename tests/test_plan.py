@@ -1,0 +1,130 @@
+"""``shardbench plan``: every strategy planned in one table, the least sharding that fits
+recommended, ``--max-batch`` adjacent to the first batch that does not fit, and a terminal
+table no wider than 120 columns. Cells run in this process (``run_cell_here``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.harness import runner
+from bench.harness.config import CellConfig
+from bench.harness.records import Record, read_records
+from bench.studies import maxsize
+from bench.studies.plan import PLAN_STRATEGIES, planning_cells, recommend, rows_from, sharding_level
+from tests.cells import run_cell_here
+
+ARGS = ["--workload", "transformer", "--preset", "tiny", "--world-size", "2"]
+
+
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch):
+    """Cells run here, each measured once (the test measures some first to choose a budget)."""
+    measured: dict[CellConfig, Record] = {}
+
+    def run_once(cell: CellConfig, *, run_id: str) -> Record:
+        if cell not in measured:
+            measured[cell] = run_cell_here(cell, run_id=run_id)
+        return measured[cell]
+
+    monkeypatch.setattr(runner, "run_cell", run_once)
+    monkeypatch.setattr(maxsize, "run_cell", run_once)
+    return run_once
+
+
+def _cells(batch: int, strategies=PLAN_STRATEGIES) -> list[CellConfig]:
+    from bench.harness.validate import plan_cells
+
+    return plan_cells(
+        planning_cells(
+            workload="transformer",
+            preset="tiny",
+            world_size=2,
+            precision="fp32",
+            batch_size=batch,
+            activation_checkpointing=False,
+            device="cpu",
+            fake=True,
+            timeout_s=900.0,
+            strategies=strategies,
+        )
+    )
+
+
+def test_sharding_levels() -> None:
+    assert [sharding_level(s) for s in PLAN_STRATEGIES] == [0, 1, 1, 2, 2, 3, 3]
+
+
+def test_budget_between_ddp_and_zero2(in_process, tmp_path: Path, capsys) -> None:
+    peaks = {c.strategy: in_process(c, run_id="t").peak_mem_bytes["max"] for c in _cells(8, ("ddp", "zero2"))}
+    assert peaks["zero2"] < peaks["ddp"]
+    budget = (peaks["ddp"] + peaks["zero2"]) // 2
+    out = tmp_path / "plan"
+    assert main(["plan", *ARGS, "--budget", str(budget), "--out", str(out)]) == 0
+    rows = {r.strategy: r for r in rows_from(read_records([out]), budget, max_batch=False)}
+    assert list(rows) == list(PLAN_STRATEGIES)
+    assert not rows["ddp"].fits and rows["zero2"].fits
+    assert rows["zero2"].headroom == budget - peaks["zero2"]
+    best = recommend(list(rows.values()))
+    assert best is not None and best.level == min(r.level for r in rows.values() if r.fits)
+    printed = capsys.readouterr().out
+    assert f"recommended: {best.strategy}" in printed and (out / "plan.md").is_file()
+    table = printed.split("\nreport: ")[0]  # what follows are paths, as long as the directory's
+    assert max(len(line) for line in table.splitlines()) <= 120
+
+
+def test_max_batch_is_adjacent_to_the_first_that_does_not_fit(in_process, tmp_path: Path) -> None:
+    p1, p2 = (in_process(_cells(b, ("zero2",))[0], run_id="t").peak_mem_bytes["max"] for b in (1, 2))
+    budget = int(p2 + 2.5 * (p2 - p1))
+    out = tmp_path / "plan"
+    assert (
+        main(
+            [
+                "plan",
+                *ARGS,
+                "--budget",
+                str(budget),
+                "--max-batch",
+                "--strategy",
+                "ddp,zero2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    summaries = [r for r in read_records([out]) if r.suite == "max-size"]
+    assert [r.strategy for r in summaries] == ["ddp", "zero2"]
+    for r in summaries:
+        fit, fail = r.max_size["largest_fit"], r.max_size["smallest_fail"]
+        if fit is None:  # nothing fits: batch 1 is over the budget
+            assert fail["batch_size"] == 1 and fail["peak_bytes"] > budget
+            continue
+        assert fail["batch_size"] == fit["batch_size"] + 1
+        assert fit["peak_bytes"] <= budget < fail["peak_bytes"]
+    rows = rows_from(read_records([out]), budget, max_batch=True)
+    assert next(r for r in rows if r.strategy == "zero2").max_batch >= 4
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--budget", "lots"], "cannot read memory budget"),
+        (["--budget", "1GiB", "--strategy", "nope"], "allowed: dp, ddp"),
+        (["--budget", "1GiB", "--preset", "huge"], "unknown preset 'huge'"),
+    ],
+)
+def test_bad_input_exits_2(argv, needle, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "o"
+    assert main(["plan", *ARGS, *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_batch_size_and_max_batch_exclude_each_other(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *ARGS, "--budget", "1GiB", "--batch-size", "2", "--max-batch"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

@@ -1,0 +1,79 @@
+"""What a person reads in the terminal: the compact table (at most 120 columns, the columns
+chosen), the flag legend, the ratio lines against ddp; ``--version`` and defaults in ``--help``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench.cli import build_parser, main
+from bench.harness.records import read_records
+from bench.report.terminal import COLUMNS, WIDTH, check_columns, flags, ratio_lines, terminal_table
+
+SAMPLES = Path(__file__).resolve().parents[1] / "results" / "samples"
+
+
+@pytest.fixture(scope="module")
+def records():
+    found = read_records([SAMPLES])
+    assert found, "results/samples/ holds the sample records"
+    return found
+
+
+def test_no_line_wider_than_120(records) -> None:
+    text = terminal_table(records)
+    assert max(len(line) for line in text.splitlines()) <= WIDTH
+    assert "workload" in text.splitlines()[0]
+
+
+def test_columns_are_chosen(records) -> None:
+    header = terminal_table(records, ("strategy", "peak")).splitlines()[0].split()
+    assert header[:2] == ["strategy", "peak"] and set(header[2:]) <= {"error"}  # error: failed cells
+    with pytest.raises(ValueError, match="allowed: workload"):
+        check_columns(["strategy", "colour"])
+    assert set(check_columns(list(COLUMNS))) == set(COLUMNS)
+
+
+def test_flags_and_legend(records) -> None:
+    r = records[0]
+    simulated = replace(r, simulated=True, fake=True, activation_checkpointing=True)
+    assert flags(simulated) == "S F AC"
+    single = replace(
+        r, simulated=False, fake=False, activation_checkpointing=False, world_size=1, requested_world_size=4
+    )
+    assert flags(single) == "1"
+    text = terminal_table([simulated, single])
+    assert "S = simulated" in text and "1 = single-device" in text and "AC = activation" in text
+
+
+def test_ratio_lines_against_ddp(records) -> None:
+    ok = [r for r in records if r.status == "ok"]
+    ddp = next(r for r in ok if r.strategy == "ddp")
+    half = replace(
+        ddp, strategy="zero2", peak_mem_bytes={**ddp.peak_mem_bytes, "max": ddp.peak_mem_bytes["max"] // 2}
+    )
+    (line,) = ratio_lines([ddp, half])
+    assert line.startswith(f"{ddp.workload} {ddp.preset} N={ddp.world_size} vs ddp: zero2: 0.50x peak")
+    if ddp.step_time_s:
+        assert "1.00x step time" in line
+
+
+def test_run_columns_flag_is_validated(tmp_path, capsys) -> None:
+    assert main(["run", "--columns", "strategy,colour", "--out", str(tmp_path / "o")]) == 2
+    assert "--columns: unknown column 'colour'" in capsys.readouterr().err
+
+
+def test_version(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("shardbench ")
+
+
+def test_help_shows_defaults() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and "run" in a.choices).choices
+    assert "(default: 8)" in sub["plan"].format_help()
+    assert "(default: smoke)" in sub["run"].format_help()
+    assert "results/claim/<device>/" in sub["claim"].format_help()

@@ -1,0 +1,41 @@
+"""Workload factories as a user would write them, for ``--workload tests.user_models:<name>``
+(``test_workload_specs.py``): a plain module with declared inputs, a Workload of one's own, and
+the mistakes a spec can make."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from models.custom import Input, ModelSpec
+from models.transformer import TransformerWorkload
+
+
+class TinyNet(nn.Module):
+    """Two repeated blocks and a head: the shape zero3's default units and AC look for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(2)))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x, labels=None):
+        return self.head(self.blocks(x))
+
+
+def tiny_net() -> ModelSpec:
+    return ModelSpec(build=TinyNet, inputs={"x": Input((16,)), "labels": Input((), high=4)})
+
+
+def own_workload() -> TransformerWorkload:
+    return TransformerWorkload()
+
+
+not_callable = 3
+
+
+def wrong_type() -> int:
+    return 42
+
+
+def raises() -> ModelSpec:
+    raise RuntimeError("no GPU in this config")
