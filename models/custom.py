@@ -25,7 +25,7 @@ backward it starts).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -68,8 +68,8 @@ class ModelSpec:
     #: the modules activation checkpointing recomputes and zero3/FSDP2 gather as units; None:
     #: every parameterised child of an ``nn.ModuleList``/``nn.Sequential`` (``repeated_blocks``)
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None
+    #: why the model cannot run under FakeTensorMode (shapes that depend on the data), or ""
     not_plannable: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _tensors(output: Any) -> Iterator[torch.Tensor]:

@@ -123,14 +123,18 @@ class HFWorkload(Workload):
         """The model config and sequence length a preset names; ValueError on a bad key."""
         overrides = parse_model_config(preset)
         seq_len = overrides.pop("seq_len", DEFAULT_SEQ_LEN)
-        config = self.config_class()
-        known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+        defaults = self.config_class()
+        known = set(defaults.to_dict()) | set(getattr(defaults, "attribute_map", {}))
         if unknown := [k for k in overrides if k not in known]:
             close = difflib.get_close_matches(unknown[0], [*known, "seq_len"], n=3)
             hint = f"did you mean {' or '.join(close)}?" if close else "see its fields in transformers' docs"
             raise ValueError(f"{self.name}: {self.config_class.__name__} has no field {unknown[0]!r}; {hint}")
-        for key, value in overrides.items():
-            setattr(config, key, value)
+        try:  # through the constructor: fields derived from others (Llama's head_dim) follow them
+            config = self.config_class(**overrides)
+        except Exception as e:
+            raise ValueError(
+                f"{self.name}: {self.config_class.__name__}({preset!r}): {type(e).__name__}: {e}"
+            ) from None
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"{self.name}: seq_len must be a positive integer, got {seq_len!r}")
         limit = getattr(config, "max_position_embeddings", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -80,6 +81,19 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
     run.add_argument(
+        "--memory-snapshot",
+        action="store_true",
+        help="also write PyTorch's memory artefacts of each cell into the run's drill-down/: on CUDA an "
+        "allocator snapshot (open at pytorch.org/memory_viz), on the CPU or --fake the memory "
+        "tracker's per-module table; the report links them",
+    )
+    run.add_argument(
+        "--trace",
+        action="store_true",
+        help="also profile one extra step of each cell (torch.profiler) into a Chrome trace in the "
+        "run's drill-down/, our phases labelled shardbench::...; the report links it",
+    )
+    run.add_argument(
         "--columns",
         type=csv_list(str),
         help="columns of the terminal table (table.md has them all); default: "
@@ -135,6 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--columns: {e}") from None
     spec, cells = resolve_cells(args)
+    if args.memory_snapshot or args.trace:
+        cells = [replace(c, memory_snapshot=args.memory_snapshot, trace=args.trace) for c in cells]
     searches = resolve_searches(spec)
     if args.resume is not None:
         if args.out is not None and args.out.resolve() != args.resume.resolve():
@@ -148,6 +164,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return execute_run(
         cells, name=name, tags=dict(args.tag), out=out, resume=args.resume, searches=searches, columns=columns
     ).code
+
+
+def with_drill_down_dir(cell: CellConfig, out: Path) -> CellConfig:
+    """The cell with the directory its drill-down artefacts go to, under the run's directory
+    (unchanged when it asks for none)."""
+    if not (cell.memory_snapshot or cell.trace):
+        return cell
+    from bench.report.chartdata import slug
+
+    flags = ["fake" if cell.fake else "", "ac" if cell.activation_checkpointing else ""]
+    flags.append(f"r{cell.repeat}" if cell.repeat else "")
+    name = slug(cell.workload, cell.preset, cell.strategy, f"N{cell.world_size}", cell.precision, *flags)
+    name += f"-b{cell.batch_size}"
+    return replace(cell, drill_down_dir=str(out.resolve() / "drill-down" / name))
 
 
 def check_repeat(repeat: int | None) -> int | None:
@@ -200,6 +230,7 @@ def execute_run(
         check_output_dir(out, cells=len(cells))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    cells = [with_drill_down_dir(c, out) for c in cells]
     skip = done_keys(out) if resume is not None else set()
     if skip:
         print(

@@ -60,6 +60,12 @@ class CellConfig:
     plan: WorldPlan | None = None
     #: which repetition of this cell it is (``run --repeat R``: each in fresh processes)
     repeat: int = 0
+    #: drill-down (not part of the cell's key: it observes the measurement, it is not one):
+    #: PyTorch's memory snapshot (CUDA) or the memory tracker's per-module table (CPU) of the
+    #: tracked steps, and a profiler trace of one extra step, written into ``drill_down_dir``
+    memory_snapshot: bool = False
+    trace: bool = False
+    drill_down_dir: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -88,6 +88,9 @@ class Record:
     tags: dict[str, str] = field(default_factory=dict)
     #: which of the cell's ``run --repeat R`` repetitions this is (0 when not repeated)
     repeat: int = 0
+    #: drill-down artefacts the cell wrote (``--memory-snapshot``, ``--trace``): label -> path
+    #: relative to the run directory
+    artifacts: dict[str, str] | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ the grace period or at the deadline) are never the cause and are listed as such.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +50,8 @@ class RankResult:
     model_state: dict[str, int] | None = None
     cuda_allocator: dict[str, int] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    #: drill-down files this rank wrote: label -> absolute path
+    artifacts: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return finite(asdict(self))
@@ -157,6 +160,7 @@ def build_record(
         wall_s=wall_s,
         env=capture_env(cell.device),
         repeat=cell.repeat,
+        artifacts=_artifacts(cell, results),
     )
     first_losses = results[0].losses if results else []
     record.loss = {"first": first_losses[0], "last": first_losses[-1]} if first_losses else None
@@ -199,6 +203,16 @@ def _backend(cell: CellConfig, plan: WorldPlan) -> str:
     if not get_strategy(cell.strategy).needs_process_group:
         return "none"
     return "nccl" if cell.device == "cuda" else "gloo"
+
+
+def _artifacts(cell: CellConfig, results: list[RankResult]) -> dict[str, str] | None:
+    """Every rank's drill-down files, as paths relative to the run directory (the parent of
+    ``drill-down/``), so the report's links survive moving the directory."""
+    found = {label: path for r in results for label, path in (r.artifacts or {}).items()}
+    if not found or cell.drill_down_dir is None:
+        return None
+    run_dir = Path(cell.drill_down_dir).parent.parent
+    return {label: os.path.relpath(path, run_dir) for label, path in sorted(found.items())}
 
 
 FAKE_NOTE = "fake: planned under FakeTensorMode, nothing allocated, no step time"

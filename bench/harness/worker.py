@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.harness import drilldown
 from bench.harness.config import CellConfig, threads_per_rank
 from bench.harness.faults import Fault, faults_from_env
 from bench.harness.result import RankResult
@@ -252,21 +253,32 @@ def _train_and_measure(
         allocator = cuda_allocator_stats(device)
 
         tracked_peak, breakdown, model_state = None, None, None
+        artifacts: dict[str, str] = {}
         if cell.track_memory:
             # Inputs are made before tracking starts, so they count as "other", not activations.
             inputs = [batch(step + i) for i in range(MEMORY_STEPS)]
-            probe = MemoryProbe(device, [model, optimizer, inputs], typed=strategy.memory_tensors())
+            by_module = cell.memory_snapshot and not drilldown.uses_allocator_history(cell, device)
+            probe = MemoryProbe(
+                device, [model, optimizer, inputs], typed=strategy.memory_tensors(), per_module=by_module
+            )
             strategy.observe_memory(probe.attribute)
-            with probe:
-                for step_inputs in inputs:
+            with drilldown.allocator_history(cell, device, rank, artifacts), probe:
+                for i, step_inputs in enumerate(inputs):
+                    if i:  # (not after the last: its module stats are --memory-snapshot's table)
+                        probe.next_step()
                     run_step(step_inputs)
                     step += 1
-                    probe.next_step()
                 # after a step, before the next zero_grad: exactly the model states a rank keeps
                 model_state = probe.current_model_state()
             del inputs
             strategy.observe_memory(None)
             tracked_peak, breakdown = probe.peak()
+            if by_module:
+                drilldown.write_module_table(cell, probe.tracker, rank, artifacts)
+        if cell.trace:  # one more step, profiled; the measured ones stay unprofiled
+            traced = batch(step)
+            drilldown.trace_one_step(cell, device, rank, lambda: run_step(traced), artifacts)
+            step += 1
     except Diverged:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with the step it happened at
@@ -285,6 +297,7 @@ def _train_and_measure(
         model_state=model_state,
         cuda_allocator=allocator,
         settings=settings,
+        artifacts=artifacts,
     )
 
 

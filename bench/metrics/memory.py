@@ -12,6 +12,14 @@ registered with ``track_external``; that is why the default train step clears gr
 *start* of a step: between steps they still exist and are seen as gradients, which is also what
 attributes DDP's gradient buckets (with ``gradient_as_bucket_view`` the gradients are views of
 them) to gradients rather than activations.
+
+``comm`` is what a strategy holds for communication: our sharded strategies' gradient buckets
+waiting for (or in) their reduction and the reduce-scatter outputs beyond the first. MemTracker
+has no such type (it calls them "Other"), so the probe keeps its own weak set of those storages
+and, whenever the tracker records a new peak, how many of their bytes were alive then; at the
+peak they move from "other" to "comm". Buffers a library allocates inside its own code (DDP's
+buckets when they are not gradient views, FSDP2's all-gather and reduce-scatter buffers) are
+typed by the tracker as it sees them, not as comm.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any
 
 import torch
 
-CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
+CATEGORIES = ("params", "grads", "optimizer", "activations", "comm", "other")
 
 # MemTracker's reference types -> our categories.
 _CATEGORY_OF = {
@@ -50,10 +58,11 @@ def _mem_tracker_class() -> type:
 
 
 class _GlobalPeakTracker:
-    """MemTracker that keeps only the global peak. The stock tracker also updates the peak of
-    every module seen so far on every operator, O(ops x modules): measured 49 of 66 s for
-    bert-large under ``--fake``. We never read per-module peaks, so that work is skipped; the
-    global peak and its snapshot are updated exactly as the stock code does."""
+    """MemTracker that keeps only the global peak (and the comm bytes alive at it). The stock
+    tracker also updates the peak of every module seen so far on every operator, O(ops x
+    modules): measured 49 of 66 s for bert-large under ``--fake``. We read per-module peaks only
+    for ``--memory-snapshot``'s per-module table (``per_module = True`` on the instance); else
+    that work is skipped, and the global peak and its snapshot are updated as the stock code does."""
 
     _cache: dict[type, type] = {}
 
@@ -63,15 +72,33 @@ class _GlobalPeakTracker:
             from copy import deepcopy
 
             def _update_peak_stats(self: Any, peak_state: Any) -> None:
+                if getattr(self, "per_module", False):
+                    before = dict(self._peak_mem)
+                    base._update_peak_stats(self, peak_state)
+                    for dev, peak in self._peak_mem.items():
+                        if peak != before.get(dev):
+                            self.peak_comm[dev] = comm_bytes(self, dev)
+                    return
                 for dev, dev_snap in self._curr_mem_snap.items():
                     total = sum(int(v) for k, v in dev_snap.items() if _is_total(k))
                     if self._peak_mem.get(dev, 0) < total:
                         self._peak_mem[dev] = total
                         self._peak_mem_snap[dev] = deepcopy(dev_snap)
+                        self.peak_comm[dev] = comm_bytes(self, dev)
 
             methods = {"_update_peak_stats": _update_peak_stats}
             cls._cache[base] = type("GlobalPeakMemTracker", (base,), methods)
         return cls._cache[base]
+
+
+def comm_bytes(tracker: Any, device: torch.device) -> int:
+    """Bytes of the registered communication buffers alive now on ``device`` (see the module
+    docstring); 0 for a tracker the probe did not set up."""
+    live = getattr(tracker, "comm_storages", None)
+    if not live:
+        return 0
+    # a storage's device is the tensor's, registered with it (a fake tensor's storage is on meta)
+    return sum(st.nbytes() for st, dev in list(live.items()) if dev == device)
 
 
 def _is_total(key: Any) -> bool:
@@ -102,9 +129,16 @@ class MemoryProbe:
         device: torch.device,
         external: Iterable[Any],  # modules, optimizers, tensors or pytrees of tensors (inputs)
         typed: dict[str, list[torch.Tensor]] | None = None,
+        *,
+        per_module: bool = False,
     ) -> None:
         self.device = device
         self._tracker = _mem_tracker_class()()
+        self._tracker.per_module = per_module  # per-module peaks too (slower): --memory-snapshot
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self._tracker.comm_storages = WeakIdKeyDictionary()  # storage -> device: see the docstring
+        self._tracker.peak_comm = {}  # device -> comm bytes alive at its peak
         self._tracker.track_external(*[e for e in external if e is not None])
         for category, tensors in (typed or {}).items():
             self._register(category, tensors)
@@ -115,8 +149,11 @@ class MemoryProbe:
         uses its internal re-typing, which is what its own gradient hooks call."""
         if category not in CATEGORIES:
             raise ValueError(f"unknown memory category {category!r}; allowed: {', '.join(CATEGORIES)}")
-        if category == "other":
+        if category in ("other", "comm"):
             self._tracker.track_external(*tensors)
+            if category == "comm":
+                for t in tensors:
+                    self._tracker.comm_storages[t.untyped_storage()] = t.device
             return
         from torch.distributed._tools.mem_tracker import _MemRefType
 
@@ -145,6 +182,7 @@ class MemoryProbe:
         for dev, snap in getattr(t, "_curr_mem_snap", {}).items():
             if snap.get("Total") == getattr(t, "_peak_mem", {}).get(dev):
                 t._peak_mem_snap[dev] = copy.deepcopy(snap)
+                t.peak_comm[dev] = comm_bytes(t, dev)
 
     def __enter__(self) -> MemoryProbe:
         if self.device.type == "cuda":
@@ -156,6 +194,11 @@ class MemoryProbe:
     def __exit__(self, *exc: object) -> None:
         self._tracker.__exit__(*exc)
 
+    @property
+    def tracker(self) -> Any:
+        """The underlying MemTracker (its per-module table: ``drilldown.write_module_table``)."""
+        return self._tracker
+
     def next_step(self) -> None:
         """Call between steps: MemTracker refuses a second forward of the root module otherwise."""
         self._tracker.reset_mod_stats()
@@ -165,7 +208,11 @@ class MemoryProbe:
         is the tracker's own total, so a category the fold missed would show as a gap."""
         dev_snap = _device_entry(self._tracker.get_tracker_snapshot("peak"), self.device)
         total = sum(int(v) for k, v in dev_snap.items() if _is_total(k))
-        return total, breakdown_from_snapshot(dev_snap)
+        breakdown = breakdown_from_snapshot(dev_snap)
+        comm = next((v for d, v in self._tracker.peak_comm.items() if _same_device(d, self.device)), 0)
+        breakdown["comm"] = min(comm, breakdown["other"])
+        breakdown["other"] -= breakdown["comm"]
+        return total, breakdown
 
     def current_model_state(self) -> dict[str, int]:
         """Parameters, gradients and optimizer state held right now (call it after a step and
@@ -182,11 +229,12 @@ class MemoryProbe:
         return out
 
 
+def _same_device(dev: torch.device, device: torch.device) -> bool:
+    return dev.type == device.type and (device.index is None or dev.index in (None, device.index))
+
+
 def _device_entry(snap: dict[torch.device, dict[Any, int]], device: torch.device) -> dict[Any, int]:
-    for dev, dev_snap in snap.items():
-        if dev.type == device.type and (device.index is None or dev.index in (None, device.index)):
-            return dev_snap
-    return {}
+    return next((dev_snap for dev, dev_snap in snap.items() if _same_device(dev, device)), {})
 
 
 def cuda_allocator_stats(device: torch.device) -> dict[str, int] | None:

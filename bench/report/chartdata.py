@@ -28,7 +28,7 @@ class Bar:
     err: float | None = None
     parts: dict[str, float] | None = None  # stacked components (memory breakdown)
     predicted: float | None = None  # analytic model-state prediction, drawn beside the bar
-    held: float | None = None  # measured model states held after a step, marked on the prediction
+    held_parts: dict[str, float] | None = None  # model states held after a step, stacked beside
 
 
 @dataclass(frozen=True)

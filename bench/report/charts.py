@@ -27,7 +27,9 @@ from bench.report.chartdata import (
 )
 from bench.report.styles import REFERENCE_STRATEGY, strategy_key
 
-BREAKDOWN_PARTS = ("params", "grads", "optimizer", "activations", "other")
+BREAKDOWN_PARTS = ("params", "grads", "optimizer", "activations", "comm", "other")
+#: the model states held after a step, stacked beside the peak's breakdown
+HELD_PARTS = ("params", "grads", "optimizer")
 
 
 def _peak(r: Record) -> int | None:
@@ -36,12 +38,6 @@ def _peak(r: Record) -> int | None:
 
 def _predicted(r: Record) -> int | None:
     return (r.predicted_mem_bytes or {}).get("total")
-
-
-def _held(r: Record) -> int | None:
-    """Model states the rank held after a step (``model_state_bytes``), where the record has them."""
-    held = r.model_state_bytes if r.status == "ok" else None
-    return held.get("total") if isinstance(held, dict) else None
 
 
 def _source_note(records: Sequence[Record]) -> list[str]:
@@ -97,18 +93,24 @@ def breakdown_charts(records: Sequence[Record]) -> list[Chart]:
             total = None if parts is None else sum(parts.values())
             pred = _predicted(r)
             predicted = None if pred is None else pred / scale
-            held_bytes = _held(r)
-            held = None if held_bytes is None else held_bytes / scale
+            kept = r.model_state_bytes if r.status == "ok" else None
+            held = {k: kept.get(k, 0) / scale for k in HELD_PARTS} if kept else None
             bars.append(
                 Bar(
-                    group, r.strategy, total, status_of(r, total), parts=parts, predicted=predicted, held=held
+                    group,
+                    r.strategy,
+                    total,
+                    status_of(r, total),
+                    parts=parts,
+                    predicted=predicted,
+                    held_parts=held,
                 )
             )
         panel = Panel(ylabel=f"memory of the peak rank at its peak ({unit})", bars=tuple(bars))
         notes = [
-            "predicted (outline) = analytic ZeRO model states only (params + grads + optimizer): "
-            "compare it with the bottom three segments, and with the diamond (model states held "
-            "after a step) where the record has it.",
+            "left: the peak rank at its peak; middle (hatched): the model states it holds after a "
+            "step (zero2's gradient shards appear here: at its forward peak they do not exist yet); "
+            "right (outline): the analytic ZeRO model states (params + grads + optimizer).",
             *flag_notes(recs),
         ]
         title = f"{workload}/{preset}: memory breakdown vs prediction"

@@ -26,9 +26,10 @@ SECTIONS = {
     ),
     "breakdown": (
         "Memory breakdown against the prediction",
-        "Left of each pair: what the peak rank held at its peak, by category. Right (dotted outline): "
-        "the analytic ZeRO prediction of model states only, to compare with params + grads + optimizer "
-        "and with the diamond (model states held after a step), where records carry it.",
+        "Per cell, left: what the peak rank held at its peak, by category (comm: buffers a strategy "
+        "holds for communication). Middle (hatched): the model states it holds after a step - where "
+        "zero2's gradient shards are, which do not exist yet at its forward peak. Right (dotted "
+        "outline): the analytic ZeRO prediction of model states, to compare with the middle bar.",
     ),
     "step_time": (
         "Step time and throughput",
@@ -60,6 +61,7 @@ th { background: #f4f4f4; position: sticky; top: 0; } td.text { text-align: left
 td.note { text-align: left; white-space: normal; min-width: 20em; }
 tr.failed td { background: #fdecea; } td.status-fail { color: #a40000; font-weight: bold; }
 .scroll { overflow-x: auto; } .empty { color: #777; font-style: italic; }
+ul.env { font-size: 0.9em; color: #333; padding-left: 1.2em; } ul.env code { color: #666; }
 """
 
 
@@ -82,7 +84,10 @@ def write_index(
         _environment(records),
     ]
     for kind, (title, how) in SECTIONS.items():
-        parts += [f"<h2>{_e(title)}</h2>", f'<p class="how">{_e(how)}</p>', _figures(charts.get(kind, []))]
+        if charts.get(kind):  # a section with nothing to show is left out, not shown empty
+            parts += [f"<h2>{_e(title)}</h2>", f'<p class="how">{_e(how)}</p>', _figures(charts[kind])]
+    if drill := _drill_down(records):
+        parts += ["<h2>Drill-down</h2>", drill]
     parts += ["<h2>All records</h2>", '<div class="scroll">', _table(frame), "</div>", "</body></html>"]
     path = out_dir / "index.html"
     path.write_text("\n".join(parts) + "\n", encoding="utf-8")
@@ -114,41 +119,60 @@ def _figures(paths: Sequence[Path]) -> str:
 
 
 def _environment(records: Sequence[Record]) -> str:
-    """One row per run: where, on what, with which versions, and how (simulated? fake?)."""
-    header = (
-        "run", "tags", "run id", "suite", "cells", "failed", "device", "device name", "precision",
-        "simulated", "fake", "activation checkpointing", "torch", "cuda", "python", "host", "git sha", "time",
-    )  # fmt: skip
-    rows = []
+    """One line per run: its name and id, what ran and failed, where, how (simulated? fake?),
+    with which versions, the short git sha and when; no table to scroll sideways."""
+    items = []
     for run_id in dict.fromkeys(r.run_id for r in records):
         rs = [r for r in records if r.run_id == run_id]
         times = sorted({str(r.env.get("time")) for r in rs if r.env.get("time")})
         tags = {k: v for r in rs for k, v in (r.tags or {}).items()}
-        rows.append(
-            (
-                _join(r.name for r in rs),
-                ", ".join(f"{k}={v}" for k, v in sorted(tags.items())),
-                run_id,
-                _join(r.suite for r in rs),
-                len(rs),
-                sum(1 for r in rs if r.status != "ok"),
-                _join(r.device for r in rs),
-                _join(r.env.get("device_name") for r in rs),
-                _join(r.precision for r in rs),
-                _mixed([r.simulated for r in rs], "simulated", "real"),
-                _mixed([r.fake for r in rs], "fake (planned)", "real tensors"),
-                _mixed([r.activation_checkpointing for r in rs], "AC", "off"),
-                _join(r.env.get("torch") for r in rs),
-                _join(r.env.get("cuda") for r in rs),
-                _join(r.env.get("python") for r in rs),
-                _join(r.env.get("host") for r in rs),
-                _join(r.env.get("git_sha") for r in rs),
-                times[0] if len(times) == 1 else (f"{times[0]} … {times[-1]}" if times else ""),
-            )
+        failed = sum(1 for r in rs if r.status != "ok")
+        device = _join(r.device for r in rs)
+        name = _join(r.env.get("device_name") for r in rs)
+        facts = [
+            f"{len(rs)} cells" + (f", {failed} failed" if failed else ""),
+            f"{device} ({name})" if name else device,
+            _join(r.precision for r in rs),
+            _mixed([r.simulated for r in rs], "simulated", "real ranks"),
+            _mixed([r.fake for r in rs], "fake (planned)", "real tensors"),
+            _mixed([r.activation_checkpointing for r in rs], "AC", ""),
+            "torch " + _join(r.env.get("torch") for r in rs),
+            "cuda " + _join(r.env.get("cuda") for r in rs) if any(r.env.get("cuda") for r in rs) else "",
+            "python " + _join(r.env.get("python") for r in rs),
+            _join(r.env.get("host") for r in rs),
+            "git " + _join(str(r.env.get("git_sha"))[:7] for r in rs if r.env.get("git_sha")),
+            times[0] if len(times) == 1 else (f"{times[0]} … {times[-1]}" if times else ""),
+        ]
+        title = _join(r.name for r in rs) or _join(r.suite for r in rs)
+        tag_text = " [" + ", ".join(f"{k}={v}" for k, v in sorted(tags.items())) + "]" if tags else ""
+        items.append(
+            f"<li><b>{_e(title)}</b>{_e(tag_text)} <code>{_e(run_id)}</code>: "
+            + _e(" · ".join(f for f in facts if f and f not in ("git ", "torch ", "python ")))
+            + "</li>"
         )
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f'<td class="text">{_e(v)}</td>' for v in row) + "</tr>" for row in rows)
-    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
+    return '<ul class="env">' + "".join(items) + "</ul>"
+
+
+def _drill_down(records: Sequence[Record]) -> str:
+    """Links to the artefacts cells wrote (``--memory-snapshot``, ``--trace``), or "" if none."""
+    rows = []
+    for r in records:
+        if not r.artifacts:
+            continue
+        links = " · ".join(
+            f'<a href="{_e(path)}">{_e(label)}</a>' for label, path in sorted(r.artifacts.items())
+        )
+        cell = f"{r.workload} {r.preset} {r.strategy} N={r.world_size} b={r.batch_size_per_rank}"
+        rows.append(f"<li>{_e(cell)}: {links}</li>")
+    if not rows:
+        return ""
+    how = (
+        "PyTorch's own artefacts, per cell: a CUDA memory snapshot (open it at "
+        "https://pytorch.org/memory_viz), on the CPU the memory tracker's per-module table, and a "
+        "Chrome trace of one step (chrome://tracing or https://ui.perfetto.dev; our phases are "
+        "labelled shardbench::...)."
+    )
+    return f'<p class="how">{_e(how)}</p><ul>' + "".join(rows) + "</ul>"
 
 
 def _join(values: Iterable[object]) -> str:

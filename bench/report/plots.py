@@ -27,7 +27,7 @@ from bench.report.styles import REFERENCE_STRATEGY, legend_label, strategy_color
 FORMATS = ("png", "svg")
 PART_COLORS = {
     "params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868",
-    "activations": "#c44e52", "other": "#8c8c8c",
+    "activations": "#c44e52", "comm": "#8172b3", "other": "#8c8c8c",
 }  # fmt: skip
 FAILED_COLOR = "firebrick"
 LOG_RANGE = 30  # bars spanning more than this ratio go on a log axis, or the small ones vanish
@@ -181,26 +181,26 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
 
 
 def _draw_breakdown(ax: Axes, panel: Panel) -> None:
-    """Per cell: the stacked measured breakdown, and beside it the predicted model states (outline)."""
+    """Per cell: the stacked breakdown at the peak, the model states held after a step (stacked,
+    hatched) and the predicted model states (outline)."""
     xs, x, prev = [], 0.0, None
     for b in panel.bars:
         x += 0.0 if prev is None else (1.0 if b.group == prev else 1.6)  # a gap between groups
         xs.append(x)
         prev = b.group
-    w = 0.4
-    top = max([b.value or 0 for b in panel.bars] + [b.predicted or 0 for b in panel.bars]) or 1.0
+    w = 0.28
+    tops = [b.value or 0 for b in panel.bars] + [b.predicted or 0 for b in panel.bars]
+    tops += [sum((b.held_parts or {}).values()) for b in panel.bars]
+    top = max(tops) or 1.0
     for x, b in zip(xs, panel.bars, strict=True):
         if b.parts is None:
-            _failed_bar(ax, x - w / 2, w, top * 0.3, b, strategy_color(b.series))
+            _failed_bar(ax, x - w, w, top * 0.3, b, strategy_color(b.series))
         else:
-            bottom = 0.0
-            for part, value in b.parts.items():
-                ax.bar(x - w / 2, value, w, bottom=bottom, color=PART_COLORS.get(part, "gray"), linewidth=0)
-                bottom += value
+            _stack(ax, x - w, w, b.parts)
+        if b.held_parts is not None:
+            _stack(ax, x, w, b.held_parts, hatch="////", alpha=0.6)
         if b.predicted is not None:
-            ax.bar(x + w / 2, b.predicted, w, fill=False, edgecolor="black", hatch="..", linewidth=1.0)
-        if b.held is not None:
-            ax.plot(x + w / 2, b.held, "D", color="black", markerfacecolor="gold", markersize=6, zorder=4)
+            ax.bar(x + w, b.predicted, w, fill=False, edgecolor="black", hatch="..", linewidth=1.0)
     ax.set_xticks(xs, [b.series for b in panel.bars], fontsize=8, rotation=90)
     # The cell (preset, N, ...) once per group, under its strategies' names.
     centres: dict[str, list[float]] = {}
@@ -214,13 +214,19 @@ def _draw_breakdown(ax: Axes, panel: Panel) -> None:
     ax.set_ylim(0, top * 1.1)
     ax.grid(axis="y", alpha=0.3)
     handles: list[Artist] = [Patch(color=c, label=p) for p, c in PART_COLORS.items()]
+    if any(b.held_parts is not None for b in panel.bars):
+        handles.append(Patch(facecolor="white", hatch="////", edgecolor="gray", label="held after a step"))
     handles.append(Patch(fill=False, hatch="..", edgecolor="black", label="predicted model states"))
-    if any(b.held is not None for b in panel.bars):
-        handles.append(Line2D([], [], color="black", marker="D", markerfacecolor="gold", linestyle="",
-                              label="model states held after a step"))  # fmt: skip
     if any(b.parts is None for b in panel.bars):
         handles.append(_failed_handle())
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+
+
+def _stack(ax: Axes, x: float, w: float, parts: dict[str, float], **style: object) -> None:
+    bottom = 0.0
+    for part, value in parts.items():
+        ax.bar(x, value, w, bottom=bottom, color=PART_COLORS.get(part, "gray"), linewidth=0, **style)
+        bottom += value
 
 
 def _draw_lines(ax: Axes, panel: Panel) -> None:

@@ -21,7 +21,8 @@ def _mib(nbytes: int | None) -> float | None:
 
 
 def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
-    """Flatten records into one row per cell (memory in MiB, time in ms).
+    """Flatten records into one row per cell (memory in MiB, time in ms): the peak's breakdown
+    (``params_MiB`` ... ``other_MiB``) and the model states held after the step (``held_*``).
 
     Merged runs get a leading ``run_id`` column (two runs may measure the same cell; the row must
     say which); a ``fake`` column appears once any record was planned under FakeTensorMode, and
@@ -33,6 +34,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     optional = {"fake": any(r.fake for r in records), "AC": any(r.activation_checkpointing for r in records)}
     for r in records:
         bd = r.mem_breakdown_bytes or {}
+        held = r.model_state_bytes or {}
         model_state = _model_state(r)
         predicted = (r.predicted_mem_bytes or {}).get("total")
         t = r.step_time_s or {}
@@ -58,7 +60,13 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "grads_MiB": _mib(bd.get("grads")),
                 "optim_MiB": _mib(bd.get("optimizer")),
                 "activ_MiB": _mib(bd.get("activations")),
+                "comm_MiB": _mib(bd.get("comm")),
                 "other_MiB": _mib(bd.get("other")),
+                # the model states held after the step, beside the peak's: where zero2's gradient
+                # shards are (they do not exist yet at its forward peak)
+                "held_params_MiB": _mib(held.get("params")),
+                "held_grads_MiB": _mib(held.get("grads")),
+                "held_optim_MiB": _mib(held.get("optimizer")),
                 "pred_model_state_MiB": _mib(predicted),
                 "model_state_vs_pred": (model_state / predicted) if model_state and predicted else None,
                 "note": _note(r),

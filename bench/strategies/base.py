@@ -168,6 +168,6 @@ class Strategy:
 
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
         """Persistent tensors this strategy holds outside the model's parameters and gradients
-        and the optimizer's state, by category ("grads", "optimizer", "other"), so memory
+        and the optimizer's state, by category ("grads", "optimizer", "comm", "other"), so memory
         accounting types them correctly (e.g. gradient shards, fp32 master weights)."""
         return {}

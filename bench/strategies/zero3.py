@@ -5,7 +5,7 @@ unit policy) gathered only while it runs.
 Memory accounting, per rank: this rank's parameter chunks and the unit buffers gathered at the
 moment are "params" (a gathered buffer *is* the module's parameters, and its size is what
 parameter sharding trades against communication), gradient shards "grads", fp32 masters and
-AdamW state "optimizer", and the full-gradient buffers waiting for their reduction "other"
+AdamW state "optimizer", and the full-gradient buffers waiting for their reduction "comm"
 (communication buffers, as zero2's buckets)."""
 
 from __future__ import annotations

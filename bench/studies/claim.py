@@ -134,7 +134,7 @@ class WorkloadResult:
         total = sum(bd.values())
         if not total:
             return ""
-        kept = bd.get("params", 0) + bd.get("activations", 0) + bd.get("other", 0)
+        kept = sum(bd.get(k, 0) for k in ("params", "activations", "comm", "other"))
         ideal = (kept + (bd.get("grads", 0) + bd.get("optimizer", 0)) / world_size) / total
         act = (bd.get("activations", 0) + bd.get("other", 0)) / total
         text = (

@@ -148,7 +148,7 @@ def table(rows: Sequence[PlanRow], budget: int) -> tuple[list[str], list[list[st
     timed = any((r.record.step_time_s or {}).get("median") for r in rows)
     base = next((r for r in rows if r.strategy == "ddp" and r.record.status == "ok"), None)
     columns = ["strategy", "shards", f"peak {label}"]
-    columns += [f"{c} {label}" for c in ("params", "grads", "optim", "activ", "other")]
+    columns += [f"{c} {label}" for c in ("params", "grads", "optim", "activ", "comm", "other")]
     columns += ["fits", f"headroom {label}"] + (["max batch"] if searched else [])
     columns += ["step time (vs ddp)"] if timed else []
     out = []
@@ -159,7 +159,10 @@ def table(rows: Sequence[PlanRow], budget: int) -> tuple[list[str], list[list[st
         else:
             fits = "yes" if r.fits else "no"
         line = [r.strategy, LEVELS[r.level], _size(r.peak, unit)]
-        line += [_size(parts.get(c), unit) for c in ("params", "grads", "optimizer", "activations", "other")]
+        line += [
+            _size(parts.get(c, 0), unit)
+            for c in ("params", "grads", "optimizer", "activations", "comm", "other")
+        ]
         line += [fits, _size(r.headroom, unit)] + ([str(r.max_batch)] if searched else [])
         line += [_step(r, base)] if timed else []
         out.append(line)
@@ -183,6 +186,9 @@ def verdict(rows: Sequence[PlanRow], budget: int, *, batch: int | None) -> str:
         )
     why = "the least sharding that fits" if best.level else "nothing needs sharding"
     batch_part = f", largest batch {best.max_batch}" if best.max_batch is not None else ""
+    most = max((r for r in rows if r.max_batch), key=lambda r: r.max_batch or 0, default=None)
+    if most is not None and best.max_batch and most.max_batch and most.max_batch > best.max_batch:
+        batch_part += f"; the largest batch of all is {most.strategy}'s, {most.max_batch}"
     return (
         f"recommended: {best.strategy} ({why}; peak {_size(best.peak, unit)} of {_size(budget, unit)} "
         f"{label}, {_size(best.headroom, unit)} {label} headroom{batch_part})"

@@ -125,7 +125,7 @@ class ShardedDataParallel(nn.Module):
         # forward pass, where activations peak, then holds no gradient memory at all.
         self._grad_shards: list[torch.Tensor | None] = [None] * len(buckets)
         #: memory accounting observer: called with each tensor allocated here and its category
-        #: ("grads" for gradient shards, "other" for communication buffers).
+        #: ("grads" for gradient shards, "comm" for communication buffers).
         self.memory_observer: Callable[[torch.Tensor, str], None] | None = None
         self._buffers: dict[int, torch.Tensor] = {}
         self._pending = [len(b.params) for b in buckets]
@@ -220,7 +220,7 @@ class ShardedDataParallel(nn.Module):
             # A bucket of one parameter that splits evenly (a big embedding, typically):
             # reduce its gradient in place rather than copy it into a second buffer.
             self._buffers[bucket.index] = p.grad.view(-1)
-            self._observe(p.grad, "other")
+            self._observe(p.grad, "comm")
         else:
             off = bucket.offsets[i]
             self._buffer(bucket)[off : off + p.numel()].copy_(p.grad.reshape(-1))
@@ -231,7 +231,7 @@ class ShardedDataParallel(nn.Module):
         if buf is None:
             first = bucket.params[0]
             buf = torch.zeros(bucket.padded, dtype=first.dtype, device=first.device)
-            self._observe(buf, "other")
+            self._observe(buf, "comm")
             self._buffers[bucket.index] = buf
         return buf
 
@@ -260,7 +260,7 @@ class ShardedDataParallel(nn.Module):
                     work = dist.all_reduce(buf, group=self.process_group, async_op=True)
                 else:
                     out = buf.new_empty(bucket.chunk)
-                    self._observe(out, "grads" if self._grad_shards[bucket.index] is None else "other")
+                    self._observe(out, "grads" if self._grad_shards[bucket.index] is None else "comm")
                     work = dist.reduce_scatter_tensor(out, buf, group=self.process_group, async_op=True)
         self._in_flight.append((work, bucket, buf, out))
 
