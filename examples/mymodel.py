@@ -17,7 +17,7 @@ from torch import nn
 
 from models.custom import Input, ModelSpec
 
-VOCAB, WIDTH, DEPTH, SEQ = 8192, 512, 4, 128
+VOCAB, WIDTH, DEPTH, SEQ = 8192, 256, 4, 64
 
 
 class Block(nn.Module):

@@ -27,5 +27,5 @@ def test_readme_plan_example_runs_as_written(tmp_path: Path, monkeypatch: pytest
     assert main([*command.split()[0:], "--out", str(tmp_path / "plan")]) == 0
     records = read_records([tmp_path / "plan"])
     assert sorted(r.strategy for r in records) == sorted(PLAN_STRATEGIES)
-    assert all(r.status == "ok" and r.params == 21_006_336 for r in records)
+    assert all(r.status == "ok" and r.params == 7_361_536 for r in records)
     assert "recommended: " in capsys.readouterr().out
