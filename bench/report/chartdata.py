@@ -122,11 +122,11 @@ def cells(records: Sequence[Record]) -> list[Record]:
     memory chart with one-off presets; the max-size chart shows the answer with its bracket,
     and the tables keep every probe."""
     return sorted(
-        (r for r in records if not is_summary(r) and r.suite != "max-size-probe"), key=_reading_order
+        (r for r in records if not is_summary(r) and r.suite != "max-size-probe"), key=reading_order
     )
 
 
-def _reading_order(r: Record) -> tuple:
+def reading_order(r: Record) -> tuple:
     return (
         r.workload, r.params, r.preset, r.world_size, r.simulated, r.fake, r.activation_checkpointing,
         r.precision, r.device, r.batch_size_per_rank, r.run_id, strategy_key(r.strategy),

@@ -58,22 +58,37 @@ def memory_cells(records: Sequence[Record]) -> list[Record]:
     return [r for r in cells(records) if not (r.status == "ok" and r.peak_mem_bytes is None)]
 
 
+#: presets whose peaks span more than this ratio get a panel each (each in its own unit, on a
+#: linear axis) rather than one log axis that mixes MiB and GiB bars
+SPLIT_RANGE = 30
+
+
+def _peak_panel(recs: Sequence[Record], title: str = "") -> Panel:
+    unit, scale = mem_unit([_peak(r) for r in recs])
+    bars, reference = [], {}
+    for group, r in zip(group_labels(recs), recs, strict=True):
+        peak = _peak(r)
+        value = None if peak is None else peak / scale
+        bars.append(Bar(group, r.strategy, value, status_of(r, value)))
+        if r.strategy == REFERENCE_STRATEGY and value is not None:
+            reference[group] = value
+    return Panel(ylabel=f"peak memory per rank ({unit})", bars=tuple(bars), reference=reference, title=title)
+
+
 def peak_memory_charts(records: Sequence[Record]) -> list[Chart]:
-    """(a) Per-rank peak memory, one bar per strategy, grouped by preset (and world size)."""
+    """(a) Per-rank peak memory, one bar per strategy, grouped by preset (and world size); a
+    panel per preset when the presets' peaks are too far apart for one linear axis."""
     out = []
     for workload, recs in by_key(memory_cells(records), lambda r: r.workload):
-        unit, scale = mem_unit([_peak(r) for r in recs])
-        bars, reference = [], {}
-        for group, r in zip(group_labels(recs), recs, strict=True):
-            peak = _peak(r)
-            value = None if peak is None else peak / scale
-            bars.append(Bar(group, r.strategy, value, status_of(r, value)))
-            if r.strategy == REFERENCE_STRATEGY and value is not None:
-                reference[group] = value
-        panel = Panel(ylabel=f"peak memory per rank ({unit})", bars=tuple(bars), reference=reference)
+        peaks = [p for p in (_peak(r) for r in recs) if p]
+        by_preset = list(by_key(recs, lambda r: r.preset))
+        if len(by_preset) > 1 and peaks and max(peaks) / min(peaks) > SPLIT_RANGE:
+            panels = tuple(_peak_panel(rs, title=f"preset {preset}") for preset, rs in by_preset)
+        else:
+            panels = (_peak_panel(recs),)
         title = f"{workload}: peak memory per rank by strategy"
         notes = [*_source_note(recs), *flag_notes(recs)]
-        out.append(_chart("peak_memory", slug("peak_memory", workload), title, recs, (panel,), notes))
+        out.append(_chart("peak_memory", slug("peak_memory", workload), title, recs, panels, notes))
     return out
 
 

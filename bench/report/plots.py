@@ -22,7 +22,7 @@ from matplotlib.patches import Patch
 from bench.harness.records import Record
 from bench.report import charts as C
 from bench.report.chartdata import Bar, Chart, Panel
-from bench.report.styles import REFERENCE_STRATEGY, legend_label, strategy_color, strategy_key
+from bench.report.styles import REFERENCE_STRATEGY, legend_label, strategy_color
 
 FORMATS = ("png", "svg")
 PART_COLORS = {
@@ -130,11 +130,18 @@ def _failed_handle() -> Patch:
     return Patch(fill=False, hatch="///", edgecolor=FAILED_COLOR, label="failed / no data (status shown)")
 
 
+def _series_order(panel: Panel) -> list[str]:
+    """Strategies in the order the records (and so the table) list them: legend, bars and table
+    read in one order."""
+    return list(dict.fromkeys(b.series for b in panel.bars))
+
+
 def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
     """Grouped bars: one group per cell, one bar per strategy; DDP's value as a dashed reference."""
     groups = list(dict.fromkeys(b.group for b in panel.bars))
-    series = sorted({b.series for b in panel.bars}, key=strategy_key)
-    slots = {g: sorted((b.series for b in panel.bars if b.group == g), key=strategy_key) for g in groups}
+    series = _series_order(panel)
+    present = {(b.group, b.series) for b in panel.bars}
+    slots = {g: [s for s in series if (g, s) in present] for g in groups}
     width = 0.8 / max(len(s) for s in slots.values())
     values = [b.value for b in panel.bars if b.value is not None and b.value > 0]
     top = max((b.value + (b.err or 0) for b in panel.bars if b.value is not None), default=0.0) or 1.0
@@ -148,15 +155,7 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
         ax.bar(x, b.value, width, color=strategy_color(b.series), edgecolor="white", linewidth=0.5)
         if b.err is not None:
             ax.errorbar(x, b.value, yerr=b.err, color="black", capsize=2, linewidth=0.8)
-        ax.text(
-            x,
-            b.value + (b.err or 0),
-            f" {_number(b.value)}",
-            rotation=90,
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
+        ax.text(x, b.value + (b.err or 0), _number(b.value), ha="center", va="bottom", fontsize=6.5)
     for group, value in panel.reference.items():
         gx, half = groups.index(group), width * len(slots[group]) / 2 + 0.05
         ax.hlines(value, gx - half, gx + half, colors="black", linestyles="--", linewidth=1.2, zorder=3)

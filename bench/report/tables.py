@@ -29,6 +29,9 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     an ``AC`` column once any record ran with activation checkpointing (its activations are
     recomputed, so its memory and time are not the plain cell's).
     """
+    from bench.report.chartdata import reading_order
+
+    records = sorted(records, key=reading_order)  # the charts' order: one order for legend and rows
     rows = []
     several_runs = len({r.run_id for r in records}) > 1
     optional = {"fake": any(r.fake for r in records), "AC": any(r.activation_checkpointing for r in records)}

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bench.harness.records import Record, first_line
+from bench.report.chartdata import reading_order
 from bench.report.tables import _model_state
 from bench.studies.compare_rules import step_time_noise
 
@@ -155,6 +156,7 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
 def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
     """The summary as text: the table (rich, ``WIDTH`` columns; plain aligned text without rich),
     the legend of the flags that occur and the ratio lines."""
+    records = sorted(records, key=reading_order)  # as table.md and the charts list them
     cols = [COLUMNS[c] for c in columns]
     if any(r.status != "ok" for r in records) and "error" not in columns:
         cols.append(COLUMNS["error"])
