@@ -15,7 +15,7 @@ import bench.studies.maxsize as maxsize
 from bench.cli import main
 from bench.harness.config import CellConfig
 from bench.harness.records import Record, read_records
-from tests.cells import run_cell_here, tiny_cell
+from tests.cells import measured_once, run_cell_here, tiny_cell
 
 MIB = 2**20
 
@@ -101,17 +101,10 @@ def test_a_timeout_is_retried_once_with_twice_the_time(tmp_path: Path, monkeypat
 
 
 def test_batch_search_finds_adjacent_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    measured: dict[CellConfig, Record] = {}
-
-    def run_once(cell: CellConfig, *, run_id: str) -> Record:
-        if cell not in measured:
-            measured[cell] = run_cell_here(cell, run_id=run_id)
-        return measured[cell]
-
+    run_once = measured_once()
     monkeypatch.setattr(maxsize, "run_cell", run_once)
-    # A budget between the peaks at batch 3 and 4 (the peak grows linearly with the batch): the
-    # search doubles (1, 2 fit; 4 does not), then bisects (3): four probes, two of them measured
-    # here first. (A fixed 24 MiB took ten.)
+    # A budget between the peaks at batch 3 and 4 (the peak grows linearly with the batch): batches
+    # 1 and 2 predict 3, and 3 fits and 4 does not: four probes, two of them measured here first.
     probe = replace(_base(fake=True), suite="max-size-probe")
     p1, p2 = (run_once(replace(probe, batch_size=b), run_id="t").peak_mem_bytes["max"] for b in (1, 2))
     budget = int(p2 + 1.5 * (p2 - p1))

@@ -11,10 +11,10 @@ import pytest
 from bench.cli import main
 from bench.harness import runner
 from bench.harness.config import CellConfig
-from bench.harness.records import Record, read_records
+from bench.harness.records import read_records
 from bench.studies import maxsize
 from bench.studies.plan import PLAN_STRATEGIES, planning_cells, recommend, rows_from, sharding_level
-from tests.cells import run_cell_here
+from tests.cells import measured_once
 
 ARGS = ["--workload", "transformer", "--preset", "tiny", "--world-size", "2"]
 
@@ -22,13 +22,7 @@ ARGS = ["--workload", "transformer", "--preset", "tiny", "--world-size", "2"]
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch):
     """Cells run here, each measured once (the test measures some first to choose a budget)."""
-    measured: dict[CellConfig, Record] = {}
-
-    def run_once(cell: CellConfig, *, run_id: str) -> Record:
-        if cell not in measured:
-            measured[cell] = run_cell_here(cell, run_id=run_id)
-        return measured[cell]
-
+    run_once = measured_once()
     monkeypatch.setattr(runner, "run_cell", run_once)
     monkeypatch.setattr(maxsize, "run_cell", run_once)
     return run_once
