@@ -24,3 +24,13 @@ def _shared_worlds() -> Iterator[None]:
     """The gloo worlds tests share (tests.dist.run_in_world) end with the session."""
     yield
     close_shared_worlds()
+
+
+@pytest.fixture
+def no_charts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reports without their charts, for tests of what a command measures and writes beside them:
+    drawing a report's PNGs and SVGs costs seconds, and the charts have their own tests
+    (test_report.py)."""
+    from bench.report import build
+
+    monkeypatch.setattr(build, "plot_all", lambda records, out_dir: {})
