@@ -160,4 +160,5 @@ class ModuleWorkload(Workload):
         """Whether there are blocks is known only from a built model: checked when it is built."""
 
     def shard_units(self, model: nn.Module) -> list[nn.Module] | None:
-        return self.spec.blocks(model) if self.spec.blocks is not None else None
+        """The blocks (``ModelSpec.blocks``, else ``repeated_blocks``), for zero3 and FSDP2 alike."""
+        return self._blocks(model) or None

@@ -49,8 +49,9 @@ def parse_model_config(text: str) -> dict[str, Any]:
         key, raw = key.strip(), raw.strip()
         if not sep or not key or not raw:
             raise ValueError(f"model config item {item.strip()!r} is not key=value (e.g. hidden_size=2048)")
+        words = {"true": True, "false": False, "none": None, "null": None}
         try:
-            out[key] = ast.literal_eval(raw)
+            out[key] = words[raw.lower()] if raw.lower() in words else ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             out[key] = raw
     return out

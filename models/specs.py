@@ -88,11 +88,9 @@ def _as_workload(obj: Any, spec: str) -> Workload:
     from models.base import Workload
     from models.custom import ModelSpec, ModuleWorkload
 
-    if isinstance(obj, type) and issubclass(obj, Workload):
-        made: Any = obj()
-    elif callable(obj):
+    if callable(obj):  # a factory, or a Workload subclass (its constructor)
         try:
-            made = obj()
+            made: Any = obj()
         except Exception as e:
             raise ValueError(f"workload {spec!r}: calling the factory failed: {type(e).__name__}: {e}") from e
     else:

@@ -55,7 +55,8 @@ def test_ratio_lines_against_ddp(records) -> None:
         ddp, strategy="zero2", peak_mem_bytes={**ddp.peak_mem_bytes, "max": ddp.peak_mem_bytes["max"] // 2}
     )
     (line,) = ratio_lines([ddp, half])
-    assert line.startswith(f"{ddp.workload} {ddp.preset} N={ddp.world_size} vs ddp: zero2: 0.50x peak")
+    assert line.startswith(f"{ddp.workload} {ddp.preset} N={ddp.world_size} {ddp.precision} ")
+    assert "vs ddp: zero2: 0.50x peak" in line
     if ddp.step_time_s:
         assert "1.00x step time" in line
 

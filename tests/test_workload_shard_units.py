@@ -59,8 +59,13 @@ def test_fsdp2_wraps_the_workload_units() -> None:
     assert "Workload.shard_units" in strategy.settings()["wrap"]
 
 
-def test_fsdp2_default_wraps_module_list_children() -> None:
+def test_fsdp2_default_is_zero3s_default() -> None:
+    """The repeated blocks, in nn.Sequential stages too (a ResNet's), and never a ModuleList
+    itself (it has no forward for a hook to fire on)."""
     from bench.strategies.fsdp2 import shard_units
+    from bench.strategies.sharded.units import repeated_blocks
 
-    model = nn.Sequential(nn.Linear(2, 2), nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]))
-    assert shard_units(model) == list(model[1])
+    stages = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), nn.Linear(2, 2))
+    lists = nn.Sequential(nn.Linear(2, 2), nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]))
+    assert shard_units(stages) == repeated_blocks(stages) == [stages[0], stages[1]]
+    assert shard_units(lists) == [lists[0], *lists[1]]

@@ -24,13 +24,14 @@ def listing() -> dict:
     from bench.strategies.registry import strategy_cards
     from models.registry import preset_param_counts, size_family_help, workload_names
 
-    workloads = {
-        name: {
-            "presets": {p: {"params": n} for p, n in preset_param_counts(name).items()},
-            "sizes": size_family_help(name),
-        }
-        for name in workload_names()
-    }
+    workloads: dict[str, dict] = {}
+    for name in workload_names():
+        try:
+            counts, sizes = preset_param_counts(name), size_family_help(name)
+        except ValueError as e:  # a package's registered workload that does not load: say so
+            workloads[name] = {"presets": {}, "sizes": None, "error": str(e)}
+            continue
+        workloads[name] = {"presets": {p: {"params": n} for p, n in counts.items()}, "sizes": sizes}
     strategies = {
         c.name: {
             "aliases": list(c.aliases),
@@ -56,7 +57,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("workloads:")
     for name, w in data["workloads"].items():
         presets = ", ".join(f"{p} ({v['params'] / 1e6:.1f}M)" for p, v in w["presets"].items())
-        print(f"  {name}: {presets}")
+        print(f"  {name}: {presets or 'error: ' + w.get('error', '')}")
         if w["sizes"]:
             print(f"    any size: {w['sizes']}")
     print(f"  and your own: {data['workload_forms']} (README: Your own model)")

@@ -104,7 +104,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             search(cell, budget=budget, vary="batch", out_dir=out, run_id=run_id)
     else:
         interrupted = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}).interrupted
-    records = read_records([out])
+    records = [r for r in read_records([out]) if r.run_id == run_id]  # not an earlier plan's in --out
     rows = rows_from(records, budget, max_batch=args.max_batch)
     first = cells[0]
     mode = "fake" if first.fake else "simulated, real tensors"

@@ -98,7 +98,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         type=csv_list(str),
         help="columns of the terminal table (table.md has them all); default: "
         "workload,preset,strategy,N,flags,status,peak,states/pred,step,throughput; also: "
-        "params,precision,batch,error",
+        "params,precision,batch,comm,error",
     )
     run.add_argument(
         "--resume",
@@ -173,7 +173,8 @@ def with_drill_down_dir(cell: CellConfig, out: Path) -> CellConfig:
         return cell
     from bench.report.chartdata import slug
 
-    flags = ["fake" if cell.fake else "", "ac" if cell.activation_checkpointing else ""]
+    flags = ["sim" if cell.simulate and not cell.fake else "", "fake" if cell.fake else ""]
+    flags += [cell.device, "ac" if cell.activation_checkpointing else ""]
     flags.append(f"r{cell.repeat}" if cell.repeat else "")
     name = slug(cell.workload, cell.preset, cell.strategy, f"N{cell.world_size}", cell.precision, *flags)
     name += f"-b{cell.batch_size}"

@@ -91,6 +91,9 @@ class Record:
     #: drill-down artefacts the cell wrote (``--memory-snapshot``, ``--trace``): label -> path
     #: relative to the run directory
     artifacts: dict[str, str] | None = None
+    #: the collectives rank 0 issued in one steady step, per kind: calls, bytes of the full
+    #: tensors, bytes a ring sends per rank (``bench/metrics/comm.py``); ``sent_per_rank`` in all
+    comm_per_step: dict[str, Any] | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:

@@ -52,6 +52,8 @@ class RankResult:
     settings: dict[str, Any] = field(default_factory=dict)
     #: drill-down files this rank wrote: label -> absolute path
     artifacts: dict[str, str] = field(default_factory=dict)
+    #: the collectives of one tracked step (``bench.metrics.comm.CollectiveCounter.summary``)
+    comm: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return finite(asdict(self))
@@ -161,6 +163,7 @@ def build_record(
         env=capture_env(cell.device),
         repeat=cell.repeat,
         artifacts=_artifacts(cell, results),
+        comm_per_step=ok[0].comm if ok else None,
     )
     first_losses = results[0].losses if results else []
     record.loss = {"first": first_losses[0], "last": first_losses[-1]} if first_losses else None
@@ -212,7 +215,12 @@ def _artifacts(cell: CellConfig, results: list[RankResult]) -> dict[str, str] | 
     if not found or cell.drill_down_dir is None:
         return None
     run_dir = Path(cell.drill_down_dir).parent.parent
-    return {label: os.path.relpath(path, run_dir) for label, path in sorted(found.items())}
+
+    def order(label: str) -> tuple[str, int]:  # "trace (rank 10)" after "trace (rank 2)"
+        kind, _, rank = label.rpartition(" (rank ")
+        return kind, int(rank.rstrip(")")) if rank.rstrip(")").isdigit() else -1
+
+    return {label: os.path.relpath(found[label], run_dir) for label in sorted(found, key=order)}
 
 
 FAKE_NOTE = "fake: planned under FakeTensorMode, nothing allocated, no step time"

@@ -43,6 +43,7 @@ from bench.harness import drilldown
 from bench.harness.config import CellConfig, threads_per_rank
 from bench.harness.faults import Fault, faults_from_env
 from bench.harness.result import RankResult
+from bench.metrics.comm import CollectiveCounter
 from bench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
 from bench.metrics.timing import timed
 from bench.strategies.base import RankContext
@@ -252,7 +253,7 @@ def _train_and_measure(
             step += 1
         allocator = cuda_allocator_stats(device)
 
-        tracked_peak, breakdown, model_state = None, None, None
+        tracked_peak, breakdown, model_state, comm = None, None, None, None
         artifacts: dict[str, str] = {}
         if cell.track_memory:
             # Inputs are made before tracking starts, so they count as "other", not activations.
@@ -263,11 +264,15 @@ def _train_and_measure(
             )
             strategy.observe_memory(probe.attribute)
             with drilldown.allocator_history(cell, device, rank, artifacts), probe:
+                counter = CollectiveCounter(world_size)
                 for i, step_inputs in enumerate(inputs):
                     if i:  # (not after the last: its module stats are --memory-snapshot's table)
                         probe.next_step()
-                    run_step(step_inputs)
+                    # the collectives of one steady step (the last), counted, never timed
+                    with counter if i == len(inputs) - 1 else contextlib.nullcontext():
+                        run_step(step_inputs)
                     step += 1
+                comm = counter.summary()
                 # after a step, before the next zero_grad: exactly the model states a rank keeps
                 model_state = probe.current_model_state()
             del inputs
@@ -298,6 +303,7 @@ def _train_and_measure(
         cuda_allocator=allocator,
         settings=settings,
         artifacts=artifacts,
+        comm=comm,
     )
 
 

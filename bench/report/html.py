@@ -159,9 +159,7 @@ def _drill_down(records: Sequence[Record]) -> str:
     for r in records:
         if not r.artifacts:
             continue
-        links = " · ".join(
-            f'<a href="{_e(path)}">{_e(label)}</a>' for label, path in sorted(r.artifacts.items())
-        )
+        links = " · ".join(f'<a href="{_e(path)}">{_e(label)}</a>' for label, path in r.artifacts.items())
         cell = f"{r.workload} {r.preset} {r.strategy} N={r.world_size} b={r.batch_size_per_rank}"
         rows.append(f"<li>{_e(cell)}: {links}</li>")
     if not rows:

@@ -70,6 +70,8 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "held_params_MiB": _mib(held.get("params")),
                 "held_grads_MiB": _mib(held.get("grads")),
                 "held_optim_MiB": _mib(held.get("optimizer")),
+                # bytes a ring sends per rank in one steady step (bench/metrics/comm.py)
+                "comm_sent_MiB": _mib((r.comm_per_step or {}).get("sent_per_rank")),
                 "pred_model_state_MiB": _mib(predicted),
                 "model_state_vs_pred": (model_state / predicted) if model_state and predicted else None,
                 "note": _note(r),

@@ -87,6 +87,7 @@ COLUMNS: dict[str, Column] = {
     "throughput": Column(
         "samples/s", lambda r: f"{r.samples_per_s:.3g}" if r.samples_per_s else "", right=True
     ),
+    "comm": Column("sent/step", lambda r: _bytes((r.comm_per_step or {}).get("sent_per_rank")), right=True),
     "error": Column("error", lambda r: first_line(r.error, 60) if r.status != "ok" else ""),
 }
 DEFAULT_COLUMNS = (
@@ -136,7 +137,7 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
             continue
         parts = []
         for r in members:
-            if r is base:
+            if r.strategy == base.strategy:  # itself, or its repeats
                 continue
             text = f"{r.strategy}: "
             peaks = [(x.peak_mem_bytes or {}).get("max") for x in (r, base)]
@@ -148,7 +149,14 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
                 if noise == "within noise" or (noise or "").endswith("too few to tell from noise"):
                     text += f" ({noise.split(': ')[-1] if noise != 'within noise' else noise})"
             parts.append(text)
-        head = f"{key[0]} {key[1]} N={key[2]} vs ddp: "
+        workload, preset, n, precision, batch, ac, fake, simulated = key
+        how = [
+            precision,
+            f"b={batch}",
+            "AC" if ac else "",
+            "fake" if fake else "simulated" if simulated else "",
+        ]
+        head = f"{workload} {preset} N={n} {' '.join(h for h in how if h)} vs ddp: "
         lines += textwrap.wrap(head + "; ".join(parts), WIDTH, subsequent_indent="  ")
     return lines
 

@@ -40,13 +40,15 @@ def wrap_ddp(model: nn.Module, ctx: RankContext) -> nn.Module:
         model, device_ids=device_ids, process_group=ctx.process_group, **DDP_SETTINGS
     )
     if dist.get_backend(ctx.process_group) == "fake":
-        # Under the fake process group DDP's default all-reduce hook returns nothing; a hook that
-        # hands back the bucket unchanged keeps DDP's memory (its buckets), minus communication.
-        ddp.register_comm_hook(None, _no_communication)
+        # Under the fake process group DDP's default all-reduce hook returns nothing; this hook
+        # issues the bucket's all-reduce (the fake group moves no data, but the collective is
+        # counted, bench/metrics/comm.py) and hands the bucket back: DDP's memory, its traffic.
+        ddp.register_comm_hook(ctx.process_group, _fake_all_reduce)
     return ddp
 
 
-def _no_communication(state, bucket):  # noqa: ANN001 - DDP checks the real (unstringified) annotations
+def _fake_all_reduce(state, bucket):  # noqa: ANN001 - DDP checks the real (unstringified) annotations
+    dist.all_reduce(bucket.buffer(), group=state)
     fut = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut

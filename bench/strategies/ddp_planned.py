@@ -13,8 +13,10 @@ model unwrapped and allocates those buckets explicitly, reproducing the reducer'
   the bucket and replaces by the view, as here): one gradient-sized buffer in all;
 * without it the gradients stay separate and the buckets are a second gradient-sized buffer.
 
-Communication is not modelled (a fake world moves no data). Records say the model was planned
-this way (``strategy_settings["planned"]``).
+Communication: like the reducer, each bucket is all-reduced once all of its gradients are in
+(on the fake process group, which moves no data: the collective is issued, so it is counted,
+``bench/metrics/comm.py``). Records say the model was planned this way
+(``strategy_settings["planned"]``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -44,6 +47,9 @@ class PlannedDDP(nn.Module):
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets: list[torch.Tensor] = []
         self._view: dict[nn.Parameter, torch.Tensor] = {}
+        self._bucket_of: dict[nn.Parameter, int] = {}
+        self._sizes: list[int] = []  # parameters per bucket
+        self._pending: list[int] = []  # of this backward, per bucket
         cap = FIRST_BUCKET_BYTES
         group: list[nn.Parameter] = []
         for p in reversed(params):
@@ -59,7 +65,11 @@ class PlannedDDP(nn.Module):
     def _allocate(self, group: list[nn.Parameter]) -> None:
         first = group[0]
         buf = torch.zeros(sum(p.numel() for p in group), dtype=first.dtype, device=first.device)
+        for p in group:
+            self._bucket_of[p] = len(self.buckets)
         self.buckets.append(buf)
+        self._sizes.append(len(group))
+        self._pending.append(len(group))
         offset = 0
         for p in group:
             self._view[p] = buf[offset : offset + p.numel()].view_as(p)
@@ -69,13 +79,17 @@ class PlannedDDP(nn.Module):
 
     def _into_bucket(self, p: torch.Tensor) -> None:
         view = self._view[p]  # type: ignore[index]
-        if p.grad is None or p.grad is view:
-            return
-        view.copy_(p.grad)
-        if self.gradient_as_bucket_view:
-            p.grad = view
+        if p.grad is not None and p.grad is not view:
+            view.copy_(p.grad)
+            if self.gradient_as_bucket_view:
+                p.grad = view
+        b = self._bucket_of[p]  # type: ignore[index]
+        self._pending[b] -= 1
+        if self._pending[b] == 0 and dist.is_initialized():
+            dist.all_reduce(self.buckets[b])
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._pending = list(self._sizes)  # a new step: every bucket waits for its gradients
         return self.module(*args, **kwargs)
 
 

@@ -7,7 +7,8 @@ parameters are resharded after forward.
   block when needed (ZeRO-3).
 
 Configured as the FSDP2 documentation and torchtitan do: ``fully_shard`` on every repeated
-block (each module held in an ``nn.ModuleList``: transformer layers, ResNet stages' blocks...),
+block (each parameterised child of an ``nn.ModuleList`` or ``nn.Sequential``: transformer
+layers, ResNet stages' blocks...),
 or on the units the workload names (``Workload.shard_units``, the same ones zero3 gathers; the
 transformer adds its embeddings, as torchtitan wraps ``tok_embeddings``), then on the root;
 bf16 via ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over fp32 sharded
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from bench.strategies.base import OptimizerFactory, RankContext, Strategy
+from bench.strategies.sharded.units import repeated_blocks
 
 
 def _fsdp_api() -> tuple[Any, Any, Any]:
@@ -37,8 +39,11 @@ def _fsdp_api() -> tuple[Any, Any, Any]:
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
-    """The modules to wrap before the root: every direct child of an ``nn.ModuleList``."""
-    return [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+    """The modules to wrap before the root where the workload names none: the repeated blocks
+    (each parameterised child of an ``nn.ModuleList`` or ``nn.Sequential``, outermost), the same
+    default zero3 gathers, so the two compare like for like on any model (a ResNet's blocks sit
+    in ``nn.Sequential`` stages: wrapping ``nn.ModuleList`` children only left them in the root)."""
+    return repeated_blocks(model)
 
 
 class FSDP2Strategy(Strategy):
@@ -48,7 +53,7 @@ class FSDP2Strategy(Strategy):
 
     def __init__(self) -> None:
         self.mesh: Any = None
-        self.wrap = "each nn.ModuleList child, then the root"
+        self.wrap = "each repeated block (nn.ModuleList/nn.Sequential child), then the root"
 
     def init_world(self, ctx: RankContext) -> None:
         init_device_mesh = _fsdp_api()[0]

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.strategies.base import OptimizerFactory, RankContext, Strategy
+from bench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
 from bench.strategies.sharded import ShardedOptimizer
 
 
@@ -28,7 +28,19 @@ class ShardedOptimizerStrategy(Strategy):
 
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
         """bf16 parameters and gradients; the ShardedOptimizer keeps fp32 master weights."""
+        self.input_dtype = torch.bfloat16 if precision == "bf16" else None
         return (cast_floating(model, torch.bfloat16) if precision == "bf16" else model), False
+
+    def train_step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: Any, loss_fn: LossFn
+    ) -> torch.Tensor:
+        """As every strategy's, with floating inputs in the parameters' bf16: no autocast runs
+        over bf16 parameters to cast them (an image batch met a bf16 convolution as fp32:
+        "Input type (float) and bias type (c10::BFloat16) should be the same")."""
+        dtype = getattr(self, "input_dtype", None)
+        if dtype is not None and isinstance(inputs, dict):
+            inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+        return super().train_step(model, optimizer, inputs, loss_fn)
 
     def build_optimizer(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext

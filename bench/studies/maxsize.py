@@ -367,9 +367,9 @@ def _search_batch(
     linearly with the batch) predicts the largest batch that fits, which is probed with its
     neighbour; bisection between the nearest measured fit and non-fit settles any miss, so the
     answer is always a measured fit beside a measured non-fit. A linear peak takes four probes
-    whatever the budget (doubling to an 80 GiB card's batch took a dozen)."""
+    whatever the budget (doubling to an 80 GiB card's batch took a dozen); a peak that does not
+    grow from batch 1 to 2 predicts nothing, and the batch doubles from there instead of jumping."""
     fit, fail = 0, None  # the largest measured fit, the smallest measured non-fit
-    moved: list[bool] = []  # which bound each settling probe moved (True: the fit)
 
     def test(b: int) -> bool:
         nonlocal fit, fail
@@ -389,17 +389,25 @@ def _search_batch(
 
     if test(1) and test(2):
         guess = predict(1, 2)
-        test(MAX_BATCH if guess is None else int(min(MAX_BATCH, max(3, guess))))
-        step = 1
-        while fail is None and fit < MAX_BATCH:  # gallop up from a prediction that fitted
-            test(min(MAX_BATCH, fit + step))
-            step *= 2
+        if guess is None:  # the peak did not grow with the batch: double, as nothing predicts
+            while fail is None and fit < MAX_BATCH:
+                test(min(MAX_BATCH, 2 * fit))
+        else:
+            step = 1
+            if test(int(min(MAX_BATCH, max(3, guess)))):
+                while fail is None and fit < MAX_BATCH:  # gallop up from a prediction that fitted
+                    test(min(MAX_BATCH, fit + step))
+                    step *= 2
+        width = None
         while fail is not None and fail - fit > 1:
-            # the secant through the two nearest measurements, unless it moved the same bound
-            # twice running (a curved peak): then the middle, so the bracket always halves soon
-            guess = None if moved[-2:] in ([True, True], [False, False]) else predict(fit, fail)
-            b = (fit + fail) // 2 if guess is None else min(fail - 1, max(fit + 1, guess))
-            moved.append(test(b))
+            # the secant through the nearest fit and non-fit; the middle instead when there is
+            # no secant, or when the last step shrank the bracket by less than a quarter (a
+            # curved peak, where secants creep), so the bracket always halves soon
+            guess = predict(fit, fail)
+            slow = width is not None and (fail - fit) > 0.75 * width
+            width = fail - fit
+            b = (fit + fail) // 2 if guess is None or slow else min(fail - 1, max(fit + 1, guess))
+            test(b)
     if fail is None:
         return list(range(1, fit + 1)), fit - 1, fit
     return list(range(1, fail + 1)), fit - 1, fail - 1

@@ -95,7 +95,14 @@ class PlanRow:
         return (self.record.peak_mem_bytes or {}).get("max")
 
     @property
+    def failed(self) -> bool:
+        """The cell (or search) ended in an error or a timeout: neither a fit nor a non-fit."""
+        return self.record.status not in ("ok", "oom")
+
+    @property
     def fits(self) -> bool:
+        if self.failed:
+            return False
         if self.max_batch is not None:
             return self.max_batch >= 1
         return self.record.status == "ok" and self.peak is not None and self.peak <= self.budget
@@ -154,7 +161,7 @@ def table(rows: Sequence[PlanRow], budget: int) -> tuple[list[str], list[list[st
     out = []
     for r in rows:
         parts = r.record.mem_breakdown_bytes or {}
-        if r.record.status != "ok" and not searched:
+        if r.failed:
             fits = f"{r.record.status}: {first_line(r.record.error, 40)}"
         else:
             fits = "yes" if r.fits else "no"
@@ -174,15 +181,19 @@ def verdict(rows: Sequence[PlanRow], budget: int, *, batch: int | None) -> str:
     unit, label = (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
     at = f"at batch {batch} per rank" if batch is not None else "at batch 1 per rank"
     best = recommend(rows)
+    failed = [r.strategy for r in rows if r.failed]
+    broken = f" ({len(failed)} failed to run: {', '.join(failed)}; see the table)" if failed else ""
+    if best is None and len(failed) == len(rows):
+        return f"no plan: every strategy failed to run ({', '.join(failed)}); see the table"
     if best is None:
-        measured = [r for r in rows if r.peak is not None]
+        measured = [r for r in rows if r.peak is not None and not r.failed]
         lowest = min(measured, key=lambda r: r.peak or 0, default=None)
         least = (
             f"; the lowest peak is {lowest.strategy}'s, {_size(lowest.peak, unit)} {label}" if lowest else ""
         )
         return (
             f"nothing fits {at} in {_size(budget, unit)} {label} per rank{least}: try "
-            "--activation-checkpointing, --precision bf16, a smaller batch or more ranks"
+            f"--activation-checkpointing, --precision bf16, a smaller batch or more ranks{broken}"
         )
     why = "the least sharding that fits" if best.level else "nothing needs sharding"
     batch_part = f", largest batch {best.max_batch}" if best.max_batch is not None else ""
@@ -191,7 +202,7 @@ def verdict(rows: Sequence[PlanRow], budget: int, *, batch: int | None) -> str:
         batch_part += f"; the largest batch of all is {most.strategy}'s, {most.max_batch}"
     return (
         f"recommended: {best.strategy} ({why}; peak {_size(best.peak, unit)} of {_size(budget, unit)} "
-        f"{label}, {_size(best.headroom, unit)} {label} headroom{batch_part})"
+        f"{label}, {_size(best.headroom, unit)} {label} headroom{batch_part}){broken}"
     )
 
 

@@ -50,7 +50,10 @@ def repeated_blocks(root: nn.Module) -> list[nn.Module]:
     def visit(module: nn.Module) -> None:
         containers = isinstance(module, nn.ModuleList | nn.Sequential)
         for child in module.children():
-            if containers and any(p.requires_grad for p in child.parameters()):
+            # a ModuleList/ModuleDict has no forward of its own (no hook would ever fire on it):
+            # its children are the blocks
+            callable_block = not isinstance(child, nn.ModuleList | nn.ModuleDict)
+            if containers and callable_block and any(p.requires_grad for p in child.parameters()):
                 found.append(child)
             else:
                 visit(child)

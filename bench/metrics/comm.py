@@ -1,0 +1,84 @@
+"""What a rank communicates in a step: every c10d collective it issues, counted as it is issued.
+
+Collectives reach PyTorch's dispatcher as ``c10d`` operators (``allreduce_``,
+``_allgather_base_``, ``_reduce_scatter_base_``, ``broadcast_``, ...), whoever calls them: our
+sharded strategies, DDP's reducer in backward, ZeroRedundancyOptimizer, FSDP2. A
+``TorchDispatchMode`` therefore sees them all, on gloo, nccl and the fake process group alike,
+without changing what runs (it forwards every operator unchanged and allocates nothing), so a
+simulated world of 1024 counts exactly what a real one would issue.
+
+Per operator kind it records the calls, the bytes of the full tensor each call works on (an
+all-reduce's tensor; an all-gather's output; a reduce-scatter's input; a broadcast's tensor) and
+the bytes a ring algorithm sends per rank for it: all-reduce 2(N-1)/N x size, all-gather and
+reduce-scatter (N-1)/N x the full size, broadcast (N-1)/N x size (a pipelined ring: every rank
+but the last forwards the tensor once; per rank on average). Bytes are those of the tensors as
+communicated (a bf16 bucket counts 2 bytes per element).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: c10d operator -> (kind, which argument holds the full-size tensor(s))
+_KINDS = {
+    "allreduce_": ("all_reduce", 0),
+    "allreduce_coalesced_": ("all_reduce", 0),
+    "_allgather_base_": ("all_gather", 0),  # (output, input, ...): the output is the full size
+    "allgather_": ("all_gather", 0),  # (output lists, inputs, ...)
+    "allgather_into_tensor_coalesced_": ("all_gather", 0),
+    "_reduce_scatter_base_": ("reduce_scatter", 1),  # (output, input, ...): the input is full
+    "reduce_scatter_": ("reduce_scatter", 1),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+    "broadcast_": ("broadcast", 0),
+}
+#: bytes a ring sends per rank, as a fraction of the full size, for a world of n
+_RING = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: (n - 1) / n,
+}
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Counts the collectives issued inside it (see the module docstring)."""
+
+    def __init__(self, world_size: int) -> None:
+        super().__init__()
+        self.world_size = world_size
+        self.ops: dict[str, dict[str, float]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func.namespace == "c10d":
+            name = func._opname
+            kind, index = _KINDS.get(name, (name.strip("_"), None))
+            size = (
+                sum(t.numel() * t.element_size() for t in _tensors(args[index])) if index is not None else 0
+            )
+            entry = self.ops.setdefault(kind, {"calls": 0, "bytes": 0, "sent_per_rank": 0.0})
+            entry["calls"] += 1
+            entry["bytes"] += size
+            if kind in _RING:
+                entry["sent_per_rank"] += size * _RING[kind](self.world_size)
+        return func(*args, **(kwargs or {}))
+
+    def summary(self) -> dict[str, Any]:
+        """``{"world_size", "ops": {kind: {calls, bytes, sent_per_rank}}, "sent_per_rank"}``."""
+        ops = {k: {**v, "sent_per_rank": round(v["sent_per_rank"])} for k, v in sorted(self.ops.items())}
+        return {
+            "world_size": self.world_size,
+            "ops": ops,
+            "sent_per_rank": sum(v["sent_per_rank"] for v in ops.values()),
+        }
