@@ -111,7 +111,7 @@ class ModuleWorkload(Workload):
         self.not_plannable = spec.not_plannable
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
-        self.check_preset(preset)
+        Workload.check_preset(self, preset)  # the name only: check_preset builds (on meta) too
         model = self.spec.build()
         if not isinstance(model, nn.Module):
             raise ValueError(
@@ -156,8 +156,28 @@ class ModuleWorkload(Workload):
             )
         return blocks
 
+    def check_preset(self, preset: str) -> None:
+        """The preset exists and the factory's ``build`` makes an ``nn.Module`` (built once on the
+        meta device, before any cell runs: a mistake is one line, not a failed cell per rank)."""
+        super().check_preset(preset)
+        self._meta_model()
+
     def check_checkpointable(self) -> None:
-        """Whether there are blocks is known only from a built model: checked when it is built."""
+        """The model has blocks to recompute (a meta build, as ``check_preset``)."""
+        self.checkpoint_units(self._meta_model())
+
+    def _meta_model(self) -> nn.Module:
+        if getattr(self, "_meta", None) is None:
+            try:
+                with torch.device("meta"):
+                    self._meta = self.build(DEFAULT_PRESET)
+            except ValueError:
+                raise
+            except Exception as e:
+                raise ValueError(
+                    f"workload {self.name!r}: building the model failed: {type(e).__name__}: {e}"
+                ) from e
+        return self._meta
 
     def shard_units(self, model: nn.Module) -> list[nn.Module] | None:
         """The blocks (``ModelSpec.blocks``, else ``repeated_blocks``), for zero3 and FSDP2 alike."""

@@ -9,7 +9,9 @@
 
 A spec is resolved in every process that runs a cell (the ranks import the same module or file
 the parent did), so everything it needs must be importable there: a file path is resolved
-against the directory the command runs in, which the ranks share. Every error is one line naming
+against the directory the command runs in (the launcher tells the ranks which:
+``SHARDBENCH_CALLER_CWD``; an exec'd CUDA rank starts in the project root), and a module must be
+installed or on ``PYTHONPATH``. Every error is one line naming
 what is wrong and what is allowed, raised before anything runs.
 """
 
@@ -19,6 +21,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -60,7 +63,7 @@ def resolve(spec: str) -> Workload:
 
 def _load(where: str, spec: str) -> Any:
     if where.endswith(".py"):
-        path = Path(where).resolve()
+        path = (Path(os.environ.get("SHARDBENCH_CALLER_CWD", os.getcwd())) / where).resolve()
         if not path.is_file():
             raise ValueError(f"workload {spec!r}: no file {str(path)!r}")
         name = f"shardbench_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"

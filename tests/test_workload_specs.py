@@ -156,6 +156,11 @@ def test_inputs_are_deterministic_per_rank_and_step() -> None:
             ["--workload", "transformer", "--model-config", "hidden_size=8"],
             "apply to hf:<Arch> workloads only",
         ),
+        (["--workload", "tests.user_models:not_a_module"], "ModelSpec.build returned int, not an nn.Module"),
+        (
+            ["--workload", "tests.user_models:no_blocks", "--activation-checkpointing"],
+            "has no repeated blocks",
+        ),
     ],
 )
 def test_bad_specs_exit_2_in_one_line(argv, needle, tmp_path, capsys) -> None:
@@ -164,3 +169,26 @@ def test_bad_specs_exit_2_in_one_line(argv, needle, tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_a_relative_file_resolves_against_the_callers_directory(tmp_path, monkeypatch) -> None:
+    """An exec'd (CUDA) rank starts in the project root: the launcher passes the command's
+    directory (SHARDBENCH_CALLER_CWD), and a relative file spec is found from there."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "relnet.py").write_text(FILE_FACTORY)
+    monkeypatch.setenv("SHARDBENCH_CALLER_CWD", str(tmp_path))
+    monkeypatch.chdir("/")
+    assert isinstance(get_workload("sub/relnet.py:factory"), ModuleWorkload)
+
+
+def test_your_own_model_takes_its_own_preset_where_none_is_given() -> None:
+    """The smoke suite's preset is ``tiny``; a model of one's own has ``default`` (or its hf shape)."""
+    from bench.cli import build_parser
+    from bench.cli.run import resolve_cells
+
+    args = build_parser().parse_args(["run", "--workload", "transformer,tests.user_models:tiny_net"])
+    _, cells = resolve_cells(args)
+    assert {(c.workload, c.preset) for c in cells} == {
+        ("transformer", "tiny"),
+        ("tests.user_models:tiny_net", "default"),
+    }

@@ -39,3 +39,11 @@ def wrong_type() -> int:
 
 def raises() -> ModelSpec:
     raise RuntimeError("no GPU in this config")
+
+
+def no_blocks() -> ModelSpec:
+    return ModelSpec(build=lambda: nn.Linear(4, 2), inputs={"input": Input((4,))})
+
+
+def not_a_module() -> ModelSpec:
+    return ModelSpec(build=lambda: 3, inputs={"input": Input((4,))})

@@ -133,7 +133,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
             activation_checkpointing=args.activation_checkpointing,
             repeat=check_repeat(args.repeat),
         )
-        cells = plan_cells(spec.cells())
+        cells = plan_cells(own_presets(spec.cells()) if presets is None else spec.cells())
     except ValueError as e:
         raise UsageError(str(e)) from None
     require_cuda_if(spec.device)
@@ -164,6 +164,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return execute_run(
         cells, name=name, tags=dict(args.tag), out=out, resume=args.resume, searches=searches, columns=columns
     ).code
+
+
+def own_presets(cells: list[CellConfig]) -> list[CellConfig]:
+    """A model of your own (``hf:``, ``module:factory``, ``file.py:factory``, an entry point)
+    has its own presets (``default``; an hf shape), not the suite's (``tiny``): where no
+    ``--preset`` was given, its cells take its first preset (duplicates dropped)."""
+    from models.registry import get_workload
+    from models.specs import is_spec
+
+    out: dict[tuple, CellConfig] = {}
+    for c in cells:
+        if is_spec(c.workload) and c.preset not in get_workload(c.workload).presets:
+            c = replace(c, preset=next(iter(get_workload(c.workload).presets)))
+        out.setdefault(c.key(), c)
+    return list(out.values())
 
 
 def with_drill_down_dir(cell: CellConfig, out: Path) -> CellConfig:

@@ -167,6 +167,9 @@ class RankWorld:
                     OMP_NUM_THREADS=threads,
                     MKL_NUM_THREADS=threads,
                     PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
+                    # where the command runs: a relative ``file.py:factory`` workload is resolved
+                    # against it (an exec'd CUDA rank starts in the project root)
+                    SHARDBENCH_CALLER_CWD=os.getcwd(),
                 )
                 argv = ["--cell", str(cell_file), "--result-dir", str(tmpdir)]
                 log = tmpdir / f"rank{rank}.log"
