@@ -24,7 +24,7 @@ backward it starts).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.strategies.sharded.units import repeated_blocks
+from bench.tensors import tensors_in
 from models.base import Inputs, Workload, batch_generator
 
 #: the one preset of a workload built from a factory: the model is whatever the factory builds
@@ -72,17 +73,6 @@ class ModelSpec:
     not_plannable: str = ""
 
 
-def _tensors(output: Any) -> Iterator[torch.Tensor]:
-    if isinstance(output, torch.Tensor):
-        yield output
-    elif isinstance(output, Mapping):
-        for value in output.values():
-            yield from _tensors(value)
-    elif isinstance(output, tuple | list):
-        for value in output:
-            yield from _tensors(value)
-
-
 def loss_from_output(output: Any, inputs: Inputs) -> torch.Tensor:
     """The training loss read off a model's output (see the module docstring for the order)."""
     if isinstance(output, torch.Tensor) and output.dim() == 0:
@@ -90,7 +80,7 @@ def loss_from_output(output: Any, inputs: Inputs) -> torch.Tensor:
     loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
         return loss
-    first = next(iter(_tensors(output)), None)
+    first = next(iter(tensors_in(output)), None)
     if first is None:
         raise ValueError(f"the model's output ({type(output).__name__}) holds no tensor to take a loss from")
     labels = inputs.get("labels")

@@ -17,11 +17,11 @@ communicated (a bf16 bucket counts 2 bytes per element).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.tensors import tensors_in
 
 #: c10d operator -> (kind, which argument holds the full-size tensor(s))
 _KINDS = {
@@ -44,14 +44,6 @@ _RING = {
 }
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _tensors(item)
-
-
 class CollectiveCounter(TorchDispatchMode):
     """Counts the collectives issued inside it (see the module docstring)."""
 
@@ -65,7 +57,7 @@ class CollectiveCounter(TorchDispatchMode):
             name = func._opname
             kind, index = _KINDS.get(name, (name.strip("_"), None))
             size = (
-                sum(t.numel() * t.element_size() for t in _tensors(args[index])) if index is not None else 0
+                sum(t.numel() * t.element_size() for t in tensors_in(args[index])) if index is not None else 0
             )
             entry = self.ops.setdefault(kind, {"calls": 0, "bytes": 0, "sent_per_rank": 0.0})
             entry["calls"] += 1

@@ -48,7 +48,6 @@ like buffers, since no gradient tells when backward is done with them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -61,6 +60,7 @@ from bench.strategies.sharded.layout import Bucket
 from bench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
 from bench.strategies.sharded.prefetch import UnitOrder
 from bench.strategies.sharded.units import Unit, UnitPolicy, find_units
+from bench.tensors import tensors_in
 
 
 def _preserve_version(tensor: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
@@ -69,18 +69,6 @@ def _preserve_version(tensor: torch.Tensor) -> contextlib.AbstractContextManager
     operation". A private torch API (FSDP2 uses it for the same purpose); without it, a no-op."""
     keep = getattr(torch.autograd, "_unsafe_preserve_version_counter", None)
     return keep(tensor) if keep is not None else contextlib.nullcontext()
-
-
-def _tensors(output: Any) -> Iterator[torch.Tensor]:
-    """The tensors in a module's output (tensors, tuples, lists, dicts and ModelOutputs)."""
-    if isinstance(output, torch.Tensor):
-        yield output
-    elif isinstance(output, tuple | list):
-        for item in output:
-            yield from _tensors(item)
-    elif isinstance(output, dict):
-        for item in output.values():
-            yield from _tensors(item)
 
 
 class ShardedDataParallel3(ShardedDataParallel):
@@ -219,7 +207,7 @@ class ShardedDataParallel3(ShardedDataParallel):
             self._prefetch(self._order.after(u))
 
     def _post_forward(self, u: int, module: nn.Module, args: Any, output: Any) -> None:
-        needs_grad = [t for t in _tensors(output) if t.requires_grad] if torch.is_grad_enabled() else []
+        needs_grad = [t for t in tensors_in(output) if t.requires_grad] if torch.is_grad_enabled() else []
         for t in needs_grad:
             t.register_hook(_weakly(self._pre_backward, u))
         if self.units[u].is_root:
