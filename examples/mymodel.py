@@ -6,6 +6,12 @@ looks like. Here a small decoder over token ids: the blocks sit in an ``nn.Modul
 is what zero3 and FSDP2 gather as units and ``--activation-checkpointing`` recomputes. The loss is
 cross-entropy against the integer ``labels`` input, read off the logits the model returns.
 
+The factory's keyword arguments are its shapes (``--model-config width=512,depth=8``), and
+``depth="depth"`` tells ``max-size --vary params`` and the claim which one adds blocks:
+
+    shardbench max-size --workload examples/mymodel.py:factory --strategy ddp,zero3 \
+        --world-size 8 --fake --budget 1GiB
+
     shardbench plan --workload examples/mymodel.py:factory --world-size 8 --budget 2GiB
     shardbench run --workload examples/mymodel.py:factory --strategy ddp,zero2 --world-size 2
 """
@@ -34,11 +40,11 @@ class Block(nn.Module):
 
 
 class TinyDecoder(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int = WIDTH, depth: int = DEPTH) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(Block(WIDTH) for _ in range(DEPTH))
-        self.head = nn.Linear(WIDTH, VOCAB)
+        self.embed = nn.Embedding(VOCAB, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, VOCAB)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(tokens)
@@ -47,8 +53,9 @@ class TinyDecoder(nn.Module):
         return self.head(x)
 
 
-def factory() -> ModelSpec:
+def factory(width: int = WIDTH, depth: int = DEPTH) -> ModelSpec:
     return ModelSpec(
-        build=TinyDecoder,
+        build=lambda: TinyDecoder(width, depth),
         inputs={"tokens": Input((SEQ,), high=VOCAB), "labels": Input((SEQ,), high=VOCAB)},
+        depth="depth",
     )

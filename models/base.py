@@ -84,9 +84,15 @@ class Workload(ABC):
     def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         """Mean training loss over the batch (mean, so DDP's gradient averaging is exact)."""
 
-    def size_family(self) -> SizeFamily | None:
-        """The continuous family a max-size search walks (None: search the ``ladder``)."""
+    def size_family(self, around: str | None = None) -> SizeFamily | None:
+        """The continuous family a max-size search walks (None: search the ``ladder``).
+        ``around``: the preset the search starts from; a workload whose shapes are keyword
+        arguments (``hf:``, a factory's) grows that shape, the built-in ones ignore it."""
         return getattr(self.presets, "family", None)
+
+    def same_shape(self, a: str, b: str) -> bool:
+        """Whether presets ``a`` and ``b`` build the same model (``base`` and ``h768-l12``)."""
+        return self.presets[a] == self.presets[b]
 
     def optimizer_factory(self) -> Callable[[nn.Module], torch.optim.Optimizer]:
         """The reference optimizer as ``factory(model) -> Optimizer``.

@@ -12,6 +12,11 @@ own, or a ``ModelSpec``:
             inputs={"x": Input((3, 64, 64)), "labels": Input((), high=10)},
         )
 
+A factory that takes keyword arguments (``def factory(width=256, depth=4)``) is a family of
+shapes: ``--model-config width=512,depth=8`` calls it with them (the preset is that string, as
+for ``hf:`` workloads), and a ``ModelSpec(depth="depth")`` names the keyword that sets how many
+blocks the model repeats, so ``max-size --vary params`` and the claim can search every depth.
+
 Inputs are declared by shape *per sample* (the batch dimension is prepended): float inputs are
 standard normal, integer ones (``high=``) uniform in ``[0, high)``; or ``inputs`` is a function
 ``(batch_size, generator) -> dict`` for anything else. Either way the data is a function of
@@ -24,6 +29,7 @@ backward it starts).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,9 +41,8 @@ from torch import nn
 from bench.strategies.sharded.units import repeated_blocks
 from bench.tensors import tensors_in
 from models.base import Inputs, Workload, batch_generator
-
-#: the one preset of a workload built from a factory: the model is whatever the factory builds
-DEFAULT_PRESET = "default"
+from models.presets.config_string import DEFAULT_PRESET, depth_family, parse_model_config
+from models.presets.family import SizeFamily
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class ModelSpec:
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None
     #: why the model cannot run under FakeTensorMode (shapes that depend on the data), or ""
     not_plannable: str = ""
+    #: the factory's keyword argument that sets how many blocks the model repeats: a size family
+    #: for ``max-size --vary params`` and the claim (None: search a ``--ladder`` of presets)
+    depth: str | None = None
 
 
 def loss_from_output(output: Any, inputs: Inputs) -> torch.Tensor:
@@ -89,20 +97,83 @@ def loss_from_output(output: Any, inputs: Inputs) -> torch.Tensor:
     return first.float().pow(2).mean()
 
 
+class _FactoryPresets(dict):
+    """``presets`` of a factory's workload: ``default`` (no arguments) and, when the factory takes
+    keyword arguments, any ``key=value:...`` over them."""
+
+    def __init__(self, workload: ModuleWorkload) -> None:
+        super().__init__({DEFAULT_PRESET: {}})
+        self.workload = workload
+
+    def __getitem__(self, preset: str) -> dict[str, Any]:
+        return parse_model_config(preset) if preset in self else super().__getitem__(preset)
+
+    def __contains__(self, preset: object) -> bool:
+        try:
+            self.workload.keywords(str(preset))
+        except ValueError:
+            return False
+        return True
+
+    def allowed(self) -> str:
+        names = self.workload.parameters()
+        return f"{DEFAULT_PRESET}, or key=value,... over {', '.join(names)}" if names else DEFAULT_PRESET
+
+
 class ModuleWorkload(Workload):
-    """A ``ModelSpec`` as a ``Workload`` with one preset, ``default``."""
+    """A ``ModelSpec`` as a ``Workload``: preset ``default`` (the factory called without
+    arguments), or keyword arguments for the factory (see the module docstring)."""
 
-    presets: Mapping[str, dict[str, Any]] = {DEFAULT_PRESET: {}}
-
-    def __init__(self, name: str, spec: ModelSpec) -> None:
+    def __init__(self, name: str, spec: ModelSpec, factory: Callable[..., Any] | None = None) -> None:
         self.name = name
         self.spec = spec
+        self.factory = factory
         self.lr = spec.lr
         self.not_plannable = spec.not_plannable
+        self.presets = _FactoryPresets(self)
+        self._specs: dict[str, ModelSpec] = {DEFAULT_PRESET: spec}
+        self._meta: dict[str, nn.Module] = {}
+
+    def parameters(self) -> list[str]:
+        """The factory's keyword arguments (none if it takes none, or is not inspectable)."""
+        try:
+            signature = inspect.signature(self.factory) if self.factory is not None else None
+        except (TypeError, ValueError):
+            return []
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return [p.name for p in signature.parameters.values() if p.kind in kinds] if signature else []
+
+    def keywords(self, preset: str) -> dict[str, Any]:
+        """The factory's keyword arguments a preset names; ValueError naming the allowed ones."""
+        values = parse_model_config(preset)
+        allowed = self.parameters()
+        if unknown := [k for k in values if k not in allowed]:
+            takes = f"it takes {', '.join(allowed)}" if allowed else "it takes no keyword arguments"
+            raise ValueError(f"workload {self.name!r}: the factory has no keyword {unknown[0]!r}; {takes}")
+        return values
+
+    def spec_for(self, preset: str) -> ModelSpec:
+        """The ``ModelSpec`` the factory returns for ``preset``'s keyword arguments (once each)."""
+        if preset not in self._specs:
+            values = self.keywords(preset)
+            try:
+                made = self.factory(**values)
+            except Exception as e:
+                raise ValueError(
+                    f"workload {self.name!r}: calling the factory with {preset!r} failed: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
+            if not isinstance(made, ModelSpec):
+                raise ValueError(
+                    f"workload {self.name!r}: the factory returned a {type(made).__name__} for {preset!r}, "
+                    "not a ModelSpec"
+                )
+            self._specs[preset] = made
+        return self._specs[preset]
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         Workload.check_preset(self, preset)  # the name only: check_preset builds (on meta) too
-        model = self.spec.build()
+        model = self.spec_for(preset).build()
         if not isinstance(model, nn.Module):
             raise ValueError(
                 f"workload {self.name!r}: ModelSpec.build returned {type(model).__name__}, not an nn.Module"
@@ -112,6 +183,20 @@ class ModuleWorkload(Workload):
                 if isinstance(m, nn.modules.dropout._DropoutNd):
                     m.p = 0.0
         return model
+
+    def size_family(self, around: str | None = None) -> SizeFamily | None:
+        """Every depth of ``around``'s shape, when the spec names its depth keyword."""
+        knob = self.spec.depth
+        if knob is None:
+            return None
+        if knob not in self.parameters():
+            raise ValueError(
+                f"workload {self.name!r}: ModelSpec(depth={knob!r}) is not a keyword of the factory"
+            )
+        return depth_family(around or DEFAULT_PRESET, knob, self.param_count)
+
+    def same_shape(self, a: str, b: str) -> bool:
+        return self.keywords(a) == self.keywords(b)
 
     def batch(
         self,
@@ -124,7 +209,7 @@ class ModuleWorkload(Workload):
         device: torch.device | str = "cpu",
     ) -> Inputs:
         g = batch_generator(seed=seed, step=step, rank=rank)
-        declared = self.spec.inputs
+        declared = self.spec_for(preset).inputs
         if callable(declared):
             made = declared(batch_size, g)
         else:
@@ -135,7 +220,8 @@ class ModuleWorkload(Workload):
         return loss_from_output(model(**inputs), inputs)
 
     def _blocks(self, model: nn.Module) -> list[nn.Module]:
-        return self.spec.blocks(model) if self.spec.blocks is not None else repeated_blocks(model)
+        blocks = self.spec.blocks  # (the same function for every preset of one factory)
+        return blocks(model) if blocks is not None else repeated_blocks(model)
 
     def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
         blocks = self._blocks(model)
@@ -149,25 +235,26 @@ class ModuleWorkload(Workload):
     def check_preset(self, preset: str) -> None:
         """The preset exists and the factory's ``build`` makes an ``nn.Module`` (built once on the
         meta device, before any cell runs: a mistake is one line, not a failed cell per rank)."""
+        self.keywords(preset)  # names the keyword that is wrong, and the allowed ones
         super().check_preset(preset)
-        self._meta_model()
+        self._meta_model(preset)
 
     def check_checkpointable(self) -> None:
         """The model has blocks to recompute (a meta build, as ``check_preset``)."""
-        self.checkpoint_units(self._meta_model())
+        self.checkpoint_units(self._meta_model(DEFAULT_PRESET))
 
-    def _meta_model(self) -> nn.Module:
-        if getattr(self, "_meta", None) is None:
+    def _meta_model(self, preset: str) -> nn.Module:
+        if preset not in self._meta:
             try:
                 with torch.device("meta"):
-                    self._meta = self.build(DEFAULT_PRESET)
+                    self._meta[preset] = self.build(preset)
             except ValueError:
                 raise
             except Exception as e:
                 raise ValueError(
                     f"workload {self.name!r}: building the model failed: {type(e).__name__}: {e}"
                 ) from e
-        return self._meta
+        return self._meta[preset]
 
     def shard_units(self, model: nn.Module) -> list[nn.Module] | None:
         """The blocks (``ModelSpec.blocks``, else ``repeated_blocks``), for zero3 and FSDP2 alike."""

@@ -16,8 +16,8 @@ model computes it (``outputs.loss``), as it does in training.
 
 from __future__ import annotations
 
-import ast
 import difflib
+import functools
 from typing import Any
 
 import torch
@@ -25,10 +25,18 @@ from torch import nn
 
 from bench.strategies.sharded.units import repeated_blocks
 from models.base import Inputs, Workload, batch_generator
+from models.presets.config_string import (
+    DEFAULT_PRESET,
+    depth_family,
+    format_model_config,  # noqa: F401  (re-exported: the CLI writes presets with it)
+    parse_model_config,
+)
+from models.presets.family import SizeFamily
 
-DEFAULT_PRESET = "default"
 DEFAULT_SEQ_LEN = 128
-SEPARATOR = ":"
+#: the config field that sets the depth (``attribute_map`` aliases it where a class names it
+#: otherwise: GPT-2's ``n_layer``)
+DEPTH = "num_hidden_layers"
 #: class-name suffix -> the labels its loss needs
 HEADS = {
     "ForCausalLM": "tokens",
@@ -36,30 +44,6 @@ HEADS = {
     "ForMaskedLM": "tokens",
     "ForSequenceClassification": "classes",
 }
-
-
-def parse_model_config(text: str) -> dict[str, Any]:
-    """``"hidden_size=64:num_hidden_layers=2"`` (or with commas) -> ``{"hidden_size": 64, ...}``;
-    values are Python literals (ints, floats, True/False, None) or else strings."""
-    if text.strip() in ("", DEFAULT_PRESET):
-        return {}
-    out: dict[str, Any] = {}
-    for item in text.replace(",", SEPARATOR).split(SEPARATOR):
-        key, sep, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not sep or not key or not raw:
-            raise ValueError(f"model config item {item.strip()!r} is not key=value (e.g. hidden_size=2048)")
-        words = {"true": True, "false": False, "none": None, "null": None}
-        try:
-            out[key] = words[raw.lower()] if raw.lower() in words else ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[key] = raw
-    return out
-
-
-def format_model_config(config: dict[str, Any]) -> str:
-    """The preset string of ``config`` (``parse_model_config``'s inverse); ``default`` if empty."""
-    return SEPARATOR.join(f"{k}={v}" for k, v in config.items()) or DEFAULT_PRESET
 
 
 class _AnyConfig(dict):
@@ -148,6 +132,27 @@ class HFWorkload(Workload):
                 if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
                     setattr(config, key, 0.0)
         return config, seq_len
+
+    def size_family(self, around: str | None = None) -> SizeFamily | None:
+        """Every depth (``num_hidden_layers``) of the shape ``around`` names (default: the
+        class's defaults), for ``max-size --vary params`` and the claim; None when the class has
+        no such field."""
+        return self._depth_family(around or DEFAULT_PRESET)
+
+    @functools.cache  # noqa: B019  (one per workload and shape; workloads live as long as the run)
+    def _depth_family(self, around: str) -> SizeFamily | None:
+        defaults = self.config_class()
+        field = getattr(defaults, "attribute_map", {}).get(DEPTH, DEPTH)  # GPT-2: n_layer
+        if field not in defaults.to_dict():
+            return None
+        given = parse_model_config(around)
+        knob = DEPTH if DEPTH in given else field  # the name the user wrote, else the class's own
+        return depth_family(around, knob, self.param_count)
+
+    def same_shape(self, a: str, b: str) -> bool:
+        """Two presets spelling the same model (keys in another order, a field at its default)."""
+        (ca, sa), (cb, sb) = self.config(a), self.config(b)
+        return sa == sb and ca.to_dict() == cb.to_dict()
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         config, _ = self.config(preset, dropout=dropout)

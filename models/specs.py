@@ -106,7 +106,7 @@ def _as_workload(obj: Any, spec: str) -> Workload:
             made.name = spec
         return made
     if isinstance(made, ModelSpec):
-        return ModuleWorkload(spec, made)
+        return ModuleWorkload(spec, made, factory=obj)
     raise ValueError(
         f"workload {spec!r}: the factory returned a {type(made).__name__}; allowed: a Workload or a "
         "ModelSpec (models.custom: an nn.Module factory plus its inputs)"

@@ -9,7 +9,7 @@ import torch
 
 from bench.cli import main
 from models.custom import Input, ModelSpec, ModuleWorkload, loss_from_output
-from models.hf import format_model_config, parse_model_config
+from models.presets.config_string import format_model_config, parse_model_config
 from models.registry import get_workload, workload_names
 from tests.cells import run_cell_here, tiny_cell
 
@@ -154,8 +154,17 @@ def test_inputs_are_deterministic_per_rank_and_step() -> None:
         (["--workload", "hf:GPT2LMHeadModel", "--model-config", "n_embd=30,n_head=4"], "divisible"),
         (
             ["--workload", "transformer", "--model-config", "hidden_size=8"],
-            "apply to hf:<Arch> workloads only",
+            "built-in workloads take --preset",
         ),
+        (
+            ["--workload", "tests.user_models:sized_net", "--model-config", "widht=8"],
+            "the factory has no keyword 'widht'; it takes width, depth",
+        ),
+        (
+            ["--workload", "tests.user_models:tiny_net", "--model-config", "width=8"],
+            "it takes no keyword arguments",
+        ),
+        (["--workload", "tests.user_models:sized_net", "--seq-len", "8"], "--seq-len applies to hf:"),
         (["--workload", "tests.user_models:not_a_module"], "ModelSpec.build returned int, not an nn.Module"),
         (
             ["--workload", "tests.user_models:no_blocks", "--activation-checkpointing"],

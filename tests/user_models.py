@@ -26,6 +26,28 @@ def tiny_net() -> ModelSpec:
     return ModelSpec(build=TinyNet, inputs={"x": Input((16,)), "labels": Input((), high=4)})
 
 
+class SizedNet(nn.Module):
+    """``depth`` blocks of ``width``: a factory with keyword arguments, a size family by depth."""
+
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, width)
+        block = lambda: nn.Sequential(nn.Linear(width, width), nn.ReLU())  # noqa: E731
+        self.blocks = nn.Sequential(*(block() for _ in range(depth)))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x, labels=None):
+        return self.head(self.blocks(self.inp(x)))
+
+
+def sized_net(width: int = 16, depth: int = 2) -> ModelSpec:
+    return ModelSpec(
+        build=lambda: SizedNet(width, depth),
+        inputs={"x": Input((16,)), "labels": Input((), high=4)},
+        depth="depth",
+    )
+
+
 def own_workload() -> TransformerWorkload:
     return TransformerWorkload()
 

@@ -7,7 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.cli.common import UsageError, csv_list, require_cuda_if, require_env_of
+from bench.cli.common import (
+    UsageError,
+    add_model_config_args,
+    csv_list,
+    model_config_preset,
+    require_cuda_if,
+    require_env_of,
+)
 from bench.harness.config import DEVICES
 
 if TYPE_CHECKING:
@@ -32,7 +39,19 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--spec", choices=list(SPECS), help="what to run (default: the device's); tiny = a test")
     c.add_argument("--world-size", type=int, help="simulated world size for memory (default 8)")
     c.add_argument("--budget", help="per-rank budget for the max-size search (default: the spec's)")
-    c.add_argument("--workload", type=csv_list(str), help="only these workloads")
+    c.add_argument(
+        "--workload",
+        type=csv_list(str),
+        help="only these of the spec's workloads; or your own (hf:<Arch>, module:factory, file.py:factory), "
+        "measured like them at --model-config's shape (its report goes to results/claim/<spec>-<workload>)",
+    )
+    add_model_config_args(c)
+    c.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="per-rank batch of your own workloads (the spec's workloads keep theirs)",
+    )
     c.add_argument(
         "--peers",
         action="store_true",
@@ -76,17 +95,12 @@ def cmd_claim(args: argparse.Namespace) -> int:
             if args.world_size < 2:
                 raise ValueError(f"world size must be >= 2 to shard anything, got {args.world_size}")
             spec = replace(spec, world_size=args.world_size)
-        names = [w.name for w in spec.workloads]
-        for w in args.workload or ():
-            if w not in names:
-                raise ValueError(
-                    f"unknown workload {w!r} for spec {spec.name!r}; allowed: {', '.join(names)}"
-                )
+        spec, own = _with_own_workloads(spec, args)
     except ValueError as e:
         raise UsageError(str(e)) from None
     baseline = _baseline(args.baseline, spec) if args.baseline else None
     require_cuda_if(spec.device)
-    out = args.out or Path("results/claim") / spec.name
+    out = args.out or Path("results/claim") / (spec.name + (f"-{_slug(own)}" if own else ""))
     from bench.harness.validate import check_output_dir
 
     try:
@@ -98,9 +112,8 @@ def cmd_claim(args: argparse.Namespace) -> int:
     if args.from_records:
         report, results = _rebuild(spec, out)
     else:
-        report, results = claim(
-            spec, out_dir=out, workloads=tuple(args.workload) if args.workload else None, resume=args.resume
-        )
+        workloads = None if own or not args.workload else tuple(args.workload)
+        report, results = claim(spec, out_dir=out, workloads=workloads, resume=args.resume)
     code = 0
     if baseline is not None:
         from bench.studies.claim_gate import compare_claims, gate_section
@@ -112,6 +125,50 @@ def cmd_claim(args: argparse.Namespace) -> int:
     print(report.read_text())
     print(f"report: {report}")
     return code
+
+
+def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[ClaimSpec, list[str]]:
+    """The spec, with the workloads of your own that ``--workload`` names in place of its own
+    (measured like them, at ``--model-config``'s shape and ``--batch-size``), and their names;
+    ValueError for a name that is neither the spec's nor a workload spec."""
+    from bench.studies.claim_specs import ClaimWorkload
+    from models.registry import get_workload
+    from models.specs import is_spec
+
+    names = [w.name for w in spec.workloads]
+    own = [w for w in args.workload or () if w not in names and is_spec(w)]
+    for w in args.workload or ():
+        if w not in names and w not in own:
+            raise ValueError(
+                f"unknown workload {w!r} for spec {spec.name!r}; allowed: {', '.join(names)}, or your "
+                "own (hf:<Arch>, module:factory, file.py:factory)"
+            )
+    try:
+        preset = model_config_preset(args, own or None)
+    except UsageError as e:
+        raise ValueError(str(e)) from None
+    if not own:
+        return spec, []
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    added = []
+    for name in own:
+        workload = get_workload(name)
+        chosen = preset or next(iter(workload.presets))
+        workload.check_preset(chosen)
+        # no size family (a factory without ModelSpec(depth=...)): the search probes the one
+        # shape, and the report says it found no boundary
+        ladder = None if workload.size_family(chosen) is not None else (chosen,)
+        added.append(ClaimWorkload(name, chosen, args.batch_size, ladder=ladder))
+    kept = tuple(w for w in spec.workloads if w.name in (args.workload or ()))
+    return replace(spec, workloads=(*kept, *added)), own
+
+
+def _slug(names: list[str]) -> str:
+    """A directory name for the claim of ``names`` (``hf:GPT2LMHeadModel`` -> ``hf-GPT2LMHeadModel``)."""
+    import re
+
+    return "-".join(re.sub(r"[^A-Za-z0-9]+", "-", n).strip("-") for n in names)
 
 
 def _rebuild(spec: ClaimSpec, out: Path) -> tuple[Path, list]:

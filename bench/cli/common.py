@@ -66,29 +66,38 @@ def require_env_of(baseline: list, device: str, label: str, *, allow: bool) -> N
 
 
 def add_model_config_args(parser: argparse.ArgumentParser) -> None:
-    """``--model-config`` and ``--seq-len``: the shape of an ``hf:<Arch>`` workload."""
+    """``--model-config`` and ``--seq-len``: the shape of a workload of your own."""
     parser.add_argument(
         "--model-config",
         metavar="KEY=VALUE,...",
-        help="hf:<Arch> workloads: overrides of the architecture's config class, e.g. "
-        "hidden_size=2048,num_hidden_layers=16,num_attention_heads=16 (default: the class's defaults)",
+        help="your own workload's shape: for hf:<Arch>, overrides of the architecture's config class, "
+        "e.g. hidden_size=2048,num_hidden_layers=16,num_attention_heads=16 (default: the class's "
+        "defaults); for a module:factory or file.py:factory, keyword arguments of the factory",
     )
     parser.add_argument("--seq-len", type=int, help="hf:<Arch> workloads: tokens per sample (default 128)")
 
 
 def model_config_preset(args: argparse.Namespace, workloads: Sequence[str] | None) -> str | None:
-    """The preset ``--model-config``/``--seq-len`` name (``models/hf.py``), or None if neither
-    is given; UsageError if they are given with ``--preset`` or for a workload not ``hf:``."""
+    """The preset ``--model-config``/``--seq-len`` name (``models/presets/config_string.py``),
+    or None if neither is given; UsageError if they are given with ``--preset``, for a built-in
+    workload, or ``--seq-len`` for a workload not ``hf:``."""
     config, seq_len = getattr(args, "model_config", None), getattr(args, "seq_len", None)
     if config is None and seq_len is None:
         return None
+    from models.specs import is_spec
+
     flags = "--model-config/--seq-len"
     if getattr(args, "preset", None):
-        raise UsageError(f"{flags} write the preset of an hf: workload: give them or --preset, not both")
-    if not workloads or (others := [w for w in workloads if not w.startswith("hf:")]):
+        raise UsageError(f"{flags} write the preset of your own workload: give them or --preset, not both")
+    if not workloads or (others := [w for w in workloads if not is_spec(w)]):
         named = ", ".join(others) if workloads else "none given"
-        raise UsageError(f"{flags} apply to hf:<Arch> workloads only; not to {named}")
-    from models.hf import format_model_config, parse_model_config
+        raise UsageError(
+            f"{flags} shape your own workloads (hf:<Arch>, module:factory, file.py:factory); not {named} "
+            "(built-in workloads take --preset)"
+        )
+    if seq_len is not None and (others := [w for w in workloads if not w.startswith("hf:")]):
+        raise UsageError(f"--seq-len applies to hf:<Arch> workloads only; not to {', '.join(others)}")
+    from models.presets.config_string import format_model_config, parse_model_config
 
     try:
         values = parse_model_config(config or "")

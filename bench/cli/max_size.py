@@ -80,7 +80,9 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
             raise ValueError(f"--resolution must be a fraction between 0 and 1 (e.g. 0.03), got {resolution}")
         workload = get_workload(args.workload)
         ladder = tuple(args.ladder) if args.ladder else None
-        if ladder is None and workload.size_family() is None:
+        if args.preset:
+            workload.check_preset(args.preset)
+        if ladder is None and args.vary == "params" and workload.size_family(args.preset) is None:
             ladder = workload.ladder
         sizes = [workload.param_count(p) for p in ladder or ()]  # (checks each preset's name too)
         for i in range(1, len(ladder or ())):

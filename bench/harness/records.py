@@ -94,6 +94,9 @@ class Record:
     #: the collectives rank 0 issued in one steady step, per kind: calls, bytes of the full
     #: tensors, bytes a ring sends per rank (``bench/metrics/comm.py``); ``sent_per_rank`` in all
     comm_per_step: dict[str, Any] | None = None
+    #: the same, as ZeRO's accounting predicts it for this strategy, precision and backend
+    #: (``bench/metrics/analytic.predicted_comm``)
+    predicted_comm: dict[str, Any] | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:

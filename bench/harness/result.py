@@ -12,6 +12,7 @@ the grace period or at the deadline) are never the cause and are listed as such.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from typing import Any
 
 from bench.harness.config import CellConfig
 from bench.harness.records import Record, capture_env, finite, first_line
-from bench.metrics.analytic import predicted_model_state_bytes
+from bench.metrics.analytic import CommShape, predicted_comm, predicted_model_state_bytes
 from bench.metrics.timing import slowest_rank, summarize
 from bench.strategies.catalog import WorldPlan
 from bench.strategies.registry import get_strategy
@@ -164,6 +165,7 @@ def build_record(
         repeat=cell.repeat,
         artifacts=_artifacts(cell, results),
         comm_per_step=ok[0].comm if ok else None,
+        predicted_comm=predict_comm(cell, world_size, _backend(cell, plan)),
     )
     first_losses = results[0].losses if results else []
     record.loss = {"first": first_losses[0], "last": first_losses[-1]} if first_losses else None
@@ -247,6 +249,42 @@ def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int
         group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
     precision = strategy.model_state_precision(cell.precision)
     return predicted_model_state_bytes(num_params, world_size, precision, sharding, group_sizes)
+
+
+def predict_comm(cell: CellConfig, world_size: int, backend: str) -> dict[str, Any] | None:
+    """The analytic communication per rank per step for this cell (bench/metrics/analytic.py),
+    or None for a strategy that issues no collectives."""
+    comm = get_strategy(cell.strategy).communication(cell.precision, backend)
+    if comm is None or backend == "none":
+        return None
+    try:
+        shape = comm_shape(cell.workload, cell.preset)
+    except Exception:  # noqa: BLE001 - a prediction that cannot be made leaves the record without one
+        return None
+    return predicted_comm(comm, shape, world_size)
+
+
+@functools.cache
+def comm_shape(workload_name: str, preset: str) -> CommShape:
+    """The trainable parameters' shapes and the root unit's elements (the parameters no unit of
+    ``Workload.shard_units``, or zero3's default policy, claims), from a meta build."""
+    import torch
+
+    from bench.strategies.sharded.units import find_units
+    from models.registry import get_workload
+
+    workload = get_workload(workload_name)
+    with torch.device("meta"):
+        model = workload.build(preset)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    named = workload.shard_units(model)
+    ids = {id(u) for u in named or ()}
+    policy = None if named is None else (lambda module: id(module) in ids)
+    root = find_units(model, policy, trainable)[0]
+    return CommShape(
+        dims=tuple((p.shape[0] if p.dim() else 1, p.numel()) for p in trainable),
+        root_elements=sum(p.numel() for p in root.params),
+    )
 
 
 def workload_params(cell: CellConfig) -> int:

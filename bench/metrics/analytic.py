@@ -52,6 +52,7 @@ communication buckets are what the measured breakdown adds on top.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # bytes per parameter: (parameter, gradient, optimizer state incl. master weights)
 _BYTES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
@@ -134,3 +135,82 @@ def predicted_model_state_bytes(
     }
     out["total"] = sum(out.values())
     return out
+
+
+# --- communication -------------------------------------------------------------------------
+#
+# What a rank sends per step, by ZeRO's accounting (section 7 of the paper): with Psi parameters,
+# DDP all-reduces the gradients (2 Psi elements sent per rank by a ring, times (N-1)/N); ZeRO-1
+# and ZeRO-2 reduce-scatter them and all-gather the updated parameters (Psi + Psi: the same 2 Psi);
+# ZeRO-3 gathers the parameters in forward and again in backward (3 Psi, 1.5x). The element size
+# is what each strategy really communicates (``Communication``), and the prediction is per
+# operator kind so it can be set against what ``bench/metrics/comm.py`` counts. What it leaves
+# out, and the measurement shows as it is: buffers broadcast each forward (DDP's
+# ``broadcast_buffers``, ours), our used-parameter flags (one small all-reduce), and the padding
+# of our flat buckets to N equal chunks (at most N-1 elements per bucket).
+
+#: the fraction of a collective's full size a ring sends per rank, for a world of n
+RING = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: (n - 1) / n,  # a pipelined ring: each rank but the last forwards it once
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Communication:
+    """What a strategy communicates in a step, declared by the strategy for a precision and a
+    backend (``Strategy.communication``), so the prediction follows from what it does."""
+
+    #: how gradients are reduced: "all_reduce" (DDP; ours on gloo, whose reduce-scatter is
+    #: slower than its all-reduce) or "reduce_scatter"
+    gradients: str
+    #: bytes per element of the gradients as communicated
+    gradient_bytes: int
+    #: how updated or sharded parameters reach the ranks: "all_gather", "broadcast" (torch-zero1:
+    #: each parameter from the rank that updated it), or None
+    parameters: str | None = None
+    parameter_bytes: int = 0
+    #: how many times a step gathers the parameters (zero3, FSDP2: in forward and in backward)
+    gathers: int = 1
+    #: the root unit stays gathered from forward into backward (ours), so backward does not
+    #: gather it again
+    root_kept: bool = False
+    #: each parameter is sharded on dim 0, padded to a multiple of N (FSDP2's ``Shard(0)``),
+    #: rather than packed into flat buckets
+    dim0_padding: bool = False
+
+
+@dataclass(frozen=True)
+class CommShape:
+    """What the communication prediction needs of a model: its trainable parameters' shapes
+    (dim 0 and element count each) and the elements of zero3's root unit."""
+
+    dims: tuple[tuple[int, int], ...]  # (dim 0, numel) per trainable parameter
+    root_elements: int = 0
+
+    @property
+    def elements(self) -> int:
+        return sum(n for _, n in self.dims)
+
+    def padded(self, world_size: int) -> int:
+        """Elements once each parameter's dim 0 is padded to a multiple of ``world_size``."""
+        return sum(-(-d // world_size) * world_size * (n // d) if d else n for d, n in self.dims)
+
+
+def predicted_comm(comm: Communication, shape: CommShape, world_size: int) -> dict[str, Any]:
+    """Per operator kind, the bytes of the full tensors a rank communicates in a step and what a
+    ring sends per rank for them; ``sent_per_rank`` in all (``comm.py``'s summary, predicted)."""
+    elements = shape.padded(world_size) if comm.dim0_padding else shape.elements
+    volumes: dict[str, int] = {comm.gradients: elements * comm.gradient_bytes}
+    if comm.parameters is not None:
+        kept = shape.root_elements if comm.root_kept and comm.gathers > 1 else 0
+        gathered = comm.gathers * elements - kept
+        volumes[comm.parameters] = volumes.get(comm.parameters, 0) + gathered * comm.parameter_bytes
+    ops = {
+        kind: {"bytes": size, "sent_per_rank": round(size * RING[kind](world_size))}
+        for kind, size in sorted(volumes.items())
+    }
+    sent = sum(v["sent_per_rank"] for v in ops.values())
+    return {"world_size": world_size, "ops": ops, "sent_per_rank": sent}

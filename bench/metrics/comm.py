@@ -21,6 +21,7 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench.metrics.analytic import RING
 from bench.tensors import tensors_in
 
 #: c10d operator -> (kind, which argument holds the full-size tensor(s))
@@ -34,13 +35,6 @@ _KINDS = {
     "reduce_scatter_": ("reduce_scatter", 1),
     "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
     "broadcast_": ("broadcast", 0),
-}
-#: bytes a ring sends per rank, as a fraction of the full size, for a world of n
-_RING = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: (n - 1) / n,
 }
 
 
@@ -62,8 +56,8 @@ class CollectiveCounter(TorchDispatchMode):
             entry = self.ops.setdefault(kind, {"calls": 0, "bytes": 0, "sent_per_rank": 0.0})
             entry["calls"] += 1
             entry["bytes"] += size
-            if kind in _RING:
-                entry["sent_per_rank"] += size * _RING[kind](self.world_size)
+            if kind in RING:
+                entry["sent_per_rank"] += size * RING[kind](self.world_size)
         return func(*args, **(kwargs or {}))
 
     def summary(self) -> dict[str, Any]:

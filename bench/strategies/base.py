@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.metrics.analytic import Sharding
+from bench.metrics.analytic import Communication, Sharding
 from bench.strategies.catalog import Display, Role, StrategyCard, WorldPlan
 
 __all__ = ["Display", "Role", "WorldPlan", "RankContext", "Strategy", "OptimizerFactory", "LossFn"]
@@ -131,6 +131,12 @@ class Strategy:
         """The precision model states are stored in when training at ``precision``: the default
         (autocast over fp32 parameters) keeps fp32 states, so "fp32" either way."""
         return "fp32"
+
+    def communication(self, precision: str, backend: str) -> Communication | None:
+        """What a step of this strategy communicates at ``precision`` on ``backend`` ("gloo",
+        "nccl", "fake"), for the analytic volume (``bench/metrics/analytic.py``); None: it issues
+        no c10d collectives (dp, a single device)."""
+        return None
 
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
         """Ready ``model`` for ``precision``; returns it and whether to run forward under bf16

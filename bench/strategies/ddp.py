@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from bench.metrics.analytic import Communication
 from bench.strategies.base import OptimizerFactory, RankContext, Strategy
 from bench.strategies.ddp_planned import PlannedDDP
 from bench.strategies.sharded.fake import is_fake
@@ -54,9 +55,16 @@ def _fake_all_reduce(state, bucket):  # noqa: ANN001 - DDP checks the real (unst
     return fut
 
 
+#: DDP all-reduces the gradients, fp32 at either precision (bf16 is autocast over fp32 parameters)
+DDP_COMMUNICATION = Communication(gradients="all_reduce", gradient_bytes=4)
+
+
 class DDPStrategy(Strategy, card="ddp"):
     def settings(self) -> dict[str, Any]:
         return dict(DDP_SETTINGS)
+
+    def communication(self, precision: str, backend: str) -> Communication:
+        return DDP_COMMUNICATION
 
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from bench.metrics.analytic import Communication
 from bench.strategies.base import OptimizerFactory, RankContext, Strategy
 from bench.strategies.sharded.units import repeated_blocks
 
@@ -65,6 +66,19 @@ class FSDP2Strategy(Strategy):
             "wrap": self.wrap,
             "mixed_precision": "param bf16, reduce fp32 (bf16 runs only)",
         }
+
+    def communication(self, precision: str, backend: str) -> Communication:
+        """Per unit: an all-gather of its parameters (bf16 under the bf16 policy) before forward,
+        again before backward when resharded after forward, and a reduce-scatter of its fp32
+        gradients; each parameter sharded on dim 0, padded to a multiple of N."""
+        return Communication(
+            gradients="reduce_scatter",
+            gradient_bytes=4,
+            parameters="all_gather",
+            parameter_bytes=2 if precision == "bf16" else 4,
+            gathers=2 if self.reshard_after_forward else 1,
+            dim0_padding=True,
+        )
 
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
         return model, False  # fp32 sharded parameters; bf16 comes from the MixedPrecisionPolicy

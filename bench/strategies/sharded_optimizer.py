@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.metrics.analytic import Communication
 from bench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
 from bench.strategies.sharded import ShardedOptimizer
 
@@ -22,6 +23,14 @@ class ShardedOptimizerStrategy(Strategy):
 
     def settings(self) -> dict[str, Any]:
         return {"bucket_cap_mb": self.bucket_cap_mb, "partition": "flat buckets, element-balanced"}
+
+    def communication(self, precision: str, backend: str) -> Communication:
+        """zero1: DDP all-reduces the gradients, the optimizer all-gathers the updated parameters,
+        both in the parameters' dtype (bf16 parameters and gradients in a bf16 run)."""
+        size = element_bytes(precision)
+        return Communication(
+            gradients="all_reduce", gradient_bytes=size, parameters="all_gather", parameter_bytes=size
+        )
 
     def model_state_precision(self, precision: str) -> str:
         return precision  # bf16 parameters and gradients, fp32 master weights (2+2+12)
@@ -58,6 +67,11 @@ class ShardedOptimizerStrategy(Strategy):
         """Drop the optimizer: the worker destroys the process group next (our objects never
         hold the default group, but a caller-provided one they do)."""
         self.optimizer = None
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes per parameter or gradient element our strategies keep (and communicate)."""
+    return 2 if precision == "bf16" else 4
 
 
 def cast_floating(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -9,13 +9,15 @@ BERT's word embedding, can leave one rank well above total/N.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from bench.metrics.analytic import Communication
 from bench.strategies.base import OptimizerFactory, RankContext, Strategy
-from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
+from bench.strategies.ddp import DDP_COMMUNICATION, DDP_SETTINGS, wrap_ddp
 
 if TYPE_CHECKING:  # importing it costs ~1 s (TorchScript'd functional optimizers): only when used
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -32,6 +34,11 @@ class TorchZero1Strategy(Strategy, card="torch-zero1"):
             "ddp": dict(DDP_SETTINGS),
             "partition": "whole parameters",
         }
+
+    def communication(self, precision: str, backend: str) -> Communication:
+        """DDP's all-reduce, then each updated parameter broadcast from the rank that owns it
+        (fp32: autocast keeps fp32 parameters)."""
+        return replace(DDP_COMMUNICATION, parameters="broadcast", parameter_bytes=4)
 
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext

@@ -9,10 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.metrics.analytic import Communication
 from bench.strategies.base import OptimizerFactory, RankContext
 from bench.strategies.sharded import ShardedDataParallel
 from bench.strategies.sharded.data_parallel import MAX_IN_FLIGHT
-from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy
+from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy, element_bytes
 
 
 class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
@@ -22,6 +23,20 @@ class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
     def __init__(self) -> None:
         super().__init__()
         self.model: ShardedDataParallel | None = None
+
+    def communication(self, precision: str, backend: str) -> Communication:
+        """Gradients reduce-scattered (all-reduced in place on gloo: see ``ShardedDataParallel``),
+        then the updated parameters all-gathered; zero3 gathers each unit in forward and again
+        in backward, but the root, which stays gathered in between."""
+        size = element_bytes(precision)
+        return Communication(
+            gradients="all_reduce" if backend == "gloo" else "reduce_scatter",
+            gradient_bytes=size,
+            parameters="all_gather",
+            parameter_bytes=size,
+            gathers=2 if self.stage == 3 else 1,
+            root_kept=self.stage == 3,
+        )
 
     def settings(self) -> dict[str, Any]:
         reduction = self.model.reduce if self.model is not None else "all_reduce on gloo, else reduce_scatter"

@@ -140,7 +140,7 @@ def search(
             raise SearchFailed(p)
         return p.fits
 
-    sizes = SizeAxis.of(base.workload, ladder) if vary == "params" else None
+    sizes = SizeAxis.of(base.workload, ladder, base.preset) if vary == "params" else None
     if sizes is not None:
         known = sizes.aliases(known)
     try:
@@ -180,11 +180,13 @@ class SizeAxis:
     distances: list[float]
 
     @staticmethod
-    def of(workload_name: str, ladder: tuple[str, ...] | None) -> SizeAxis:
+    def of(workload_name: str, ladder: tuple[str, ...] | None, around: str | None = None) -> SizeAxis:
+        """``around``: the search's own preset (a workload whose shapes are keyword arguments
+        grows that shape: ``models/presets/config_string.depth_family``)."""
         from models.registry import get_workload
 
         workload = get_workload(workload_name)
-        family = None if ladder else workload.size_family()
+        family = None if ladder else workload.size_family(around)
         if family is not None:
             params, names = zip(*family.members, strict=True)
             distances = [family.distance(**family.parse(n)) for n in names]
@@ -209,8 +211,7 @@ class SizeAxis:
             # sizes are sorted by count, one per count: the only candidate is found by bisection
             i = bisect.bisect_left(self.params, record.params)
             if i < len(self.params) and self.params[i] == record.params and self.names[i] != name:
-                presets = get_workload(record.workload).presets
-                if presets[self.names[i]] == presets[name]:
+                if get_workload(record.workload).same_shape(self.names[i], name):
                     out[self.names[i]] = record
         return out
 
