@@ -52,11 +52,13 @@ class Panel:
     reference: dict[str, float] = field(default_factory=dict)  # group -> DDP's value
     title: str = ""
     xlabel: str = ""
+    #: what a dashed line predicts, for the legend
+    predicted: str = "model states"
 
 
 @dataclass(frozen=True)
 class Chart:
-    kind: str  # peak_memory | breakdown | step_time | max_size | memory_scaling
+    kind: str  # peak_memory | breakdown | step_time | max_size | memory_scaling | comm_scaling
     name: str  # file stem, unique within a report
     title: str
     subtitle: str

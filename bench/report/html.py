@@ -41,6 +41,12 @@ SECTIONS = {
         "Solid lines are measured peaks, dashed lines the predicted model states, one colour per "
         "strategy; hollow markers are simulated (or fake) world sizes, crosses are failed cells.",
     ),
+    "comm_scaling": (
+        "Communication per rank against world size",
+        "Bytes each rank sends in one steady step (every collective counted, a ring's share per "
+        "rank), solid, against ZeRO's accounting for the strategy, dashed; hollow markers are "
+        "simulated or fake worlds, which issue the same collectives as real ones.",
+    ),
     "max_size": (
         "Largest trainable size against world size",
         "From max-size searches: the largest size that trained in the per-rank budget; the pale bar "

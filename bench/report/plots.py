@@ -53,6 +53,10 @@ def plot_memory_scaling(records: Sequence[Record], out_dir: Path) -> list[Path]:
     return save_charts(C.memory_scaling_charts(records), out_dir)
 
 
+def plot_comm_scaling(records: Sequence[Record], out_dir: Path) -> list[Path]:
+    return save_charts(C.comm_scaling_charts(records), out_dir)
+
+
 def plot_all(records: Sequence[Record], out_dir: Path) -> dict[str, list[Path]]:
     """Every chart kind (in report order) and the files written for it."""
     return {kind: save_charts(build(records), out_dir) for kind, build in C.ALL_CHARTS.items()}
@@ -264,7 +268,7 @@ def _draw_lines(ax: Axes, panel: Panel) -> None:
     if any(line.dashed for line in panel.lines):  # say which style is which only when both appear
         handles.append(Line2D([], [], color="black", linestyle="-", marker="o", label="measured"))
         handles.append(Line2D([], [], color="black", linestyle="--", marker="s", markersize=5,
-                              label="predicted (model states)"))  # fmt: skip
+                              label=f"predicted ({panel.predicted})"))  # fmt: skip
     if any(h for line in panel.lines for h in line.hollow):
         handles.append(Line2D([], [], color="black", marker="o", markerfacecolor="white", linestyle="",
                               label="simulated / fake (planned)"))  # fmt: skip

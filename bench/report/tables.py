@@ -29,9 +29,11 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     an ``AC`` column once any record ran with activation checkpointing (its activations are
     recomputed, so its memory and time are not the plain cell's).
     """
+    from bench.metrics.exposed import exposed_comm
     from bench.report.chartdata import reading_order
 
-    records = sorted(records, key=reading_order)  # the charts' order: one order for legend and rows
+    records = sorted(records, key=reading_order)
+    exposed = exposed_comm(records)  # the charts' order: one order for legend and rows
     rows = []
     several_runs = len({r.run_id for r in records}) > 1
     optional = {"fake": any(r.fake for r in records), "AC": any(r.activation_checkpointing for r in records)}
@@ -71,7 +73,12 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "held_grads_MiB": _mib(held.get("grads")),
                 "held_optim_MiB": _mib(held.get("optimizer")),
                 # bytes a ring sends per rank in one steady step (bench/metrics/comm.py)
-                "comm_sent_MiB": _mib((r.comm_per_step or {}).get("sent_per_rank")),
+                "comm_sent_MiB": _mib(sent := (r.comm_per_step or {}).get("sent_per_rank")),
+                # ZeRO's accounting for the same step (bench/metrics/analytic.py) and the ratio
+                "pred_comm_MiB": _mib(sent_pred := (r.predicted_comm or {}).get("sent_per_rank")),
+                "comm_vs_pred": sent / sent_pred if sent is not None and sent_pred else None,
+                # the share of the real step communication added (bench/metrics/exposed.py)
+                "exposed_comm": exposed[id(r)].fraction if id(r) in exposed else None,
                 "pred_model_state_MiB": _mib(predicted),
                 "model_state_vs_pred": (model_state / predicted) if model_state and predicted else None,
                 "note": _note(r),

@@ -42,6 +42,12 @@ def _states(r: Record) -> str:
     return f"{held / predicted:.3f}" if held and predicted else ""
 
 
+def _comm_vs_pred(r: Record) -> str:
+    sent = (r.comm_per_step or {}).get("sent_per_rank")
+    predicted = (r.predicted_comm or {}).get("sent_per_rank")
+    return f"{sent / predicted:.3f}" if sent is not None and predicted else ""
+
+
 def flags(r: Record) -> str:
     """Letters for how a cell was measured (see ``LEGEND``)."""
     out = []
@@ -88,6 +94,7 @@ COLUMNS: dict[str, Column] = {
         "samples/s", lambda r: f"{r.samples_per_s:.3g}" if r.samples_per_s else "", right=True
     ),
     "comm": Column("sent/step", lambda r: _bytes((r.comm_per_step or {}).get("sent_per_rank")), right=True),
+    "comm/pred": Column("sent/pred", _comm_vs_pred, right=True),
     "error": Column("error", lambda r: first_line(r.error, 60) if r.status != "ok" else ""),
 }
 DEFAULT_COLUMNS = (
@@ -190,4 +197,22 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     used = sorted({f for r in records for f in flags(r).split()}, key=list(LEGEND).index)
     legend = [f"{f} = {LEGEND[f]}" for f in used]
     extra = "\n".join(textwrap.wrap("flags: " + "; ".join(legend), WIDTH)) if legend else ""
-    return "\n".join(part for part in (text, extra, "\n".join(ratio_lines(records))) if part)
+    lines = ratio_lines(records) + exposed_lines(records)
+    return "\n".join(part for part in (text, extra, "\n".join(lines)) if part)
+
+
+def exposed_lines(records: Sequence[Record]) -> list[str]:
+    """Per real-rank group whose cells have simulated twins: each strategy's exposed
+    communication, the share of its step that compute did not hide (bench/metrics/exposed.py)."""
+    from bench.metrics.exposed import exposed_comm
+
+    exposed = exposed_comm(records)
+    groups: dict[tuple, list[str]] = {}
+    for r in records:
+        if id(r) in exposed:
+            groups.setdefault(_group(r), []).append(f"{r.strategy} {exposed[id(r)].text()}")
+    lines = []
+    for (workload, preset, n, precision, batch, ac, _, _), parts in groups.items():
+        head = f"{workload} {preset} N={n} {precision} b={batch}{' AC' if ac else ''} exposed communication: "
+        lines += textwrap.wrap(head + ", ".join(parts), WIDTH, subsequent_indent="  ")
+    return lines
