@@ -86,28 +86,6 @@ def _rank_context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
-def _start_rank(argv: list[str], env: dict[str, str], log: Path, rank: int) -> multiprocessing.Process:
-    """Fork a rank from the server; if the server died since the last cell (it reads EOF, once
-    seen in a long benchmark with nothing else running), start a fresh one and fork again, so
-    one lost server does not end the run."""
-    for attempt in (1, 2):
-        proc = _rank_context().Process(target=_rank_main, args=(argv, env, str(log)), name=f"rank{rank}")
-        try:
-            proc.start()
-            return proc
-        except (EOFError, ConnectionError):
-            if attempt == 2:
-                raise
-            import multiprocessing.forkserver as forkserver
-
-            # private, guarded: the public API has no restart (ensure_running keeps a server whose
-            # process has exited but not been reaped); without it, the retry alone
-            stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
-            if stop is not None:
-                stop()
-    raise AssertionError("unreachable")
-
-
 def _rank_main(argv: list[str], env: dict[str, str], log_path: str) -> None:
     """A rank, in its forked process: its own process group, killed with its parent, output to
     its log, the launcher's environment for it, then the worker."""
@@ -198,7 +176,11 @@ class RankWorld:
                 if cell.device == "cuda":
                     self.procs.append(_ExecRank(argv, env, log))
                     continue
-                self.procs.append(_start_rank(argv, env, log, rank))
+                proc = _rank_context().Process(
+                    target=_rank_main, args=(argv, env, str(log)), name=f"rank{rank}"
+                )
+                proc.start()
+                self.procs.append(proc)
         except BaseException:
             self.stop()
             raise

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.report.html import CSS
 from bench.report.tables import markdown_table
-from bench.studies.compare import CellDelta, Comparison, MetricDelta
+from bench.studies.compare import COMM_METRIC, CellDelta, Comparison, MetricDelta
 
 COLUMNS = ("verdict", "cell", "metric", "baseline", "current", "change", "band", "note")
 
@@ -19,6 +19,8 @@ COLUMNS = ("verdict", "cell", "metric", "baseline", "current", "change", "band",
 def metric_value(m: MetricDelta, value: float | None) -> str:
     if value is None:
         return "-"
+    if m.metric == COMM_METRIC:  # gated to the byte: show the bytes
+        return f"{value / 2**20:,.2f} MiB ({value:,.0f} B)"
     if m.unit == "bytes":
         return f"{value / 2**20:,.2f} MiB"
     if m.unit == "params":

@@ -42,6 +42,8 @@ ENV_KEYS = ("torch", "device_name", "cpu_model", "schema")
 #: a peak sitting mid-backward hides
 MEMORY_METRICS = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes")
 TIME_METRIC = "step_time_s"
+#: bytes a rank sends per step (``Record.comm_per_step``): deterministic, so gated exactly
+COMM_METRIC = "comm_sent_bytes"
 #: a max-size search's answer (``max-size`` summary records): the largest model (or per-rank
 #: batch) that trained in the budget. It moves in discrete steps, so any decrease regresses.
 MAX_SIZE_METRICS = {
@@ -104,6 +106,8 @@ class Side:
     memory_varied: tuple[str, ...] = ()
     #: a max-size summary's answer: (metric, largest that fitted; 0 when nothing did)
     max_size: tuple[str, int] | None = None
+    #: bytes sent per rank per step (the largest, if repeats differed: they should not)
+    comm: int | None = None
 
 
 @dataclass
@@ -273,10 +277,16 @@ def _side(records: list[Record]) -> Side:
         memory[metric] = max(values) if values else None
         if len(values) > 1:
             varied.append(metric)
+    sent = {s for r in records if (s := (r.comm_per_step or {}).get("sent_per_rank")) is not None}
+    comm = max(sent) if sent else None
+    if len(sent) > 1:
+        varied.append(COMM_METRIC)
     timed = [r.step_time_s for r in records if r.status == "ok" and r.step_time_s]
     timed = [t for t in timed if t.get("median") is not None]
     if not timed:
-        return Side(failed[0] if failed else "ok", len(records), memory, memory_varied=tuple(varied))
+        return Side(
+            failed[0] if failed else "ok", len(records), memory, memory_varied=tuple(varied), comm=comm
+        )
     medians = [t["median"] for t in timed]
     noise = statistics.median(t.get("mad") or 0.0 for t in timed)
     if len(medians) > 1:
@@ -290,6 +300,7 @@ def _side(records: list[Record]) -> Side:
         noise_s=noise,
         steps=min(int(t.get("n") or 0) for t in timed),
         memory_varied=tuple(varied),
+        comm=comm,
     )
 
 
@@ -339,6 +350,8 @@ def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds
         for m in MEMORY_METRICS
         if base.memory[m] is not None or cur.memory[m] is not None
     ]
+    if base.comm is not None and cur.comm is not None:
+        delta.metrics.append(_comm_delta(base.comm, cur.comm))
     time = _time_delta(base, cur, t)
     if time is not None:
         delta.metrics.append(time)
@@ -381,6 +394,15 @@ def _time_delta(base: Side, cur: Side, t: Thresholds) -> MetricDelta | None:
         high=base.time_s + bound,
         note=f"band +/-{_ms(bound)} ({which}; {t.time_pct:g}% = {_ms(relative)}, noise {_ms(noise)})",
     )
+
+
+def _comm_delta(base: int, cur: int) -> MetricDelta:
+    """Bytes communicated are deterministic: any change, up or down, is a change in what the
+    strategy does (a collective added, dropped or resized) and fails the gate until a new
+    baseline accepts it."""
+    verdict = "unchanged" if base == cur else "regressed"
+    note = "" if base == cur else "what a step communicates changed: gated exactly, either way"
+    return MetricDelta(COMM_METRIC, "bytes", base, cur, verdict, low=base, high=base, note=note)
 
 
 def _max_size_delta(metric: str, base: int, cur: int) -> MetricDelta:

@@ -54,7 +54,7 @@ CELL_FIELDS = (
     "device",
 )
 MATCH_KEYS = CELL_FIELDS
-METRICS = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes", "step_time_s")
+METRICS = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes", "comm_sent_bytes", "step_time_s")
 #: override keys -> Thresholds field
 OVERRIDE_KEYS = {
     "memory_pct": "memory_pct",
