@@ -41,7 +41,7 @@ from torch import nn
 from bench.strategies.sharded.units import repeated_blocks
 from bench.tensors import tensors_in
 from models.base import Inputs, Workload, batch_generator
-from models.presets.config_string import DEFAULT_PRESET, depth_family, parse_model_config
+from models.presets.config_string import DEFAULT_PRESET, KeywordPresets, depth_family, parse_model_config
 from models.presets.family import SizeFamily
 
 
@@ -97,29 +97,6 @@ def loss_from_output(output: Any, inputs: Inputs) -> torch.Tensor:
     return first.float().pow(2).mean()
 
 
-class _FactoryPresets(dict):
-    """``presets`` of a factory's workload: ``default`` (no arguments) and, when the factory takes
-    keyword arguments, any ``key=value:...`` over them."""
-
-    def __init__(self, workload: ModuleWorkload) -> None:
-        super().__init__({DEFAULT_PRESET: {}})
-        self.workload = workload
-
-    def __getitem__(self, preset: str) -> dict[str, Any]:
-        return parse_model_config(preset) if preset in self else super().__getitem__(preset)
-
-    def __contains__(self, preset: object) -> bool:
-        try:
-            self.workload.keywords(str(preset))
-        except ValueError:
-            return False
-        return True
-
-    def allowed(self) -> str:
-        names = self.workload.parameters()
-        return f"{DEFAULT_PRESET}, or key=value,... over {', '.join(names)}" if names else DEFAULT_PRESET
-
-
 class ModuleWorkload(Workload):
     """A ``ModelSpec`` as a ``Workload``: preset ``default`` (the factory called without
     arguments), or keyword arguments for the factory (see the module docstring)."""
@@ -130,9 +107,13 @@ class ModuleWorkload(Workload):
         self.factory = factory
         self.lr = spec.lr
         self.not_plannable = spec.not_plannable
-        self.presets = _FactoryPresets(self)
+        self.presets = KeywordPresets(self.keywords, self._allowed)
         self._specs: dict[str, ModelSpec] = {DEFAULT_PRESET: spec}
         self._meta: dict[str, nn.Module] = {}
+
+    def _allowed(self) -> str:
+        names = self.parameters()
+        return f"{DEFAULT_PRESET}, or key=value,... over {', '.join(names)}" if names else DEFAULT_PRESET
 
     def parameters(self) -> list[str]:
         """The factory's keyword arguments (none if it takes none, or is not inspectable)."""

@@ -27,6 +27,7 @@ from bench.strategies.sharded.units import repeated_blocks
 from models.base import Inputs, Workload, batch_generator
 from models.presets.config_string import (
     DEFAULT_PRESET,
+    KeywordPresets,
     depth_family,
     format_model_config,  # noqa: F401  (re-exported: the CLI writes presets with it)
     parse_model_config,
@@ -44,24 +45,6 @@ HEADS = {
     "ForMaskedLM": "tokens",
     "ForSequenceClassification": "classes",
 }
-
-
-class _AnyConfig(dict):
-    """``presets`` of an hf workload: every well-formed config string is a preset."""
-
-    def __init__(self, workload: HFWorkload) -> None:
-        super().__init__({DEFAULT_PRESET: {}})
-        self.workload = workload
-
-    def __contains__(self, preset: object) -> bool:
-        try:
-            self.workload.config(str(preset))
-        except ValueError:
-            return False
-        return True
-
-    def allowed(self) -> str:
-        return f"{DEFAULT_PRESET}, or key=value,... over the fields of {self.workload.config_class.__name__}"
 
 
 class HFWorkload(Workload):
@@ -87,7 +70,8 @@ class HFWorkload(Workload):
         self.model_class = model_class
         self.config_class = model_class.config_class
         self.labels = HEADS[head]
-        self.presets = _AnyConfig(self)
+        fields = f"{DEFAULT_PRESET}, or key=value,... over the fields of {self.config_class.__name__}"
+        self.presets = KeywordPresets(self.config, lambda: fields)
         self._checked: set[str] = set()
 
     def check_preset(self, preset: str) -> None:

@@ -319,3 +319,17 @@ def test_memory_held_between_steps_is_gated() -> None:
         "step_time_s": "unchanged",
     }
     assert "held_after_step_bytes" not in verdicts(one([rec()], [rec()]))  # older records: not measured
+
+
+def test_communicated_bytes_are_gated_exactly_either_way() -> None:
+    """Bytes a step sends are deterministic: one byte more or less is a change in what the
+    strategy communicates, and fails the gate; equal bytes pass; records without them skip."""
+    sent = lambda n: {"sent_per_rank": n, "ops": {}}  # noqa: E731
+    same = one([rec(comm_per_step=sent(1000))], [rec(comm_per_step=sent(1000))])
+    assert verdicts(same)["comm_sent_bytes"] == "unchanged" and not same.regressed
+    for changed in (1001, 999):
+        cell = one([rec(comm_per_step=sent(1000))], [rec(comm_per_step=sent(changed))])
+        assert verdicts(cell)["comm_sent_bytes"] == "regressed" and cell.regressed, changed
+    assert "comm_sent_bytes" not in verdicts(one([rec()], [rec(comm_per_step=sent(5))]))
+    ignored = Rules(ignores=(Rule({"strategy": "ddp"}, "known", metrics=("comm_sent_bytes",)),))
+    assert not one([rec(comm_per_step=sent(1))], [rec(comm_per_step=sent(2))], rules=ignored).regressed

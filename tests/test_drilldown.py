@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench.cli.run import with_drill_down_dir
 from bench.harness.records import append_record
-from bench.report.build import write_report
+from bench.report.build import build_report, write_report
 from tests.cells import run_cell_here, tiny_cell
 
 
@@ -36,3 +36,5 @@ def test_artefacts_are_written_listed_and_linked(tmp_path: Path, no_charts: None
     page = write_report(run_dir).read_text()
     assert "<h2>Drill-down</h2>" in page
     assert f'href="{record.artifacts["trace (rank 0)"]}"' in page
+    merged = build_report([run_dir], tmp_path / "elsewhere" / "merged").index_html.read_text()
+    assert f'href="../../run/{record.artifacts["trace (rank 0)"]}"' in merged  # links reach the run's files

@@ -75,8 +75,9 @@ def write_module_table(cell: CellConfig, tracker: Any, rank: int, out: dict[str,
 
 def trace_one_step(
     cell: CellConfig, device: torch.device, rank: int, step: Callable[[], Any], out: dict[str, str]
-) -> None:
-    """Run ``step`` once under ``torch.profiler`` and export its Chrome trace."""
+) -> dict[str, float] | None:
+    """Run ``step`` once under ``torch.profiler`` and export its Chrome trace; on CUDA, return
+    how much of its NCCL kernels' time compute kernels hid (``bench/metrics/exposed.py``)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -89,3 +90,10 @@ def trace_one_step(
     path = _dir(cell) / f"trace-rank{rank}.json"
     prof.export_chrome_trace(str(path))
     out[f"trace (rank {rank})"] = str(path)
+    if device.type != "cuda":
+        return None
+    import json
+
+    from bench.metrics.exposed import trace_overlap
+
+    return trace_overlap(json.loads(path.read_text()))

@@ -97,6 +97,12 @@ class Record:
     #: the same, as ZeRO's accounting predicts it for this strategy, precision and backend
     #: (``bench/metrics/analytic.predicted_comm``)
     predicted_comm: dict[str, Any] | None = None
+    #: ``--trace`` on CUDA: the traced step's NCCL kernel time, the part compute kernels
+    #: overlapped, the exposed rest and its fraction of the step (``bench/metrics/exposed.py``)
+    comm_overlap: dict[str, float] | None = None
+    #: torch's intra-op threads per rank (the host's cores shared among its ranks; a simulated
+    #: rank gets what a real rank of its world would)
+    threads_per_rank: int | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:

@@ -55,6 +55,10 @@ class RankResult:
     artifacts: dict[str, str] = field(default_factory=dict)
     #: the collectives of one tracked step (``bench.metrics.comm.CollectiveCounter.summary``)
     comm: dict[str, Any] | None = None
+    #: ``--trace`` on CUDA: NCCL kernel time and how much compute kernels hid (drilldown.py)
+    comm_overlap: dict[str, float] | None = None
+    #: torch's intra-op threads on this rank
+    threads: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return finite(asdict(self))
@@ -165,6 +169,13 @@ def build_record(
         repeat=cell.repeat,
         artifacts=_artifacts(cell, results),
         comm_per_step=ok[0].comm if ok else None,
+        threads_per_rank=ok[0].threads if ok else None,
+        # the most exposed rank's: the one the others wait for
+        comm_overlap=max(
+            (r.comm_overlap for r in ok if r.comm_overlap),
+            key=lambda o: o["exposed_fraction"],
+            default=None,
+        ),
         predicted_comm=predict_comm(cell, world_size, _backend(cell, plan)),
     )
     first_losses = results[0].losses if results else []

@@ -113,7 +113,10 @@ def run_rank(
     fault: Fault | None = None,
 ) -> RankResult:
     """Run one cell on this rank; return its measurements (raises on failure)."""
-    torch.set_num_threads(threads_per_rank(local_world_size))
+    # a simulated rank computes with the threads a real rank of its world would get on this host
+    # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
+    # twin real cells are set against (bench/metrics/exposed.py)
+    torch.set_num_threads(threads_per_rank(world_size if cell.simulate else local_world_size))
     if cell.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -253,7 +256,7 @@ def _train_and_measure(
             step += 1
         allocator = cuda_allocator_stats(device)
 
-        tracked_peak, breakdown, model_state, comm = None, None, None, None
+        tracked_peak, breakdown, model_state, comm, overlap = None, None, None, None, None
         artifacts: dict[str, str] = {}
         if cell.track_memory:
             # Inputs are made before tracking starts, so they count as "other", not activations.
@@ -282,7 +285,7 @@ def _train_and_measure(
                 drilldown.write_module_table(cell, probe.tracker, rank, artifacts)
         if cell.trace:  # one more step, profiled; the measured ones stay unprofiled
             traced = batch(step)
-            drilldown.trace_one_step(cell, device, rank, lambda: run_step(traced), artifacts)
+            overlap = drilldown.trace_one_step(cell, device, rank, lambda: run_step(traced), artifacts)
             step += 1
     except Diverged:
         raise
@@ -304,6 +307,8 @@ def _train_and_measure(
         settings=settings,
         artifacts=artifacts,
         comm=comm,
+        comm_overlap=overlap,
+        threads=torch.get_num_threads(),
     )
 
 

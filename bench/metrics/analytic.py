@@ -1,4 +1,5 @@
-"""The analytical ZeRO memory model: predicted model-state bytes per rank.
+"""The analytical ZeRO model: predicted model-state bytes per rank, and (at the end of this
+module) the bytes each rank communicates per step.
 
 From the ZeRO paper (Rajbhandari et al., 2020, section 5): with Psi parameters, model states are
 parameters + gradients + optimizer state. fp32 AdamW keeps 4 (param) + 4 (grad) + 8 (exp_avg,

@@ -10,8 +10,9 @@ column and the charts split that cell by run instead of letting one hide the oth
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.harness.records import Record, read_records
@@ -45,21 +46,34 @@ def resolve_inputs(paths: Sequence[Path | str]) -> list[Path]:
     return files
 
 
-def load_records(paths: Sequence[Path | str]) -> list[Record]:
-    """Records of every input, in input order; an input with no records is an error, not a blank."""
+def load_records(paths: Sequence[Path | str], *, links_from: Path | None = None) -> list[Record]:
+    """Records of every input, in input order; an input with no records is an error, not a blank.
+    ``links_from``: the directory a report of them is written to; each record's drill-down
+    artefacts (paths relative to its own run directory) are rewritten relative to it, so a
+    merged report's links reach every run's files."""
     records: list[Record] = []
     for f in resolve_inputs(paths):
         found = read_records([f])
         if not found:
             raise ValueError(f"{f} holds no records")
+        if links_from is not None:
+            found = [_links_rebased(r, f.parent, links_from) for r in found]
         records.extend(found)
     return records
 
 
+def _links_rebased(r: Record, run_dir: Path, report_dir: Path) -> Record:
+    if not r.artifacts:
+        return r
+    here = report_dir.resolve()
+    moved = {label: os.path.relpath(run_dir.resolve() / path, here) for label, path in r.artifacts.items()}
+    return replace(r, artifacts=moved)
+
+
 def build_report(paths: Sequence[Path | str], out_dir: Path) -> ReportResult:
     """Merge the records of ``paths`` and write table.md, table.csv, the charts and index.html."""
-    records = load_records(paths)
     out_dir = Path(out_dir)
+    records = load_records(paths, links_from=out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_tables(records, out_dir)
     charts = plot_all(records, out_dir)

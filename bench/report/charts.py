@@ -336,12 +336,32 @@ def comm_scaling_charts(records: Sequence[Record]) -> list[Chart]:
             "ZeRO-1/2 that again split into a reduce-scatter and a parameter all-gather; ZeRO-3 one "
             "more gather). On gloo our zero2/zero3 all-reduce each bucket in place (gloo's "
             "reduce-scatter is slower), which sends 3(N-1)/N x the model instead of 2(N-1)/N.",
+            *_coinciding(lines),
             *flag_notes(recs),
         ]
         title = f"{workload}/{preset}: communication per rank per step vs world size ({precision})"
         out.append(_chart("comm_scaling", slug("comm_scaling", workload, preset, precision), title, recs,
                           (panel,), notes))  # fmt: skip
     return out
+
+
+def _coinciding(lines: list[Line]) -> list[str]:
+    """A note naming the measured lines that lie on one another (within 0.5% at every point), so
+    a strategy hidden under another is not read as missing."""
+    groups: list[list[Line]] = []
+    for line in (x for x in lines if not x.dashed):
+        for group in groups:
+            first = group[0]
+            if first.x == line.x and all(
+                a is not None and b is not None and abs(a - b) <= 0.005 * max(a, b)
+                for a, b in zip(first.y, line.y, strict=True)
+            ):
+                group.append(line)
+                break
+        else:
+            groups.append([line])
+    same = [" = ".join(x.series for x in g) for g in groups if len(g) > 1]
+    return [f"lines on one another (the same bytes at every N shown): {'; '.join(same)}."] if same else []
 
 
 ALL_CHARTS: dict[str, Callable[[Sequence[Record]], list[Chart]]] = {

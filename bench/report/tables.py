@@ -79,6 +79,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "comm_vs_pred": sent / sent_pred if sent is not None and sent_pred else None,
                 # the share of the real step communication added (bench/metrics/exposed.py)
                 "exposed_comm": exposed[id(r)].fraction if id(r) in exposed else None,
+                "exposed_comm_trace": (r.comm_overlap or {}).get("exposed_fraction"),
                 "pred_model_state_MiB": _mib(predicted),
                 "model_state_vs_pred": (model_state / predicted) if model_state and predicted else None,
                 "note": _note(r),

@@ -132,7 +132,8 @@ def _group(r: Record) -> tuple:
 
 
 def ratio_lines(records: Sequence[Record]) -> list[str]:
-    """Per group with an ok ddp cell: each other ok strategy's peak and step time against it."""
+    """Per group with an ok ddp cell: each other ok strategy's peak, step time and bytes sent
+    per step against it."""
     groups: dict[tuple, list[Record]] = {}
     for r in records:
         if r.status == "ok" and not r.max_size:
@@ -155,6 +156,9 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
                 text += f", {times[0] / times[1]:.2f}x step time"
                 if noise == "within noise" or (noise or "").endswith("too few to tell from noise"):
                     text += f" ({noise.split(': ')[-1] if noise != 'within noise' else noise})"
+            sent = [(x.comm_per_step or {}).get("sent_per_rank") for x in (r, base)]
+            if all(sent):
+                text += f", {sent[0] / sent[1]:.2f}x bytes sent"
             parts.append(text)
         workload, preset, n, precision, batch, ac, fake, simulated = key
         how = [

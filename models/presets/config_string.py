@@ -50,6 +50,30 @@ def format_model_config(config: dict[str, Any]) -> str:
     return SEPARATOR.join(f"{k}={v}" for k, v in config.items()) or DEFAULT_PRESET
 
 
+class KeywordPresets(dict):
+    """The ``presets`` of a workload whose shapes are keyword arguments: ``default`` (listed),
+    and, looked up, any ``key=value:...`` that ``check`` accepts (it raises ValueError if not)."""
+
+    def __init__(self, check: Callable[[str], object], allowed: Callable[[], str]) -> None:
+        super().__init__({DEFAULT_PRESET: {}})
+        self._check, self._allowed = check, allowed
+
+    def __getitem__(self, preset: str) -> dict[str, Any]:
+        if preset not in self:
+            raise KeyError(preset)
+        return parse_model_config(preset)
+
+    def __contains__(self, preset: object) -> bool:
+        try:
+            self._check(str(preset))
+        except ValueError:
+            return False
+        return True
+
+    def allowed(self) -> str:
+        return self._allowed()
+
+
 def depth_family(around: str, knob: str, count: Callable[[str], int]) -> SizeFamily:
     """Every depth (``knob`` = 1 .. ``MAX_DEPTH``) of the shape the preset ``around`` names.
 
