@@ -6,6 +6,7 @@ probe, which goes through the real launcher: fresh processes, one of which fails
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,6 +113,40 @@ def test_batch_search_finds_adjacent_batches(tmp_path: Path, monkeypatch: pytest
     fit, fail = summary.max_size["largest_fit"], summary.max_size["smallest_fail"]
     assert fail["batch_size"] == fit["batch_size"] + 1
     assert fit["peak_bytes"] <= budget < fail["peak_bytes"]
+
+
+def _batch_search_on(peak: Callable[[int], int], budget: int) -> tuple[int, list[int]]:
+    """``_search_batch`` on a stand-in peak curve: the largest fit and the batches probed."""
+    probed: dict[int, int] = {}
+
+    def fits(b: int) -> bool:
+        probed[b] = peak(b)
+        return probed[b] <= budget
+
+    values, lo, hi = maxsize._search_batch(fits, probed.get, budget)
+    fit = values[lo]
+    assert peak(fit) <= budget and (hi == len(values) or peak(values[hi]) > budget)
+    assert hi == lo + 1
+    return fit, list(probed)
+
+
+@pytest.mark.parametrize(
+    "peak, budget, most",
+    [
+        (lambda b: 1000 + 7 * b, 3000, 4),  # linear from batch 1: predicted, then its neighbour
+        # zero2/zero3 with a big model: batches 1 and 2 peak in the optimizer step (only the inputs
+        # grow), larger batches in the backward (activations): the 1.1B Llama's shape, six probes
+        (lambda b: max(4_740_744_988 + 2048 * b, 3_850_000_000 + 296_739_280 * b), 80 << 30, 6),
+        # activations that take over only at larger batches (steeper after a kink)
+        (lambda b: max(5000 + b, 100 * b), 10**6, 8),
+        # convex (superlinear) growth, where secants creep: bisection still ends it
+        (lambda b: 100 + b * b, 10**6, 14),
+    ],
+    ids=["linear", "optimizer-peak-first", "kink", "convex"],
+)
+def test_batch_search_ends_beside_the_boundary_in_few_probes(peak, budget, most) -> None:
+    fit, probed = _batch_search_on(peak, budget)
+    assert len(probed) <= most, probed
 
 
 def test_cli_validates_before_probing(tmp_path: Path, capsys) -> None:

@@ -149,14 +149,14 @@ def _step(row: PlanRow, base: PlanRow | None) -> str:
 
 
 def table(rows: Sequence[PlanRow], budget: int) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows of the plan table (sizes in GiB, or MiB under a 1 GiB budget)."""
-    unit, label = (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
+    """Columns and rows of the plan table (sizes in ``size_unit(budget)``: the headers stay short
+    so that a strategy's name is never broken across lines in a 120-column terminal)."""
+    unit, _ = size_unit(budget)
     searched = any(r.max_batch is not None for r in rows)
     timed = any((r.record.step_time_s or {}).get("median") for r in rows)
     base = next((r for r in rows if r.strategy == "ddp" and r.record.status == "ok"), None)
-    columns = ["strategy", "shards", f"peak {label}"]
-    columns += [f"{c} {label}" for c in ("params", "grads", "optim", "activ", "comm", "other")]
-    columns += ["fits", f"headroom {label}"] + (["max batch"] if searched else [])
+    columns = ["strategy", "shards", "peak", "params", "grads", "optim", "activ", "comm", "other"]
+    columns += ["fits", "headroom"] + (["max batch"] if searched else [])
     columns += ["step time (vs ddp)"] if timed else []
     out = []
     for r in rows:
@@ -176,9 +176,14 @@ def table(rows: Sequence[PlanRow], budget: int) -> tuple[list[str], list[list[st
     return columns, out
 
 
+def size_unit(budget: int) -> tuple[int, str]:
+    """GiB, or MiB under a 1 GiB budget: the unit of every size in the plan table."""
+    return (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
+
+
 def verdict(rows: Sequence[PlanRow], budget: int, *, batch: int | None) -> str:
     """One line: the recommendation and why, or why nothing fits."""
-    unit, label = (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
+    unit, label = size_unit(budget)
     at = f"at batch {batch} per rank" if batch is not None else "at batch 1 per rank"
     best = recommend(rows)
     failed = [r.strategy for r in rows if r.failed]
@@ -208,6 +213,7 @@ def verdict(rows: Sequence[PlanRow], budget: int, *, batch: int | None) -> str:
 
 def plan_markdown(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int | None) -> str:
     columns, body = table(rows, budget)
+    title += f" (sizes in {size_unit(budget)[1]})"
     return f"# {title}\n\n{markdown_table(columns, body)}\n\n{verdict(rows, budget, batch=batch)}\n"
 
 
@@ -220,9 +226,10 @@ def print_plan(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int |
     except ImportError:
         print(plan_markdown(rows, budget, title=title, batch=batch))
         return
+    title += f" (sizes in {size_unit(budget)[1]})"
     t = Table(title=title, title_justify="left", header_style="bold", pad_edge=False, box=None)
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i < 2 or c == "fits" else "right", overflow="fold")
+        t.add_column(c, justify="left" if i < 2 or c == "fits" else "right", overflow="fold", no_wrap=i == 0)
     for line in body:
         t.add_row(*line)
     here = Console()
