@@ -227,12 +227,13 @@ def print_plan(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int |
         print(plan_markdown(rows, budget, title=title, batch=batch))
         return
     title += f" (sizes in {size_unit(budget)[1]})"
-    t = Table(title=title, title_justify="left", header_style="bold", pad_edge=False, box=None)
+    t = Table(header_style="bold", pad_edge=False, box=None)
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i < 2 or c == "fits" else "right", overflow="fold", no_wrap=i == 0)
     for line in body:
         t.add_row(*line)
     here = Console()
     console = Console(width=min(120, here.width) if here.is_terminal else 120)
+    console.print(title)  # above the table, not its title: a title wraps at the table's width
     console.print(t)
     console.print(verdict(rows, budget, batch=batch))
