@@ -59,6 +59,10 @@ class RankResult:
     comm_overlap: dict[str, float] | None = None
     #: torch's intra-op threads on this rank
     threads: int | None = None
+    #: rank 0: the workload's parameter shapes for the communication prediction
+    #: (``comm_shape_of``; built here, where the workload's imports are already paid, not in
+    #: the launcher, where building a transformers model cost every command 5 s of imports)
+    comm_shape: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return finite(asdict(self))
@@ -176,7 +180,7 @@ def build_record(
             key=lambda o: o["exposed_fraction"],
             default=None,
         ),
-        predicted_comm=predict_comm(cell, world_size, _backend(cell, plan)),
+        predicted_comm=predict_comm(cell, world_size, _backend(cell, plan), ok),
     )
     first_losses = results[0].losses if results else []
     record.loss = {"first": first_losses[0], "last": first_losses[-1]} if first_losses else None
@@ -262,17 +266,31 @@ def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int
     return predicted_model_state_bytes(num_params, world_size, precision, sharding, group_sizes)
 
 
-def predict_comm(cell: CellConfig, world_size: int, backend: str) -> dict[str, Any] | None:
-    """The analytic communication per rank per step for this cell (bench/metrics/analytic.py),
-    or None for a strategy that issues no collectives."""
+def predict_comm(
+    cell: CellConfig, world_size: int, backend: str, ok: list[RankResult]
+) -> dict[str, Any] | None:
+    """The analytic communication per rank per step for this cell (bench/metrics/analytic.py)
+    from the shapes a rank reported; None for a strategy that issues no collectives, or when no
+    rank reported them (a failed cell: nothing measured to compare with)."""
     comm = get_strategy(cell.strategy).communication(cell.precision, backend)
-    if comm is None or backend == "none":
+    shape = next((r.comm_shape for r in ok if r.comm_shape), None)
+    if comm is None or backend == "none" or shape is None:
+        return None
+    dims = tuple((int(d), int(n)) for d, n in shape["dims"])
+    return predicted_comm(comm, CommShape(dims=dims, root_elements=shape["root_elements"]), world_size)
+
+
+def comm_shape_of(cell: CellConfig) -> dict[str, Any] | None:
+    """What a rank reports for ``predict_comm``: ``comm_shape`` as JSON, or None when the
+    strategy issues no collectives or the shapes cannot be had (no prediction, no failure)."""
+    strategy = get_strategy(cell.strategy)
+    if all(strategy.communication(cell.precision, b) is None for b in ("gloo", "nccl", "fake")):
         return None
     try:
         shape = comm_shape(cell.workload, cell.preset)
     except Exception:  # noqa: BLE001 - a prediction that cannot be made leaves the record without one
         return None
-    return predicted_comm(comm, shape, world_size)
+    return {"dims": [list(d) for d in shape.dims], "root_elements": shape.root_elements}
 
 
 @functools.cache

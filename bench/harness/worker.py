@@ -42,7 +42,7 @@ import torch.distributed as dist
 from bench.harness import drilldown
 from bench.harness.config import CellConfig, threads_per_rank
 from bench.harness.faults import Fault, faults_from_env
-from bench.harness.result import RankResult
+from bench.harness.result import RankResult, comm_shape_of
 from bench.metrics.comm import CollectiveCounter
 from bench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
 from bench.metrics.timing import timed
@@ -309,6 +309,7 @@ def _train_and_measure(
         comm=comm,
         comm_overlap=overlap,
         threads=torch.get_num_threads(),
+        comm_shape=comm_shape_of(cell) if rank == 0 else None,
     )
 
 
