@@ -62,7 +62,9 @@ def _interrupt_during_cell_2(out: Path, tmp: Path, sig: int) -> tuple[int, str]:
     return proc.returncode, err
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+# SIGTERM takes the same handler inside ``run`` (bench/harness/runner.py); its own exit code and
+# unwinding are tested on max-size below, where no other path would stop the probe's ranks
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130)])
 def test_a_signal_records_the_cell_as_interrupted_and_stops_every_rank(tmp_path, cell_tmp, sig, code) -> None:
     out = tmp_path / "run"
     rc, err = _interrupt_during_cell_2(out, cell_tmp, sig)
