@@ -211,10 +211,14 @@ def verdict(rows: Sequence[PlanRow], budget: int, *, batch: int | None) -> str:
     )
 
 
+def _with_unit(title: str, budget: int) -> str:
+    return f"{title} (sizes in {size_unit(budget)[1]})"
+
+
 def plan_markdown(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int | None) -> str:
     columns, body = table(rows, budget)
-    title += f" (sizes in {size_unit(budget)[1]})"
-    return f"# {title}\n\n{markdown_table(columns, body)}\n\n{verdict(rows, budget, batch=batch)}\n"
+    head = _with_unit(title, budget)
+    return f"# {head}\n\n{markdown_table(columns, body)}\n\n{verdict(rows, budget, batch=batch)}\n"
 
 
 def print_plan(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int | None) -> None:
@@ -226,7 +230,6 @@ def print_plan(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int |
     except ImportError:
         print(plan_markdown(rows, budget, title=title, batch=batch))
         return
-    title += f" (sizes in {size_unit(budget)[1]})"
     t = Table(header_style="bold", pad_edge=False, box=None)
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i < 2 or c == "fits" else "right", overflow="fold", no_wrap=i == 0)
@@ -234,6 +237,6 @@ def print_plan(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int |
         t.add_row(*line)
     here = Console()
     console = Console(width=min(120, here.width) if here.is_terminal else 120)
-    console.print(title)  # above the table, not its title: a title wraps at the table's width
+    console.print(_with_unit(title, budget))  # above the table: a table's title wraps at its width
     console.print(t)
     console.print(verdict(rows, budget, batch=batch))
