@@ -68,14 +68,14 @@ def _stage3_holdings(rank: int, world_size: int, prefetch: bool) -> dict:
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW)
     sdp = ShardedDataParallel(model, opt, stage=3, unit=tricky.child_units(model), prefetch=prefetch)
     most_gathered = 0
-    gather = sdp._gather
+    gather = sdp.gatherer.gather
 
     def counting_gather(u: int, **kw) -> None:
         nonlocal most_gathered
         gather(u, **kw)
         most_gathered = max(most_gathered, len(sdp.gathered_units()))
 
-    sdp._gather = counting_gather  # type: ignore[method-assign]
+    sdp.gatherer.gather = counting_gather  # type: ignore[method-assign]
     out: dict = {"full_bytes": []}
     for step in range(3):  # the branch (a unit) is used on steps 0 and 2, not on step 1
         batch = tricky.rank_slice(tricky.global_batch(step, 4, vocab=BIG_VOCAB), rank, world_size)
@@ -85,10 +85,10 @@ def _stage3_holdings(rank: int, world_size: int, prefetch: bool) -> dict:
         loss.backward()
         out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))
         # no full gradient either: none held, none in a buffer or a reduction in flight
-        assert not (sdp._held or sdp._buffers or sdp._in_flight)
+        assert sdp.idle()
         opt.step()
         out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))
-    root = sum(b.padded * 4 for b, u in zip(opt.buckets, sdp._unit_of_bucket, strict=True) if u == 0)
+    root = sum(b.padded * 4 for b, u in zip(opt.buckets, sdp.gatherer.unit_of_bucket, strict=True) if u == 0)
     out |= {
         "root_bytes": root,
         "most_gathered": most_gathered,

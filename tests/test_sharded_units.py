@@ -71,14 +71,16 @@ def test_a_custom_policy_may_nest_units() -> None:
 def _errors(rank: int, world_size: int) -> None:
     model = tricky.build()
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW)
-    with pytest.raises(ValueError, match="stage must be 2 or 3, got 1 .*DistributedDataParallel"):
-        ShardedDataParallel(model, opt, stage=1)
+    with pytest.raises(ValueError, match="stage must be 1, 2 or 3, got 4"):
+        ShardedDataParallel(model, opt, stage=4)
     with pytest.raises(ValueError, match="prefetch, unit: stage 3 options"):
         ShardedDataParallel(model, opt, unit=None, prefetch=False)
     sdp = ShardedDataParallel(model, opt, stage=3)
-    assert type(sdp).__name__ == "ShardedDataParallel3" and isinstance(sdp, ShardedDataParallel)
+    assert sdp.stage == 3 and [u.name for u in sdp.units][0] == ""
     with pytest.raises(RuntimeError, match="ShardedDataParallel already relies on them"):
-        opt.pack_by_units([_trainable(model)])
+        opt.shard_parameters([_trainable(model)])
+    with pytest.raises(RuntimeError, match="already has a ShardedDataParallel"):
+        ShardedDataParallel(model, opt, stage=2)
     sdp.close()
 
     model = tricky.build()  # (the wrapped one's parameters stay sharded: their storage is freed)
@@ -88,7 +90,7 @@ def _errors(rank: int, world_size: int) -> None:
         ShardedDataParallel(model, stepped, stage=3)
     fresh = ShardedOptimizer(_trainable(model), optim=torch.optim.AdamW)
     with pytest.raises(ValueError, match="1 of 6 are in no unit"):
-        fresh.pack_by_units([_trainable(model)[1:]])
+        fresh.shard_parameters([_trainable(model)[1:]])
 
 
 def test_stage3_errors_name_what_is_wrong() -> None:

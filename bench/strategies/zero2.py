@@ -12,7 +12,7 @@ from torch import nn
 from bench.metrics.analytic import Communication
 from bench.strategies.base import OptimizerFactory, RankContext
 from bench.strategies.sharded import ShardedDataParallel
-from bench.strategies.sharded.data_parallel import MAX_IN_FLIGHT
+from bench.strategies.sharded.reducer import MAX_IN_FLIGHT
 from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy, element_bytes
 
 
@@ -39,7 +39,8 @@ class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
         )
 
     def settings(self) -> dict[str, Any]:
-        reduction = self.model.reduce if self.model is not None else "all_reduce on gloo, else reduce_scatter"
+        default = "all_reduce on gloo, else reduce_scatter"
+        reduction = self.model.reducer.collective if self.model is not None else default
         return {
             **super().settings(),
             "max_buckets_in_flight": MAX_IN_FLIGHT,

@@ -17,7 +17,7 @@ from torch import nn
 
 from bench.strategies.base import OptimizerFactory, RankContext
 from bench.strategies.sharded import ShardedDataParallel
-from bench.strategies.sharded.stage3 import ShardedDataParallel3
+from bench.strategies.sharded.data_parallel import STAGE3_IN_FLIGHT
 from bench.strategies.sharded.units import UnitPolicy
 from bench.strategies.zero2 import Zero2Strategy
 
@@ -55,5 +55,5 @@ class Zero3Strategy(Zero2Strategy, card="zero3"):
             "units": self.units,
             "unit_count": len(units) if units is not None else None,
             "prefetch": "one unit ahead in forward and backward; at most two units whole besides the root",
-            "max_buckets_in_flight": ShardedDataParallel3.max_in_flight,
+            "max_buckets_in_flight": STAGE3_IN_FLIGHT,
         }

@@ -2,15 +2,22 @@
 
 - ``ShardedOptimizer(params, optim=torch.optim.AdamW, **optim_kwargs)``: stage 1, optimizer
   state sharded. Composes with plain ``DistributedDataParallel`` (full gradients all-reduced),
-  as FairScale's OSS does; that pairing is the ``zero1`` strategy.
+  as FairScale's OSS does, or with ``ShardedDataParallel(module, opt, stage=1)``, which reduces
+  each gradient bucket to its owners (reduce-scatter: DDP's bytes per step, where DDP followed by
+  the parameters' all-gather sends 1.5x); that pairing is the ``zero1`` strategy.
 - ``ShardedDataParallel(module, sharded_optimizer)``: stage 2, gradients reduce-scattered to
   their owners during backward and kept only as shards; the ``zero2`` strategy.
 - ``ShardedDataParallel(module, sharded_optimizer, stage=3, unit=None)``: stage 3, parameters
   sharded too: each *unit* (``unit``: a callable ``module -> bool``; default: every child of an
   ``nn.ModuleList``/``nn.Sequential`` holding parameters, and the root for the rest) is gathered
-  just before its forward and again before its backward, and freed after each (``stage3.py``,
+  just before its forward and again before its backward, and freed after each (``gatherer.py``,
   ``units.py``); ``full_state_dict()`` consolidates the model (a collective). The ``zero3``
   strategy.
+
+How it is put together: ``ShardedDataParallel`` (``data_parallel.py``) composes a
+``GradientReducer`` (``reducer.py``, every stage) and, for stage 3, a ``UnitGatherer``
+(``gatherer.py``). The optimizer knows the wrapper only through ``attach`` (the reducer becomes
+its ``GradientSource``) and, for stage 3, ``shard_parameters`` (it keeps only its chunks).
 
 What lives where, per rank, with Psi parameters and N ranks (fp32 AdamW):
 
@@ -19,10 +26,10 @@ What lives where, per rank, with Psi parameters and N ranks (fp32 AdamW):
 =================  ===========================  ===========================  ===========================
 parameters         full (4 Psi), flat buckets   full (4 Psi), flat buckets   own chunk (4 Psi / N); a
                                                                              unit whole while it runs
-gradients          full (4 Psi, DDP buckets)    own chunk (4 Psi / N)        own chunk (4 Psi / N)
+gradients          full (4 Psi, buckets)        own chunk (4 Psi / N)        own chunk (4 Psi / N)
 optimizer state    own chunk (8 Psi / N)        own chunk (8 Psi / N)        own chunk (8 Psi / N)
-in flight (other)  DDP's buckets are the grads  <= 2 reduce buckets +        <= 2 reduce buckets +
-                                                filling ones                 filling ones (per unit)
+in flight (comm)   the buckets are the grads    <= 2 reduce buckets +        one unit reducing, one
+                                                filling ones                 being added in
 =================  ===========================  ===========================  ===========================
 
 With bf16 parameters each rank also keeps an fp32 master copy of its chunk (4 Psi / N), so model
@@ -37,8 +44,8 @@ re-packs the buckets one per unit (and param group), so a unit is gathered by it
 Usage in a training loop::
 
     opt = ShardedOptimizer(model.parameters(), optim=torch.optim.AdamW, lr=1e-4)
-    model = ShardedDataParallel(model, opt)          # omit for stage 1 (use DDP instead);
-                                                     # stage=3 to shard the parameters too
+    model = ShardedDataParallel(model, opt)          # stage=1: full gradients kept (or plain
+                                                     # DDP); stage=3: parameters sharded too
     for batch in data:
         opt.zero_grad(set_to_none=True)
         loss_fn(model(batch)).backward()

@@ -1,36 +1,48 @@
-"""``ShardedDataParallel``: ZeRO stage 2, gradients reduced to their owners and sharded.
+"""``ShardedDataParallel``: our ZeRO stages 1, 2 and 3 around a module, composed of parts.
 
-Wraps a module whose parameters a ``ShardedOptimizer`` has already packed into flat buckets.
-During backward, as each parameter's gradient is accumulated, a hook copies it into its bucket's
-flat gradient buffer and drops ``param.grad`` at once. When a bucket is complete it is
-reduce-scattered (asynchronously, overlapping the rest of backward) so each rank receives the
-sum for its own chunk only, which it keeps as its gradient shard; the bucket buffer is freed as
-soon as its reduction completes. No rank ever holds a full set of gradients: at any time it
-holds its gradient shards (1/N), the few buckets in flight, and the gradients autograd has just
-produced.
+- a ``GradientReducer`` (``reducer.py``), every stage: gradients averaged across ranks bucket
+  by bucket, each rank keeping its own chunk's. Stage 1 keeps the full gradient buffers (as DDP
+  keeps its buckets), stages 2 and 3 only the reduced chunks;
+- a ``UnitGatherer`` (``gatherer.py``), stage 3 only: parameters sharded too, each unit gathered
+  just before its forward and again before its backward, and freed after each.
 
-Buckets are launched strictly in bucket order on every rank (a ready bucket waits for earlier
-ones), so collectives match across ranks even when ranks produce gradients in different orders.
-At the end of backward (an autograd engine callback) any bucket not yet launched is launched with
-zeros for parameters that got no gradient, and a small all-reduce of "used" flags tells which
-parameters received no gradient on any rank: those get no gradient at all, so the optimizer skips
-them exactly as it would in a single process.
+The wrapper wires them to the autograd engine and to the ``ShardedOptimizer`` that packed the
+module's parameters into flat buckets (``optimizer.attach``: the reducer becomes the optimizer's
+gradient source).
 
-Nothing here keeps the process group alive (see ``optimizer.default_as_none`` for why that
-matters): the default group is never held, the optimizer and the parameters' hooks reach this
-wrapper only through weak references (dropping it frees it at once), every reduction is waited
-before backward ends, and ``close()`` waits for any a failed backward left in flight and removes
-the hooks.
+Stages 1 and 2: as each parameter's gradient is accumulated, a hook adds it into its bucket's
+buffer and drops ``param.grad`` at once; a complete bucket is reduced asynchronously, overlapping
+the rest of backward. Buckets are launched strictly in bucket order on every rank (a complete
+bucket waits for earlier ones), so the collectives match across ranks even when ranks produce
+gradients in different orders or leave different parameters unused.
+
+Stage 3: a unit's gradients stay where autograd put them until the unit's backward is over (its
+inputs' gradients are computed, ``gatherer.py``); then they are added into the unit's buffers and
+reduced while the next unit's backward runs. That moment follows the order units run in, the
+same on every rank, never which parameters received gradients, so reductions and the
+backward's all-gathers are issued in the same order everywhere. At most two units' full
+gradients exist at once: the one reducing and the one being computed.
+
+At the end of backward (an autograd engine callback) every bucket not yet launched is launched
+(zeros for parameters without a gradient), in bucket or unit order; a gradient that came after
+its unit was reduced (a parameter used outside its unit's forward) is reduced then too; and one
+small all-reduce of "received a gradient" flags tells which parameters no rank used: those get
+no gradient at all, so the optimizer skips them exactly as a single process (or DDP with
+``find_unused_parameters=True``) would. A parameter without a gradient is never an error.
+
+Nothing here keeps the process group alive (see ``optimizer.default_as_none``): the default
+group is never held, hooks and the optimizer reach the parts through weak references (dropping
+the wrapper frees it), every reduction is waited before backward ends, and ``close()`` waits for
+any a failed backward left in flight and removes the hooks.
 
 Gradient accumulation works two ways: backward passes without ``zero_grad`` in between add into
-the shards (reduced every pass, memory stays sharded), or ``with model.no_sync():`` keeps full
-local gradients, DDP-style, and the next synchronised backward reduces their sum.
+the reduced chunks (reduced every pass), or ``with model.no_sync():`` keeps full local gradients,
+DDP-style, and the next synchronised backward reduces their sum.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,67 +51,29 @@ import torch.distributed as dist
 from torch import nn
 from torch.profiler import record_function
 
-from bench.strategies.sharded.fake import is_fake
-from bench.strategies.sharded.layout import Bucket
+from bench.strategies.sharded.gatherer import UnitGatherer
 from bench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
+from bench.strategies.sharded.reducer import MAX_IN_FLIGHT, GradientReducer, default_collective
+from bench.strategies.sharded.units import UnitPolicy, find_units
+from bench.strategies.sharded.weak import weakly
 
-#: buckets whose reduction may be in flight at once before backward waits for the oldest.
-MAX_IN_FLIGHT = 2
-
-
-def _weakly(method: Callable[..., None], *first: Any, required: str = "") -> Callable[..., None]:
-    """``method`` (with ``first`` as its leading arguments), called through a weak reference to
-    its object. The optimizer and the parameters keep these callbacks; bound methods there would
-    be reference cycles (through the parameters' hook dicts, which the garbage collector cannot
-    traverse), keeping the wrapper, the model and any process group it holds alive for good. Once
-    the object is gone the callback does nothing, or raises ``required`` when that is given."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args: Any) -> None:
-        bound = ref()
-        if bound is not None:
-            bound(*first, *args)
-        elif required:
-            raise RuntimeError(required)
-
-    return call
+#: stage 3's buckets are whole units (a transformer layer), not 25 MB, so one reduction in flight
+#: overlaps the next unit's whole backward; it is completed before the next unit's gradients are
+#: added into buffers of their own, so at most two units' full gradients exist at once
+STAGE3_IN_FLIGHT = 1
+STAGES = (1, 2, 3)
+_UNSET: Any = object()  # stage-3 options not given
 
 
 class ShardedDataParallel(nn.Module):
-    """Gradient sharding (ZeRO-2) around ``module``; pair it with the ``ShardedOptimizer``
-    that packed ``module``'s parameters. See the module docstring for the design.
+    """Our ZeRO stage ``stage`` (1, 2 or 3) around ``module``, with the ``ShardedOptimizer``
+    that packed ``module``'s parameters; see the module docstring.
 
-    ``stage=3`` also shards the parameters, gathered per unit when used (``unit``: which modules
-    are gathered together, see ``units.py``); that is ``stage3.ShardedDataParallel3``, a
-    subclass returned by this same constructor."""
-
-    #: names the profiler labels (``shardbench::<label>::reduce``)
-    label = "zero2"
-    #: reductions in flight before backward waits for the oldest (each holds a bucket buffer)
-    max_in_flight = MAX_IN_FLIGHT
-
-    def __new__(
-        cls,
-        module: nn.Module | None = None,
-        sharded_optimizer: ShardedOptimizer | None = None,
-        *,
-        stage: int = 2,
-        **kwargs: Any,
-    ) -> ShardedDataParallel:
-        if stage not in (2, 3):
-            raise ValueError(
-                f"ShardedDataParallel stage must be 2 or 3, got {stage!r} (stage 1 is a ShardedOptimizer "
-                "with plain DistributedDataParallel)"
-            )
-        if stage == 2 and (stage3_only := sorted({"unit", "prefetch"} & set(kwargs))):
-            raise ValueError(
-                f"{', '.join(stage3_only)}: stage 3 options (stage 2 does not shard parameters); pass stage=3"
-            )
-        if stage == 3 and cls is ShardedDataParallel:
-            from bench.strategies.sharded.stage3 import ShardedDataParallel3
-
-            cls = ShardedDataParallel3
-        return super().__new__(cls)
+    Stage 3 options: ``unit``, which modules are gathered together (``units.py``; default:
+    every parameterised child of an ``nn.ModuleList``/``nn.Sequential``, and the root for the
+    rest), and ``prefetch`` (start gathering the next unit while one runs; default on).
+    ``gradient_collective``: "reduce_scatter" or "all_reduce" (default: ``default_collective``
+    of the group's backend)."""
 
     def __init__(
         self,
@@ -107,57 +81,67 @@ class ShardedDataParallel(nn.Module):
         sharded_optimizer: ShardedOptimizer,
         *,
         stage: int = 2,
+        unit: UnitPolicy | None = _UNSET,
+        prefetch: bool = _UNSET,
         broadcast_buffers: bool = True,
+        gradient_collective: str | None = None,
     ) -> None:
-        super().__init__()  # (``stage`` was checked by __new__, which chose the class)
+        if stage not in STAGES:
+            raise ValueError(f"ShardedDataParallel stage must be 1, 2 or 3, got {stage!r}")
+        given = sorted(name for name, v in (("unit", unit), ("prefetch", prefetch)) if v is not _UNSET)
+        if stage != 3 and given:
+            raise ValueError(
+                f"{', '.join(given)}: stage 3 options (stage {stage} does not shard parameters); pass stage=3"
+            )
+        super().__init__()
+        opt = sharded_optimizer
         self.module = module
-        self.optimizer = sharded_optimizer
+        self.optimizer = opt
+        self.stage = stage
+        #: names the profiler labels (``shardbench::<label>::reduce``)
+        self.label = f"zero{stage}"
         self.broadcast_buffers = broadcast_buffers
-        self.process_group = sharded_optimizer.process_group  # None: the default group, never held
-        self.world_size = sharded_optimizer.world_size
+        self.process_group = opt.process_group  # None: the default group, never held
+        self.world_size = opt.world_size
         self._src = global_rank(self.process_group, 0)
-        # gloo's reduce-scatter is ~2x slower than its all-reduce (25 MB at N=2: 36.5 ms vs
-        # 18.9 ms, measured), so on gloo each bucket is all-reduced in place and every rank keeps
-        # its chunk: the same memory (the bucket buffer exists either way), less time.
-        self.reduce = "all_reduce" if dist.get_backend(self.process_group) == "gloo" else "reduce_scatter"
-        buckets = sharded_optimizer.buckets
-        # Allocated by the first reduction after zero_grad(set_to_none=True), freed by it: the
-        # forward pass, where activations peak, then holds no gradient memory at all.
-        self._grad_shards: list[torch.Tensor | None] = [None] * len(buckets)
-        #: memory accounting observer: called with each tensor allocated here and its category
-        #: ("grads" for gradient shards, "comm" for communication buffers).
-        self.memory_observer: Callable[[torch.Tensor, str], None] | None = None
-        self._buffers: dict[int, torch.Tensor] = {}
-        self._pending = [len(b.params) for b in buckets]
-        self._ready: set[int] = set()
-        self._next = 0
-        self._in_flight: list[tuple[Any, Bucket, torch.Tensor, torch.Tensor | None]] = []
-        self._slot: dict[nn.Parameter, int] = {}  # index into the "used" flags
-        for b in buckets:
-            for p in b.params:
-                self._slot[p] = len(self._slot)
-        self._used = torch.zeros(
-            len(self._slot), dtype=torch.int32, device=buckets[0].params[0].device if buckets else "cpu"
+        self._start_identical()  # while the parameters are still whole on every rank
+        units = None
+        if stage == 3:
+            units = find_units(
+                module, None if unit is _UNSET else unit, [p for b in opt.buckets for p in b.params]
+            )
+            opt.shard_parameters([u.params for u in units])
+        self.reducer = GradientReducer(
+            opt.buckets,
+            world_size=self.world_size,
+            process_group=self.process_group,
+            keep="full" if stage == 1 else "shards",
+            collective=gradient_collective or default_collective(dist.get_backend(self.process_group)),
+            max_in_flight=STAGE3_IN_FLIGHT if stage == 3 else MAX_IN_FLIGHT,
+            label=self.label,
         )
-        self._used_here: set[int] = set()  # slots used in this backward, on this rank
-        self._globally_used: set[int] | None = None  # slots used on any rank since zero_grad
+        opt.attach(self.reducer)
+        self.gatherer: UnitGatherer | None = None
+        self._hook_handles: list[Any] = []
+        if units is not None:
+            self.gatherer = UnitGatherer(
+                units,
+                opt,
+                prefetch=True if prefetch is _UNSET else prefetch,
+                backward_started=weakly(self._queue_finish),
+                unit_backward_done=weakly(self._unit_backward_done),
+            )
+        else:
+            self._hook_handles = [
+                p.register_post_accumulate_grad_hook(weakly(self._on_grad, b.index, i))
+                for b in opt.buckets
+                for i, p in enumerate(b.params)
+            ]
+        self._pending = [len(b.params) for b in opt.buckets]  # stages 1-2: gradients still to come
+        self._ready: set[int] = set()  # complete buckets, not launched yet
+        self._next = 0  # the next bucket to launch, in bucket order
         self._sync = True
         self._callback_queued = False
-        sharded_optimizer.label = self.label
-        sharded_optimizer.layout_locked_by = "ShardedDataParallel"
-        sharded_optimizer.grad_source = _weakly(
-            self._grads_from_shards,
-            required="the ShardedDataParallel that holds this optimizer's gradients is gone: "
-            "keep a reference to it for as long as you train",
-        )
-        self._zero_grad_hook = _weakly(self._on_zero_grad)
-        sharded_optimizer.zero_grad_hooks.append(self._zero_grad_hook)
-        self._start_identical()
-        self._hook_handles = [
-            p.register_post_accumulate_grad_hook(_weakly(self._on_grad, b.index, i))
-            for b in buckets
-            for i, p in enumerate(b.params)
-        ]
 
     def _start_identical(self) -> None:
         """Start from identical weights, as DDP does: rank 0's, broadcast."""
@@ -168,16 +152,74 @@ class ShardedDataParallel(nn.Module):
 
     def close(self) -> None:
         """End of training, before ``dist.destroy_process_group``: wait for any reduction still
-        in flight (a backward that raised leaves its launched buckets so), remove the gradient
-        hooks and detach from the optimizer. The wrapper reduces nothing afterwards."""
-        while self._in_flight:
-            self._complete_oldest()
+        in flight (a backward that raised leaves its launched buckets so), remove the hooks and
+        detach from the optimizer. The wrapper reduces nothing afterwards."""
+        self.reducer.drain()
         self._callback_queued = False
         for handle in self._hook_handles:
             handle.remove()
         self._hook_handles.clear()
-        if self._zero_grad_hook in self.optimizer.zero_grad_hooks:
-            self.optimizer.zero_grad_hooks.remove(self._zero_grad_hook)
+        if self.gatherer is not None:
+            self.gatherer.close()
+        self.optimizer.detach(self.reducer)
+
+    # ----- what the caller sees ----------------------------------------------------------------
+    @property
+    def memory_observer(self) -> Callable[[torch.Tensor, str], None] | None:
+        """Memory accounting observer: called with each tensor allocated for the reduction and
+        its category ("grads" for the gradients a rank keeps, "comm" for buffers in flight)."""
+        return self.reducer.memory_observer
+
+    @memory_observer.setter
+    def memory_observer(self, observer: Callable[[torch.Tensor, str], None] | None) -> None:
+        self.reducer.memory_observer = observer
+
+    @property
+    def units(self) -> list[Any]:
+        """Stage 3's units (``units.Unit``), root first; empty below stage 3."""
+        return self.gatherer.units if self.gatherer is not None else []
+
+    def gathered_units(self) -> list[str]:
+        """Names of the units whose full parameters exist now ("" is the root); below stage 3
+        parameters are never sharded, so there are none to name."""
+        return self.gatherer.gathered_units() if self.gatherer is not None else []
+
+    def idle(self) -> bool:
+        """Nothing of a backward pass is left: no gradient held for a reduction, no bucket
+        buffer, no reduction in flight (true between steps)."""
+        held = any(p.grad is not None for b in self.optimizer.buckets for p in b.params)
+        return self.reducer.idle() and not (self._sync and held)
+
+    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Tensors held now, by category: the gradients a rank keeps, and (stage 3) its
+        parameter chunks ("params": the parameters it keeps; gathered flat buffers are the
+        module's parameters' storage, which the memory tracker already counts as parameters)."""
+        tensors = self.reducer.memory_tensors()
+        if self.gatherer is not None:
+            tensors["params"] = list(self.optimizer.chunks)
+        return tensors
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's state dict with whole parameters, on every rank (a collective under stage
+        3: call it on every rank; units are gathered one at a time, so beside the result a rank
+        holds at most one unit's full parameters)."""
+        state = self.module.state_dict()
+        if self.gatherer is None:
+            return state
+        names: dict[int, list[str]] = {}
+        for name, p in self.module.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        gathered = set(self.gatherer.gathered_units())
+        for u in self.gatherer.units:
+            self.gatherer.gather(u.index)
+            for p in u.params:
+                value = p.detach().clone()
+                for name in names.get(id(p), []):
+                    state[name] = value
+            if u.name not in gathered:
+                self.gatherer.free(u.index)
+        return state
 
     # ----- forward -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -196,163 +238,99 @@ class ShardedDataParallel(nn.Module):
         finally:
             self._sync = old
 
-    # ----- backward: bucket, reduce, shard -----------------------------------------------------
-    def _on_grad(self, index: int, i: int, p: torch.Tensor) -> None:
-        """Post-accumulate-grad hook of parameter ``i`` of bucket ``index``."""
-        if not self._sync or p.grad is None:
-            return
-        bucket = self.optimizer.buckets[index]
+    # ----- backward ----------------------------------------------------------------------------
+    def _queue_finish(self) -> None:
         if not self._callback_queued:
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+            torch.autograd.Variable._execution_engine.queue_callback(weakly(self._finish_backward))
             self._callback_queued = True
-        self._collect(bucket, i, p)
-        self._used[self._slot[p]] = 1
-        self._used_here.add(self._slot[p])
-        self._pending[bucket.index] -= 1
-        if self._pending[bucket.index] == 0:
-            self._ready.add(bucket.index)
-            self._launch_ready()
 
-    def _collect(self, bucket: Bucket, i: int, p: torch.Tensor) -> None:
-        """Move parameter ``i``'s gradient into its bucket's buffer and drop ``p.grad``."""
-        assert p.grad is not None
-        if len(bucket.params) == 1 and bucket.padded == p.numel() and p.grad.is_contiguous():
-            # A bucket of one parameter that splits evenly (a big embedding, typically):
-            # reduce its gradient in place rather than copy it into a second buffer.
-            self._buffers[bucket.index] = p.grad.view(-1)
-            self._observe(p.grad, "comm")
-        else:
-            off = bucket.offsets[i]
-            self._buffer(bucket)[off : off + p.numel()].copy_(p.grad.reshape(-1))
-        p.grad = None  # the full gradient is not kept: this is what stage 2 saves
+    def _on_grad(self, index: int, i: int, p: torch.Tensor) -> None:
+        """Stages 1-2: post-accumulate-grad hook of parameter ``i`` of bucket ``index``."""
+        grad = p.grad
+        if grad is None or not self._sync:  # under no_sync the gradient stays in p.grad
+            return
+        self._queue_finish()
+        self.reducer.add(self.optimizer.buckets[index], i, grad)
+        # The full gradient now lives in the bucket buffer only; dropped before a launch
+        # allocates the reduction's output, so the two never coexist.
+        del grad
+        p.grad = None
+        self._pending[index] -= 1
+        if self._pending[index] == 0:
+            self._ready.add(index)
+            self._launch_in_order()
 
-    def _buffer(self, bucket: Bucket) -> torch.Tensor:
-        buf = self._buffers.get(bucket.index)
-        if buf is None:
-            first = bucket.params[0]
-            buf = torch.zeros(bucket.padded, dtype=first.dtype, device=first.device)
-            self._observe(buf, "comm")
-            self._buffers[bucket.index] = buf
-        return buf
-
-    def _observe(self, tensor: torch.Tensor, category: str) -> None:
-        if self.memory_observer is not None:
-            self.memory_observer(tensor, category)
-
-    def _launch_ready(self) -> None:
+    def _launch_in_order(self) -> None:
         buckets = self.optimizer.buckets
         while self._next < len(buckets) and self._next in self._ready:
-            self._launch(buckets[self._next])
+            self.reducer.launch(buckets[self._next])
             self._next += 1
 
-    def _launch(self, bucket: Bucket) -> None:
-        # Release reductions that have finished, without waiting; block only when the limit
-        # of buckets in flight would be exceeded (that wait is what bounds the memory).
-        self._release_finished()
-        while len(self._in_flight) >= self.max_in_flight:
-            self._complete_oldest()
-        buf = self._buffers.pop(bucket.index)
-        work, out = None, None
-        with record_function(f"shardbench::{self.label}::reduce"):
-            if self.world_size > 1:
-                buf.div_(self.world_size)  # average, as DDP does (pre-divided, then summed)
-                if self.reduce == "all_reduce":
-                    work = dist.all_reduce(buf, group=self.process_group, async_op=True)
-                else:
-                    out = buf.new_empty(bucket.chunk)
-                    self._observe(out, "grads" if self._grad_shards[bucket.index] is None else "comm")
-                    work = dist.reduce_scatter_tensor(out, buf, group=self.process_group, async_op=True)
-        self._in_flight.append((work, bucket, buf, out))
+    def _unit_backward_done(self, u: int) -> None:
+        """Stage 3: unit ``u``'s backward is over (and it is freed): reduce its gradients."""
+        if self._sync:
+            self._reduce_unit(u)
 
-    def _release_finished(self) -> None:
-        """Complete the reductions that have finished, oldest first, without waiting."""
-        while self._in_flight and (self._in_flight[0][0] is None or self._in_flight[0][0].is_completed()):
-            self._complete_oldest()
+    def _reduce_unit(self, u: int) -> None:
+        assert self.gatherer is not None
+        # The previous unit's reduction completes first: its buffer goes before this one's comes.
+        self.reducer.drain()
+        buckets = self.optimizer.buckets
+        for bi in self.gatherer.unit_buckets[u]:
+            self._reduce_bucket_now(buckets[bi])
 
-    def _complete_oldest(self) -> None:
-        """Wait for the oldest reduction; its result becomes (or is added to) the bucket's
-        gradient shard, and the bucket buffer dies here."""
-        work, bucket, buf, out = self._in_flight.pop(0)
-        if work is not None:
-            work.wait()
-        shard = self._grad_shards[bucket.index]
-        if out is None:  # all-reduced (or one rank): this rank's chunk of the whole bucket
-            out = buf[bucket.chunk_start : bucket.chunk_start + bucket.chunk]
-            if shard is None:
-                out = out.clone()
-                self._observe(out, "grads")
-        if shard is None:
-            self._grad_shards[bucket.index] = out
-        else:
-            shard.add_(out)
+    def _reduce_bucket_now(self, bucket: Any) -> None:
+        """Add every gradient ``bucket``'s parameters hold (autograd's, and any a ``no_sync``
+        pass left) into its buffer, drop them, and launch its reduction."""
+        self.reducer.add_all(bucket, [p.grad for p in bucket.params])
+        for p in bucket.params:
+            p.grad = None
+        self.reducer.launch(bucket)
 
     def _finish_backward(self) -> None:
-        """End of backward: flush every bucket in order, then agree on which params were used."""
+        """End of backward: launch what is left, in an order every rank shares, then agree on
+        which parameters received gradients."""
+        self._callback_queued = False
         with record_function(f"shardbench::{self.label}::reduce"):
-            self._flush()
-            while self._in_flight:
-                self._complete_oldest()
-            used = self._used.clone()
-            if self.world_size > 1:
-                dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.process_group)
-        used_slots = self._used_slots(used)
-        prev = self._globally_used
-        self._globally_used = used_slots if prev is None else prev | used_slots
-        self._used.zero_()
-        self._used_here.clear()
+            if self.gatherer is not None:
+                self._finish_units()
+            elif self._sync:
+                for b in self.optimizer.buckets[self._next :]:
+                    self._collect_leftovers(b)
+                    self._ready.add(b.index)
+                self._launch_in_order()
+                self.reducer.drain()
+                self.reducer.agree()
         self._pending = [len(b.params) for b in self.optimizer.buckets]
         self._ready.clear()
         self._next = 0
-        self._callback_queued = False
 
-    def _flush(self) -> None:
-        """Launch every bucket not launched yet, in bucket order (the same on every rank)."""
-        for b in self.optimizer.buckets[self._next :]:
-            self._collect_leftovers(b)
-            self._buffer(b)  # params without a gradient contribute zeros
-            self._ready.add(b.index)
-        self._launch_ready()
-
-    def _collect_leftovers(self, bucket: Bucket) -> None:
-        """Collect gradients a ``no_sync`` pass left in ``p.grad`` for parameters that this
-        synchronised pass did not use (no hook collected them): they belong in the sum too."""
+    def _collect_leftovers(self, bucket: Any) -> None:
+        """Gradients a ``no_sync`` pass left in ``p.grad`` for parameters this synchronised pass
+        did not use (no hook collected them): they belong in the sum too."""
         for i, p in enumerate(bucket.params):
             if p.grad is not None:
-                self._collect(bucket, i, p)
-                self._used[self._slot[p]] = 1
-                self._used_here.add(self._slot[p])
+                self.reducer.add(bucket, i, p.grad)
+                p.grad = None
 
-    def _used_slots(self, used: torch.Tensor) -> set[int]:
-        """The slots flagged in the all-reduced ``used`` tensor. Under FakeTensorMode (planning
-        with ``--fake``) its values do not exist; the world is then a fake one, in which no
-        other rank contributes, so this rank's own record of what it used is the answer."""
-        if is_fake(used):
-            return set(self._used_here)
-        return set(used.nonzero().flatten().tolist())
-
-    # ----- what the optimizer sees -------------------------------------------------------------
-    def _grads_from_shards(self) -> None:
-        used = self._globally_used
-        for b, shards, gshard in zip(
-            self.optimizer.buckets, self.optimizer._shards, self._grad_shards, strict=True
-        ):
-            for pc, shard in zip(b.pieces, shards, strict=True):
-                p = b.params[pc.param_index]
-                if gshard is None or used is None or self._slot[p] not in used:
-                    shard.grad = None
-                    continue
-                g = gshard[pc.chunk_offset : pc.chunk_offset + pc.numel]
-                shard.grad = g if g.dtype == shard.dtype else g.to(shard.dtype)
-
-    def _on_zero_grad(self, set_to_none: bool) -> None:
-        if set_to_none:
-            self._grad_shards = [None] * len(self._grad_shards)
-            self._globally_used = None
-        else:
-            for g in self._grad_shards:
-                if g is not None:
-                    g.zero_()
-
-    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
-        """Tensors held now, by category, for memory accounting: the gradient shards."""
-        return {"grads": [g for g in self._grad_shards if g is not None]}
+    def _finish_units(self) -> None:
+        assert self.gatherer is not None
+        rest = self.gatherer.finish_backward()  # frees every unit still gathered
+        if not self._sync:  # nothing is reduced: the gradients wait, whole, for a synchronised pass
+            return
+        for u in rest:
+            self._reduce_unit(u)
+        self.reducer.drain()
+        # A gradient that arrived after its unit was reduced: reduced now, in bucket order, on
+        # every rank that agrees one exists anywhere (flags in the used-gradient all-reduce).
+        buckets = self.optimizer.buckets
+        late = [int(any(p.grad is not None for p in b.params)) for b in buckets]
+        for b, flag in zip(buckets, late, strict=True):
+            if flag:
+                self.reducer.add_all(b, [p.grad for p in b.params])
+                for p in b.params:
+                    p.grad = None
+        for b, flag in zip(buckets, self.reducer.agree(late), strict=True):
+            if flag:
+                self.reducer.launch(b)
+        self.reducer.drain()

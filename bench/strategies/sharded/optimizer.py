@@ -15,13 +15,20 @@ phases, each labelled for the profiler:
 Only optimizers whose update is elementwise give results identical to the unsharded optimizer
 when run on slices; others (LARS, LAMB, Adafactor: per-tensor norms or factored statistics) are
 refused unless the caller vouches for them with ``assume_elementwise=True``.
+
+The contract with a wrapper that reduces gradients (``ShardedDataParallel``) is two calls:
+``attach(source)``, after which the step reads each bucket's reduced gradient chunk from the
+source (a ``GradientSource``) instead of ``param.grad``, and, for stage 3 only and before
+``attach``, ``shard_parameters(units)``, after which the optimizer keeps only its chunks and the
+wrapper gathers parameters when they are used. The optimizer knows nothing else of the wrapper.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -88,6 +95,30 @@ def global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
+class GradientSource(Protocol):
+    """Where a ``ShardedOptimizer`` reads its gradients once a wrapper reduces them for it."""
+
+    #: names the optimizer's profiler labels (``shardbench::<label>::step``)
+    label: str
+
+    def gradient_chunk(self, bucket: int) -> torch.Tensor | None:
+        """This rank's reduced gradient for its chunk of bucket ``bucket`` (flat, the chunk's
+        length), or None when there is none since ``zero_grad``."""
+
+    def received_gradient(self, bucket: int, param: int) -> bool:
+        """Whether parameter ``param`` of bucket ``bucket`` received a gradient on any rank
+        (one that did not is skipped by the step, as a single process would skip it)."""
+
+    def on_zero_grad(self, set_to_none: bool) -> None:
+        """The optimizer's ``zero_grad`` was called."""
+
+
+SOURCE_GONE = (
+    "the ShardedDataParallel that holds this optimizer's gradients is gone: keep a reference to it "
+    "for as long as you train"
+)
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """Optimizer state sharding (ZeRO-1), balanced to the element; see the module docstring.
 
@@ -119,48 +150,42 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._cap_bytes = max(1, int(bucket_cap_mb * 2**20))
         self.buckets: list[Bucket] = []
         self.flats: list[torch.Tensor] = []  # the parameters live in these (one per bucket)
-        #: this rank's chunk of each bucket: a view of its flat buffer, or (stage 3, see
-        #: ``pack_by_units``) a tensor of its own that outlives the flat buffer's storage
+        #: this rank's chunk of each bucket: a view of its flat buffer, or (after
+        #: ``shard_parameters``) a tensor of its own that outlives the flat buffer's storage
         self.chunks: list[torch.Tensor] = []
-        #: all-gather the updated chunks into the flat buffers after each step (stages 1-2);
-        #: stage 3 gathers parameters only when a unit runs, so it turns this off
-        self.gather_after_step = True
+        #: only this rank's chunks are kept (``shard_parameters``): the step updates them and
+        #: gathers nothing; otherwise the updated chunks are all-gathered after each step
+        self.parameters_sharded = False
         self._masters: list[torch.Tensor | None] = []  # fp32 own chunk for low-precision params
         self._shards: list[list[nn.Parameter]] = []  # per bucket: one tensor per owned piece
         self._bucket_group: list[int] = []
         self.local: torch.optim.Optimizer | None = None
+        #: names the profiler labels; the attached gradient source's label once there is one
         self.label = "zero1"
-        #: fills the shards' .grad; None: from ``param.grad`` (stage 1); stage 2 installs its
-        #: reduced-gradient source. Not ``self._grads_from_params`` by default: a bound method kept
-        #: on its own object is a reference cycle, keeping the optimizer (and whatever process group
-        #: it holds) alive after its last user lets go, until the garbage collector happens to run.
-        self.grad_source: Callable[[], None] | None = None
-        self.zero_grad_hooks: list[Callable[[bool], None]] = []
+        #: the attached ``GradientSource``, held weakly (``attach``); None: ``param.grad``
+        self._source: weakref.ref[GradientSource] | None = None
         self._grads_ready = False
         self._consolidated: dict[str, Any] | None = None
         self._stateful = False  # stepped or loaded a state dict: the layout is now fixed
         self._ready = False
-        #: set by a wrapper whose hooks depend on the bucket layout (ShardedDataParallel).
-        self.layout_locked_by: str | None = None
         super().__init__(params, optim_kwargs)
         self._ready = True
         self._shard_groups(list(range(len(self.param_groups))))
 
-    def pack_by_units(self, units: Sequence[Sequence[nn.Parameter]], *, own_chunks: bool = False) -> None:
-        """Re-pack the buckets so each holds the parameters of one unit (and one param group):
-        stage 3 gathers a unit's parameters with one collective per bucket, so buckets must
-        follow unit boundaries rather than the size cap. No cap applies: a unit is one bucket
-        whatever its size (more only where its parameters differ in dtype or device).
+    def shard_parameters(self, units: Sequence[Sequence[nn.Parameter]]) -> None:
+        """Stage 3: re-pack the buckets one per unit (and param group) and keep only this rank's
+        chunk of each, as a tensor of its own; the flat buffers are left without storage (their
+        metadata kept: the parameters stay views of them) for the wrapper to gather a unit's
+        when it runs. A unit is gathered with one collective per bucket, so buckets follow unit
+        boundaries, whatever their size (more than one only where a unit's parameters differ in
+        dtype or device). The step then updates the chunks and gathers nothing.
 
         ``units`` lists, per unit, its parameters; every trainable parameter of every group must
-        be in exactly one unit. With ``own_chunks`` each rank's chunk becomes a tensor of its own
-        (the shards view it) and the flat buffers are left without storage (their metadata kept:
-        the parameters stay views of them), for the caller to gather when needed. Only an
-        optimizer that has not stepped or loaded state can be re-packed (its state is keyed by the
-        shards it replaces; state an optimizer creates at construction, like Adagrad's, is
-        created again over the new shards)."""
-        if self.layout_locked_by:
-            raise RuntimeError(f"cannot re-pack the buckets: {self.layout_locked_by} already relies on them")
+        be in exactly one unit. Only an optimizer without state (it has not stepped or loaded a
+        state dict: its state is keyed by the shards this replaces) and not yet attached to a
+        wrapper can be re-packed."""
+        if self._source is not None:
+            raise RuntimeError("cannot re-pack the buckets: ShardedDataParallel already relies on them")
         if self._stateful:
             raise RuntimeError(
                 "cannot re-pack the buckets of an optimizer that has state (it has stepped or "
@@ -183,7 +208,30 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.buckets, self.flats, self.chunks, self._masters, self._shards = [], [], [], [], []
         self._bucket_group = []
         self.local = None
-        self._shard_groups(list(range(len(self.param_groups))), unit_of=unit_of, own_chunks=own_chunks)
+        self.parameters_sharded = True
+        self._shard_groups(list(range(len(self.param_groups))), unit_of=unit_of)
+
+    def attach(self, source: GradientSource) -> None:
+        """From now on the step reads its gradients from ``source`` (held weakly: the wrapper
+        that owns it decides its lifetime), and ``zero_grad`` tells it; the bucket layout is
+        then fixed (the source's hooks follow it)."""
+        if self._source is not None and self._source() is not None:
+            raise RuntimeError("this ShardedOptimizer already has a ShardedDataParallel: wrap a model once")
+        self._source = weakref.ref(source)
+        self.label = source.label
+
+    def detach(self, source: GradientSource) -> None:
+        """``source`` no longer provides gradients (its wrapper closed)."""
+        if self._source is not None and self._source() is source:
+            self._source = None
+
+    def _attached(self) -> GradientSource | None:
+        if self._source is None:
+            return None
+        source = self._source()
+        if source is None:
+            raise RuntimeError(SOURCE_GONE)
+        return source
 
     @classmethod
     def from_optimizer(cls, template: torch.optim.Optimizer, **kwargs: Any) -> ShardedOptimizer:
@@ -193,9 +241,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ----- building the shards ---------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if getattr(self, "layout_locked_by", None):
+        if getattr(self, "_source", None) is not None:
             raise RuntimeError(
-                f"add_param_group after {self.layout_locked_by} wrapped the model: its "
+                "add_param_group after ShardedDataParallel wrapped the model: its "
                 "gradient hooks cover only the existing buckets; add groups before wrapping"
             )
         super().add_param_group(param_group)
@@ -225,9 +273,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             )
         return buckets
 
-    def _shard_groups(
-        self, group_indices: list[int], *, unit_of: dict[int, int] | None = None, own_chunks: bool = False
-    ) -> None:
+    def _shard_groups(self, group_indices: list[int], *, unit_of: dict[int, int] | None = None) -> None:
         local_groups = []
         for gi in group_indices:
             group = self.param_groups[gi]
@@ -239,10 +285,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 (flat,) = flatten_into_buckets([b])
                 chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
                 low_precision = flat.is_floating_point() and flat.dtype != torch.float32
-                if own_chunks:
+                if self.parameters_sharded:
                     chunk = chunk.clone()
                 master = chunk.detach().float() if low_precision else None
-                if own_chunks:  # the chunk is this rank's copy now; the owner gathers the rest
+                if self.parameters_sharded:  # the chunk is this rank's copy now; a wrapper gathers
                     flat.untyped_storage().resize_(0)
                 src = master if master is not None else chunk
                 shards = [nn.Parameter(src[pc.chunk_offset : pc.chunk_offset + pc.numel]) for pc in b.pieces]
@@ -277,11 +323,25 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 grad = b.params[pc.param_index].grad
                 shard.grad = None if grad is None else _as(grad.reshape(-1)[pc.lo : pc.hi], shard)
 
+    def _grads_from_source(self, source: GradientSource) -> None:
+        """Stages 2-3 (and 1 under ShardedDataParallel): the reduced chunk the source keeps."""
+        for b, shards in zip(self.buckets, self._shards, strict=True):
+            chunk = source.gradient_chunk(b.index)
+            for pc, shard in zip(b.pieces, shards, strict=True):
+                if chunk is None or not source.received_gradient(b.index, pc.param_index):
+                    shard.grad = None
+                    continue
+                shard.grad = _as(chunk[pc.chunk_offset : pc.chunk_offset + pc.numel], shard)
+
     def prepare_grads(self) -> None:
         """Point every owned shard's ``.grad`` at its gradient (idempotent within a step)."""
         if not self._grads_ready:
+            source = self._attached()
             with record_function(f"shardbench::{self.label}::grads"):
-                (self.grad_source or self._grads_from_params)()
+                if source is None:
+                    self._grads_from_params()
+                else:
+                    self._grads_from_source(source)
             self._grads_ready = True
 
     @torch.no_grad()
@@ -314,9 +374,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         self.local.step()
                     for shard in shards:
                         shard.grad = None
-                    if master is not None and not self.gather_after_step:
-                        chunk.copy_(master)  # stage 3: the chunk is all this rank keeps
-                if not self.gather_after_step:
+                    if master is not None and self.parameters_sharded:
+                        chunk.copy_(master)  # the chunk is all this rank keeps
+                if self.parameters_sharded:
                     continue
                 with record_function(f"shardbench::{self.label}::gather"):
                     if master is not None:
@@ -344,8 +404,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for shard in shards:
                 shard.grad = None
         self._grads_ready = False
-        for hook in self.zero_grad_hooks:
-            hook(set_to_none)
+        source = self._attached()
+        if source is not None:
+            source.on_zero_grad(set_to_none)
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -389,9 +450,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Tensors by category for memory accounting: fp32 master weights are optimizer state
         (the ZeRO paper's K=12 counts them there)."""
         return {"optimizer": [m for m in self._masters if m is not None]}
-
-    def owned_numel(self) -> int:
-        return sum(b.chunk for b in self.buckets)
 
     # ----- checkpoints -------------------------------------------------------------------------
     def _param_index(self) -> dict[int, int]:

@@ -1,0 +1,241 @@
+"""``UnitGatherer``: stage 3's parameters, whole only while their unit runs.
+
+Each unit's parameters live in flat buffers (one per param group, ``ShardedOptimizer.
+shard_parameters``) whose *storage* is resized to zero between uses, while the buffers keep
+their metadata: parameters, and the views autograd saved of them for backward, stay valid
+objects and regain their values when the storage is refilled (FSDP's own technique).
+
+A unit's life in a step:
+
+1. pre-forward hook: all-gather its buffers (``shardbench::zero3::gather``), or wait for that
+   gather if a prefetch started it, and start the next unit's (``prefetch.py``: the unit that
+   followed this one in the last forward; at most two units whole besides the root). Its
+   inputs that need a gradient pass through an identity autograd function whose backward says
+   that the unit's backward is over;
+2. post-forward hook: free it, and hook its outputs' gradients (the root unit instead stays
+   gathered into backward, which begins with it, as FSDP keeps its root);
+3. the first gradient reaching one of its outputs re-gathers it (and prefetches the unit that
+   ran before it), before any of its backward runs, so an activation-checkpointed unit's
+   recompute (which calls no module hooks) finds its parameters there;
+4. when the gradients of its inputs are computed (the identity's backward, once per call of the
+   unit in forward), its backward is over: it is freed and ``unit_backward_done`` is called;
+5. ``finish_backward`` (at the end of backward) frees whatever is still gathered and names the
+   units whose backward did not end that way (the root; a unit whose inputs need no gradient),
+   for the caller to finish.
+
+Every decision here follows the order in which units run and gradients reach their outputs
+and inputs, never which parameters received gradients: that may differ between ranks (a
+branch used by one rank's data only), and the all-gathers are collectives that every rank
+must issue in the same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.profiler import record_function
+
+from bench.strategies.sharded.optimizer import ShardedOptimizer
+from bench.strategies.sharded.prefetch import UnitOrder
+from bench.strategies.sharded.units import Unit
+from bench.strategies.sharded.weak import weakly
+from bench.tensors import plain_tensors_in, replace_tensors, tensors_in
+
+
+def _preserve_version(tensor: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """Refilling a flat buffer must not bump its version counter: autograd saved views of the
+    parameters in forward and would refuse them in backward as "modified by an inplace
+    operation". A private torch API (FSDP2 uses it for the same purpose); without it, a no-op."""
+    keep = getattr(torch.autograd, "_unsafe_preserve_version_counter", None)
+    return keep(tensor) if keep is not None else contextlib.nullcontext()
+
+
+class _BackwardOver(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward runs once every gradient the unit sends to its
+    inputs is computed, which is when that unit's backward is over."""
+
+    @staticmethod
+    def forward(ctx: Any, done: Callable[[], None], *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.done = done
+        return inputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        ctx.done()
+        return (None, *grads)
+
+
+def _needs_grad(t: torch.Tensor) -> bool:
+    return t.requires_grad
+
+
+class UnitGatherer:
+    """Gathers and frees ``units``' parameters around their forward and backward (see the
+    module docstring). ``backward_started`` is called at the first gradient that reaches a
+    unit's output in a backward pass, ``unit_backward_done(u)`` when unit ``u``'s is over (it
+    has been freed)."""
+
+    def __init__(
+        self,
+        units: list[Unit],
+        optimizer: ShardedOptimizer,
+        *,
+        prefetch: bool,
+        backward_started: Callable[[], None],
+        unit_backward_done: Callable[[int], None],
+    ) -> None:
+        self.units = units
+        self.optimizer = optimizer
+        self.world_size = optimizer.world_size
+        self.process_group = optimizer.process_group
+        #: start gathering the next unit while this one runs (see ``prefetch.py``)
+        self.prefetch = prefetch
+        self._backward_started = backward_started
+        self._unit_backward_done = unit_backward_done
+        unit_of = {id(p): u.index for u in units for p in u.params}
+        #: the unit each of the optimizer's buckets belongs to, and each unit's buckets
+        self.unit_of_bucket = [unit_of[id(b.params[0])] for b in optimizer.buckets]
+        self.unit_buckets: list[list[int]] = [[] for _ in units]
+        for bi, u in enumerate(self.unit_of_bucket):
+            self.unit_buckets[u].append(bi)
+        self._order = UnitOrder()
+        self._gathered: set[int] = set()  # units whose flat buffers hold their parameters
+        self._gathering: dict[int, list[Any]] = {}  # unit -> its gathers not yet waited for
+        self._prefetched: set[int] = set()  # gathered ahead, not used yet
+        self._calls = [0] * len(units)  # calls in forward whose backward is not over yet
+        self._done: set[int] = set()  # units whose backward is over in this backward pass
+        for u in units:
+            self.free(u.index, force=True)
+        self._hooks = [
+            handle
+            for u in units
+            for handle in (
+                u.module.register_forward_pre_hook(
+                    weakly(self._pre_forward, u.index), prepend=True, with_kwargs=True
+                ),
+                u.module.register_forward_hook(weakly(self._post_forward, u.index)),
+            )
+        ]
+
+    def close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        for u in list(self._gathered):
+            self.free(u)
+
+    # ----- gather and free ---------------------------------------------------------------------
+    @torch.no_grad()
+    def gather(self, u: int, *, wait: bool = True) -> None:
+        """Gather unit ``u`` (idempotent); ``wait=False`` only starts it (a prefetch)."""
+        opt = self.optimizer
+        with record_function("shardbench::zero3::gather"):
+            if u not in self._gathered:
+                works = []
+                for bi in self.unit_buckets[u]:
+                    flat, chunk = opt.flats[bi], opt.chunks[bi]
+                    with _preserve_version(flat):
+                        flat.untyped_storage().resize_(flat.numel() * flat.element_size())
+                        if self.world_size > 1:
+                            works.append(
+                                dist.all_gather_into_tensor(
+                                    flat, chunk, group=self.process_group, async_op=not wait
+                                )
+                            )
+                        else:
+                            flat.copy_(chunk)
+                self._gathered.add(u)
+                if not wait and self.world_size > 1:
+                    self._gathering[u] = works
+            if wait:
+                for work in self._gathering.pop(u, []):
+                    work.wait()
+
+    def free(self, u: int, *, force: bool = False) -> None:
+        if u in self._gathered or force:
+            for work in self._gathering.pop(u, []):  # never free what a gather still writes
+                work.wait()
+            for bi in self.unit_buckets[u]:
+                self.optimizer.flats[bi].untyped_storage().resize_(0)
+            self._gathered.discard(u)
+            self._prefetched.discard(u)
+
+    def _use(self, u: int) -> None:
+        """Unit ``u`` is about to run: a prefetch that guessed another unit is freed (so at most
+        two units are ever whole, besides the root), and ``u`` is gathered and waited for."""
+        for other in self._prefetched - {u}:
+            self.free(other)
+        self._prefetched.discard(u)
+        self.gather(u)
+
+    def _prefetch(self, u: int | None) -> None:
+        if not self.prefetch or u is None or u in self._gathered or u in self._done:
+            return
+        if len(self._gathered - {0}) >= 2:  # the bound: two units whole besides the root
+            return
+        self.gather(u, wait=False)
+        self._prefetched.add(u)
+
+    def gathered_units(self) -> list[str]:
+        """Names of the units whose full parameters exist now ("" is the root)."""
+        return [self.units[u].name for u in sorted(self._gathered)]
+
+    # ----- hooks -------------------------------------------------------------------------------
+    def _pre_forward(self, u: int, module: nn.Module, args: Any, kwargs: Any) -> Any:
+        if self.units[u].is_root:
+            self._order.start()
+            self._use(u)
+            self._prefetch(self._order.first())
+            return None
+        self._order.ran(u)
+        self._use(u)
+        self._prefetch(self._order.after(u))
+        if not torch.is_grad_enabled():
+            return None
+        inputs = [t for t in plain_tensors_in((args, kwargs)) if t.requires_grad]
+        if not inputs:  # nothing to tell when its backward is over: finish_backward will
+            return None
+        self._calls[u] += 1
+        passed = iter(_BackwardOver.apply(weakly(self._inputs_done, u), *inputs))
+        return replace_tensors((args, kwargs), passed, _needs_grad)
+
+    def _post_forward(self, u: int, module: nn.Module, args: Any, output: Any) -> None:
+        needs_grad = [t for t in tensors_in(output) if t.requires_grad] if torch.is_grad_enabled() else []
+        for t in needs_grad:
+            t.register_hook(weakly(self._pre_backward, u))
+        if self.units[u].is_root:
+            self._order.finish()
+            for other in list(self._prefetched):  # guessed, and no unit came
+                self.free(other)
+        if not (self.units[u].is_root and needs_grad):
+            self.free(u)
+
+    def _pre_backward(self, u: int, grad: torch.Tensor) -> None:
+        self._backward_started()
+        if u not in self._done:
+            self._use(u)
+            self._prefetch(self._order.before(u))
+
+    def _inputs_done(self, u: int) -> None:
+        self._calls[u] -= 1
+        if self._calls[u] == 0 and u not in self._done:
+            self._done.add(u)
+            self.free(u)
+            self._unit_backward_done(u)
+
+    def finish_backward(self) -> list[int]:
+        """End of a backward pass: free every unit still gathered and return, in unit order,
+        the units whose backward did not end by their inputs' gradients (the root among
+        them). Every rank returns the same list: it follows the order units ran, not which
+        parameters received gradients."""
+        rest = [u.index for u in self.units if u.index not in self._done]
+        for u in list(self._gathered):
+            self.free(u)
+        self._done.clear()
+        self._calls = [0] * len(self.units)
+        return rest

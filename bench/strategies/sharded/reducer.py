@@ -1,0 +1,286 @@
+"""``GradientReducer``: each bucket's gradients averaged across ranks, each rank keeping the
+reduced values of the chunk it owns (``layout.py``), which is all its optimizer reads.
+
+It keeps them one of two ways:
+
+- ``keep="shards"`` (stages 2 and 3): a bucket's flat buffer lives only from its first gradient
+  until its reduction completes; the rank keeps its reduced chunk as a gradient shard (1/N of
+  the gradients). The forward pass, where activations peak, then holds no gradient memory.
+- ``keep="full"`` (stage 1): the bucket buffers are kept for the whole of training, as DDP keeps
+  its gradient buckets: full gradients exist on every rank, which is what stage 1 does not save.
+  A rank's own chunk of each buffer holds the reduced sum; the rest is zeroed after each
+  reduction, ready for the next backward.
+
+Either way a gradient is added into its buffer scaled by 1/N, so summing across ranks averages
+(as DDP pre-divides), and backward passes without ``zero_grad`` in between accumulate: the owned
+chunk already holds the earlier passes' average and only this rank contributes it.
+
+The collective is ``reduce_scatter`` (each rank receives its own chunk: 2 (N-1)/N x the bucket
+sent per rank with the parameters' all-gather, DDP's volume) or ``all_reduce`` in place (every
+rank receives every chunk and keeps its own): gloo's reduce-scatter is slower than its
+all-reduce, see ``default_collective``.
+
+At most ``max_in_flight`` reductions run at once; launching one more first waits for the oldest.
+That bound, not the number of buckets, is what limits the memory in communication buffers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+from bench.strategies.sharded.fake import is_fake
+from bench.strategies.sharded.layout import Bucket
+
+#: buckets whose reduction may be in flight at once before another launch waits for the oldest
+MAX_IN_FLIGHT = 2
+KEEPS = ("shards", "full")
+COLLECTIVES = ("all_reduce", "reduce_scatter")
+
+
+def default_collective(backend: str) -> str:
+    """How gradients are reduced on ``backend``: reduce-scatter, except on gloo, whose
+    reduce-scatter takes about twice its all-reduce's time for the same bucket (docs/measuring.md,
+    "gloo's reduce-scatter"), so there each bucket is all-reduced in place and each rank keeps
+    its chunk: the same buffers, more bytes on the wire, less time."""
+    return "all_reduce" if backend == "gloo" else "reduce_scatter"
+
+
+class GradientReducer:
+    """Reduces ``buckets``' gradients to their owners; see the module docstring.
+
+    It is the optimizer's gradient source (``ShardedOptimizer.attach``): ``gradient_chunk`` and
+    ``received_gradient`` tell the optimizer what to step, ``on_zero_grad`` is told when its
+    gradients are cleared."""
+
+    def __init__(
+        self,
+        buckets: Sequence[Bucket],
+        *,
+        world_size: int,
+        process_group: dist.ProcessGroup | None,
+        keep: str,
+        collective: str,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        label: str = "zero2",
+    ) -> None:
+        if keep not in KEEPS:
+            raise ValueError(f"keep must be one of {', '.join(KEEPS)}, got {keep!r}")
+        if collective not in COLLECTIVES:
+            raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
+        self.buckets = list(buckets)
+        self.world_size = world_size
+        self.process_group = process_group  # None: the default group, looked up per call
+        self.keep = keep
+        self.collective = collective
+        self.max_in_flight = max(1, max_in_flight)
+        #: names the profiler labels (``shardbench::<label>::reduce``) and the optimizer's
+        self.label = label
+        #: memory accounting observer: called with each tensor allocated here and its category
+        #: ("grads" for what a rank keeps as gradients, "comm" for buffers in flight)
+        self.memory_observer: Callable[[torch.Tensor, str], None] | None = None
+        self._scale = 1.0 / world_size
+        self._filling: dict[int, torch.Tensor] = {}  # keep="shards": buffers not launched yet
+        self._full: list[torch.Tensor | None] = [None] * len(self.buckets)  # keep="full"
+        self._shards: list[torch.Tensor | None] = [None] * len(self.buckets)  # keep="shards"
+        self._in_flight: deque[tuple[Any, Bucket, torch.Tensor, torch.Tensor | None]] = deque()
+        self._first_slot: list[int] = []  # a parameter's slot: its bucket's first + its index
+        slots = 0
+        for b in self.buckets:
+            self._first_slot.append(slots)
+            slots += len(b.params)
+        self._used_here = bytearray(slots)  # parameters that added a gradient since the last agree()
+        self._globally_used: set[int] | None = None  # ... on any rank, since zero_grad
+        self._device = self.buckets[0].params[0].device if self.buckets else torch.device("cpu")
+
+    # ----- filling buffers ---------------------------------------------------------------------
+    def add(self, bucket: Bucket, i: int, grad: torch.Tensor) -> None:
+        """Add parameter ``i`` of ``bucket``'s gradient (this rank's) into the bucket's buffer."""
+        self._used_here[self._first_slot[bucket.index] + i] = 1
+        if (
+            self.keep == "shards"
+            and len(bucket.params) == 1
+            and bucket.padded == grad.numel()
+            and grad.is_contiguous()
+            and bucket.index not in self._filling
+        ):
+            # A bucket of one parameter that splits evenly (a big embedding, typically): its
+            # gradient is reduced in place rather than copied into a second buffer.
+            buf = grad.view(-1)
+            if self.world_size > 1:
+                buf.mul_(self._scale)
+            self._filling[bucket.index] = buf
+            self._observe(buf, "comm")
+            return
+        off = bucket.offsets[i]
+        dst = self._buffer(bucket)[off : off + grad.numel()]
+        if self.world_size > 1:
+            dst.add_(grad.reshape(-1), alpha=self._scale)
+        else:
+            dst.add_(grad.reshape(-1))
+
+    def add_all(self, bucket: Bucket, grads: Sequence[torch.Tensor | None]) -> None:
+        """``add`` for every parameter of ``bucket`` at once (None: no gradient). A fresh
+        buffer whose parameters all have gradients is filled by one concatenation, not one copy
+        per parameter: what a unit of many small tensors (norms, biases) costs."""
+        fresh = self.keep == "shards" and bucket.index not in self._filling
+        if fresh and len(grads) > 1 and all(g is not None for g in grads):
+            base = self._first_slot[bucket.index]
+            self._used_here[base : base + len(grads)] = b"\x01" * len(grads)
+            first = bucket.params[0]
+            buf = torch.empty(bucket.padded, dtype=first.dtype, device=first.device)
+            self._observe(buf, "comm")
+            torch.cat([g.reshape(-1) for g in grads if g is not None], out=buf[: bucket.numel])  # type: ignore[union-attr]
+            buf[bucket.numel :].zero_()
+            if self.world_size > 1:
+                buf.mul_(self._scale)
+            self._filling[bucket.index] = buf
+            return
+        for i, g in enumerate(grads):
+            if g is not None:
+                self.add(bucket, i, g)
+
+    def _buffer(self, bucket: Bucket) -> torch.Tensor:
+        if self.keep == "full":
+            buf = self._full[bucket.index]
+            if buf is None:
+                buf = self._zeros(bucket, "grads")
+                self._full[bucket.index] = buf
+            return buf
+        buf = self._filling.get(bucket.index)
+        if buf is None:
+            buf = self._zeros(bucket, "comm")
+            self._filling[bucket.index] = buf
+        return buf
+
+    def _zeros(self, bucket: Bucket, category: str) -> torch.Tensor:
+        first = bucket.params[0]
+        buf = torch.zeros(bucket.padded, dtype=first.dtype, device=first.device)
+        self._observe(buf, category)
+        return buf
+
+    def _observe(self, tensor: torch.Tensor, category: str) -> None:
+        if self.memory_observer is not None:
+            self.memory_observer(tensor, category)
+
+    # ----- reducing ----------------------------------------------------------------------------
+    def launch(self, bucket: Bucket) -> None:
+        """Start reducing ``bucket`` (zeros for parameters that added nothing)."""
+        # Release reductions that have finished, without waiting; block only when the limit of
+        # reductions in flight would be exceeded (that wait is what bounds the memory).
+        self.release_finished()
+        while len(self._in_flight) >= self.max_in_flight:
+            self._complete_oldest()
+        buf = self._buffer(bucket) if self.keep == "full" else self._filling.pop(bucket.index, None)
+        if buf is None:
+            buf = self._zeros(bucket, "comm")
+        work, out = None, None
+        if self.world_size > 1:
+            with record_function(f"shardbench::{self.label}::reduce"):
+                if self.collective == "all_reduce":
+                    work = dist.all_reduce(buf, group=self.process_group, async_op=True)
+                else:
+                    out = buf.new_empty(bucket.chunk)
+                    kept = self.keep == "shards" and self._shards[bucket.index] is None
+                    self._observe(out, "grads" if kept else "comm")
+                    work = dist.reduce_scatter_tensor(out, buf, group=self.process_group, async_op=True)
+        self._in_flight.append((work, bucket, buf, out))
+
+    def release_finished(self) -> None:
+        """Complete the reductions that have finished, oldest first, without waiting."""
+        while self._in_flight and (self._in_flight[0][0] is None or self._in_flight[0][0].is_completed()):
+            self._complete_oldest()
+
+    def drain(self) -> None:
+        """Wait for every reduction in flight."""
+        while self._in_flight:
+            self._complete_oldest()
+
+    def _complete_oldest(self) -> None:
+        """Wait for the oldest reduction; its result becomes (or is added to) this rank's chunk."""
+        work, bucket, buf, out = self._in_flight.popleft()
+        if work is not None:
+            work.wait()
+        start, end = bucket.chunk_start, bucket.chunk_start + bucket.chunk
+        if self.keep == "full":
+            if out is not None:
+                buf[start:end].copy_(out)
+            if self.world_size > 1:  # the other ranks' chunks: ready for the next backward
+                buf[:start].zero_()
+                buf[end:].zero_()
+            return
+        shard = self._shards[bucket.index]
+        if out is None:  # all-reduced (or one rank): this rank's chunk of the whole bucket
+            out = buf[start:end]
+            if shard is None:
+                out = out.clone()  # the bucket buffer dies here
+                self._observe(out, "grads")
+        if shard is None:
+            self._shards[bucket.index] = out
+        else:
+            shard.add_(out)
+
+    def agree(self, extra: Sequence[int] = ()) -> list[int]:
+        """After every bucket of a backward pass was reduced: learn which parameters received a
+        gradient on any rank (those no rank used get none, so the optimizer skips them exactly
+        as a single process would), and the maximum over ranks of each of ``extra`` (flags the
+        caller wants agreed). One small all-reduce."""
+        n = len(self._used_here)
+        flags = torch.tensor([*self._used_here, *extra], dtype=torch.int32, device=self._device)
+        if self.world_size > 1:
+            with record_function(f"shardbench::{self.label}::reduce"):
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
+        if is_fake(flags):
+            # Planning under FakeTensorMode: the values do not exist, and no other rank of the fake
+            # world contributes, so this rank's own flags are the answer.
+            values = [*self._used_here, *extra]
+        else:
+            values = flags.tolist()
+        used = {k for k in range(n) if values[k]}
+        self._globally_used = used if self._globally_used is None else self._globally_used | used
+        self._used_here = bytearray(n)
+        return list(values[n:])
+
+    # ----- what the optimizer sees (``ShardedOptimizer``'s gradient source) --------------------
+    def gradient_chunk(self, bucket: int) -> torch.Tensor | None:
+        """This rank's reduced gradient chunk of ``bucket`` (flat), or None before any."""
+        if self._globally_used is None:
+            return None
+        if self.keep == "full":
+            buf, b = self._full[bucket], self.buckets[bucket]
+            return None if buf is None else buf[b.chunk_start : b.chunk_start + b.chunk]
+        return self._shards[bucket]
+
+    def received_gradient(self, bucket: int, param: int) -> bool:
+        """Whether parameter ``param`` of ``bucket`` received a gradient on any rank."""
+        used = self._globally_used
+        return used is not None and self._first_slot[bucket] + param in used
+
+    def on_zero_grad(self, set_to_none: bool) -> None:
+        if self.keep == "full":  # the buffers stay, as DDP's buckets do
+            for buf in self._full:
+                if buf is not None:
+                    buf.zero_()
+        elif set_to_none:
+            self._shards = [None] * len(self._shards)
+        else:
+            for g in self._shards:
+                if g is not None:
+                    g.zero_()
+        if set_to_none:
+            self._globally_used = None
+
+    # ----- state -------------------------------------------------------------------------------
+    def idle(self) -> bool:
+        """No bucket buffer being filled and no reduction in flight (true between steps)."""
+        return not self._filling and not self._in_flight
+
+    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Tensors held now, by category: the gradients a rank keeps."""
+        kept = self._full if self.keep == "full" else self._shards
+        return {"grads": [g for g in kept if g is not None]}
