@@ -111,3 +111,16 @@ def test_counting_adds_no_collectives_and_keeps_parity() -> None:
         assert outer == inner and inner["ops"]
         assert state.keys() == reference.keys()
         assert all(torch.equal(state[k], reference[k]) for k in state)
+
+
+@pytest.mark.parametrize("world_size", [8, 64, 1024])
+def test_zero1_sends_what_ddp_sends(world_size: int) -> None:
+    """ZeRO's P_os: gradients reduce-scattered to their owners and parameters all-gathered is one
+    all-reduce's volume, so zero1 sends DDP's bytes per rank per step (fake group), where an
+    all-reduce followed by the all-gather sent 1.5x."""
+    sent = {}
+    for strategy in ("ddp", "zero1"):
+        r = run_cell_here(tiny_cell(strategy=strategy, world_size=world_size, fake=True, simulate=True))
+        assert r.status == "ok", r.error
+        sent[strategy] = r.comm_per_step["sent_per_rank"]
+    assert sent["zero1"] == pytest.approx(sent["ddp"], rel=0.01), sent
