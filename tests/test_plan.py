@@ -74,8 +74,10 @@ def test_budget_between_ddp_and_zero2(in_process, tmp_path: Path, capsys) -> Non
 
 
 def test_max_batch_is_adjacent_to_the_first_that_does_not_fit(in_process, tmp_path: Path) -> None:
-    p1, p2 = (in_process(_cells(b, ("zero2",))[0], run_id="t").peak_mem_bytes["max"] for b in (1, 2))
-    budget = int(p2 + 2.5 * (p2 - p1))
+    # batches 2 and 3 peak in backward, where the peak grows by the activations per sample
+    # (batch 1 may peak in the optimizer step instead)
+    p2, p3 = (in_process(_cells(b, ("zero2",))[0], run_id="t").peak_mem_bytes["max"] for b in (2, 3))
+    budget = int(p3 + 1.5 * (p3 - p2))
     out = tmp_path / "plan"
     assert (
         main(

@@ -87,7 +87,7 @@ CARDS: tuple[StrategyCard, ...] = (
     StrategyCard(
         name="zero1",
         implementation="bench.strategies.zero1:Zero1Strategy",
-        description="ours: ShardedOptimizer (ZeRO-1, element-balanced), gradients reduce-scattered (DDP on gloo)",
+        description="ours: ShardedOptimizer (ZeRO-1, element-balanced), grads reduce-scattered (gloo: DDP)",
         sharding=ZERO1,
         display=Display(order=20, color="#1f77b4", role="ours"),
     ),

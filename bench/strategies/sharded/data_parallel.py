@@ -49,10 +49,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.profiler import record_function
 
 from bench.strategies.sharded.gatherer import UnitGatherer
 from bench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
+from bench.strategies.sharded.profiling import profiled
 from bench.strategies.sharded.reducer import MAX_IN_FLIGHT, GradientReducer, default_collective
 from bench.strategies.sharded.units import UnitPolicy, find_units
 from bench.strategies.sharded.weak import weakly
@@ -224,10 +224,26 @@ class ShardedDataParallel(nn.Module):
     # ----- forward -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.broadcast_buffers and self.world_size > 1:
-            with torch.no_grad():
-                for buf in self.module.buffers():
-                    dist.broadcast(buf, src=self._src, group=self.process_group)
+            self._broadcast_buffers()
         return self.module(*args, **kwargs)
+
+    @torch.no_grad()
+    def _broadcast_buffers(self) -> None:
+        """Rank 0's buffers (norm statistics) to every rank, as DDP does before each forward:
+        one broadcast per dtype and device, not one per buffer. A ResNet's batch norms hold
+        three buffers each, and each gloo broadcast is a round trip."""
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for buf in self.module.buffers():
+            groups.setdefault((buf.dtype, buf.device), []).append(buf)
+        for bufs in groups.values():
+            if len(bufs) == 1:
+                dist.broadcast(bufs[0], src=self._src, group=self.process_group)
+                continue
+            flat = torch.cat([b.reshape(-1) for b in bufs])
+            dist.broadcast(flat, src=self._src, group=self.process_group)
+            if dist.get_rank() != self._src:
+                for b, value in zip(bufs, flat.split([b.numel() for b in bufs]), strict=True):
+                    b.copy_(value.view_as(b))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -291,7 +307,7 @@ class ShardedDataParallel(nn.Module):
         """End of backward: launch what is left, in an order every rank shares, then agree on
         which parameters received gradients."""
         self._callback_queued = False
-        with record_function(f"shardbench::{self.label}::reduce"):
+        with profiled(f"shardbench::{self.label}::reduce"):
             if self.gatherer is not None:
                 self._finish_units()
             elif self._sync:

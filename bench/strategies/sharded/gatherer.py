@@ -38,10 +38,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.profiler import record_function
 
 from bench.strategies.sharded.optimizer import ShardedOptimizer
 from bench.strategies.sharded.prefetch import UnitOrder
+from bench.strategies.sharded.profiling import profiled
 from bench.strategies.sharded.units import Unit
 from bench.strategies.sharded.weak import weakly
 from bench.tensors import plain_tensors_in, replace_tensors, tensors_in
@@ -134,7 +134,7 @@ class UnitGatherer:
     def gather(self, u: int, *, wait: bool = True) -> None:
         """Gather unit ``u`` (idempotent); ``wait=False`` only starts it (a prefetch)."""
         opt = self.optimizer
-        with record_function("shardbench::zero3::gather"):
+        with profiled("shardbench::zero3::gather"):
             if u not in self._gathered:
                 works = []
                 for bi in self.unit_buckets[u]:

@@ -72,9 +72,18 @@ def owned_pieces(offsets: list[int], sizes: list[int], chunk_start: int, chunk_e
 
 
 def build_buckets(
-    params: list[nn.Parameter], *, world_size: int, rank: int, cap_numel: int, first_index: int = 0
+    params: list[nn.Parameter],
+    *,
+    world_size: int,
+    rank: int,
+    cap_numel: int,
+    first_index: int = 0,
+    first_cap_numel: int | None = None,
 ) -> list[Bucket]:
-    """Pack ``params`` (trainable, distinct) into buckets; one dtype and device per bucket."""
+    """Pack ``params`` (trainable, distinct) into buckets; one dtype and device per bucket.
+    ``first_cap_numel`` caps the first bucket (the last layers, whose gradients come first)
+    below the others, as DDP's 1 MiB first bucket does: its reduction then starts early in
+    backward, overlapping the rest, also when the whole model would fit one bucket."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"bad rank {rank} for world size {world_size}")
     if cap_numel < 1:
@@ -100,7 +109,8 @@ def build_buckets(
 
     for p in reversed(params):
         same_kind = not current or (p.dtype == current[0].dtype and p.device == current[0].device)
-        if current and (not same_kind or current_numel + p.numel() > cap_numel):
+        cap = min(first_cap_numel, cap_numel) if first_cap_numel is not None and not buckets else cap_numel
+        if current and (not same_kind or current_numel + p.numel() > cap):
             close()
         current.append(p)
         current_numel += p.numel()

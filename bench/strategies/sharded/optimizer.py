@@ -39,7 +39,6 @@ import torch.distributed as dist
 # keep it alive past ``destroy_process_group``: see ``default_as_none`` for why that kills.
 import torch.distributed.nn  # noqa: F401
 from torch import nn
-from torch.profiler import record_function
 
 from bench.strategies.sharded.checkpoint import (
     assemble_full_state,
@@ -48,6 +47,7 @@ from bench.strategies.sharded.checkpoint import (
     state_pieces,
 )
 from bench.strategies.sharded.layout import Bucket, build_buckets, flatten_into_buckets
+from bench.strategies.sharded.profiling import profiled
 
 #: optimizers whose update of each element depends only on that element's gradient and state.
 ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
@@ -62,6 +62,11 @@ ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
     torch.optim.Adadelta,
     torch.optim.Rprop,
 )
+
+
+#: the first bucket's cap, DDP's (``_DEFAULT_FIRST_BUCKET_BYTES``): the gradients that come first
+#: are reduced early, overlapping the rest of backward
+FIRST_BUCKET_BYTES = 2**20
 
 
 def check_elementwise(optim: type, assume_elementwise: bool) -> None:
@@ -260,6 +265,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 rank=self.rank,
                 cap_numel=max(1, self._cap_bytes // elem),
                 first_index=len(self.buckets),
+                first_cap_numel=max(1, FIRST_BUCKET_BYTES // elem) if not self.buckets else None,
             )
         buckets: list[Bucket] = []
         for u in sorted({unit_of[id(p)] for p in trainable}):
@@ -337,7 +343,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Point every owned shard's ``.grad`` at its gradient (idempotent within a step)."""
         if not self._grads_ready:
             source = self._attached()
-            with record_function(f"shardbench::{self.label}::grads"):
+            with profiled(f"shardbench::{self.label}::grads"):
                 if source is None:
                     self._grads_from_params()
                 else:
@@ -367,7 +373,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for flat, chunk, master, shards, bucket_grads in zip(
                 self.flats, self.chunks, self._masters, self._shards, grads, strict=True
             ):
-                with record_function(f"shardbench::{self.label}::step"):
+                with profiled(f"shardbench::{self.label}::step"):
                     for shard, g in zip(shards, bucket_grads, strict=True):
                         shard.grad = g
                     if any(g is not None for g in bucket_grads):
@@ -378,7 +384,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         chunk.copy_(master)  # the chunk is all this rank keeps
                 if self.parameters_sharded:
                     continue
-                with record_function(f"shardbench::{self.label}::gather"):
+                with profiled(f"shardbench::{self.label}::gather"):
                     if master is not None:
                         chunk.copy_(master)
                     if self.world_size > 1:
@@ -388,7 +394,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         finally:
             # Even when a bucket's update raises: no gather may outlive the step, or it could still
             # be running when the process group is destroyed.
-            with record_function(f"shardbench::{self.label}::gather"):
+            with profiled(f"shardbench::{self.label}::gather"):
                 for w in works:
                     w.wait()
         # Gradients stay visible until zero_grad, except copies converted for the step (bf16).

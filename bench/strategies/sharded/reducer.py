@@ -11,9 +11,12 @@ It keeps them one of two ways:
   A rank's own chunk of each buffer holds the reduced sum; the rest is zeroed after each
   reduction, ready for the next backward.
 
-Either way a gradient is added into its buffer scaled by 1/N, so summing across ranks averages
-(as DDP pre-divides), and backward passes without ``zero_grad`` in between accumulate: the owned
-chunk already holds the earlier passes' average and only this rank contributes it.
+Summing across ranks averages because each rank's contribution is scaled by 1/N first, as DDP
+pre-divides: a bucket buffer of stages 2 and 3 is filled by plain copies into an uninitialised
+buffer (regions no gradient reached, and the padding, are zeroed at launch) and scaled once at
+launch; stage 1 adds each gradient scaled into its persistent buffer, so backward passes without
+``zero_grad`` in between accumulate (the owned chunk already holds the earlier passes' average,
+and only this rank contributes it).
 
 The collective is ``reduce_scatter`` (each rank receives its own chunk: 2 (N-1)/N x the bucket
 sent per rank with the parameters' all-gather, DDP's volume) or ``all_reduce`` in place (every
@@ -32,10 +35,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.profiler import record_function
 
 from bench.strategies.sharded.fake import is_fake
 from bench.strategies.sharded.layout import Bucket
+from bench.strategies.sharded.profiling import profiled
 
 #: buckets whose reduction may be in flight at once before another launch waits for the oldest
 MAX_IN_FLIGHT = 2
@@ -49,6 +52,17 @@ def default_collective(backend: str) -> str:
     "gloo's reduce-scatter"), so there each bucket is all-reduced in place and each rank keeps
     its chunk: the same buffers, more bytes on the wire, less time."""
     return "all_reduce" if backend == "gloo" else "reduce_scatter"
+
+
+def _views_like(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flat``, one per parameter in order, each shaped like it: one call into torch's
+    C++ (``unflatten_dense_tensors``) rather than one ``view`` per parameter from Python, which
+    took as long as copying the gradients in, with a thousand small tensors."""
+    unflatten = getattr(getattr(torch._C, "_nn", None), "unflatten_dense_tensors", None)
+    if unflatten is not None:
+        return list(unflatten(flat, list(params)))
+    views = flat.split([p.numel() for p in params])
+    return [v.view(p.shape) for v, p in zip(views, params, strict=True)]
 
 
 class GradientReducer:
@@ -94,6 +108,12 @@ class GradientReducer:
         for b in self.buckets:
             self._first_slot.append(slots)
             slots += len(b.params)
+        # keep="shards": per buffer being filled, its parameters' views and which were filled
+        self._views: dict[int, list[torch.Tensor]] = {}
+        self._filled: dict[int, bytearray] = {}
+        #: buckets of one parameter that splits evenly (a big embedding, typically): its
+        #: gradient is reduced in place rather than copied into a second buffer
+        self._in_place = [len(b.params) == 1 and b.padded == b.numel for b in self.buckets]
         self._used_here = bytearray(slots)  # parameters that added a gradient since the last agree()
         self._globally_used: set[int] | None = None  # ... on any rank, since zero_grad
         self._device = self.buckets[0].params[0].device if self.buckets else torch.device("cpu")
@@ -101,28 +121,35 @@ class GradientReducer:
     # ----- filling buffers ---------------------------------------------------------------------
     def add(self, bucket: Bucket, i: int, grad: torch.Tensor) -> None:
         """Add parameter ``i`` of ``bucket``'s gradient (this rank's) into the bucket's buffer."""
-        self._used_here[self._first_slot[bucket.index] + i] = 1
-        if (
-            self.keep == "shards"
-            and len(bucket.params) == 1
-            and bucket.padded == grad.numel()
-            and grad.is_contiguous()
-            and bucket.index not in self._filling
-        ):
-            # A bucket of one parameter that splits evenly (a big embedding, typically): its
-            # gradient is reduced in place rather than copied into a second buffer.
-            buf = grad.view(-1)
+        bi = bucket.index
+        self._used_here[self._first_slot[bi] + i] = 1
+        if self.keep == "full":
+            dst = self._buffer(bucket)[bucket.offsets[i] : bucket.offsets[i] + grad.numel()]
             if self.world_size > 1:
-                buf.mul_(self._scale)
-            self._filling[bucket.index] = buf
-            self._observe(buf, "comm")
+                dst.add_(grad.reshape(-1), alpha=self._scale)
+            else:
+                dst.add_(grad.reshape(-1))
             return
-        off = bucket.offsets[i]
-        dst = self._buffer(bucket)[off : off + grad.numel()]
-        if self.world_size > 1:
-            dst.add_(grad.reshape(-1), alpha=self._scale)
+        filled = self._filled.get(bi)
+        if filled is None and self._in_place[bi] and grad.is_contiguous():
+            self._filling[bi] = grad.view(-1)
+            self._filled[bi] = bytearray(b"\x01")
+            self._views[bi] = []
+            self._observe(grad, "comm")
+            return
+        if filled is None:
+            self._buffer(bucket)
+            filled = self._filled[bi]
+        views = self._views[bi]
+        if not views:  # the in-place bucket, given a second gradient in the same pass: sum them
+            self._filling[bi].view_as(grad).add_(grad)
+            return
+        view = views[i]
+        if filled[i]:  # a second gradient in the same pass: sum them
+            view.add_(grad)
         else:
-            dst.add_(grad.reshape(-1))
+            view.copy_(grad)
+            filled[i] = 1
 
     def add_all(self, bucket: Bucket, grads: Sequence[torch.Tensor | None]) -> None:
         """``add`` for every parameter of ``bucket`` at once (None: no gradient). A fresh
@@ -130,32 +157,41 @@ class GradientReducer:
         per parameter: what a unit of many small tensors (norms, biases) costs."""
         fresh = self.keep == "shards" and bucket.index not in self._filling
         if fresh and len(grads) > 1 and all(g is not None for g in grads):
-            base = self._first_slot[bucket.index]
+            bi = bucket.index
+            base = self._first_slot[bi]
             self._used_here[base : base + len(grads)] = b"\x01" * len(grads)
-            first = bucket.params[0]
-            buf = torch.empty(bucket.padded, dtype=first.dtype, device=first.device)
-            self._observe(buf, "comm")
+            buf = self._empty(bucket)
             torch.cat([g.reshape(-1) for g in grads if g is not None], out=buf[: bucket.numel])  # type: ignore[union-attr]
-            buf[bucket.numel :].zero_()
-            if self.world_size > 1:
-                buf.mul_(self._scale)
-            self._filling[bucket.index] = buf
+            self._filling[bi] = buf
+            self._filled[bi] = bytearray(b"\x01" * len(grads))
+            self._views[bi] = []
             return
         for i, g in enumerate(grads):
             if g is not None:
                 self.add(bucket, i, g)
 
     def _buffer(self, bucket: Bucket) -> torch.Tensor:
+        """The bucket's buffer: stage 1's persistent one, or the one being filled (allocated
+        uninitialised, with a view per parameter)."""
+        bi = bucket.index
         if self.keep == "full":
-            buf = self._full[bucket.index]
+            buf = self._full[bi]
             if buf is None:
                 buf = self._zeros(bucket, "grads")
-                self._full[bucket.index] = buf
+                self._full[bi] = buf
             return buf
-        buf = self._filling.get(bucket.index)
+        buf = self._filling.get(bi)
         if buf is None:
-            buf = self._zeros(bucket, "comm")
-            self._filling[bucket.index] = buf
+            buf = self._empty(bucket)
+            self._views[bi] = _views_like(buf[: bucket.numel], bucket.params)
+            self._filled[bi] = bytearray(len(bucket.params))
+            self._filling[bi] = buf
+        return buf
+
+    def _empty(self, bucket: Bucket) -> torch.Tensor:
+        first = bucket.params[0]
+        buf = torch.empty(bucket.padded, dtype=first.dtype, device=first.device)
+        self._observe(buf, "comm")
         return buf
 
     def _zeros(self, bucket: Bucket, category: str) -> torch.Tensor:
@@ -168,6 +204,25 @@ class GradientReducer:
         if self.memory_observer is not None:
             self.memory_observer(tensor, category)
 
+    def _take_filled(self, bucket: Bucket) -> torch.Tensor:
+        """keep="shards": the bucket's buffer, ready to reduce: regions no gradient reached and
+        the padding zeroed, scaled by 1/N (a bucket without any gradient: zeros)."""
+        bi = bucket.index
+        buf = self._filling.pop(bi, None)
+        if buf is None:
+            return self._zeros(bucket, "comm")
+        filled = self._filled.pop(bi)
+        views = self._views.pop(bi)
+        if views and not all(filled):
+            for view, done in zip(views, filled, strict=True):
+                if not done:
+                    view.zero_()
+        if bucket.padded > bucket.numel:
+            buf[bucket.numel :].zero_()
+        if self.world_size > 1:
+            buf.mul_(self._scale)
+        return buf
+
     # ----- reducing ----------------------------------------------------------------------------
     def launch(self, bucket: Bucket) -> None:
         """Start reducing ``bucket`` (zeros for parameters that added nothing)."""
@@ -176,12 +231,10 @@ class GradientReducer:
         self.release_finished()
         while len(self._in_flight) >= self.max_in_flight:
             self._complete_oldest()
-        buf = self._buffer(bucket) if self.keep == "full" else self._filling.pop(bucket.index, None)
-        if buf is None:
-            buf = self._zeros(bucket, "comm")
+        buf = self._buffer(bucket) if self.keep == "full" else self._take_filled(bucket)
         work, out = None, None
         if self.world_size > 1:
-            with record_function(f"shardbench::{self.label}::reduce"):
+            with profiled(f"shardbench::{self.label}::reduce"):
                 if self.collective == "all_reduce":
                     work = dist.all_reduce(buf, group=self.process_group, async_op=True)
                 else:
@@ -233,7 +286,7 @@ class GradientReducer:
         n = len(self._used_here)
         flags = torch.tensor([*self._used_here, *extra], dtype=torch.int32, device=self._device)
         if self.world_size > 1:
-            with record_function(f"shardbench::{self.label}::reduce"):
+            with profiled(f"shardbench::{self.label}::reduce"):
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
         if is_fake(flags):
             # Planning under FakeTensorMode: the values do not exist, and no other rank of the fake
@@ -278,7 +331,7 @@ class GradientReducer:
     # ----- state -------------------------------------------------------------------------------
     def idle(self) -> bool:
         """No bucket buffer being filled and no reduction in flight (true between steps)."""
-        return not self._filling and not self._in_flight
+        return not self._filling and not self._in_flight and not self._views
 
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
         """Tensors held now, by category: the gradients a rank keeps."""
