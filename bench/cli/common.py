@@ -9,13 +9,17 @@ from pathlib import Path
 DEFAULT_RUNS_DIR = Path("results/runs")
 
 
-def require_cuda_if(device: str) -> None:
-    """Refuse ``--device cuda`` on a machine without CUDA, before anything starts."""
-    if device == "cuda":
+def require_cuda_if(device: str, *, planned: bool = False) -> None:
+    """Refuse ``--device cuda`` on a machine without CUDA, before anything starts, unless every
+    cell is ``planned`` (``--fake``): a plan for CUDA runs on the CPU with CUDA's kernels."""
+    if device == "cuda" and not planned:
         import torch
 
         if not torch.cuda.is_available():
-            raise UsageError("--device cuda requested but CUDA is not available here; use --device cpu")
+            raise UsageError(
+                "--device cuda requested but CUDA is not available here; use --device cpu, or --fake "
+                "to plan for CUDA from this machine"
+            )
 
 
 class UsageError(ValueError):

@@ -78,7 +78,7 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], int]:
         cells = plan_cells(cells)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    require_cuda_if(args.device)
+    require_cuda_if(args.device, planned=all(c.fake for c in cells))
     return cells, budget
 
 

@@ -136,7 +136,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
         cells = plan_cells(own_presets(spec.cells()) if presets is None else spec.cells())
     except ValueError as e:
         raise UsageError(str(e)) from None
-    require_cuda_if(spec.device)
+    require_cuda_if(spec.device, planned=all(c.fake for c in cells))
     return spec, cells
 
 

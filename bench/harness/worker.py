@@ -44,6 +44,7 @@ from bench.harness.config import CellConfig, threads_per_rank
 from bench.harness.faults import Fault, faults_from_env
 from bench.harness.result import RankResult, comm_shape_of
 from bench.metrics.comm import CollectiveCounter
+from bench.metrics.kernels import CudaAttention, KernelWatch, pinned_factory
 from bench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
 from bench.metrics.timing import timed
 from bench.strategies.base import RankContext
@@ -98,6 +99,12 @@ def fake_tensor_mode() -> Any:
     return FakeTensorMode()
 
 
+def planned_off_device(cell: CellConfig) -> bool:
+    """A fake (planned) cell for CUDA on a machine without it: planned on the CPU, with the
+    kernels CUDA would run (``bench/metrics/kernels.py``); nothing of it needs the device."""
+    return cell.device == "cuda" and cell.fake and not torch.cuda.is_available()
+
+
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
@@ -117,7 +124,7 @@ def run_rank(
     # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
     # twin real cells are set against (bench/metrics/exposed.py)
     torch.set_num_threads(threads_per_rank(world_size if cell.simulate else local_world_size))
-    if cell.device == "cuda":
+    if cell.device == "cuda" and not planned_off_device(cell):
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         if cell.memory_budget_bytes is not None:  # emulate a smaller card: a real OOM past it
@@ -150,7 +157,10 @@ def run_rank(
     if cell.fake:
         workload.check_plannable()
     strategy.init_world(ctx)  # outside fake mode: a device mesh needs real values
-    with fake_tensor_mode() if cell.fake else contextlib.nullcontext():
+    with (
+        fake_tensor_mode() if cell.fake else contextlib.nullcontext(),
+        CudaAttention() if planned_off_device(cell) else contextlib.nullcontext(),
+    ):
         return _train_and_measure(cell, strategy, workload, ctx, rank=rank, processes=processes, fault=fault)
 
 
@@ -190,7 +200,10 @@ def _train_and_measure(
     if (units := workload.shard_units(model)) is not None:
         ctx = dataclasses.replace(ctx, shard_units=tuple(units))
     model, use_autocast = strategy.prepare_precision(model, cell.precision)
-    model, optimizer = strategy.setup(model, workload.optimizer_factory(), ctx)
+    optimizer_factory = workload.optimizer_factory()
+    if cell.fake:  # FakeTensors would make torch fall back to its loop: pin what the device runs
+        optimizer_factory = pinned_factory(optimizer_factory, cell.device)
+    model, optimizer = strategy.setup(model, optimizer_factory, ctx)
     model.train()
 
     # Each process covers world_size/processes data ranks (dp drives several devices from one);
@@ -257,6 +270,7 @@ def _train_and_measure(
         allocator = cuda_allocator_stats(device)
 
         tracked_peak, breakdown, model_state, comm, overlap = None, None, None, None, None
+        kernels: dict[str, str] | None = None
         artifacts: dict[str, str] = {}
         if cell.track_memory:
             # Inputs are made before tracking starts, so they count as "other", not activations.
@@ -266,7 +280,8 @@ def _train_and_measure(
                 device, [model, optimizer, inputs], typed=strategy.memory_tensors(), per_module=by_module
             )
             strategy.observe_memory(probe.attribute)
-            with drilldown.allocator_history(cell, device, rank, artifacts), probe:
+            watch = KernelWatch()
+            with drilldown.allocator_history(cell, device, rank, artifacts), probe, watch.watching_steps():
                 counter = CollectiveCounter(world_size)
                 for i, step_inputs in enumerate(inputs):
                     if i:  # (not after the last: its module stats are --memory-snapshot's table)
@@ -279,6 +294,7 @@ def _train_and_measure(
                 # after a step, before the next zero_grad: exactly the model states a rank keeps
                 model_state = probe.current_model_state()
             del inputs
+            kernels = watch.summary()
             strategy.observe_memory(None)
             tracked_peak, breakdown = probe.peak()
             if by_module:
@@ -292,6 +308,10 @@ def _train_and_measure(
     except Exception as e:  # noqa: BLE001 - re-raised with the step it happened at
         raise StepFailed(step, e) from e
     settings = strategy.settings()
+    if kernels is not None:
+        settings["kernels"] = kernels
+    if planned_off_device(cell):
+        settings["planned_for"] = f"{cell.device}, planned on the CPU"
     if getattr(model, "planned_note", None):  # a stand-in for a wrapper fake tensors cannot build
         settings["planned"] = model.planned_note
     strategy.teardown()

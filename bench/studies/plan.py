@@ -211,6 +211,27 @@ def verdict(rows: Sequence[PlanRow], budget: int, *, batch: int | None) -> str:
     )
 
 
+def kernels_line(rows: Sequence[PlanRow]) -> str | None:
+    """Which optimizer implementation and attention kernel the plan's memory assumed, as the
+    records say (``bench/metrics/kernels.py``), and the device whose kernels they are."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    planned_for = None
+    for r in rows:
+        settings = r.record.strategy_settings or {}
+        k = settings.get("kernels")
+        if k:
+            seen.setdefault((k.get("optimizer", "?"), k.get("attention", "?")), []).append(r.strategy)
+        planned_for = planned_for or settings.get("planned_for")
+    if not seen:
+        return None
+    parts = []
+    for (optimizer, attention), strategies in seen.items():
+        who = "" if len(seen) == 1 else f" ({', '.join(strategies)})"
+        parts.append(f"optimizer {optimizer}, attention {attention}{who}")
+    where = f" ({planned_for}, with its kernels)" if planned_for else ""
+    return "kernels assumed" + where + ": " + "; ".join(parts)
+
+
 def _with_unit(title: str, budget: int) -> str:
     return f"{title} (sizes in {size_unit(budget)[1]})"
 
@@ -218,7 +239,9 @@ def _with_unit(title: str, budget: int) -> str:
 def plan_markdown(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int | None) -> str:
     columns, body = table(rows, budget)
     head = _with_unit(title, budget)
-    return f"# {head}\n\n{markdown_table(columns, body)}\n\n{verdict(rows, budget, batch=batch)}\n"
+    kernels = kernels_line(rows)
+    tail = f"\n\n{kernels}" if kernels else ""
+    return f"# {head}\n\n{markdown_table(columns, body)}\n\n{verdict(rows, budget, batch=batch)}{tail}\n"
 
 
 def print_plan(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int | None) -> None:
@@ -240,3 +263,5 @@ def print_plan(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int |
     console.print(_with_unit(title, budget))  # above the table: a table's title wraps at its width
     console.print(t)
     console.print(verdict(rows, budget, batch=batch))
+    if kernels := kernels_line(rows):
+        console.print(kernels)
