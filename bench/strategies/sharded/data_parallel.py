@@ -315,8 +315,9 @@ class ShardedDataParallel(nn.Module):
                     self._collect_leftovers(b)
                     self._ready.add(b.index)
                 self._launch_in_order()
+                agreement = self.reducer.start_agreeing()
                 self.reducer.drain()
-                self.reducer.agree()
+                self.reducer.agreed(agreement)
         self._pending = [len(b.params) for b in self.optimizer.buckets]
         self._ready.clear()
         self._next = 0
@@ -336,17 +337,18 @@ class ShardedDataParallel(nn.Module):
             return
         for u in rest:
             self._reduce_unit(u)
-        self.reducer.drain()
         # A gradient that arrived after its unit was reduced: reduced now, in bucket order, on
         # every rank that agrees one exists anywhere (flags in the used-gradient all-reduce).
         buckets = self.optimizer.buckets
         late = [int(any(p.grad is not None for p in b.params)) for b in buckets]
+        agreement = self.reducer.start_agreeing(late)
+        self.reducer.drain()  # (before the late gradients fill buffers of their own)
         for b, flag in zip(buckets, late, strict=True):
             if flag:
                 self.reducer.add_all(b, [p.grad for p in b.params])
                 for p in b.params:
                     p.grad = None
-        for b, flag in zip(buckets, self.reducer.agree(late), strict=True):
+        for b, flag in zip(buckets, self.reducer.agreed(agreement), strict=True):
             if flag:
                 self.reducer.launch(b)
         self.reducer.drain()

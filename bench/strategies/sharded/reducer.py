@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,6 +64,16 @@ def _views_like(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torc
         return list(unflatten(flat, list(params)))
     views = flat.split([p.numel() for p in params])
     return [v.view(p.shape) for v, p in zip(views, params, strict=True)]
+
+
+@dataclass
+class Agreement:
+    """A used-gradient all-reduce in flight (``GradientReducer.start_agreeing``)."""
+
+    work: Any
+    flags: torch.Tensor
+    local: list[int]  # this rank's flags: the answer where values do not exist (fake tensors)
+    slots: int  # how many of the flags are parameters' (the rest are the caller's extras)
 
 
 class GradientReducer:
@@ -278,25 +289,32 @@ class GradientReducer:
         else:
             shard.add_(out)
 
-    def agree(self, extra: Sequence[int] = ()) -> list[int]:
-        """After every bucket of a backward pass was reduced: learn which parameters received a
-        gradient on any rank (those no rank used get none, so the optimizer skips them exactly
-        as a single process would), and the maximum over ranks of each of ``extra`` (flags the
-        caller wants agreed). One small all-reduce."""
-        n = len(self._used_here)
-        flags = torch.tensor([*self._used_here, *extra], dtype=torch.int32, device=self._device)
+    def start_agreeing(self, extra: Sequence[int] = ()) -> Agreement:
+        """Once every bucket of a backward pass is launched: start learning which parameters
+        received a gradient on any rank (those no rank used get none, so the optimizer skips
+        them exactly as a single process would), and the maximum over ranks of each of
+        ``extra`` (flags the caller wants agreed). One small all-reduce, queued behind the
+        buckets' reductions rather than after waiting for them: on gloo each wait-then-issue is
+        a round trip of its own. ``agreed`` finishes it."""
+        local = [*self._used_here, *extra]
+        flags = torch.tensor(local, dtype=torch.int32, device=self._device)
+        work = None
         if self.world_size > 1:
             with profiled(f"shardbench::{self.label}::reduce"):
-                dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
-        if is_fake(flags):
-            # Planning under FakeTensorMode: the values do not exist, and no other rank of the fake
-            # world contributes, so this rank's own flags are the answer.
-            values = [*self._used_here, *extra]
-        else:
-            values = flags.tolist()
+                work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group, async_op=True)
+        self._used_here = bytearray(len(self._used_here))
+        return Agreement(work, flags, local, len(local) - len(extra))
+
+    def agreed(self, agreement: Agreement) -> list[int]:
+        """Wait for ``agreement``; record the parameters used on any rank; the agreed extras."""
+        if agreement.work is not None:
+            agreement.work.wait()
+        # Planning under FakeTensorMode the values do not exist, and no other rank of the fake
+        # world contributes, so this rank's own flags are the answer.
+        values = agreement.local if is_fake(agreement.flags) else agreement.flags.tolist()
+        n = agreement.slots
         used = {k for k in range(n) if values[k]}
         self._globally_used = used if self._globally_used is None else self._globally_used | used
-        self._used_here = bytearray(n)
         return list(values[n:])
 
     # ----- what the optimizer sees (``ShardedOptimizer``'s gradient source) --------------------
