@@ -12,6 +12,7 @@ import argparse
 import signal
 import sys
 import threading
+import traceback
 
 from bench.cli.baseline import add_baseline_parser, cmd_baseline
 from bench.cli.claim import add_claim_parser, cmd_claim
@@ -98,6 +99,11 @@ def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+#: the exit code of an unexpected exception (a bug), distinct from every command's own codes:
+#: 0 success, 1 a failed cell or a regression, 2 a usage error, 130/143 interrupted
+INTERNAL_ERROR = 3
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
@@ -121,6 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"shardbench {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"shardbench {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - a bug: its own exit code, never compare's "regression" (1)
+        traceback.print_exc()
+        print(
+            f"shardbench {args.command}: internal error ({type(e).__name__}: {e}); exit code "
+            f"{INTERNAL_ERROR}: please report it with the traceback above",
+            file=sys.stderr,
+        )
+        return INTERNAL_ERROR
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)

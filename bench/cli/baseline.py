@@ -39,5 +39,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         dest = save_baseline(args.run, args.name, root=args.root, force=args.force)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:  # a full disk, a read-only folder: the old baseline is left as it was
+        raise UsageError(f"cannot save baseline {args.name!r}: {e}") from None
     print(f"baseline {args.name!r}: {dest} (manifest: {manifest_path(dest)}); commit both")
     return 0

@@ -56,6 +56,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     from bench.harness.config import SUITES_DIR, load_suite, override
     from bench.harness.runner import new_run_id
     from bench.harness.validate import check_output_dir, plan_cells
+    from bench.paths import path_component
     from bench.studies.baselines import find_baseline, load_records
     from bench.studies.compare_rules import Rules, load_rules
 
@@ -67,7 +68,9 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         baseline = load_records(baseline_path)
         rules_path = args.rules or (SUITES_DIR / "rules" / f"{spec.name}.toml")
         rules = load_rules(rules_path) if args.rules or rules_path.exists() else Rules()
-        history = args.history or HISTORY_DIR / f"{safe_name(spec.name)}.jsonl"
+        history = args.history or HISTORY_DIR / f"{path_component(spec.name, what='suite name')}.jsonl"
+        if history.is_dir():
+            raise ValueError(f"--history {history} is a directory; give the history's .jsonl file")
         check_output_dir(history.parent, cells=1)
         if args.out is not None and (args.out / "records.jsonl").exists():
             raise ValueError(

@@ -20,6 +20,7 @@ from bench.cli.common import (
 )
 from bench.cli.suite_searches import SuiteSearch, run_searches
 from bench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
+from bench.paths import path_component
 
 #: ``--repeat`` beyond this is a typo, not a measurement plan
 MAX_REPEAT = 100
@@ -209,8 +210,9 @@ def check_run_name(name: str) -> str:
 
 
 def safe_name(suite: str) -> str:
-    """A suite file's stem as a run name (``my.suite.toml`` -> ``my-suite``)."""
-    return "".join(c if c.isalnum() or c in "-_" else "-" for c in suite) or "run"
+    """A suite file's stem as a run name (``my.suite.toml`` -> ``my-suite``), safe in a path."""
+    name = "".join(c if c.isalnum() or c in "-_" else "-" for c in suite) or "run"
+    return path_component(name, what="suite name", separators="replace")
 
 
 class Executed(NamedTuple):

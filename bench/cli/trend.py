@@ -24,6 +24,7 @@ def add_trend_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_trend(args: argparse.Namespace) -> int:
     from bench.harness.validate import check_output_dir
+    from bench.paths import inside, path_component
     from bench.report.trend_charts import write_trend
     from bench.studies.trend import alarms, last_night, night_of, read_history
 
@@ -37,7 +38,9 @@ def cmd_trend(args: argparse.Namespace) -> int:
         if not history:
             raise ValueError(f"{path} holds no valid history line (need JSON objects with suite, cell, time)")
         suites = sorted({line["suite"] for line in history})
-        out = args.out or path.parent / f"trend-{suites[0] if len(suites) == 1 else path.stem}"
+        # the suite comes from the file's lines: a name, never a path (it cannot leave the folder)
+        label = suites[0] if len(suites) == 1 else path.stem
+        out = args.out or inside(path.parent, f"trend-{path_component(label, what='suite name')}")
         check_output_dir(out)
         page = write_trend(path, out, history=history)
     except ValueError as e:

@@ -12,6 +12,7 @@ it, and non-finite numbers are written as ``null`` (JSON has no NaN) with the st
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import math
 import os
@@ -20,6 +21,8 @@ import socket
 import subprocess
 import sys
 import time
+import types
+import typing
 import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -204,17 +207,60 @@ def parse_json_object(line: str) -> dict[str, Any]:
 
 
 def parse_record(line: str) -> Record:
-    """One JSONL line as a Record; ``ValueError`` says what is wrong with it."""
+    """One JSONL line as a Record; ``ValueError`` says what is wrong with it. The one validator
+    every reader uses (``read_records``: report, compare, baseline save, trend, export): a field
+    of the wrong type is refused here, never met later as a crash in whichever tool reads it."""
     data = parse_json_object(line)
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise ValueError(f"missing field(s) {', '.join(missing)}")
     if data["status"] not in STATUSES:
         raise ValueError(f"unknown status {data['status']!r}; allowed: {', '.join(STATUSES)}")
+    hints = _field_types()
+    for name, value in data.items():
+        if name in hints and (problem := _type_problem(name, value, hints[name])):
+            raise ValueError(problem)
+    peak = data.get("peak_mem_bytes")
+    if isinstance(peak, dict) and not _number_or_none(peak.get("max")):
+        raise ValueError(f"peak_mem_bytes.max should be a number, got {peak.get('max')!r}")
     try:
         return Record.from_json(data)
     except TypeError as e:
         raise ValueError(str(e)) from None
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(Record)
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _type_problem(name: str, value: Any, hint: Any) -> str | None:
+    """Why ``value`` is not of the field's declared type ``hint``, or None when it is (one level
+    of a dict's values is checked where they are declared numbers)."""
+    if hint is Any:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        problems = [_type_problem(name, value, a) for a in args if a is not type(None)]
+        return None if any(p is None for p in problems) else problems[0]
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            return f"{name} should be an object, got {type(value).__name__} {value!r:.40}"
+        if len(args) == 2 and args[1] in (int, float):
+            bad = next((k for k, v in value.items() if not _number_or_none(v)), None)
+            if bad is not None:
+                return f"{name}.{bad} should be a number, got {value[bad]!r:.40}"
+        return None
+    wanted = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}.get(hint)
+    if wanted is None or isinstance(value, wanted) and not (hint in (int, float) and isinstance(value, bool)):
+        return None
+    return f"{name} should be {hint.__name__}, got {type(value).__name__} {value!r:.40}"
 
 
 def first_line(text: str | None, limit: int = 120) -> str:

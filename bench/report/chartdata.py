@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from bench.harness.records import Record
+from bench.paths import path_component
 from bench.report.styles import strategy_key
 
 T = TypeVar("T")
@@ -78,8 +79,10 @@ def mem_unit(values: Sequence[float | None]) -> tuple[str, int]:
 
 
 def slug(*parts: object) -> str:
+    """A file name made of ``parts`` (``bench.paths.path_component``: safe, and a long one, such
+    as an ``hf:`` preset of many keys, shortened with a hash of the whole)."""
     text = "-".join(str(p) for p in parts if p not in (None, ""))
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)
+    return path_component(text or "_", what="file name", separators="replace")
 
 
 #: how a record was measured, as (flag, label): in subtitles, and in the label of each cell

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.records import Record, read_records
+from bench.paths import atomic_write_text, file_lock, inside, path_component
 
 BASELINES_DIR = Path(__file__).resolve().parents[2] / "results" / "baselines"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -45,25 +46,36 @@ def load_records(path: Path) -> list[Record]:
 
 
 def save_baseline(runs: Sequence[Path], name: str, *, root: Path | None = None, force: bool = False) -> Path:
-    """Copy the records of ``runs`` (one or more runs of the same suite, e.g. three nights) to
+    """Save the records of ``runs`` (one or more runs of the same suite, e.g. three nights) as
     ``root/<device>/<name>.jsonl`` beside a manifest; returns the records path. Several runs make
     a better baseline: their spread is the run-to-run noise a night is judged against. Refuses to
-    overwrite an existing baseline unless ``force``."""
+    overwrite an existing baseline unless ``force``.
+
+    The file is built from the parsed records (one per line, whatever the sources' last lines
+    looked like; a line that is not a record is named and skipped), written to a temporary file
+    and renamed over the old one, under a lock: a full disk or a second save at the same time
+    leaves the old baseline whole, never a mixture."""
     check_baseline_name(name)
-    root = root or BASELINES_DIR
+    root = Path(root or BASELINES_DIR)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"baseline root {root} is not a directory")
     sources = [records_path(Path(run)) for run in runs]
     records = [r for source in sources for r in load_records(source)]
     devices = sorted({r.device for r in records})
     if len(devices) != 1:
         raise ValueError(f"records from several devices ({', '.join(devices)}); save one baseline per device")
-    dest = root / devices[0] / f"{name}.jsonl"
-    if dest.exists() and not force:
-        raise ValueError(
-            f"baseline {dest} exists; pass --force to replace it (the old one stays in git history)"
-        )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text("".join(source.read_text() for source in sources))
-    manifest_path(dest).write_text(json.dumps(manifest(records, sources), indent=1, sort_keys=True) + "\n")
+    folder = inside(root, path_component(devices[0], what="the records' device"))
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / f"{name}.jsonl"
+    text = "".join(json.dumps(r.to_json(), sort_keys=True, allow_nan=False) + "\n" for r in records)
+    meta = json.dumps(manifest(records, sources), indent=1, sort_keys=True) + "\n"
+    with file_lock(dest):
+        if dest.exists() and not force:
+            raise ValueError(
+                f"baseline {dest} exists; pass --force to replace it (the old one stays in git history)"
+            )
+        atomic_write_text(dest, text)
+        atomic_write_text(manifest_path(dest), meta)
     return dest
 
 

@@ -7,12 +7,13 @@ cached by CI; the full records stay in each night's run directory.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
+from bench.paths import atomic_write_text, file_lock, split_partial_line
 from bench.studies.compare import CellDelta, Comparison
 
 SCHEMA = 1
@@ -57,13 +58,21 @@ def _metrics(c: CellDelta) -> dict[str, dict[str, Any]]:
 
 
 def append_history(path: Path, lines: list[dict[str, Any]]) -> None:
-    """All of a night's lines in one locked append (two nights never interleave)."""
+    """Add a night's lines to the history: under a lock (two nights never interleave), the whole
+    file rewritten at once (a failure leaves it as it was), and a partial last line (the remains
+    of an interrupted write) set aside in ``<file>.corrupt`` rather than glued to the night's
+    first line."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"history {path} is a directory; give a .jsonl file")
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(line, sort_keys=True, allow_nan=False) + "\n" for line in lines)
-    with path.open("a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            f.write(text)
-            f.flush()
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    with file_lock(path):
+        old = path.read_text() if path.exists() else ""
+        kept, partial = split_partial_line(old)
+        if partial:
+            with open(f"{path}.corrupt", "a") as bad:
+                bad.write(partial + "\n")
+            moved = f"moved a partial last line ({len(partial)} bytes) to {path}.corrupt"
+            warnings.warn(f"{path}: {moved}", stacklevel=2)
+        atomic_write_text(path, kept + text)

@@ -1,0 +1,186 @@
+"""Nothing already written is lost and no record field becomes a path: baselines and history are
+built from parsed records and written atomically under a lock, a bad record is named and skipped
+by every reader, and names that come from data stay inside their folder."""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+from bench.cli import INTERNAL_ERROR, main
+from bench.harness.records import read_records
+from bench.paths import atomic_write_text, inside, path_component
+from bench.report.chartdata import slug
+from bench.studies.baselines import manifest_path, save_baseline
+from bench.studies.history import append_history
+from tests.records import make_record
+
+
+def _line(**overrides) -> str:
+    return json.dumps(make_record(**overrides).to_json(), sort_keys=True)
+
+
+def _run(path: Path, lines: list[str], *, final_newline: bool = True) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "records.jsonl").write_text("\n".join(lines) + ("\n" if final_newline else ""))
+    return path
+
+
+def test_a_last_record_without_newline_is_not_glued_to_the_next_run(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", [_line(run_id="a", strategy=s) for s in ("ddp", "zero2")], final_newline=False)
+    b = _run(tmp_path / "b", [_line(run_id="b", strategy=s) for s in ("ddp", "zero2")])
+    dest = save_baseline([a, b], "x", root=tmp_path / "baselines")
+    assert [(r.run_id, r.strategy) for r in read_records([dest], strict=True)] == [
+        ("a", "ddp"), ("a", "zero2"), ("b", "ddp"), ("b", "zero2"),
+    ]  # fmt: skip
+    assert json.loads(manifest_path(dest).read_text())["records"] == 4
+
+
+def test_a_partial_last_line_is_named_and_skipped_and_the_next_run_kept(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", [_line(run_id="a"), '{"run_id": "a", "worklo'], final_newline=False)
+    b = _run(tmp_path / "b", [_line(run_id="b", strategy=s) for s in ("ddp", "zero2")])
+    with pytest.warns(UserWarning, match=r"records.jsonl:2: not a record"):
+        dest = save_baseline([a, b], "x", root=tmp_path / "baselines")
+    assert [r.run_id for r in read_records([dest], strict=True)] == ["a", "b", "b"]
+
+
+def test_a_failed_write_leaves_the_old_baseline_whole(tmp_path: Path, monkeypatch, capsys) -> None:
+    root = tmp_path / "baselines"
+    old = save_baseline([_run(tmp_path / "a", [_line(run_id="old")] * 3)], "x", root=root)
+    before = (old.read_text(), manifest_path(old).read_text())
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("bench.paths.os.fsync", full_disk)
+    new = _run(tmp_path / "b", [_line(run_id="new")])
+    argv = ["baseline", "save", str(new), "--as", "x", "--root", str(root), "--force"]
+    assert main(argv) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert (old.read_text(), manifest_path(old).read_text()) == before
+    assert sorted(p.name for p in old.parent.iterdir()) == ["x.jsonl", "x.jsonl.lock", "x.manifest.json"]
+
+
+def test_two_saves_at_once_never_mix(tmp_path: Path) -> None:
+    root = tmp_path / "baselines"
+    runs = [
+        _run(tmp_path / w, [_line(run_id=w, strategy=s) for s in ("ddp", "zero1", "zero2")]) for w in "ab"
+    ]
+    outcomes: list[str] = []
+
+    def save(run: Path) -> None:
+        try:
+            save_baseline([run], "race", root=root)
+            outcomes.append("saved")
+        except ValueError as e:
+            outcomes.append(str(e))
+
+    threads = [threading.Thread(target=save, args=(r,)) for r in runs for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count("saved") == 1 and all("exists" in o for o in outcomes if o != "saved")
+    saved = read_records([root / "cpu" / "race.jsonl"], strict=True)
+    assert len(saved) == 3 and len({r.run_id for r in saved}) == 1
+    manifest = json.loads(manifest_path(root / "cpu" / "race.jsonl").read_text())
+    assert manifest["run_ids"] == [saved[0].run_id]
+
+
+@pytest.mark.parametrize("device", ["/tmp/x", "../../y", ".."])
+def test_a_record_field_never_becomes_a_path(tmp_path: Path, device: str) -> None:
+    run = _run(tmp_path / "a", [_line(device=device)])
+    with pytest.raises(ValueError, match="the records' device .* cannot name a file or folder"):
+        save_baseline([run], "x", root=tmp_path / "baselines")
+    assert not (tmp_path / "baselines").exists() or not any((tmp_path / "baselines").rglob("*.jsonl"))
+
+
+def test_history_keeps_every_line_and_sets_a_partial_one_aside(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a": 3, "trunc')
+    with pytest.warns(UserWarning, match="moved a partial last line"):
+        append_history(path, [{"a": 4}, {"a": 5}])
+    assert [json.loads(line)["a"] for line in path.read_text().splitlines()] == [1, 2, 4, 5]
+    assert Path(f"{path}.corrupt").read_text() == '{"a": 3, "trunc\n'
+    with pytest.raises(IsADirectoryError):
+        append_history(tmp_path, [{"a": 6}])
+
+
+def test_nightly_refuses_a_history_directory_before_running(tmp_path: Path, capsys) -> None:
+    assert (
+        main(["nightly", "--suite", "nightly-cpu", "--history", str(tmp_path), "--out", str(tmp_path / "n")])
+        == 2
+    )
+    assert "is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "n").exists()
+
+
+def test_trend_never_writes_where_a_history_line_points(tmp_path: Path, capsys) -> None:
+    target = tmp_path / "elsewhere"
+    line = {"suite": f"/../../../..{target}", "cell": "c", "time": "2026-12-01T00:00:00+0000", "metrics": {}}
+    history = tmp_path / "hist" / "h.jsonl"
+    history.parent.mkdir()
+    history.write_text(json.dumps(line) + "\n")
+    assert main(["trend", str(history)]) == 2
+    assert "cannot name a file or folder" in capsys.readouterr().err
+    assert not target.exists()
+
+
+BAD_FIELDS = [
+    ("env", None),
+    ("peak_mem_bytes", "abc"),
+    ("step_time_s", [1, 2]),
+    ("tags", "x"),
+    ("mem_breakdown_bytes", [1]),
+    ("peak_mem_bytes", {"max": "abc"}),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_FIELDS)
+def test_a_record_of_the_wrong_shape_is_named_and_skipped(tmp_path: Path, field: str, value) -> None:
+    data = json.loads(_line(strategy="zero2"))
+    data[field] = value
+    path = tmp_path / "records.jsonl"
+    path.write_text(_line() + "\n" + json.dumps(data) + "\n")
+    with pytest.warns(UserWarning, match=rf"records.jsonl:2: not a record \({field}"):
+        assert [r.strategy for r in read_records([path])] == ["ddp"]
+    with pytest.raises(ValueError, match=rf"records.jsonl:2: not a record \({field}"):
+        read_records([path], strict=True)
+
+
+def test_compare_and_report_read_past_bad_records(tmp_path: Path) -> None:
+    data = json.loads(_line(strategy="zero2"))
+    data["env"] = None
+    run = _run(tmp_path / "run", [_line(), json.dumps(data)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["compare", str(run), str(run), "--out", str(tmp_path / "cmp")]) == 0
+        assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+
+
+def test_a_bug_is_its_own_exit_code(monkeypatch, capsys) -> None:
+    def broken(args) -> int:
+        raise AttributeError("'NoneType' object has no attribute 'get'")
+
+    monkeypatch.setattr("bench.cli.listing.cmd_env", broken)
+    monkeypatch.setattr("bench.cli.cmd_env", broken)
+    assert main(["env"]) == INTERNAL_ERROR != 1
+    assert "internal error (AttributeError" in capsys.readouterr().err
+
+
+def test_long_values_make_short_distinct_names_inside_their_root(tmp_path: Path) -> None:
+    long_a = "hf:GPT2LMHeadModel-" + ":".join(f"k{i}={i * 1000}" for i in range(11))
+    long_b = long_a.replace("k10=10000", "k10=10001")
+    a, b = slug("breakdown", long_a), slug("breakdown", long_b)
+    assert len(a) <= 96 and len(b) <= 96 and a != b
+    assert slug("step_time", "examples/mymodel.py:factory") == "step_time-examples_mymodel.py_factory"
+    assert path_component("..a") == "_..a"
+    with pytest.raises(ValueError, match="is outside"):
+        inside(tmp_path, "..", "y")
+    atomic_write_text(tmp_path / "f", "one")
+    atomic_write_text(tmp_path / "f", "two")
+    assert (tmp_path / "f").read_text() == "two" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
