@@ -26,3 +26,37 @@ def worker_processes(marker: str = "bench.harness.worker") -> list[int]:
         if (marker in cmdline or marker in stdout) and state != "Z":
             pids.append(int(proc.name))
     return pids
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of the live processes below ``pid`` (children, theirs, ...), zombies excluded."""
+    parents: dict[int, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(proc.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (not zombies)."""
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out

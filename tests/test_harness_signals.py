@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.records import read_records
-from tests.procs import worker_processes
+from tests.procs import alive, descendants, worker_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 # cell 1 (ddp) runs normally; cell 2 (zero2) hangs on rank 1, so the signal lands inside it
@@ -33,6 +33,12 @@ def cell_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sb-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def ours(tmp: Path) -> list[Path]:
+    """What the run left in its TMPDIR: anything but torch's own caches (torchinductor_<user>,
+    which any torch program may create there and keeps on purpose)."""
+    return [p for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]
 
 
 def _start(out: Path, tmp: Path, *extra: str, fault: str | None) -> subprocess.Popen[str]:
@@ -72,7 +78,7 @@ def test_a_signal_records_the_cell_as_interrupted_and_stops_every_rank(tmp_path,
     assert [r.status for r in read_records([out])] == ["ok", "interrupted"]
     assert f"shardbench run --resume {out}" in err
     assert worker_processes(str(cell_tmp)) == []
-    assert list(cell_tmp.glob("shardbench-cell-*")) == []  # the cell's temporary directory
+    assert ours(cell_tmp) == []  # the launcher's private directory, cells' included
     if sig == signal.SIGINT:  # resume once: one more cell, the suite complete
         proc = _start(out, cell_tmp, "--resume", str(out), fault=None)
         _, err = proc.communicate(timeout=300)
@@ -102,3 +108,24 @@ def test_sigterm_during_a_max_size_probe_stops_its_ranks(tmp_path, cell_tmp) -> 
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert worker_processes(str(tmp)) == []
+
+
+@pytest.mark.parametrize("fault", [None, "hang:rank=1:strategy=ddp"], ids=["mid-cell", "mid-hang"])
+def test_sigkill_of_the_launcher_leaves_no_process_and_no_file(tmp_path, cell_tmp, fault) -> None:
+    """The launcher killed outright (no handler runs): within 5 s its fork server and ranks are
+    gone, and so is its private directory, cells' directories and the server's socket included."""
+    proc = _start(tmp_path / "run", cell_tmp, "--out", str(tmp_path / "run"), "--steps", "400", fault=fault)
+    deadline = time.monotonic() + 120
+    while len(worker_processes(str(cell_tmp))) < 2:  # the first cell's ranks are up
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1)
+    below = descendants(proc.pid)
+    assert len(below) >= 3  # the fork server and two ranks
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 5
+    while (alive(below) or ours(cell_tmp)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive(below) == [] and worker_processes(str(cell_tmp)) == []
+    assert ours(cell_tmp) == []

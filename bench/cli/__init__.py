@@ -26,6 +26,7 @@ from bench.cli.plan import add_plan_parser, cmd_plan
 from bench.cli.report import add_report_parser, cmd_report
 from bench.cli.run import add_run_parser, cmd_run, resolve_cells
 from bench.cli.trend import add_trend_parser, cmd_trend
+from bench.harness.guardian import NoPrivateDir
 
 __all__ = ["UsageError", "build_parser", "main", "resolve_cells"]
 
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except UsageError as e:
+        print(f"shardbench {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except NoPrivateDir as e:
         print(f"shardbench {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

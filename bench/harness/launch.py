@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import guardian
 from bench.harness.config import CellConfig, threads_per_rank
 from bench.harness.records import Record
 from bench.harness.result import RankResult, build_record, signal_name
@@ -69,6 +70,7 @@ def _tail(path: Path, chars: int = 4000) -> str:
 #: imported once in the fork server, so ranks start warm: the worker (torch, the strategies) and
 #: each workload's library; a module that is not installed is skipped by the server
 PRELOAD = [
+    "bench.harness.guardian",  # first: the server ends with its launcher (see guardian.py)
     "bench.harness.worker",
     "models.transformer",
     "models.imagegpt",
@@ -297,12 +299,22 @@ def _waiting_on_peer(where: str | None) -> bool:
     return where is None or "/torch/" in where
 
 
+def launcher_dir() -> Path:
+    """The launcher's private directory (``guardian.private_dir``), also multiprocessing's: the
+    fork server's socket lives there, short whatever ``TMPDIR`` is, and goes with the launcher."""
+    private = guardian.private_dir()
+    config = getattr(multiprocessing.process.current_process(), "_config", None)
+    if isinstance(config, dict) and not config.get("tempdir"):  # (a private attribute)
+        config["tempdir"] = str(private)
+    return private
+
+
 def run_cell(cell: CellConfig, *, run_id: str) -> Record:
     """Run one cell in fresh processes and return its record (never raises for a failed cell;
     an exception from outside, e.g. an interrupt, stops the ranks and propagates)."""
     plan = cell.world_plan()
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="shardbench-cell-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="cell-", dir=launcher_dir()) as tmp:
         world = RankWorld(cell, plan.processes, Path(tmp))
         try:
             timed_out = world.wait(cell.timeout_s)

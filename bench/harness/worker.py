@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.harness import drilldown
+from bench.harness import drilldown, guardian  # noqa: F401 - an exec'd rank dies with its launcher
 from bench.harness.config import CellConfig, threads_per_rank
 from bench.harness.faults import Fault, faults_from_env
 from bench.harness.result import RankResult, comm_shape_of
