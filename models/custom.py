@@ -43,6 +43,7 @@ from bench.tensors import tensors_in
 from models.base import Inputs, Workload, batch_generator
 from models.presets.config_string import DEFAULT_PRESET, KeywordPresets, depth_family, parse_model_config
 from models.presets.family import SizeFamily
+from models.user_code import no_exit
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ class ModuleWorkload(Workload):
         if preset not in self._specs:
             values = self.keywords(preset)
             try:
-                made = self.factory(**values)
+                with no_exit(f"workload {self.name!r}: the factory"):
+                    made = self.factory(**values)
             except Exception as e:
                 raise ValueError(
                     f"workload {self.name!r}: calling the factory with {preset!r} failed: "
@@ -154,7 +156,8 @@ class ModuleWorkload(Workload):
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         Workload.check_preset(self, preset)  # the name only: check_preset builds (on meta) too
-        model = self.spec_for(preset).build()
+        with no_exit(f"workload {self.name!r}: ModelSpec.build"):
+            model = self.spec_for(preset).build()
         if not isinstance(model, nn.Module):
             raise ValueError(
                 f"workload {self.name!r}: ModelSpec.build returned {type(model).__name__}, not an nn.Module"

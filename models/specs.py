@@ -27,6 +27,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from models.user_code import no_exit
+
 if TYPE_CHECKING:  # torch: ``shardbench list`` reads the registered names without importing it
     from models.base import Workload
 
@@ -74,13 +76,15 @@ def _load(where: str, spec: str) -> Any:
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[name] = module  # before running it: dataclasses and pickling look it up
         try:
-            loader_spec.loader.exec_module(module)
+            with no_exit(f"workload {spec!r}: importing {str(path)!r}"):
+                loader_spec.loader.exec_module(module)
         except Exception as e:
             del sys.modules[name]
             raise ValueError(f"workload {spec!r}: importing {str(path)!r}: {type(e).__name__}: {e}") from e
         return module
     try:
-        return importlib.import_module(where)
+        with no_exit(f"workload {spec!r}: importing {where!r}"):
+            return importlib.import_module(where)
     except ModuleNotFoundError as e:
         raise ValueError(f"workload {spec!r}: no module {e.name!r} (installed? on PYTHONPATH?)") from e
     except Exception as e:
@@ -93,7 +97,8 @@ def _as_workload(obj: Any, spec: str) -> Workload:
 
     if callable(obj):  # a factory, or a Workload subclass (its constructor)
         try:
-            made: Any = obj()
+            with no_exit(f"workload {spec!r}: the factory"):
+                made: Any = obj()
         except Exception as e:
             raise ValueError(f"workload {spec!r}: calling the factory failed: {type(e).__name__}: {e}") from e
     else:

@@ -184,3 +184,18 @@ def test_long_values_make_short_distinct_names_inside_their_root(tmp_path: Path)
     atomic_write_text(tmp_path / "f", "one")
     atomic_write_text(tmp_path / "f", "two")
     assert (tmp_path / "f").read_text() == "two" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+@pytest.mark.parametrize("factory", ["exits", "build_exits"])
+def test_user_code_that_exits_is_an_error_not_success(factory: str, tmp_path: Path, capsys) -> None:
+    argv = [
+        "run",
+        "--workload",
+        f"tests.user_models:{factory}",
+        "--strategy",
+        "ddp",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2
+    assert "called sys.exit(0)" in capsys.readouterr().err

@@ -69,3 +69,15 @@ def no_blocks() -> ModelSpec:
 
 def not_a_module() -> ModelSpec:
     return ModelSpec(build=lambda: 3, inputs={"input": Input((4,))})
+
+
+def exits() -> ModelSpec:
+    import sys
+
+    sys.exit(0)
+
+
+def build_exits() -> ModelSpec:
+    import sys
+
+    return ModelSpec(build=lambda: sys.exit(0), inputs={"input": Input((4,))})
