@@ -5,12 +5,12 @@ and no rank process outlives the run."""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from bench.harness.config import CellConfig
+from bench.harness.launch import launcher_dir
 from bench.harness.records import read_records
 from bench.harness.runner import run_cells
 from bench.harness.validate import plan_cells
@@ -36,8 +36,6 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     out = tmp_path_factory.mktemp("faults")
     mp = pytest.MonkeyPatch()
     mp.setenv("SHARDBENCH_FAULT", FAULTS)
-    mp.setattr(tempfile, "tempdir", str(out / "tmp"))  # cells' temporary dirs: a marker for their ranks
-    (out / "tmp").mkdir()
     try:
         cells = plan_cells(
             [
@@ -98,6 +96,20 @@ def test_records_are_strict_json_without_nan(fault_run) -> None:
 
 
 def test_no_rank_outlives_the_faults(fault_run) -> None:
-    out, _ = fault_run
-    assert worker_processes(str(out / "tmp")) == []
-    assert list((out / "tmp").glob("shardbench-cell-*")) == []  # the cells' temporary directories
+    private = launcher_dir()  # where the cells' directories were, a marker for their ranks' logs
+    assert worker_processes(str(private)) == []
+    assert list(private.glob("cell-*")) == []  # the cells' temporary directories
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_a_rank_that_exits_is_blamed_not_the_peer_it_left(tmp_path: Path, strategy: str) -> None:
+    """Rank 1 ends with os._exit(3) mid-step; rank 0 then fails in a collective ("connection
+    reset by peer"). The record blames rank 1, with its exit code."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SHARDBENCH_FAULT", "exit:rank=1:step=1")
+    try:
+        (record,) = run_cells(plan_cells([_cell(strategy)]), out_dir=tmp_path, run_id="exit").records
+    finally:
+        mp.undo()
+    assert record.status == "error" and record.failure["rank"] == 1, record.error
+    assert record.error.startswith("rank 1: exited with code 3"), record.error

@@ -9,7 +9,8 @@ failure path, one strategy each). The kinds:
 - ``hang``: the rank stops making progress (its peers block in the next collective);
 - ``nan``: the loss of that step becomes NaN (the cell must end as ``diverged``);
 - ``oom``: ``torch.OutOfMemoryError`` is raised, as the CUDA allocator would;
-- ``error``: a ``RuntimeError`` is raised.
+- ``error``: a ``RuntimeError`` is raised;
+- ``exit``: the process ends with ``os._exit(3)``, writing nothing, as user code may.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 ENV = "SHARDBENCH_FAULT"
-KINDS = ("crash", "hang", "nan", "oom", "error")
+KINDS = ("crash", "hang", "nan", "oom", "error", "exit")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class Fault:
             raise torch.OutOfMemoryError(f"injected out of memory ({ENV}) on rank {rank} at step {step}")
         elif self.kind == "error":
             raise RuntimeError(f"injected error ({ENV}) on rank {rank} at step {step}")
+        elif self.kind == "exit":
+            os._exit(3)
 
     def poisons_loss(self, *, rank: int, step: int) -> bool:
         return self.kind == "nan" and self.due(rank=rank, step=step)

@@ -274,6 +274,7 @@ class RankWorld:
                         error=f"rank {rank}: {how} and no result; its output ends:\n{_tail(log)}",
                         failed_at=self.exited_at.get(rank),
                         signal=sig,
+                        vanished=True,
                     )
                 )
         return out

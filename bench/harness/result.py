@@ -4,9 +4,10 @@ The contract between a rank and whoever collects it (``bench.harness.launch`` on
 rank 0 under torchrun) is ``RankResult``: written as JSON by the rank, read back here. Keeping
 record assembly in its own module makes the dependencies one-way: launch -> worker -> result.
 
-Root cause: when a cell fails, the record blames one rank. A rank killed by a signal from
-outside (the OOM killer, ``kill -9``) is the cause ahead of ranks that then raised because their
-peer vanished; among ranks that raised, the earliest; ranks the launcher stopped itself (after
+Root cause: when a cell fails, the record blames one rank. A rank that vanished, killed by a
+signal from outside (the OOM killer, ``kill -9``) or ended with an exit code (``os._exit`` in user
+code) without writing a result, is the cause ahead of ranks that then raised because their peer
+vanished; among ranks that raised, the earliest; ranks the launcher stopped itself (after
 the grace period or at the deadline) are never the cause and are listed as such.
 """
 
@@ -43,6 +44,9 @@ class RankResult:
     signal: str | None = None
     #: the launcher stopped this rank itself (a peer failed first, or the deadline passed)
     stopped_by_launcher: bool = False
+    #: the process ended (an exit code, a signal) without writing a result: it did not raise,
+    #: it vanished, and its peers' errors ("connection reset") are the consequence
+    vanished: bool = False
     num_params: int | None = None
     step_times: list[float] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)
@@ -100,7 +104,7 @@ def root_cause(results: list[RankResult]) -> RankResult | None:
     candidates = [r for r in bad if not r.stopped_by_launcher] or bad
 
     def order(r: RankResult) -> tuple[int, float]:
-        killed = r.signal is not None and r.status != "timeout"
+        killed = (r.signal is not None or r.vanished) and r.status != "timeout"
         return (0 if killed else 1 if r.failed_at is not None else 2, r.failed_at or float("inf"))
 
     return min(candidates, key=order)
