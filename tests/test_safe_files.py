@@ -199,3 +199,22 @@ def test_user_code_that_exits_is_an_error_not_success(factory: str, tmp_path: Pa
     ]
     assert main(argv) == 2
     assert "called sys.exit(0)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--timeout", "1e308"], "a timeout is more than 0 and at most"),
+        (["--world-size", "2,,2"], "an empty item in '2,,2'"),
+        (["--workload", "hf:GPT2LMHeadModel", "--model-config", "n_layer=2,n_layer=3"], "given twice"),
+    ],
+)
+def test_bad_flags_are_one_line_before_anything_runs(
+    argv: list[str], needle: str, tmp_path: Path, capsys
+) -> None:
+    try:
+        code = main(["run", "--strategy", "ddp", "--out", str(tmp_path / "r"), *argv])
+    except SystemExit as e:  # argparse's own refusal
+        code = e.code
+    assert code == 2 and needle in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -28,9 +28,11 @@ class UsageError(ValueError):
 
 def csv_list(kind: type) -> Callable[[str], tuple]:
     def parse(text: str) -> tuple:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
+        items = [t.strip() for t in text.split(",")]
+        if not any(items):
             raise argparse.ArgumentTypeError("expected a comma-separated list")
+        if not all(items):
+            raise argparse.ArgumentTypeError(f"an empty item in {text!r}: expected comma-separated values")
         try:
             return tuple(kind(t) for t in items)
         except ValueError:
@@ -39,6 +41,21 @@ def csv_list(kind: type) -> Callable[[str], tuple]:
             ) from None
 
     return parse
+
+
+#: the longest --timeout a cell takes: a week (a longer one overflows the waits it bounds)
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def timeout_seconds(text: str) -> float:
+    """``--timeout``: seconds, more than 0 and at most a week."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text}: a timeout is more than 0 and at most {MAX_TIMEOUT_S:g} s")
+    return value
 
 
 def tag_pair(text: str) -> tuple[str, str]:

@@ -37,6 +37,8 @@ def parse_model_config(text: str) -> dict[str, Any]:
         key, raw = key.strip(), raw.strip()
         if not sep or not key or not raw:
             raise ValueError(f"model config item {item.strip()!r} is not key=value (e.g. hidden_size=2048)")
+        if key in out:
+            raise ValueError(f"model config key {key!r} is given twice; give each key once")
         words = {"true": True, "false": False, "none": None, "null": None}
         try:
             out[key] = words[raw.lower()] if raw.lower() in words else ast.literal_eval(raw)
