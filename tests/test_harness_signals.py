@@ -129,3 +129,25 @@ def test_sigkill_of_the_launcher_leaves_no_process_and_no_file(tmp_path, cell_tm
         time.sleep(0.1)
     assert alive(below) == [] and worker_processes(str(cell_tmp)) == []
     assert ours(cell_tmp) == []
+
+
+def test_a_long_tmpdir_does_not_break_the_fork_servers_socket(tmp_path) -> None:
+    """A Unix socket path holds 107 bytes; with a TMPDIR of 119 characters the launcher keeps its
+    files (the fork server's socket among them) in a short private directory elsewhere."""
+    long_tmp = tmp_path / ("t" * (119 - len(str(tmp_path)) - 1))
+    long_tmp.mkdir()
+    assert len(str(long_tmp)) == 119
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(long_tmp)}
+    env.pop("SHARDBENCH_FAULT", None)
+    out = tmp_path / "run"
+    args = [*ARGS[:9], "--strategy", "ddp", "--steps", "1", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.cli", *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [r.status for r in read_records([out])] == ["ok"]
