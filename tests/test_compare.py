@@ -277,6 +277,9 @@ def test_a_resumed_cell_counts_its_last_record() -> None:
 def test_nothing_in_common_is_refused_and_nightly_fails_missing_cells() -> None:
     with pytest.raises(NothingInCommon, match="right baseline"):
         compare_runs([rec(workload="swav")], [rec()])
+    # which key differs is said: the batch, here
+    with pytest.raises(NothingInCommon, match="batch_size 8 in the baseline, 16 now; is it"):
+        compare_runs([rec(batch_size_per_rank=8)], [rec(batch_size_per_rank=16)])
     lost = compare_runs([rec(), rec(strategy="zero2")], [rec()], missing_fails=True)
     assert lost.exit_code == 1 and [c.verdict for c in lost.regressions] == ["missing"]
 

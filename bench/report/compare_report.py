@@ -72,9 +72,13 @@ def rows(comparison: Comparison, *, only_regressions: bool = False) -> list[tupl
 
 
 def summary_line(comparison: Comparison) -> str:
+    """The headline: how many cells regressed (only those), then what the others did."""
     counts = ", ".join(f"{n} {v}" for v, n in comparison.counts().items() if n)
-    verdict = "REGRESSION" if comparison.exit_code else "no regression"
-    return f"{verdict}: {len(comparison.cells)} cells ({counts}); rules: {comparison.rules_source}"
+    bad = len(comparison.regressions)
+    verdict = f"REGRESSION in {bad} of {len(comparison.cells)} cells" if bad else "no regression"
+    if not bad:
+        verdict += f" in {len(comparison.cells)} cells"
+    return f"{verdict} ({counts}); rules: {comparison.rules_source}"
 
 
 def env_lines(comparison: Comparison) -> list[str]:

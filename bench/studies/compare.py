@@ -53,6 +53,18 @@ MAX_SIZE_METRICS = {
 VERDICTS = ("regressed", "now failing", "improved", "now passing", "new", "missing", "unchanged")
 
 
+def _what_differs(baseline: set[tuple[Any, ...]], current: set[tuple[Any, ...]]) -> str:
+    """The identity fields whose values the two sides do not share, e.g. ``batch 8 in the
+    baseline, 16 now``: why no cell matches."""
+    parts = []
+    for i, name in enumerate(IDENTITY):
+        before, now = {k[i] for k in baseline}, {k[i] for k in current}
+        if before != now:
+            show = lambda values: ", ".join(sorted(map(str, values)))  # noqa: E731
+            parts.append(f"{name} {show(before)} in the baseline, {show(now)} now")
+    return "; ".join(parts) or "the same fields, never in the same combination"
+
+
 def identity(r: Record) -> tuple[Any, ...]:
     """The cell a record measures. A max-size summary is a copy of its largest fit's record, so
     what it found (the preset, or the batch) is its answer, not its identity: it is named by
@@ -228,7 +240,7 @@ def compare_runs(
     if base_cells and cur_cells and not set(base_cells) & set(cur_cells):
         raise NothingInCommon(
             f"no cell is in both runs ({len(base_cells)} in the baseline, {len(cur_cells)} now): "
-            "is it the right baseline?"
+            f"{_what_differs(set(base_cells), set(cur_cells))}; is it the right baseline?"
         )
     cells = []
     for key in sorted(set(base_cells) | set(cur_cells), key=str):
