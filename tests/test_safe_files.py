@@ -204,7 +204,7 @@ def test_user_code_that_exits_is_an_error_not_success(factory: str, tmp_path: Pa
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--timeout", "1e308"], "a timeout is more than 0 and at most"),
+        (["--timeout", "1e308"], "timeout (seconds) must be at most"),
         (["--world-size", "2,,2"], "an empty item in '2,,2'"),
         (["--workload", "hf:GPT2LMHeadModel", "--model-config", "n_layer=2,n_layer=3"], "given twice"),
     ],

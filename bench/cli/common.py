@@ -43,21 +43,6 @@ def csv_list(kind: type) -> Callable[[str], tuple]:
     return parse
 
 
-#: the longest --timeout a cell takes: a week (a longer one overflows the waits it bounds)
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
-
-
-def timeout_seconds(text: str) -> float:
-    """``--timeout``: seconds, more than 0 and at most a week."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value <= MAX_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(f"{text}: a timeout is more than 0 and at most {MAX_TIMEOUT_S:g} s")
-    return value
-
-
 def tag_pair(text: str) -> tuple[str, str]:
     """``key=value`` for ``--tag``: a key of letters, digits, '-', '_' or '.', any value."""
     key, sep, value = text.partition("=")

@@ -12,7 +12,6 @@ from bench.cli.common import (
     csv_list,
     model_config_preset,
     require_cuda_if,
-    timeout_seconds,
 )
 from bench.harness.config import DEVICES, PRECISIONS, CellConfig
 
@@ -61,7 +60,7 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
     )
     ms.add_argument("--steps", type=int, default=1, help="timed steps per probe (default 1)")
     ms.add_argument("--warmup", type=int, default=1, help="warm-up steps per probe (default 1)")
-    ms.add_argument("--timeout", type=timeout_seconds, default=900.0, help="seconds per probe")
+    ms.add_argument("--timeout", type=float, default=900.0, help="seconds per probe")
     ms.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
 
 

@@ -14,7 +14,6 @@ from bench.cli.common import (
     csv_list,
     model_config_preset,
     require_cuda_if,
-    timeout_seconds,
 )
 from bench.harness.config import DEVICES, PRECISIONS, CellConfig
 
@@ -47,7 +46,7 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "--strategy", type=csv_list(str), default=PLAN_STRATEGIES, help="strategies to plan (comma-separated)"
     )
     p.add_argument("--device", default="cpu", choices=DEVICES, help="where the planned cells run")
-    p.add_argument("--timeout", type=timeout_seconds, default=900.0, help="seconds per planned cell")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per planned cell")
     p.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
 
 

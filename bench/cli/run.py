@@ -17,7 +17,6 @@ from bench.cli.common import (
     model_config_preset,
     require_cuda_if,
     tag_pair,
-    timeout_seconds,
 )
 from bench.cli.suite_searches import SuiteSearch, run_searches
 from bench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
@@ -42,7 +41,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--steps", type=int, help="measured steps per cell")
     run.add_argument("--warmup", type=int, help="unmeasured warm-up steps per cell")
     run.add_argument("--device", choices=DEVICES, help="cpu or cuda (default: the suite's)")
-    run.add_argument("--timeout", type=timeout_seconds, help="seconds per cell before it times out")
+    run.add_argument("--timeout", type=float, help="seconds per cell before it times out")
     run.add_argument(
         "--simulate",
         action="store_true",

@@ -27,6 +27,10 @@ MAX_SIMULATED_WORLD = 1 << 16
 MIN_FREE_BYTES = 16 << 20
 
 
+#: the longest timeout a cell takes: a week
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
 def max_real_ranks() -> int:
     """How many rank processes this host may start for one cell: each is a full Python with
     torch (~0.5-1 GiB), so more than a few per core only thrashes; 64 at most."""
@@ -80,6 +84,9 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
         check_number("steps", cell.steps, minimum=1, integer=True)
         check_number("warmup", cell.warmup, minimum=0, integer=True)
         check_number("timeout (seconds)", cell.timeout_s, minimum=0, above=True)
+        if cell.timeout_s > MAX_TIMEOUT_S:  # (a longer one overflows the waits it bounds)
+            week = f"{MAX_TIMEOUT_S:g} (a week)"
+            raise ValueError(f"timeout (seconds) must be at most {week}, got {cell.timeout_s:g}")
         if cell.memory_budget_bytes is not None:
             check_number("memory budget (bytes)", cell.memory_budget_bytes, minimum=1, integer=True)
         workload = get_workload(cell.workload)
