@@ -60,9 +60,13 @@ def test_nightly_twice_against_a_saved_baseline(tmp_path: Path, baselines: Path,
         assert (tmp_path / night / "compare.md").is_file() and (tmp_path / night / "index.html").is_file()
         data = json.loads((tmp_path / night / "compare.json").read_text())
         assert data["counts"]["unchanged"] == 2, data
-    # refused before running: a directory holding a night, a bad rules file
+    # refused before running: a directory holding a night (or anything), a bad rules file
     assert main(["nightly", "--suite", str(suite), "--out", str(tmp_path / "n1")]) == 2
-    assert "holds records of an earlier run" in capsys.readouterr().err
+    assert "not an empty directory" in capsys.readouterr().err
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    assert main(["nightly", "--suite", str(suite), "--out", str(tmp_path / "busy")]) == 2
+    assert "not an empty directory" in capsys.readouterr().err
     rules = tmp_path / "rules.toml"
     rules.write_text("[memory]\ntolerance = 1\n")
     assert main(["nightly", "--suite", str(suite), "--rules", str(rules), "--out", str(tmp_path / "n3")]) == 2

@@ -218,3 +218,24 @@ def test_bad_flags_are_one_line_before_anything_runs(
         code = e.code
     assert code == 2 and needle in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_compare_of_disjoint_runs_leaves_no_directory(tmp_path: Path, capsys) -> None:
+    a = _run(tmp_path / "a", [_line(batch_size_per_rank=8)])
+    b = _run(tmp_path / "b", [_line(batch_size_per_rank=16)])
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 2
+    assert "batch_size 8 in the baseline, 16 now" in capsys.readouterr().err
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_files_that_are_not_utf8_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(_line().encode() + b"\n" + b'{"run_id": "\xff"}\n')
+    with pytest.warns(UserWarning, match=r"records.jsonl:2: not a record \(not UTF-8 text"):
+        assert len(read_records([path])) == 1
+    rules = tmp_path / "rules.toml"
+    rules.write_bytes(b"[memory]\ntolerance_pct = \xff\n")
+    from bench.studies.compare_rules import load_rules
+
+    with pytest.raises(ValueError, match=r"--rules .*rules.toml: not UTF-8 text"):
+        load_rules(rules)

@@ -50,13 +50,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         baseline = load_records(baseline_path)
         rules = load_rules(args.rules) if args.rules is not None else Rules()
         out = args.out or (current_path.parent if current_path.name == "records.jsonl" else Path("."))
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a directory")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    # compared before --out is made: a refused comparison (nothing in common) leaves no directory
+    comparison = compare_or_refuse(baseline, current, rules, allow_env_change=args.allow_env_change)
+    try:
         check_output_dir(out, cells=1)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return compare_and_write(
-        baseline, current, rules, out=out, baseline_label=str(baseline_path), current_label=str(current_path),
-        allow_env_change=args.allow_env_change,
-    )  # fmt: skip
+    labels = {"baseline_label": str(baseline_path), "current_label": str(current_path)}
+    return write_and_print(comparison, out=out, **labels)
 
 
 def compare_or_refuse(
@@ -79,20 +84,10 @@ def compare_or_refuse(
         raise UsageError(str(e)) from None
 
 
-def compare_and_write(
-    baseline: list[Record],
-    current: list[Record],
-    rules: Rules,
-    *,
-    out: Path,
-    baseline_label: str,
-    current_label: str,
-    allow_env_change: bool,
-) -> int:
-    """Compare, write the three files, print the summary and regressions; the exit code."""
+def write_and_print(comparison: Comparison, *, out: Path, baseline_label: str, current_label: str) -> int:
+    """Write the three files, print the summary and regressions; the exit code."""
     from bench.report.compare_report import to_text, write_comparison
 
-    comparison = compare_or_refuse(baseline, current, rules, allow_env_change=allow_env_change)
     paths = write_comparison(comparison, out, baseline=baseline_label, current=current_label)
     print(to_text(comparison))
     print(f"compare: {paths['html']} (and compare.md, compare.json)", file=sys.stderr)

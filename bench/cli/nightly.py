@@ -13,6 +13,7 @@ file is written on its own, so a failing write costs only that file.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import sys
 import time
 from collections.abc import Callable
@@ -72,10 +73,8 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         if history.is_dir():
             raise ValueError(f"--history {history} is a directory; give the history's .jsonl file")
         check_output_dir(history.parent, cells=1)
-        if args.out is not None and (args.out / "records.jsonl").exists():
-            raise ValueError(
-                f"--out {args.out}: holds records of an earlier run; a night needs its own directory"
-            )
+        if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+            raise ValueError(f"--out {args.out}: not an empty directory; a night needs its own directory")
     except ValueError as e:
         raise UsageError(str(e)) from None
     searches = resolve_searches(spec)
@@ -85,7 +84,13 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     name = f"{safe_name(spec.name)}-{time.strftime('%Y%m%d')}"
     out = args.out or DEFAULT_RUNS_DIR / new_run_id(name)
     tags = {"nightly": spec.name, "baseline": baseline_name, **dict(args.tag)}
-    done = execute_run(cells, name=name, tags=tags, out=out, searches=searches)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".nightly.lock", "a") as lock:  # a second night in the same --out: refused
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(f"--out {out}: another nightly is running into it") from None
+        done = execute_run(cells, name=name, tags=tags, out=out, searches=searches)
     if done.code in (130, 143):  # interrupted: a partial night is not compared or recorded
         return done.code
     try:

@@ -181,13 +181,17 @@ def read_records(paths: Iterable[Path], *, strict: bool = False) -> list[Record]
         p = Path(p)
         if p.is_dir():
             p = p / "records.jsonl"
-        with p.open() as f:
+        with p.open(errors="surrogateescape") as f:  # a line that is not UTF-8 is named below
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
+                    if not line.isascii():
+                        line.encode()  # a byte that is not UTF-8 (kept as a surrogate) raises here
                     out.append(parse_record(line))
-                except ValueError as e:
+                except (ValueError, UnicodeEncodeError) as e:
+                    if isinstance(e, UnicodeEncodeError):
+                        e = ValueError(f"not UTF-8 text at column {e.start + 1}")
                     message = f"{p}:{lineno}: not a record ({e})"
                     if strict:
                         raise ValueError(message) from None

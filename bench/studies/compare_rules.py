@@ -150,6 +150,8 @@ def load_rules(path: Path) -> Rules:
         raise ValueError(f"--rules {path}: cannot read it ({e.strerror or e})") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--rules {path}: not valid TOML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--rules {path}: not UTF-8 text (byte {e.start}); a rules file is TOML") from None
     where = f"--rules {path}"
     _only(data, ("memory", "time", "override", "ignore"), where)
     memory, time = data.get("memory", {}), data.get("time", {})
