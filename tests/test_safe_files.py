@@ -239,3 +239,13 @@ def test_files_that_are_not_utf8_are_named(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"--rules .*rules.toml: not UTF-8 text"):
         load_rules(rules)
+
+
+def test_an_allocation_the_os_refuses_is_out_of_memory() -> None:
+    from bench.harness.worker import _is_oom
+
+    refused = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: you tried "
+        "to allocate 32212254720 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    assert _is_oom(refused) and _is_oom(MemoryError()) and not _is_oom(RuntimeError("shape mismatch"))

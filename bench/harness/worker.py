@@ -106,7 +106,12 @@ def planned_off_device(cell: CellConfig) -> bool:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    """Out of memory on the device, or an allocation the OS refused on the CPU (torch's
+    DefaultCPUAllocator: "can't allocate memory ... Error code 12 (Cannot allocate memory)")."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
 
 
 def run_rank(
