@@ -150,7 +150,13 @@ def test_rules_file_overrides_and_ignores(tmp_path: Path) -> None:
     assert slower.verdict == "unchanged" and "threshold override: noisy on shared cores" in slower.notes
     ignored = compare_runs([rec(strategy="zero2")], [rec(strategy="zero2", status="oom")], rules)
     assert ignored.cells[0].verdict == "now failing" and ignored.cells[0].ignored == "known: #99"
-    assert ignored.exit_code == 0
+    assert ignored.exit_code == 0 and ignored.unmatched_rules == []
+    # a rule that selects no cell of either run is said, not silently kept
+    swav_only = compare_runs([rec(workload="swav")], [rec(workload="swav")], rules)
+    assert swav_only.unmatched_rules == [
+        "[[override]] match {'workload': 'transformer'} ('noisy on shared cores')",
+        "[[ignore]] match {'strategy': 'zero2'} ('known: #99')",
+    ]
 
 
 @pytest.mark.parametrize(

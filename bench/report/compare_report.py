@@ -82,7 +82,8 @@ def summary_line(comparison: Comparison) -> str:
 
 
 def env_lines(comparison: Comparison) -> list[str]:
-    return [f"environment changed: {k}: {b} -> {c}" for k, (b, c) in comparison.env_changes.items()]
+    lines = [f"environment changed: {k}: {b} -> {c}" for k, (b, c) in comparison.env_changes.items()]
+    return lines + [f"rule matches no cell (a typo?): {r}" for r in comparison.unmatched_rules]
 
 
 def to_text(comparison: Comparison) -> str:

@@ -169,6 +169,8 @@ class Comparison:
     #: {key: (baseline values, current values)} for every environment fact that differs
     env_changes: dict[str, tuple[list[Any], list[Any]]]
     rules_source: str = "defaults"
+    #: rules whose ``match`` selects no cell of either run (a typo, most likely), described
+    unmatched_rules: list[str] = field(default_factory=list)
 
     @property
     def regressions(self) -> list[CellDelta]:
@@ -253,7 +255,10 @@ def compare_runs(
             delta.notes.append("environment changed: " + ", ".join(changes))
         cells.append(delta)
     cells.sort(key=lambda c: (not c.regressed, VERDICTS.index(c.verdict), c.cell))
-    return Comparison(cells=cells, env_changes=changes, rules_source=rules.source)
+    every = [dict(zip(IDENTITY, key, strict=True)) for key in set(base_cells) | set(cur_cells)]
+    return Comparison(
+        cells=cells, env_changes=changes, rules_source=rules.source, unmatched_rules=rules.unmatched(every)
+    )
 
 
 def _by_cell(records: Sequence[Record]) -> dict[tuple, Side]:

@@ -126,6 +126,15 @@ class Rules:
                 t = replace(t, **rule.settings)
         return t
 
+    def unmatched(self, cells: list[dict[str, Any]]) -> list[str]:
+        """The rules (``[[override]]``, ``[[ignore]]``) whose match selects none of ``cells``."""
+        out = []
+        for kind, rules in (("override", self.overrides), ("ignore", self.ignores)):
+            for rule in rules:
+                if not any(rule.matches(cell) for cell in cells):
+                    out.append(f"[[{kind}]] match {rule.match} ({rule.reason!r})")
+        return out
+
     def override_reasons(self, cell: dict[str, Any]) -> list[str]:
         return [r.reason for r in self.overrides if r.matches(cell)]
 
