@@ -53,7 +53,9 @@ def _start(out: Path, tmp: Path, *extra: str, fault: str | None) -> subprocess.P
 
 
 def _interrupt_during_cell_2(out: Path, tmp: Path, sig: int) -> tuple[int, str]:
-    proc = _start(out, tmp, "--out", str(out), fault="hang:rank=1:strategy=zero2")
+    proc = _start(
+        out, tmp, "--out", str(out), "--name", "night", "--tag", "k=v", fault="hang:rank=1:strategy=zero2"
+    )
     records = out / "records.jsonl"
     deadline = time.monotonic() + 240
     while not (records.exists() and records.read_text().count("\n") == 1):  # cell 1 written
@@ -85,6 +87,8 @@ def test_a_signal_records_the_cell_as_interrupted_and_stops_every_rank(tmp_path,
         assert proc.returncode == 0, err
         assert "1 of 2 cells already ok" in err
         assert [r.status for r in read_records([out])] == ["ok", "interrupted", "ok"]
+        # the resumed cell keeps the run's name and tags
+        assert {(r.name, r.tags.get("k")) for r in read_records([out])} == {("night", "v")}
 
 
 def test_sigterm_during_a_max_size_probe_stops_its_ranks(tmp_path, cell_tmp) -> None:

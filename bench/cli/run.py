@@ -240,9 +240,11 @@ def execute_run(
     from bench.report.build import write_report
 
     run_id = new_run_id(name)
-    if resume is not None:
+    if resume is not None:  # the run goes on as it was: its id, its name and its tags
         earlier = read_records([resume / "records.jsonl"])
-        run_id = earlier[0].run_id if earlier else run_id
+        if earlier:
+            run_id, name = earlier[0].run_id, earlier[0].name or name
+            tags = {**earlier[0].tags, **tags}
     out = out or DEFAULT_RUNS_DIR / run_id
     try:
         check_output_dir(out, cells=len(cells))
