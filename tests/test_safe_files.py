@@ -249,3 +249,17 @@ def test_an_allocation_the_os_refuses_is_out_of_memory() -> None:
         "to allocate 32212254720 bytes. Error code 12 (Cannot allocate memory)"
     )
     assert _is_oom(refused) and _is_oom(MemoryError()) and not _is_oom(RuntimeError("shape mismatch"))
+
+
+@pytest.mark.parametrize("command", ["compare", "baseline", "export"])
+def test_strict_refuses_a_bad_record(command: str, tmp_path: Path, capsys) -> None:
+    data = json.loads(_line(strategy="zero2"))
+    data["tags"] = "x"
+    run = _run(tmp_path / "run", [_line(), json.dumps(data)])
+    argv = {
+        "compare": ["compare", str(run), str(run), "--out", str(tmp_path / "c")],
+        "baseline": ["baseline", "save", str(run), "--as", "x", "--root", str(tmp_path / "b")],
+        "export": ["export", "--format", "pytest-benchmark", str(run), "--out", str(tmp_path / "e.json")],
+    }[command]
+    assert main([*argv, "--strict"]) == 2
+    assert "records.jsonl:2: not a record (tags should be an object" in capsys.readouterr().err

@@ -27,6 +27,7 @@ def add_baseline_parser(sub: argparse._SubParsersAction) -> None:
     )
     save.add_argument("--as", dest="name", required=True, help="the baseline's name, e.g. nightly-cpu")
     save.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
+    save.add_argument("--strict", action="store_true", help="refuse a line that is not a record (exit 2)")
     save.add_argument(
         "--root", type=Path, help="baselines directory (default: results/baselines in the repo)"
     )
@@ -36,7 +37,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     from bench.studies.baselines import manifest_path, save_baseline
 
     try:
-        dest = save_baseline(args.run, args.name, root=args.root, force=args.force)
+        dest = save_baseline(args.run, args.name, root=args.root, force=args.force, strict=args.strict)
     except ValueError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # a full disk, a read-only folder: the old baseline is left as it was

@@ -28,6 +28,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("baseline", help="run directory, records .jsonl file, or saved baseline name")
     cmp.add_argument("current", help="run directory, records .jsonl file, or saved baseline name")
     cmp.add_argument("--rules", type=Path, help="TOML thresholds, overrides and ignores (docs/nightly.md)")
+    cmp.add_argument("--strict", action="store_true", help="refuse a line that is not a record (exit 2)")
     cmp.add_argument(
         "--out", type=Path, help="write compare.md/.json/.html here (default: CURRENT's directory)"
     )
@@ -45,9 +46,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     try:
         current_path = resolve_source(args.current)
-        current = load_records(current_path)
+        current = load_records(current_path, strict=args.strict)
         baseline_path = resolve_source(args.baseline, device=current[0].device)
-        baseline = load_records(baseline_path)
+        baseline = load_records(baseline_path, strict=args.strict)
         rules = load_rules(args.rules) if args.rules is not None else Rules()
         out = args.out or (current_path.parent if current_path.name == "records.jsonl" else Path("."))
         if out.exists() and not out.is_dir():

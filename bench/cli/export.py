@@ -23,6 +23,7 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("run", type=Path, help="a run directory (with records.jsonl) or a records .jsonl file")
     exp.add_argument("--format", required=True, choices=FORMATS, help="output format")
     exp.add_argument("--out", type=Path, help="output file (default: standard output)")
+    exp.add_argument("--strict", action="store_true", help="refuse a line that is not a record (exit 2)")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -38,9 +39,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            records = read_records([source])
+            records = read_records([source], strict=args.strict)
         except OSError as e:
             raise UsageError(f"{source}: cannot read: {e.strerror or e}") from None
+        except ValueError as e:  # --strict: a line that is not a record
+            raise UsageError(str(e)) from None
     for w in caught:
         print(f"shardbench export: warning: {w.message}", file=sys.stderr)
     try:

@@ -38,14 +38,18 @@ def records_path(source: Path) -> Path:
     return path
 
 
-def load_records(path: Path) -> list[Record]:
-    records = read_records([path])
+def load_records(path: Path, *, strict: bool = False) -> list[Record]:
+    """The records of ``path``; a line that is not a record is named and skipped (``strict``:
+    refused, ``ValueError``)."""
+    records = read_records([path], strict=strict)
     if not records:
         raise ValueError(f"{path}: holds no records")
     return records
 
 
-def save_baseline(runs: Sequence[Path], name: str, *, root: Path | None = None, force: bool = False) -> Path:
+def save_baseline(
+    runs: Sequence[Path], name: str, *, root: Path | None = None, force: bool = False, strict: bool = False
+) -> Path:
     """Save the records of ``runs`` (one or more runs of the same suite, e.g. three nights) as
     ``root/<device>/<name>.jsonl`` beside a manifest; returns the records path. Several runs make
     a better baseline: their spread is the run-to-run noise a night is judged against. Refuses to
@@ -60,7 +64,7 @@ def save_baseline(runs: Sequence[Path], name: str, *, root: Path | None = None, 
     if root.exists() and not root.is_dir():
         raise ValueError(f"baseline root {root} is not a directory")
     sources = [records_path(Path(run)) for run in runs]
-    records = [r for source in sources for r in load_records(source)]
+    records = [r for source in sources for r in load_records(source, strict=strict)]
     devices = sorted({r.device for r in records})
     if len(devices) != 1:
         raise ValueError(f"records from several devices ({', '.join(devices)}); save one baseline per device")
