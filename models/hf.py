@@ -27,6 +27,7 @@ from bench.strategies.sharded.units import repeated_blocks
 from models.base import Inputs, Workload, batch_generator
 from models.presets.config_string import (
     DEFAULT_PRESET,
+    MAX_DEPTH,
     KeywordPresets,
     depth_family,
     format_model_config,  # noqa: F401  (re-exported: the CLI writes presets with it)
@@ -45,6 +46,21 @@ HEADS = {
     "ForMaskedLM": "tokens",
     "ForSequenceClassification": "classes",
 }
+
+
+#: the largest model the config check lets through: 10 trillion parameters, five times the
+#: largest trained; past it a shape is a typo, not a plan
+MAX_PARAMS = 10**13
+
+
+def estimated_params(config: Any) -> int:
+    """A lower bound on a transformers config's parameter count, from its fields alone: the
+    token embedding plus, per layer, the attention projections (4 h^2) and the MLP (2 h f);
+    a field the config lacks counts nothing."""
+    field = lambda name: getattr(config, name, None) if isinstance(getattr(config, name, None), int) else 0  # noqa: E731
+    hidden, layers, vocab = field("hidden_size"), field(DEPTH), field("vocab_size")
+    ffn = field("intermediate_size") or field("n_inner") or 4 * hidden
+    return vocab * hidden + layers * (4 * hidden * hidden + 2 * hidden * ffn)
 
 
 class HFWorkload(Workload):
@@ -109,6 +125,7 @@ class HFWorkload(Workload):
         limit = getattr(config, "max_position_embeddings", None)
         if isinstance(limit, int) and seq_len > limit:
             raise ValueError(f"{self.name}: seq_len {seq_len} > max_position_embeddings {limit}")
+        self._check_scale(config, preset)
         if self.labels == "classes" and getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = 0  # a classifier over batches > 1 needs one (tokens never use it)
         if not dropout:
@@ -116,6 +133,23 @@ class HFWorkload(Workload):
                 if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
                     setattr(config, key, 0.0)
         return config, seq_len
+
+    def _check_scale(self, config: Any, preset: str) -> None:
+        """Refuse a shape no machine trains, by arithmetic on the config, before anything is built:
+        even on the meta device a build takes time per layer (a 100,000-layer GPT-2 would take
+        minutes and gigabytes of Python objects just to be refused later)."""
+        depth = getattr(config, DEPTH, None)
+        if isinstance(depth, int) and depth > MAX_DEPTH:
+            raise ValueError(
+                f"{self.name} with {preset!r}: {depth:,} layers is over the {MAX_DEPTH:,} this tool "
+                "builds (deeper than any Transformer trained); give a smaller depth"
+            )
+        estimate = estimated_params(config)
+        if estimate > MAX_PARAMS:
+            raise ValueError(
+                f"{self.name} with {preset!r}: about {estimate:.3g} parameters (from its config) is over "
+                f"the {MAX_PARAMS:.0e} this tool builds; give a smaller shape"
+            )
 
     def size_family(self, around: str | None = None) -> SizeFamily | None:
         """Every depth (``num_hidden_layers``) of the shape ``around`` names (default: the

@@ -81,3 +81,21 @@ def build_exits() -> ModelSpec:
     import sys
 
     return ModelSpec(build=lambda: sys.exit(0), inputs={"input": Input((4,))})
+
+
+def ends_process() -> ModelSpec:
+    import os
+
+    os._exit(3)
+
+
+def sleeps() -> ModelSpec:
+    import time
+
+    time.sleep(3600)
+
+
+def build_sleeps() -> ModelSpec:
+    import time
+
+    return ModelSpec(build=lambda: time.sleep(3600), inputs={"input": Input((4,))})

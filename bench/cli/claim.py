@@ -131,6 +131,8 @@ def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[Clai
     """The spec, with the workloads of your own that ``--workload`` names in place of its own
     (measured like them, at ``--model-config``'s shape and ``--batch-size``), and their names;
     ValueError for a name that is neither the spec's nor a workload spec."""
+    from bench.harness.bounded import check_workload
+    from bench.harness.config import DEFAULT_TIMEOUT_S
     from bench.studies.claim_specs import ClaimWorkload
     from models.registry import get_workload
     from models.specs import is_spec
@@ -153,6 +155,7 @@ def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[Clai
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     added = []
     for name in own:
+        check_workload(name, preset, timeout_s=DEFAULT_TIMEOUT_S)  # its code: in a bounded child first
         workload = get_workload(name)
         chosen = preset or next(iter(workload.presets))
         workload.check_preset(chosen)

@@ -67,7 +67,8 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
 def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, tuple[str, ...] | None]:
     """Validated base cells (one per strategy x world size), the budget in bytes and the ladder
     (None: the workload's size family, or its named ladder where it has no family)."""
-    from bench.harness.validate import plan_cells
+    from bench.harness.bounded import check_workload
+    from bench.harness.validate import check_timeout, plan_cells
     from bench.studies.maxsize import parse_budget
     from models.registry import get_workload
 
@@ -78,8 +79,11 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
         resolution = getattr(args, "resolution", DEFAULT_RESOLUTION)
         if not 0 < resolution < 1:
             raise ValueError(f"--resolution must be a fraction between 0 and 1 (e.g. 0.03), got {resolution}")
-        workload = get_workload(args.workload)
+        check_timeout(args.timeout)
         ladder = tuple(args.ladder) if args.ladder else None
+        for preset in ladder or (args.preset,):  # a workload of one's own: in a bounded child first
+            check_workload(args.workload, preset, timeout_s=args.timeout, fake=args.fake)
+        workload = get_workload(args.workload)
         if args.preset:
             workload.check_preset(args.preset)
         if ladder is None and args.vary == "params" and workload.size_family(args.preset) is None:

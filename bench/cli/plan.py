@@ -52,7 +52,8 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
 
 def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], int]:
     """Validated cells, one per strategy, and the budget in bytes (UsageError if anything is wrong)."""
-    from bench.harness.validate import plan_cells
+    from bench.harness.bounded import check_workload
+    from bench.harness.validate import check_timeout, plan_cells
     from bench.studies.maxsize import parse_budget
     from bench.studies.plan import planning_cells
     from models.registry import get_workload
@@ -61,6 +62,8 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], int]:
         args.preset = preset
     try:
         budget = parse_budget(args.budget)
+        check_timeout(args.timeout)
+        check_workload(args.workload, args.preset, timeout_s=args.timeout)  # one's own: bounded first
         workload = get_workload(args.workload)
         preset = args.preset or next(iter(workload.presets))
         cells = planning_cells(

@@ -170,14 +170,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 def own_presets(cells: list[CellConfig]) -> list[CellConfig]:
     """A model of your own (``hf:``, ``module:factory``, ``file.py:factory``, an entry point)
     has its own presets (``default``; an hf shape), not the suite's (``tiny``): where no
-    ``--preset`` was given, its cells take its first preset (duplicates dropped)."""
+    ``--preset`` was given, its cells take its first preset (duplicates dropped). Its code is
+    first run in a bounded child (``check_workload``)."""
+    from bench.harness.bounded import check_workload
+    from bench.harness.validate import check_timeout
     from models.registry import get_workload
     from models.specs import is_spec
 
     out: dict[tuple, CellConfig] = {}
     for c in cells:
-        if is_spec(c.workload) and c.preset not in get_workload(c.workload).presets:
-            c = replace(c, preset=next(iter(get_workload(c.workload).presets)))
+        if is_spec(c.workload):
+            check_timeout(c.timeout_s)
+            check_workload(c.workload, None, timeout_s=c.timeout_s)
+            if c.preset not in get_workload(c.workload).presets:
+                c = replace(c, preset=next(iter(get_workload(c.workload).presets)))
         out.setdefault(c.key(), c)
     return list(out.values())
 

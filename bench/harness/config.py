@@ -23,6 +23,10 @@ PRECISIONS = ("fp32", "bf16")
 DEVICES = ("cpu", "cuda")
 
 
+#: seconds a cell (every rank, and the check of a workload of one's own) may take
+DEFAULT_TIMEOUT_S = 600.0
+
+
 @dataclass(frozen=True)
 class CellConfig:
     """One measured cell; serialised to JSON to hand to each rank's worker."""
@@ -37,7 +41,7 @@ class CellConfig:
     warmup: int = 2
     device: str = "cpu"
     seed: int = 0
-    timeout_s: float = 600.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     suite: str = "adhoc"
     #: run as rank 0 of a fake world of ``world_size`` (memory real, no communication).
     simulate: bool = False
@@ -124,7 +128,7 @@ class SuiteSpec:
     steps: int = 5
     warmup: int = 2
     device: str = "cpu"
-    timeout_s: float = 600.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     simulate: bool = False
     fake: bool = False
     #: activation checkpointing for every cell (``run --activation-checkpointing``); a matrix

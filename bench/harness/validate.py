@@ -66,10 +66,20 @@ def check_world_size(n: Any, *, simulate: bool) -> None:
         )
 
 
+def check_timeout(seconds: Any) -> None:
+    """A cell's timeout: a number of seconds above 0 and at most a week (a longer one overflows
+    the waits it bounds)."""
+    check_number("timeout (seconds)", seconds, minimum=0, above=True)
+    if seconds > MAX_TIMEOUT_S:
+        week = f"{MAX_TIMEOUT_S:g} (a week)"
+        raise ValueError(f"timeout (seconds) must be at most {week}, got {seconds:g}")
+
+
 def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
     """Validate each cell and fix its plan: canonical strategy name, workload and preset known,
     numbers in range, and the world the strategy really gets on this device (``ValueError``
     otherwise). Returns the planned cells in order."""
+    from bench.harness.bounded import check_workload
     from bench.strategies.registry import canonical_name, get_strategy
     from models.registry import get_workload
 
@@ -83,12 +93,17 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
         check_number("batch size", cell.batch_size, minimum=1, integer=True)
         check_number("steps", cell.steps, minimum=1, integer=True)
         check_number("warmup", cell.warmup, minimum=0, integer=True)
-        check_number("timeout (seconds)", cell.timeout_s, minimum=0, above=True)
-        if cell.timeout_s > MAX_TIMEOUT_S:  # (a longer one overflows the waits it bounds)
-            week = f"{MAX_TIMEOUT_S:g} (a week)"
-            raise ValueError(f"timeout (seconds) must be at most {week}, got {cell.timeout_s:g}")
+        check_timeout(cell.timeout_s)
         if cell.memory_budget_bytes is not None:
             check_number("memory budget (bytes)", cell.memory_budget_bytes, minimum=1, integer=True)
+        # a workload of one's own runs its code in a child first, bounded by the timeout
+        check_workload(
+            cell.workload,
+            cell.preset,
+            timeout_s=cell.timeout_s,
+            fake=cell.fake,
+            checkpointing=cell.activation_checkpointing,
+        )
         workload = get_workload(cell.workload)
         workload.check_preset(cell.preset)
         if cell.fake:
