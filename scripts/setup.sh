@@ -12,7 +12,11 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "setup: installing shardbench and its pinned stack into .venv (first time: several minutes)" >&2
     # This machine's pip config lists local mirrors that lack most packages; pip warns about each.
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' \
-        2> >(grep -v "is ignored: it is neither" >&2)
+    pip() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" \
+        2> >(grep -v "is ignored: it is neither" >&2); }
+    # DeepSpeed (the 'peers' extra) builds from its sdist in this environment (build isolation
+    # would fetch a second torch), so the build tools come first and nothing is isolated.
+    pip setuptools wheel ninja
+    pip --no-build-isolation -e '.[dev,peers]'
     echo "$want" > "$stamp"
 fi

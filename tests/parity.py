@@ -88,7 +88,9 @@ def train_strategy_rank(
     for step in range(steps):
         inputs = workload.batch(preset, batch_size, seed=SEED, step=step, rank=rank)
         strategy.train_step(model, opt, inputs, workload.loss)
-    full_state_dict = getattr(model, "full_state_dict", None)
+    # a wrapper that shards parameters consolidates them: ours and FSDP2's model, or a peer's
+    # strategy (DeepSpeed's engine keeps stage-3 partitions on the parameters themselves)
+    full_state_dict = getattr(model, "full_state_dict", None) or getattr(strategy, "full_state_dict", None)
     state_dict = full_state_dict() if full_state_dict is not None else _unwrap(model).state_dict()
     state = {k: _full(v) for k, v in state_dict.items()}
     strategy.teardown()

@@ -22,10 +22,18 @@ from tests.parity import max_rel_diff, train_reference, train_strategy_rank
 from tests.tiny_models import MLPWorkload
 
 MULTI_RANK = ["ddp", "zero1", "zero2", "zero3", "torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
+PEERS = [
+    "fairscale-zero1",
+    "fairscale-zero2",
+    "fairscale-zero3",
+    "deepspeed-zero1",
+    "deepspeed-zero2",
+    "deepspeed-zero3",
+]
 
 
 def test_registry_names_and_aliases() -> None:
-    assert strategy_names() == ["dp", *MULTI_RANK]
+    assert strategy_names() == ["dp", *MULTI_RANK, *PEERS]
     assert canonical_name("sharded") == canonical_name("ddp_sharded") == "zero2"
     with pytest.raises(ValueError, match="allowed: dp, ddp, zero1, zero2, .*sharded \\(= zero2\\)"):
         get_strategy("zero9")
@@ -54,7 +62,10 @@ def test_declared_display() -> None:
     classes = strategy_classes()
     displays = {c.name: c.display for c in classes}
     assert [c.name for c in sorted(classes, key=lambda c: c.display.order)] == [
-        "dp", "ddp", "zero1", "torch-zero1", "zero2", "fsdp2-zero2", "zero3", "fsdp2-zero3",
+        "dp", "ddp",
+        "zero1", "torch-zero1", "fairscale-zero1", "deepspeed-zero1",
+        "zero2", "fsdp2-zero2", "fairscale-zero2", "deepspeed-zero2",
+        "zero3", "fsdp2-zero3", "fairscale-zero3", "deepspeed-zero3",
     ]  # fmt: skip
     assert len({d.color for d in displays.values()}) == len(displays)
     assert {n for n, d in displays.items() if d.role == "ours"} == {"zero1", "zero2", "zero3"}

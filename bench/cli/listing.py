@@ -21,7 +21,7 @@ def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
 def listing() -> dict:
     """Everything ``list`` shows, read from declarations: no strategy or model library is
     imported (the strategy catalog and the workloads' preset modules are torch-free)."""
-    from bench.strategies.registry import strategy_cards
+    from bench.strategies.registry import missing_packages, strategy_cards
     from models.registry import preset_param_counts, size_family_help, workload_names
 
     workloads: dict[str, dict] = {}
@@ -40,6 +40,10 @@ def listing() -> dict:
             "shards_gradients": c.sharding.gradients,
             "shards_parameters": c.sharding.parameters,
             "simulatable": c.simulatable,
+            "cuda_only": c.cuda_only,
+            "available": not missing_packages(c.name),
+            "extra": c.extra,
+            "deviations": c.deviations,
         }
         for c in strategy_cards()
     }
@@ -64,7 +68,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("strategies:")
     for name, s in data["strategies"].items():
         alias = f" (alias: {', '.join(s['aliases'])})" if s["aliases"] else ""
-        print(f"  {name}{alias}: {s['description']}")
+        where = " [CUDA only]" if s["cuda_only"] else ""
+        missing = "" if s["available"] else f" [not installed: the {s['extra']!r} extra]"
+        print(f"  {name}{alias}: {s['description']}{where}{missing}")
     print("suites:")
     for name, desc in data["suites"].items():
         print(f"  {name}: {desc}")

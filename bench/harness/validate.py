@@ -80,7 +80,7 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
     numbers in range, and the world the strategy really gets on this device (``ValueError``
     otherwise). Returns the planned cells in order."""
     from bench.harness.bounded import check_workload
-    from bench.strategies.registry import canonical_name, get_strategy
+    from bench.strategies.registry import canonical_name, check_runnable, get_strategy
     from models.registry import get_workload
 
     planned: list[CellConfig] = []
@@ -111,6 +111,7 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
         if cell.activation_checkpointing:
             workload.check_checkpointable()
         name = canonical_name(cell.strategy)
+        check_runnable(name, cell.device)
         plan = get_strategy(name).plan_world(cell.world_size, cell.device, cell.simulate or cell.fake)
         planned.append(replace(cell, strategy=name, simulate=cell.simulate or cell.fake, plan=plan))
     return planned

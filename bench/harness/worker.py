@@ -281,9 +281,11 @@ def _train_and_measure(
             # Inputs are made before tracking starts, so they count as "other", not activations.
             inputs = [batch(step + i) for i in range(MEMORY_STEPS)]
             by_module = cell.memory_snapshot and not drilldown.uses_allocator_history(cell, device)
-            probe = MemoryProbe(
-                device, [model, optimizer, inputs], typed=strategy.memory_tensors(), per_module=by_module
-            )
+            # a peer's own optimizer object (DeepSpeed's) is no torch Optimizer: the strategy
+            # types what it holds (memory_tensors)
+            tracked_optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+            external = [model, tracked_optimizer, inputs]
+            probe = MemoryProbe(device, external, typed=strategy.memory_tensors(), per_module=by_module)
             strategy.observe_memory(probe.attribute)
             watch = KernelWatch()
             with drilldown.allocator_history(cell, device, rank, artifacts), probe, watch.watching_steps():

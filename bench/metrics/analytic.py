@@ -156,6 +156,7 @@ RING = {
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "broadcast": lambda n: (n - 1) / n,  # a pipelined ring: each rank but the last forwards it once
+    "reduce": lambda n: (n - 1) / n,  # the same ring, reversed: each rank but the root sends it once
 }
 
 

@@ -10,8 +10,8 @@ simulated world of 1024 counts exactly what a real one would issue.
 Per operator kind it records the calls, the bytes of the full tensor each call works on (an
 all-reduce's tensor; an all-gather's output; a reduce-scatter's input; a broadcast's tensor) and
 the bytes a ring algorithm sends per rank for it: all-reduce 2(N-1)/N x size, all-gather and
-reduce-scatter (N-1)/N x the full size, broadcast (N-1)/N x size (a pipelined ring: every rank
-but the last forwards the tensor once; per rank on average). Bytes are those of the tensors as
+reduce-scatter (N-1)/N x the full size, broadcast and reduce (N-1)/N x size (a pipelined ring:
+every rank but the last forwards the tensor once; per rank on average). Bytes are those of the tensors as
 communicated (a bf16 bucket counts 2 bytes per element).
 """
 
@@ -35,6 +35,7 @@ _KINDS = {
     "reduce_scatter_": ("reduce_scatter", 1),
     "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
     "broadcast_": ("broadcast", 0),
+    "reduce_": ("reduce", 0),  # (FairScale's ShardedDataParallel: each gradient to its owner)
 }
 
 

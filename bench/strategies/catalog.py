@@ -65,7 +65,32 @@ class StrategyCard:
     simulatable: bool = True
     #: needs torch.distributed initialised in every rank
     needs_process_group: bool = True
+    #: the import names of the packages it needs beyond the base install, and the optional
+    #: extra (``pip install shardbench[peers]``; ``scripts/setup.sh`` installs it) that has them
+    requires: tuple[str, ...] = ()
+    extra: str | None = None
+    #: runs only on CUDA devices (the reason is in ``deviations``)
+    cuda_only: bool = False
+    #: where it cannot follow the reference optimizer exactly, or cannot run somewhere, and why
+    deviations: str = ""
 
+
+#: what every DeepSpeed stage does differently from single-process AdamW (parity tests pin it)
+_DEEPSPEED_NO_SIMULATION = (
+    "no simulated or planned (--simulate, --fake) world: the engine needs its own communication backend"
+)
+#: stages 1-2: a flat partition has no "no gradient"
+DEEPSPEED_DEVIATIONS = (
+    "a parameter that gets no gradient in a step (an unused branch) is stepped with a zero "
+    "gradient, its flat partition having no 'no gradient' (AdamW's moments and weight decay "
+    "still move it; torch AdamW skips it); " + _DEEPSPEED_NO_SIMULATION
+)
+#: stage 3 keeps each parameter's gradient partition between steps and does not clear it
+DEEPSPEED_ZERO3_DEVIATIONS = (
+    "a parameter that gets no gradient in a step (an unused branch) is stepped with the gradient "
+    "it got the last time it was used, its gradient partition not being cleared (torch AdamW "
+    "skips it); " + _DEEPSPEED_NO_SIMULATION
+)
 
 CARDS: tuple[StrategyCard, ...] = (
     StrategyCard(
@@ -126,5 +151,82 @@ CARDS: tuple[StrategyCard, ...] = (
         description="peer: FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3)",
         sharding=ZERO3,
         display=Display(order=41, color="#a1d99b", role="peer"),
+    ),
+    StrategyCard(
+        name="fairscale-zero1",
+        implementation="bench.strategies.fairscale_oss:FairScaleZero1Strategy",
+        description="peer: FairScale OSS (whole-parameter partition) + DDP",
+        sharding=Sharding(optimizer_state=True, whole_parameters=True),
+        display=Display(order=22, color="#c6dbef", role="peer"),
+        simulatable=False,
+        requires=("fairscale",),
+        extra="peers",
+    ),
+    StrategyCard(
+        name="fairscale-zero2",
+        implementation="bench.strategies.fairscale_oss:FairScaleZero2Strategy",
+        description=(
+            "peer: FairScale OSS + ShardedDataParallel, the implementation behind Lightning's "
+            "ddp_sharded and its 2x claim (gradients reduced to their owner)"
+        ),
+        sharding=Sharding(optimizer_state=True, gradients=True, whole_parameters=True),
+        display=Display(order=32, color="#fdd0a2", role="peer"),
+        simulatable=False,
+        requires=("fairscale",),
+        extra="peers",
+        deviations=(
+            "reduce_buffer_size=0 (one reduce per parameter): with FairScale 0.4.13's reduce "
+            "buckets on this torch the reduced gradients are wrong (parameters off by ~9e-4 after "
+            "4 steps at N=2 on gloo), without them they match single-process AdamW"
+        ),
+    ),
+    StrategyCard(
+        name="fairscale-zero3",
+        implementation="bench.strategies.fairscale_fsdp:FairScaleZero3Strategy",
+        description="peer: FairScale FullyShardedDataParallel (ZeRO-3, per-block wrap)",
+        sharding=ZERO3,
+        display=Display(order=42, color="#c7e9c0", role="peer"),
+        simulatable=False,
+        requires=("fairscale",),
+        extra="peers",
+        cuda_only=True,
+        deviations=(
+            "CUDA only: FairScale's FullyShardedDataParallel initialises CUDA when it wraps a "
+            "model, so it does not run on CPU ranks; a frozen parameter beside trainable ones in "
+            "one wrapped unit is refused by its flattening, so parameters are not flattened"
+        ),
+    ),
+    StrategyCard(
+        name="deepspeed-zero1",
+        implementation="bench.strategies.deepspeed_zero:DeepSpeedZero1Strategy",
+        description="peer: DeepSpeed engine, zero_optimization stage 1",
+        sharding=ZERO1,
+        display=Display(order=23, color="#deebf7", role="peer"),
+        simulatable=False,
+        requires=("deepspeed",),
+        extra="peers",
+        deviations=DEEPSPEED_DEVIATIONS,
+    ),
+    StrategyCard(
+        name="deepspeed-zero2",
+        implementation="bench.strategies.deepspeed_zero:DeepSpeedZero2Strategy",
+        description="peer: DeepSpeed engine, zero_optimization stage 2",
+        sharding=ZERO2,
+        display=Display(order=33, color="#feedde", role="peer"),
+        simulatable=False,
+        requires=("deepspeed",),
+        extra="peers",
+        deviations=DEEPSPEED_DEVIATIONS,
+    ),
+    StrategyCard(
+        name="deepspeed-zero3",
+        implementation="bench.strategies.deepspeed_zero:DeepSpeedZero3Strategy",
+        description="peer: DeepSpeed engine, zero_optimization stage 3",
+        sharding=ZERO3,
+        display=Display(order=43, color="#e5f5e0", role="peer"),
+        simulatable=False,
+        requires=("deepspeed",),
+        extra="peers",
+        deviations=DEEPSPEED_ZERO3_DEVIATIONS,
     ),
 )

@@ -8,6 +8,7 @@ strategy has (an old record) is the report's to render with a fallback, not an e
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING
 
 from bench.strategies.catalog import CARDS, Display, StrategyCard
@@ -39,6 +40,27 @@ def strategy_card(name: str) -> StrategyCard:
 
 def strategy_cards() -> list[StrategyCard]:
     return list(_CARDS.values())
+
+
+def missing_packages(name: str) -> list[str]:
+    """The packages ``name`` needs that are not installed (found without importing them)."""
+    return [m for m in strategy_card(name).requires if importlib.util.find_spec(m) is None]
+
+
+def check_runnable(name: str, device: str) -> None:
+    """``ValueError`` in one line when ``name`` cannot run here: a package of its extra is not
+    installed, or it runs only on CUDA and the cell is not."""
+    card = strategy_card(name)
+    if missing := missing_packages(name):
+        raise ValueError(
+            f"strategy {card.name!r} needs {', '.join(missing)}, which is not installed: install the "
+            f"{card.extra!r} extra (bash scripts/setup.sh does, or pip install 'shardbench[{card.extra}]')"
+        )
+    if card.cuda_only and device != "cuda":
+        raise ValueError(
+            f"strategy {card.name!r} runs only with --device cuda; allowed on {device}: "
+            + ", ".join(c.name for c in CARDS if not c.cuda_only)
+        )
 
 
 def strategy_class(name: str) -> type[Strategy]:

@@ -1,0 +1,211 @@
+"""The DeepSpeed peers: ``deepspeed-zero1``, ``-zero2`` and ``-zero3``, DeepSpeed's engine with
+``zero_optimization.stage`` set, over the workload's own ``torch.optim.AdamW`` (the same
+optimizer math as every other strategy; ``zero_allow_untested_optimizer``).
+
+Configured as DeepSpeed's ZeRO documentation recommends for speed: ``overlap_comm``,
+``contiguous_gradients`` and ``reduce_scatter`` on, its default 500M-element reduce and
+all-gather buckets (capped at the model's size: ``deepspeed_config``), and for stage 3 its
+default persistence threshold; bf16 runs
+through its ``bf16`` section (16-bit parameters over fp32 master partitions). Two of its
+defaults would change the math, so they are set: ``gradient_clipping`` is 0 (DeepSpeed clips to
+1.0 unless told; no other strategy here clips) and no learning-rate scheduler.
+
+The engine is the model the harness trains (its forward is the module's); a step is
+``engine.backward(loss)`` then ``engine.step()``, which clears gradients itself. It joins the
+process group the harness made (``deepspeed.init_distributed`` over an initialised group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from bench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
+
+#: DeepSpeed's own bucket defaults (elements), written out so every record states them
+BUCKET_ELEMENTS = 500_000_000
+#: DeepSpeed refuses a bucket that is not a multiple of its NCCL start alignment (2 elements);
+#: a model's size capped bucket is rounded up to it
+BUCKET_ALIGNMENT = 2
+
+
+def deepspeed_config(
+    stage: int, precision: str, micro_batch: int, num_params: int, clip: float = 0.0
+) -> dict[str, Any]:
+    """The engine's configuration for ``stage`` at ``precision`` for a model of ``num_params``
+    (see the module docstring). Buckets are DeepSpeed's default, capped at the model's size:
+    DeepSpeed allocates a reduce bucket's full size up front, so a 500M-element bucket would add
+    2 GB of fp32 to a model a thousandth of that, an artefact no user would keep; from 500M
+    parameters up the cap is DeepSpeed's default itself. A capped bucket is rounded up to
+    ``BUCKET_ALIGNMENT``."""
+    bucket = min(BUCKET_ELEMENTS, -(-max(1, num_params) // BUCKET_ALIGNMENT) * BUCKET_ALIGNMENT)
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": bucket,
+    }
+    if stage < 3:
+        zero |= {"reduce_scatter": True, "allgather_partitions": True, "allgather_bucket_size": bucket}
+    else:
+        zero |= {"stage3_prefetch_bucket_size": bucket}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": clip,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    return config
+
+
+class DeepSpeedZeroStrategy(Strategy):
+    """Shared set-up; a subclass only chooses the stage."""
+
+    stage: ClassVar[int]
+    #: the per-rank micro-batch the config must declare; DeepSpeed uses it only for its own
+    #: throughput logging (off here), the harness feeds each cell's batch
+    micro_batch = 1
+
+    def __init__(self) -> None:
+        self.engine: Any = None
+        self.config: dict[str, Any] | None = None
+
+    def settings(self) -> dict[str, Any]:
+        import deepspeed
+
+        config = self.config or deepspeed_config(self.stage, "fp32", self.micro_batch, BUCKET_ELEMENTS)
+        client = "torch.optim.AdamW (the workload's, passed to the engine)"
+        return {"deepspeed": deepspeed.__version__, "config": config, "optimizer": client}
+
+    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
+        return model, False  # the engine casts to bf16 itself (its bf16 section), no autocast
+
+    def model_state_precision(self, precision: str) -> str:
+        return precision
+
+    def setup(
+        self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        try:
+            import deepspeed
+        except ImportError as e:  # validation names the extra first; this is for direct use
+            raise RuntimeError("deepspeed is not installed: install shardbench's 'peers' extra") from e
+        os.environ.setdefault("LOCAL_RANK", str(ctx.rank))
+        deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo")
+        num_params = sum(p.numel() for p in model.parameters())
+        self.config = deepspeed_config(self.stage, ctx.precision, self.micro_batch, num_params)
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer_factory(model), config=self.config
+        )
+        self.engine = engine
+        return engine, optimizer
+
+    def train_step(self, model: nn.Module, optimizer: Any, inputs: Any, loss_fn: LossFn) -> torch.Tensor:
+        """DeepSpeed's own loop: the engine clears gradients in ``step``, so after a step the
+        model states a rank keeps (its gradient partitions) are still held, as for the others."""
+        loss = loss_fn(model, inputs)
+        model.backward(loss)
+        model.step()
+        return loss.detach()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's whole parameters and buffers, copied (stage 3 gathers its partitions)."""
+        from deepspeed.runtime.zero import GatheredParameters
+
+        module = self.engine.module
+        gathered = (
+            GatheredParameters(list(module.parameters())) if self.stage == 3 else contextlib.nullcontext()
+        )
+        with gathered:
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """The engine's flat buffers, by what they are (see ``_typed``)."""
+        if self.engine is None:
+            return {}
+        return _typed(self.engine.optimizer)
+
+    def teardown(self) -> None:
+        destroy = getattr(self.engine, "destroy", None)
+        if destroy is not None:
+            destroy()
+        self.engine = None
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+#: DeepSpeed optimizer attributes -> what they hold (stages 1-2: DeepSpeedZeroOptimizer; stage
+#: 3: DeepSpeedZeroOptimizer_Stage3). A name a version lacks is skipped.
+_ATTRIBUTES = {
+    "params": (
+        "bit16_groups_flat",  # 1-2: every parameter, flat (the module's parameters view it)
+        "fp16_partitioned_groups_flat",  # 3: this rank's parameter partitions
+    ),
+    "optimizer": (
+        "single_partition_of_fp32_groups",  # 1-2: fp32 master partitions
+        "fp32_partitioned_groups_flat",  # 3: fp32 master partitions
+    ),
+    "grads": (
+        "averaged_gradients",  # 1-2: this rank's reduced gradient partitions
+        "grads_in_partition",  # 2 with contiguous_gradients: the partition buffer
+        "grad_partitions_flat_buffer",  # 3: gradient partitions
+        "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
+    ),
+    "comm": (
+        "ipg_buffer",  # 1-2: the reduce bucket being filled in backward
+        "ipg_buckets",
+        "_DeepSpeedZeroOptimizer_Stage3__ipg_bucket_flat_buffer",
+    ),
+}
+
+
+def _typed(optimizer: Any) -> dict[str, list[torch.Tensor]]:
+    out: dict[str, list[torch.Tensor]] = {}
+    for category, names in _ATTRIBUTES.items():
+        found = [t for n in names for t in _tensors(getattr(optimizer, n, None))]
+        if category == "comm":
+            found += [t for b in _tensors_of_buckets(optimizer) for t in b]
+        if found:
+            out[category] = found
+    inner = getattr(optimizer, "optimizer", None)  # the client AdamW over the fp32 partitions
+    if isinstance(inner, torch.optim.Optimizer):
+        state = [t for st in inner.state.values() for t in st.values() if torch.is_tensor(t)]
+        out.setdefault("optimizer", []).extend(state)
+    return out
+
+
+def _tensors_of_buckets(optimizer: Any) -> list[list[torch.Tensor]]:
+    """The flat buffers inside DeepSpeed's IPG bucket objects (stages 1-2 keep them per dtype)."""
+    buckets = getattr(optimizer, "ipg_buckets", None)
+    if not isinstance(buckets, dict):
+        return []
+    return [_tensors(getattr(b, "buffer", None)) for b in buckets.values()]
+
+
+class DeepSpeedZero1Strategy(DeepSpeedZeroStrategy, card="deepspeed-zero1"):
+    stage = 1
+
+
+class DeepSpeedZero2Strategy(DeepSpeedZeroStrategy, card="deepspeed-zero2"):
+    stage = 2
+
+
+class DeepSpeedZero3Strategy(DeepSpeedZeroStrategy, card="deepspeed-zero3"):
+    stage = 3
