@@ -155,3 +155,14 @@ def test_a_long_tmpdir_does_not_break_the_fork_servers_socket(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert [r.status for r in read_records([out])] == ["ok"]
+
+
+def test_a_child_whose_launcher_already_left_exits_quietly(tmp_path) -> None:
+    """A signal that stops the launcher while a rank is starting removes the rank's log folder
+    first; the rank then exits without a traceback over the launcher's last line."""
+    script = (
+        "import sys; from bench.harness.launch import output_to_log; "
+        f"output_to_log({str(tmp_path / 'gone' / 'rank0.log')!r}); print('ran on')"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", "")

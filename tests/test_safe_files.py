@@ -65,6 +65,14 @@ def test_a_failed_write_leaves_the_old_baseline_whole(tmp_path: Path, monkeypatc
     assert sorted(p.name for p in old.parent.iterdir()) == ["x.jsonl", "x.jsonl.lock", "x.manifest.json"]
 
 
+def test_a_file_written_whole_gets_the_mode_of_any_new_file(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    whole = tmp_path / "whole.txt"
+    atomic_write_text(whole, "x")
+    assert whole.stat().st_mode == plain.stat().st_mode  # not mkstemp's private 0600
+
+
 def test_two_saves_at_once_never_mix(tmp_path: Path) -> None:
     root = tmp_path / "baselines"
     runs = [
@@ -207,6 +215,17 @@ def test_user_code_that_exits_is_an_error_not_success(factory: str, tmp_path: Pa
         (["--timeout", "1e308"], "timeout (seconds) must be at most"),
         (["--world-size", "2,,2"], "an empty item in '2,,2'"),
         (["--workload", "hf:GPT2LMHeadModel", "--model-config", "n_layer=2,n_layer=3"], "given twice"),
+        (
+            [
+                "--workload",
+                "hf:GPT2LMHeadModel",
+                "--model-config",
+                "n_layer=2",
+                "--model-config",
+                "n_layer=3",
+            ],
+            "given twice",
+        ),  # a repeated flag is merged, never silently dropped
     ],
 )
 def test_bad_flags_are_one_line_before_anything_runs(
@@ -263,3 +282,13 @@ def test_strict_refuses_a_bad_record(command: str, tmp_path: Path, capsys) -> No
     }[command]
     assert main([*argv, "--strict"]) == 2
     assert "records.jsonl:2: not a record (tags should be an object" in capsys.readouterr().err
+
+
+def test_resume_refuses_cells_that_are_not_the_runs(tmp_path: Path, capsys) -> None:
+    """Without the run's own suite and flags, --resume would append another run's cells to it."""
+    run = _run(tmp_path / "r", [_line(workload="transformer", preset="tiny", strategy="ddp")])
+    before = (run / "records.jsonl").read_text()
+    argv = ["run", "--resume", str(run), "--workload", "deepspeech2", "--preset", "tiny", "--strategy", "ddp"]
+    assert main(argv) == 2
+    assert "none of the 1 cells asked for is a cell of that run" in capsys.readouterr().err
+    assert (run / "records.jsonl").read_text() == before

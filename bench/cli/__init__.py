@@ -28,7 +28,7 @@ from bench.cli.run import add_run_parser, cmd_run, resolve_cells
 from bench.cli.trend import add_trend_parser, cmd_trend
 from bench.harness.guardian import NoPrivateDir
 
-__all__ = ["UsageError", "build_parser", "main", "resolve_cells"]
+__all__ = ["UsageError", "build_parser", "entry", "main", "resolve_cells"]
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -147,5 +147,17 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def entry() -> int:
+    """The installed command (and ``python -m bench.cli``): ``main``, then an exit that a late
+    Ctrl-C cannot turn into a traceback. Once the command has returned, its records and output
+    are written; a SIGINT arriving while the interpreter shuts down (torch unregisters its
+    operator libraries at exit) would otherwise print a KeyboardInterrupt traceback from an
+    exit handler. SIGTERM keeps its default, so a stuck exit can still be stopped."""
+    code = main()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

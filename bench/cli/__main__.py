@@ -2,7 +2,7 @@
 
 import sys
 
-from bench.cli import main
+from bench.cli import entry
 
 if __name__ == "__main__":  # not when a forkserver child re-imports the parent's main module
-    sys.exit(main())
+    sys.exit(entry())

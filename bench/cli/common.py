@@ -76,9 +76,11 @@ def add_model_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-config",
         metavar="KEY=VALUE,...",
+        action="append",
         help="your own workload's shape: for hf:<Arch>, overrides of the architecture's config class, "
         "e.g. hidden_size=2048,num_hidden_layers=16,num_attention_heads=16 (default: the class's "
-        "defaults); for a module:factory or file.py:factory, keyword arguments of the factory",
+        "defaults); for a module:factory or file.py:factory, keyword arguments of the factory. "
+        "Given more than once, the keys of all are used (a key given twice is refused)",
     )
     parser.add_argument("--seq-len", type=int, help="hf:<Arch> workloads: tokens per sample (default 128)")
 
@@ -106,7 +108,7 @@ def model_config_preset(args: argparse.Namespace, workloads: Sequence[str] | Non
     from models.presets.config_string import format_model_config, parse_model_config
 
     try:
-        values = parse_model_config(config or "")
+        values = parse_model_config(",".join(config or []))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if seq_len is not None:

@@ -258,6 +258,13 @@ def execute_run(
         raise UsageError(str(e)) from None
     cells = [with_drill_down_dir(c, out) for c in cells]
     skip = done_keys(out) if resume is not None else set()
+    recorded = done_keys(out, ok_only=False) if resume is not None else set()
+    if recorded and not {c.key() for c in cells} & recorded:
+        # a resume without the run's own suite and flags would append a different run to it
+        raise UsageError(
+            f"--resume {out}: none of the {len(cells)} cells asked for is a cell of that run "
+            f"({name!r}); give the same --suite and flags it was started with"
+        )
     if skip:
         print(
             f"resume: {len(skip & {c.key() for c in cells})} of {len(cells)} cells already ok in {out}; "

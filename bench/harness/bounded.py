@@ -122,10 +122,7 @@ def _child_main(
     """In the forked child: the checks the launcher would run, each step announced in the log."""
     os.setpgid(0, 0)
     launch._die_with_parent()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    launch.output_to_log(log_path)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.clear()
     os.environ.update(env)
@@ -136,7 +133,10 @@ def _child_main(
     try:
         from models.registry import get_workload
 
-        step(f"loading workload {name!r} (importing its module, or the transformers class)")
+        step(
+            f"loading workload {name!r} (importing its module and calling its factory, or the "
+            "transformers class)"
+        )
         workload = get_workload(name)
         step(f"reading the presets of {name!r}")
         chosen = preset or next(iter(workload.presets))

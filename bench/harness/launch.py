@@ -88,15 +88,26 @@ def _rank_context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
+def output_to_log(log_path: str) -> None:
+    """In a forked child: stdout and stderr to ``log_path``. A launcher interrupted while the
+    child was starting has already removed the log's directory; the child then has nothing to
+    run and nothing to report, so it exits quietly rather than print a traceback over the
+    launcher's own last line."""
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except FileNotFoundError:
+        os._exit(1)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _rank_main(argv: list[str], env: dict[str, str], log_path: str) -> None:
     """A rank, in its forked process: its own process group, killed with its parent, output to
     its log, the launcher's environment for it, then the worker."""
     os.setpgid(0, 0)
     _die_with_parent()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    output_to_log(log_path)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks where a hang is
     os.environ.clear()
     os.environ.update(env)

@@ -54,12 +54,13 @@ def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{secrets.token_hex(2)}"
 
 
-def done_keys(out_dir: Path) -> set[tuple]:
-    """Keys of the cells that already have an ``ok`` record in ``out_dir`` (for ``--resume``)."""
+def done_keys(out_dir: Path, *, ok_only: bool = True) -> set[tuple]:
+    """Keys of the cells that already have an ``ok`` record in ``out_dir`` (for ``--resume``);
+    with ``ok_only=False``, of every cell recorded there, whatever its status."""
     path = out_dir / "records.jsonl"
     if not path.exists():
         return set()
-    return {_record_key(r) for r in read_records([path]) if r.status == "ok"}
+    return {_record_key(r) for r in read_records([path]) if r.status == "ok" or not ok_only}
 
 
 def _record_key(r: Record) -> tuple:
