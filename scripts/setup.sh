@@ -18,5 +18,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # would fetch a second torch), so the build tools come first and nothing is isolated.
     pip setuptools wheel ninja
     pip --no-build-isolation -e '.[dev,peers]'
+    # DeepSpeed JIT-builds its CPU shared-memory comm op at first use (~30 s, then cached under
+    # ~/.cache/torch_extensions): built here, so a first test or cell does not pay for it.
+    .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null 2>&1 ||
+        echo "setup: DeepSpeed's CPU comm op did not build now; it will be built at first use" >&2
     echo "$want" > "$stamp"
 fi

@@ -102,3 +102,41 @@ def test_zero3_bf16_model_states_are_two_two_twelve_over_n() -> None:
     _assert_model_states_match(record)
     psi = record.params
     assert record.predicted_mem_bytes["params"] == -(-2 * psi // 8)
+
+
+def _bucket_bytes(record) -> int:
+    return record.strategy_settings["config"]["zero_optimization"]["reduce_bucket_size"] * 4  # fp32
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["fairscale-zero1", "fairscale-zero2", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"],
+)
+def test_a_peers_memory_is_typed_and_its_extras_named(strategy: str) -> None:
+    """Each peer's bytes land in their category, "other" holds only the prepared inputs, and what a
+    peer keeps beyond the ZeRO formula is exactly the buffer its documentation names."""
+    record = run_cell_here(_cell(strategy, 2))
+    assert record.status == "ok", record.error
+    peak, parts = record.peak_mem_bytes["max"], record.mem_breakdown_bytes
+    held, predicted = record.model_state_bytes, record.predicted_mem_bytes
+    assert sum(parts.values()) == peak
+    assert parts["other"] <= 0.02 * held["total"], parts
+    if strategy.startswith("fairscale"):  # OSS partitions whole parameters: a little uneven
+        assert held["total"] == pytest.approx(predicted["total"], rel=0.01)
+        return
+    psi = record.params
+    # DeepSpeed keeps an fp32 master partition beside AdamW's moments: 12 bytes a parameter / N
+    assert held["optimizer"] == pytest.approx(12 * psi / 2, rel=0.001)
+    if strategy == "deepspeed-zero3":
+        assert held["grads"] == pytest.approx(predicted["grads"], rel=0.001)
+        assert parts["comm"] == _bucket_bytes(record)  # its one IPG reduce bucket
+        estimate = record.strategy_settings["peer_estimate"]
+        largest = estimate["args"]["largest_layer_params"]
+        assert estimate["model_state_bytes"] == 4 * largest + int(18 * psi / 2)
+    else:
+        assert parts["comm"] == 2 * _bucket_bytes(record)  # two IPG buckets (overlap_comm)
+        assert held["grads"] == 0  # freed by its step
+    if strategy == "deepspeed-zero2":
+        assert record.strategy_settings["peer_estimate"]["model_state_bytes"] == 2 * psi + int(18 * psi / 2)
+    if strategy == "deepspeed-zero1":
+        assert "peer_estimate" not in record.strategy_settings  # DeepSpeed has no stage-1 estimator

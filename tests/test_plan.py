@@ -13,7 +13,14 @@ from bench.harness import runner
 from bench.harness.config import CellConfig
 from bench.harness.records import read_records
 from bench.studies import maxsize
-from bench.studies.plan import PLAN_STRATEGIES, planning_cells, recommend, rows_from, sharding_level
+from bench.studies.plan import (
+    PLAN_STRATEGIES,
+    UNPLANNED,
+    planning_cells,
+    recommend,
+    rows_from,
+    sharding_level,
+)
 from tests.cells import measured_once
 
 ARGS = ["--workload", "transformer", "--preset", "tiny", "--world-size", "2"]
@@ -48,7 +55,33 @@ def _cells(batch: int, strategies=PLAN_STRATEGIES) -> list[CellConfig]:
 
 
 def test_sharding_levels() -> None:
-    assert [sharding_level(s) for s in PLAN_STRATEGIES] == [0, 1, 1, 2, 2, 3, 3]
+    assert [sharding_level(s) for s in PLAN_STRATEGIES] == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+
+
+def test_a_peer_that_cannot_be_planned_keeps_its_row(in_process, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "plan"
+    argv = [
+        "plan",
+        *ARGS,
+        "--budget",
+        "1GiB",
+        "--strategy",
+        "ddp,deepspeed-zero2",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    rows = {r.strategy: r for r in rows_from(read_records([out]), 1 << 30, max_batch=False)}
+    assert rows["ddp"].record.status == "ok" and rows["ddp"].fits
+    peer = rows["deepspeed-zero2"]
+    assert peer.unplanned and not peer.fits and not peer.failed and peer.record.predicted_mem_bytes
+    printed = capsys.readouterr().out
+    assert "recommended: ddp" in printed
+    assert UNPLANNED in printed
+    written = (out / "plan.md").read_text()
+    assert f"{UNPLANNED}: deepspeed-zero2, measure with: shardbench run --workload transformer" in written
+    table = printed.split("\nreport: ")[0]
+    assert max(len(line) for line in table.splitlines()) <= 120
 
 
 def test_budget_between_ddp_and_zero2(in_process, tmp_path: Path, capsys) -> None:

@@ -50,12 +50,14 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
 
 
-def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], int]:
-    """Validated cells, one per strategy, and the budget in bytes (UsageError if anything is wrong)."""
+def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellConfig], int]:
+    """Validated cells, one per strategy that can be planned; the cells of those that cannot
+    (a peer measured only on real ranks: they get a row, not a run); the budget in bytes.
+    UsageError if anything is wrong."""
     from bench.harness.bounded import check_workload
     from bench.harness.validate import check_timeout, plan_cells
     from bench.studies.maxsize import parse_budget
-    from bench.studies.plan import planning_cells
+    from bench.studies.plan import plannable, planning_cells
     from models.registry import get_workload
 
     if (preset := model_config_preset(args, [args.workload])) is not None:
@@ -78,29 +80,33 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], int]:
             timeout_s=args.timeout,
             strategies=args.strategy,
         )
-        cells = plan_cells(cells)
+        unplanned = [c for c in cells if not plannable(c.strategy)]
+        cells = plan_cells([c for c in cells if plannable(c.strategy)]) if len(unplanned) < len(cells) else []
     except ValueError as e:
         raise UsageError(str(e)) from None
     require_cuda_if(args.device, planned=all(c.fake for c in cells))
-    return cells, budget
+    return cells, unplanned, budget
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    cells, budget = resolve_plan(args)
-    from bench.harness.records import read_records
+    cells, unplanned, budget = resolve_plan(args)
+    from bench.harness.records import append_record, read_records
     from bench.harness.runner import new_run_id, run_cells
     from bench.harness.validate import check_output_dir
     from bench.report.build import write_report
     from bench.report.tables import write_tables
     from bench.studies.maxsize import search
-    from bench.studies.plan import plan_markdown, print_plan, rows_from
+    from bench.studies.plan import plan_markdown, print_plan, rows_from, unplanned_record
 
     run_id = new_run_id("plan")
     out = args.out or DEFAULT_RUNS_DIR / run_id
     try:
-        check_output_dir(out, cells=len(cells))
+        check_output_dir(out, cells=len(cells) + len(unplanned))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    for cell in unplanned:
+        append_record(out / "records.jsonl", unplanned_record(cell, run_id=run_id))
     interrupted = None
     if args.max_batch:
         for cell in cells:
@@ -109,7 +115,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         interrupted = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}).interrupted
     records = [r for r in read_records([out]) if r.run_id == run_id]  # not an earlier plan's in --out
     rows = rows_from(records, budget, max_batch=args.max_batch)
-    first = cells[0]
+    first = (cells or unplanned)[0]
     mode = "fake" if first.fake else "simulated, real tensors"
     title = (
         f"plan: {first.workload} {first.preset}, N={first.world_size}, {first.precision}, "
@@ -127,4 +133,5 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if interrupted is not None:
         print(f"interrupted by {interrupted}: the plan covers the cells run before it", file=sys.stderr)
         return interrupted.exit_code
-    return 0 if rows and all(r.record.status in ("ok", "oom") for r in rows) else 1
+    planned = [r for r in rows if not r.unplanned]
+    return 0 if planned and all(r.record.status in ("ok", "oom") for r in planned) else 1

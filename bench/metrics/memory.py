@@ -86,7 +86,25 @@ class _GlobalPeakTracker:
                         self._peak_mem_snap[dev] = deepcopy(dev_snap)
                         self.peak_comm[dev] = comm_bytes(self, dev)
 
-            methods = {"_update_peak_stats": _update_peak_stats}
+            def _update_and_maybe_create_winfos(
+                self: Any, t: torch.Tensor, reftype: Any, update_existing: bool = False
+            ) -> Any:
+                # a registered comm buffer stays "Other" (then comm): a library that makes its
+                # parameters' .grad views of its reduce bucket (DeepSpeed's contiguous gradients)
+                # would otherwise have the tracker's gradient hook retype the whole bucket
+                comm = getattr(self, "comm_storages", None)
+                if comm and str(getattr(reftype, "value", reftype)) == "Gradient":
+                    from torch.distributed._tools.common_utils import get_untyped_storages
+                    from torch.distributed._tools.mem_tracker import _MemRefType
+
+                    if any(st in comm for st in get_untyped_storages(t)):
+                        reftype = _MemRefType.OTH
+                return base._update_and_maybe_create_winfos(self, t, reftype, update_existing)
+
+            methods = {
+                "_update_peak_stats": _update_peak_stats,
+                "_update_and_maybe_create_winfos": _update_and_maybe_create_winfos,
+            }
             cls._cache[base] = type("GlobalPeakMemTracker", (base,), methods)
         return cls._cache[base]
 
@@ -149,13 +167,19 @@ class MemoryProbe:
         uses its internal re-typing, which is what its own gradient hooks call."""
         if category not in CATEGORIES:
             raise ValueError(f"unknown memory category {category!r}; allowed: {', '.join(CATEGORIES)}")
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
         if category in ("other", "comm"):
-            self._tracker.track_external(*tensors)
             if category == "comm":
                 for t in tensors:
                     self._tracker.comm_storages[t.untyped_storage()] = t.device
+            self._tracker.track_external(*tensors)
+            if category == "comm" and (
+                retype := getattr(self._tracker, "_update_and_maybe_create_winfos", None)
+            ):
+                for t in tensors:  # already seen as a gradient (a .grad viewing it): "Other" again
+                    retype(t, _MemRefType.OTH)
             return
-        from torch.distributed._tools.mem_tracker import _MemRefType
 
         reftype = {
             "params": _MemRefType.PARAM,

@@ -27,7 +27,8 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     Merged runs get a leading ``run_id`` column (two runs may measure the same cell; the row must
     say which); a ``fake`` column appears once any record was planned under FakeTensorMode, and
     an ``AC`` column once any record ran with activation checkpointing (its activations are
-    recomputed, so its memory and time are not the plain cell's).
+    recomputed, so its memory and time are not the plain cell's), and ``peer_estimate_MiB`` once
+    any record carries a peer's own estimate of its model states (DeepSpeed's estimators).
     """
     from bench.metrics.exposed import exposed_comm
     from bench.report.chartdata import reading_order
@@ -36,7 +37,12 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     exposed = exposed_comm(records)  # the charts' order: one order for legend and rows
     rows = []
     several_runs = len({r.run_id for r in records}) > 1
-    optional = {"fake": any(r.fake for r in records), "AC": any(r.activation_checkpointing for r in records)}
+    optional = {
+        "fake": any(r.fake for r in records),
+        "AC": any(r.activation_checkpointing for r in records),
+        "peer_estimate_MiB": any(_peer_estimate(r) for r in records),
+        "model_state_vs_peer_estimate": any(_peer_estimate(r) for r in records),
+    }
     for r in records:
         bd = r.mem_breakdown_bytes or {}
         held = r.model_state_bytes or {}
@@ -82,6 +88,11 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "exposed_comm_trace": (r.comm_overlap or {}).get("exposed_fraction"),
                 "pred_model_state_MiB": _mib(predicted),
                 "model_state_vs_pred": (model_state / predicted) if model_state and predicted else None,
+                # a peer's own estimate of the same model states (DeepSpeed's estimators)
+                "peer_estimate_MiB": _mib(estimate := _peer_estimate(r)),
+                "model_state_vs_peer_estimate": (model_state / estimate)
+                if model_state and estimate
+                else None,
                 "note": _note(r),
             }
         )
@@ -89,6 +100,13 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     unused = [column for column, shown in optional.items() if not shown]
     return frame if frame.empty else frame.drop(columns=unused)
+
+
+def _peer_estimate(r: Record) -> int | None:
+    """The model-state bytes a peer's own estimator gives for the cell (``peer_estimate`` in its
+    settings: DeepSpeed's), if it has one."""
+    estimate = r.strategy_settings.get("peer_estimate") if isinstance(r.strategy_settings, dict) else None
+    return estimate.get("model_state_bytes") if isinstance(estimate, dict) else None
 
 
 def _model_state(r: Record) -> int | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -67,6 +68,38 @@ def deepspeed_config(
     return config
 
 
+def deepspeed_estimate(stage: int, model: nn.Module, world_size: int) -> dict[str, Any] | None:
+    """DeepSpeed's own estimate of the model states one device holds, for ``model`` over
+    ``world_size`` devices on one node without offload: ``estimate_zero2_model_states_mem_needs``
+    (stage 2) or ``estimate_zero3_model_states_mem_needs`` (stage 3, ``zero_init`` on, its
+    default). DeepSpeed has no stage-1 estimator: None. Its formulas assume 16-bit parameters
+    and gradients over fp32 master weights and Adam moments (2 + 18/N bytes a parameter at
+    stage 2) whatever precision the run trains in; the record says so beside the figure."""
+    if stage not in (2, 3):
+        return None
+    from deepspeed.runtime.zero import stage3, stage_1_and_2
+
+    # as DeepSpeed's own *_all_live helpers count them: a tied weight once, and the largest
+    # layer as the most parameters one module holds directly
+    total = sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    common = {"num_gpus_per_node": world_size, "num_nodes": 1, "cpu_offload": False}
+    if stage == 2:
+        function = "estimate_zero2_model_states_mem_needs"
+        _, gpu = stage_1_and_2.estimate_zero2_model_states_mem_needs(total, **common)
+        args: dict[str, Any] = {"total_params": total, **common}
+    else:
+        function = "estimate_zero3_model_states_mem_needs"
+        _, gpu, _ = stage3.estimate_zero3_model_states_mem_needs(total, largest, **common)
+        args = {"total_params": total, "largest_layer_params": largest, **common}
+    return {
+        "by": f"deepspeed.runtime.zero.{function}",
+        "args": args,
+        "model_state_bytes": int(gpu),
+        "assumes": "16-bit parameters and gradients, fp32 master weights and Adam moments",
+    }
+
+
 class DeepSpeedZeroStrategy(Strategy):
     """Shared set-up; a subclass only chooses the stage."""
 
@@ -78,13 +111,18 @@ class DeepSpeedZeroStrategy(Strategy):
     def __init__(self) -> None:
         self.engine: Any = None
         self.config: dict[str, Any] | None = None
+        self.estimate: dict[str, Any] | None = None
+        self._unwrapped: dict[str, Any] = {}
 
     def settings(self) -> dict[str, Any]:
         import deepspeed
 
         config = self.config or deepspeed_config(self.stage, "fp32", self.micro_batch, BUCKET_ELEMENTS)
         client = "torch.optim.AdamW (the workload's, passed to the engine)"
-        return {"deepspeed": deepspeed.__version__, "config": config, "optimizer": client}
+        settings = {"deepspeed": deepspeed.__version__, "config": config, "optimizer": client}
+        if self.estimate is not None:
+            settings["peer_estimate"] = self.estimate
+        return settings
 
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
         return model, False  # the engine casts to bf16 itself (its bf16 section), no autocast
@@ -103,6 +141,7 @@ class DeepSpeedZeroStrategy(Strategy):
         deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo")
         num_params = sum(p.numel() for p in model.parameters())
         self.config = deepspeed_config(self.stage, ctx.precision, self.micro_batch, num_params)
+        self.estimate = deepspeed_estimate(self.stage, model, ctx.world_size)
         engine, optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer_factory(model), config=self.config
         )
@@ -132,7 +171,35 @@ class DeepSpeedZeroStrategy(Strategy):
         """The engine's flat buffers, by what they are (see ``_typed``)."""
         if self.engine is None:
             return {}
-        return _typed(self.engine.optimizer)
+        return _typed(self.engine.optimizer, self.engine.module)
+
+    def observe_memory(self, observer: Callable[[torch.Tensor, str], None] | None) -> None:
+        """Type the buffers DeepSpeed allocates during a step as it allocates them: stages 1-2
+        make their two IPG reduce buckets at the start of each backward (``setup_buckets``;
+        two because of ``overlap_comm``) and the gradient partition at the first reduction
+        (``copy_grads_in_partition``), then free them in ``step``. Each of those methods is
+        wrapped for the measured steps, and what the optimizer holds is typed after it runs."""
+        optimizer = getattr(self.engine, "optimizer", None)
+        for name, original in self._unwrapped.items():  # the previous observer's wrappers off
+            setattr(optimizer, name, original)
+        self._unwrapped = {}
+        if observer is None or optimizer is None:
+            return
+        module = self.engine.module
+        for name in _ALLOCATING_METHODS:
+            original = getattr(optimizer, name, None)
+            if original is None:
+                continue
+
+            def typed_after(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                out = _original(*args, **kwargs)
+                for category, tensors in _typed(optimizer, module).items():
+                    for t in tensors:
+                        observer(t, category)
+                return out
+
+            self._unwrapped[name] = original
+            setattr(optimizer, name, typed_after)
 
     def teardown(self) -> None:
         destroy = getattr(self.engine, "destroy", None)
@@ -176,12 +243,26 @@ _ATTRIBUTES = {
 }
 
 
-def _typed(optimizer: Any) -> dict[str, list[torch.Tensor]]:
+#: DeepSpeed optimizer methods after which it holds a buffer it allocated during the step
+_ALLOCATING_METHODS = (
+    "setup_buckets",
+    "copy_grads_in_partition",
+    "reduce_ipg_grads",
+    "independent_gradient_partition_epilogue",
+    "step",  # stage 3 re-gathers its persistent parameters into fresh storage
+)
+
+
+def _typed(optimizer: Any, module: nn.Module | None = None) -> dict[str, list[torch.Tensor]]:
     out: dict[str, list[torch.Tensor]] = {}
     for category, names in _ATTRIBUTES.items():
         found = [t for n in names for t in _tensors(getattr(optimizer, n, None))]
         if category == "comm":
             found += [t for b in _tensors_of_buckets(optimizer) for t in b]
+        if category == "params" and module is not None:
+            # stage 3 keeps parameters below its persistence threshold whole on every rank,
+            # re-gathered into fresh storage: parameters, not activations
+            found += [p.data for p in module.parameters() if getattr(p, "ds_persist", False)]
         if found:
             out[category] = found
     inner = getattr(optimizer, "optimizer", None)  # the client AdamW over the fp32 partitions

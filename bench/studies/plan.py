@@ -10,7 +10,9 @@ breakdown, whether it fits the budget and the headroom left.
 The recommendation is the *least sharding that fits*: sharding more than needed costs
 communication (ZeRO-3 gathers the parameters twice a step) for memory the run does not need.
 Strategies are ranked by what they shard (nothing; optimizer state; + gradients;
-+ parameters); within a rank the one with the most headroom is recommended. Where cells ran for
++ parameters); within a rank the one with the most headroom is recommended. A peer that cannot
+be a simulated rank (DeepSpeed and FairScale run their own communication) keeps its row, marked
+"measured only on real ranks", with the command that measures it; it is never recommended. Where cells ran for
 real (not ``--fake``), their step time is shown against ddp's with the noise rule ``compare``
 uses; a simulated world has no communication, so it is a compute-only time.
 """
@@ -26,7 +28,24 @@ from bench.report.tables import markdown_table
 from bench.studies.compare_rules import step_time_noise
 
 #: every strategy a user would choose between, least sharding first
-PLAN_STRATEGIES = ("ddp", "zero1", "torch-zero1", "zero2", "fsdp2-zero2", "zero3", "fsdp2-zero3")
+PLAN_STRATEGIES = (
+    "ddp",
+    "zero1",
+    "torch-zero1",
+    "fairscale-zero1",
+    "deepspeed-zero1",
+    "zero2",
+    "fsdp2-zero2",
+    "fairscale-zero2",
+    "deepspeed-zero2",
+    "zero3",
+    "fsdp2-zero3",
+    "fairscale-zero3",
+    "deepspeed-zero3",
+)
+#: the fits column of a strategy that cannot be planned (a peer whose library runs its own
+#: communication cannot be a simulated rank): it keeps its row, so it is never silently dropped
+UNPLANNED = "measured only on real ranks"
 #: what each sharding level adds, for the table
 LEVELS = ("none", "optim", "+grads", "+params")
 GIB, MIB = 1 << 30, 1 << 20
@@ -76,6 +95,60 @@ def planning_cells(
     ]
 
 
+def plannable(strategy: str) -> bool:
+    """Whether ``strategy`` can be a simulated rank (the card's ``simulatable``)."""
+    from bench.strategies.registry import strategy_card
+
+    return strategy_card(strategy).simulatable
+
+
+def unplanned_record(cell: CellConfig, *, run_id: str) -> Record:
+    """The plan's record of a strategy that cannot be planned: status "skipped", the predicted
+    model states of its declared sharding, and in its note the command that measures it."""
+    from bench.harness.records import capture_env
+    from bench.harness.result import predict, workload_params
+
+    params = workload_params(cell)
+    record = Record(
+        run_id=run_id,
+        suite=cell.suite,
+        workload=cell.workload,
+        preset=cell.preset,
+        params=params,
+        strategy=cell.strategy,
+        world_size=cell.world_size,
+        requested_world_size=cell.world_size,
+        simulated=False,
+        fake=cell.fake,
+        activation_checkpointing=cell.activation_checkpointing,
+        backend="none",
+        device=cell.device,
+        precision=cell.precision,
+        batch_size_per_rank=cell.batch_size,
+        steps=0,
+        warmup=0,
+        status="skipped",
+        predicted_mem_bytes=predict(cell, cell.world_size, params),
+        env=capture_env(cell.device),
+    )
+    record.note = (
+        f"{UNPLANNED}: its library runs its own communication, so it cannot be a simulated rank; "
+        f"measure it with: {measure_command(record, [cell.strategy])}"
+    )
+    return record
+
+
+def measure_command(record: Record, strategies: Sequence[str]) -> str:
+    """The ``shardbench run`` that measures ``strategies`` on real ranks at ``record``'s cell."""
+    n = record.world_size
+    flags = " --activation-checkpointing" if record.activation_checkpointing else ""
+    return (
+        f"shardbench run --workload {record.workload} --preset {record.preset} --strategy "
+        f"{','.join(strategies)} --world-size {n} --precision {record.precision} --batch-size "
+        f"{record.batch_size_per_rank}{flags} (on {n} real ranks: --device cuda for {n} GPUs)"
+    )
+
+
 @dataclass(frozen=True)
 class PlanRow:
     """One strategy's answer: the record of the cell planned (with ``--max-batch``: of the
@@ -95,13 +168,18 @@ class PlanRow:
         return (self.record.peak_mem_bytes or {}).get("max")
 
     @property
+    def unplanned(self) -> bool:
+        """A strategy that cannot be planned (``UNPLANNED``): no cell ran."""
+        return self.record.status == "skipped"
+
+    @property
     def failed(self) -> bool:
         """The cell (or search) ended in an error or a timeout: neither a fit nor a non-fit."""
-        return self.record.status not in ("ok", "oom")
+        return self.record.status not in ("ok", "oom", "skipped")
 
     @property
     def fits(self) -> bool:
-        if self.failed:
+        if self.failed or self.unplanned:
             return False
         if self.max_batch is not None:
             return self.max_batch >= 1
@@ -116,7 +194,9 @@ def rows_from(records: Sequence[Record], budget: int, *, max_batch: bool) -> lis
     """The plan's rows from a plan run's records, in ``PLAN_STRATEGIES`` order."""
     rows = []
     for r in records:
-        if max_batch and r.suite == "max-size" and r.max_size:
+        if r.status == "skipped" and r.suite == "plan":
+            rows.append(PlanRow(r.strategy, r, budget))
+        elif max_batch and r.suite == "max-size" and r.max_size:
             fit = r.max_size.get("largest_fit")
             rows.append(PlanRow(r.strategy, r, budget, max_batch=fit["batch_size"] if fit else 0))
         elif not max_batch and r.suite == "plan":
@@ -161,13 +241,15 @@ def table(rows: Sequence[PlanRow], budget: int) -> tuple[list[str], list[list[st
     out = []
     for r in rows:
         parts = r.record.mem_breakdown_bytes or {}
-        if r.failed:
+        if r.unplanned:
+            fits = UNPLANNED
+        elif r.failed:
             fits = f"{r.record.status}: {first_line(r.record.error, 40)}"
         else:
             fits = "yes" if r.fits else "no"
         line = [r.strategy, LEVELS[r.level], _size(r.peak, unit)]
         line += [
-            _size(parts.get(c, 0), unit)
+            _size(None if r.unplanned else parts.get(c, 0), unit)
             for c in ("params", "grads", "optimizer", "activations", "comm", "other")
         ]
         line += [fits, _size(r.headroom, unit)] + ([str(r.max_batch)] if searched else [])
@@ -188,8 +270,17 @@ def verdict(rows: Sequence[PlanRow], budget: int, *, batch: int | None) -> str:
     best = recommend(rows)
     failed = [r.strategy for r in rows if r.failed]
     broken = f" ({len(failed)} failed to run: {', '.join(failed)}; see the table)" if failed else ""
-    if best is None and len(failed) == len(rows):
-        return f"no plan: every strategy failed to run ({', '.join(failed)}); see the table"
+    unplanned = [r for r in rows if r.unplanned]
+    if unplanned:
+        broken += (
+            f"; {UNPLANNED}: {', '.join(r.strategy for r in unplanned)}, measure with: "
+            + measure_command(unplanned[0].record, [r.strategy for r in unplanned])
+        )
+    planned = [r for r in rows if not r.unplanned]
+    if best is None and not planned:
+        return f"no plan: none of the strategies asked for can be planned{broken}"
+    if best is None and len(failed) == len(planned):
+        return f"no plan: every strategy failed to run ({', '.join(failed)}); see the table{broken}"
     if best is None:
         measured = [r for r in rows if r.peak is not None and not r.failed]
         lowest = min(measured, key=lambda r: r.peak or 0, default=None)
