@@ -200,3 +200,34 @@ def test_the_size_test_is_decided_on_the_brackets(fits, fails, decided) -> None:
     holds, text = res.verdict(8)
     assert holds is (decided is True)
     assert ("undecided at this resolution" in text) is (decided is None)
+
+
+def test_a_peer_on_real_ranks_gets_its_own_verdict_line(tmp_path: Path, monkeypatch) -> None:
+    """--peers on a spec with real ranks: FairScale's OSS + ShardedDataParallel (the claim's own
+    implementation) is measured on them beside ddp and zero2 at the same N, with a verdict line
+    of its own, rebuilt the same from the records."""
+    spec = replace(
+        SPECS["tiny"],
+        workloads=(ClaimWorkload("transformer", "tiny", 2, ladder=("tiny",)),),
+        activation_checkpointing=(False,),
+        further=(),
+        timing_world_size=2,
+        real_peers=("fairscale-zero2",),
+    )
+    monkeypatch.setattr(claim, "run_cell", run_cell_here)
+    monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
+    out = tmp_path / "claim"
+    report, results = claim.claim(spec, out_dir=out)
+    text = report.read_text()
+    peer_lines = [line for line in text.splitlines() if line.startswith("  - fairscale-zero2 (")]
+    assert len(peer_lines) == 1 and "Lightning's ddp_sharded" in peer_lines[0]
+    assert re.search(
+        r": (HOLDS|DOES NOT HOLD) - peak = \d\.\d\dx ddp at real N=2 \(ours, zero2: ", peer_lines[0]
+    )
+    assert "ZeRO-2's model states are at best 0.6" in peer_lines[0]  # (4 + 12/2) / 16 at N=2
+    assert "## Peers on real ranks" in text
+    (res,) = results
+    assert set(res.real_memory) == {"ddp", "zero2", "fairscale-zero2"}
+    assert all(r.status == "ok" and r.world_size == 2 and not r.simulated for r in res.real_memory.values())
+    (rebuilt,) = results_from_records(spec, read_records([out]))
+    assert rebuilt.peer_verdicts() == res.peer_verdicts() and set(rebuilt.timing) == {"ddp", "zero2"}

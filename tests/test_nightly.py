@@ -132,6 +132,8 @@ def test_the_shipped_nightly_suites_plan() -> None:
     timed = [c for c in cells if not c.simulate]
     assert timed and all(c.steps >= 5 for c in timed) and {c.repeat for c in timed} == {0, 1}
     assert all(c.world_size == 8 for c in cells if c.simulate)
+    peers = {"fairscale-zero1", "fairscale-zero2", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"}
+    assert peers <= {c.strategy for c in timed} and not peers & {c.strategy for c in cells if c.simulate}
     resolve_searches(cpu)
     gpu = load_suite("nightly-gpu")
     assert gpu.device == "cuda" and gpu.cells() and len(gpu.max_size) == 1

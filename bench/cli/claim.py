@@ -55,7 +55,9 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--peers",
         action="store_true",
-        help="also measure torch-zero1 and fsdp2-zero2 memory (on by default for cuda)",
+        help="also measure the peers: torch-zero1 and fsdp2-zero2 at the simulated N (on by default "
+        "for cuda), and where the spec has real ranks, fairscale-zero2 (OSS + ShardedDataParallel, "
+        "Lightning's ddp_sharded) and deepspeed-zero2 on them, beside ddp and zero2 at that N",
     )
     c.add_argument("--out", type=Path, help="report directory (default results/claim/<spec>)")
     c.add_argument(
@@ -77,6 +79,23 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
+#: peers a simulated rank can stand for, and those measured on real ranks (the 'peers' extra)
+SIMULATED_PEERS = ("torch-zero1", "fsdp2-zero2")
+REAL_PEERS = ("fairscale-zero2", "deepspeed-zero2")
+
+
+def real_peers(spec: ClaimSpec) -> tuple[str, ...]:
+    """The real-rank peers of ``--peers`` for ``spec``: none where it has no real ranks (one GPU);
+    ValueError in one line where one is not installed."""
+    from bench.strategies.registry import check_runnable
+
+    if not spec.timing_world_size:
+        return ()
+    for name in REAL_PEERS:
+        check_runnable(name, spec.device)
+    return REAL_PEERS
+
+
 def cmd_claim(args: argparse.Namespace) -> int:
     from bench.studies.claim import claim
     from bench.studies.claim_specs import SPECS
@@ -90,7 +109,7 @@ def cmd_claim(args: argparse.Namespace) -> int:
             parse_budget(args.budget)
             spec = replace(spec, budget=args.budget)
         if args.peers:
-            spec = replace(spec, peers=("torch-zero1", "fsdp2-zero2"))
+            spec = replace(spec, peers=SIMULATED_PEERS, real_peers=real_peers(spec))
         if args.world_size is not None:
             if args.world_size < 2:
                 raise ValueError(f"world size must be >= 2 to shard anything, got {args.world_size}")

@@ -93,7 +93,7 @@ class _GlobalPeakTracker:
                 # parameters' .grad views of its reduce bucket (DeepSpeed's contiguous gradients)
                 # would otherwise have the tracker's gradient hook retype the whole bucket
                 comm = getattr(self, "comm_storages", None)
-                if comm and str(getattr(reftype, "value", reftype)) == "Gradient":
+                if comm and t is not None and str(getattr(reftype, "value", reftype)) == "Gradient":
                     from torch.distributed._tools.common_utils import get_untyped_storages
                     from torch.distributed._tools.mem_tracker import _MemRefType
 

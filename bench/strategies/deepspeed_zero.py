@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from bench.metrics.analytic import Communication
 from bench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
 
 #: DeepSpeed's own bucket defaults (elements), written out so every record states them
@@ -123,6 +124,25 @@ class DeepSpeedZeroStrategy(Strategy):
         if self.estimate is not None:
             settings["peer_estimate"] = self.estimate
         return settings
+
+    def communication(self, precision: str, backend: str) -> Communication:
+        """Stages 1-2: the gradients all-reduced in buckets (DeepSpeed's ``reduce_scatter``
+        path reduces each bucket with one all-reduce, its default multi-rank bucket all-reduce),
+        then the updated partitions all-gathered. Stage 3: each parameter gathered in forward
+        and again in backward, the gradients reduce-scattered. 16-bit in bf16 (its bf16 section
+        keeps 16-bit parameters and gradients), else fp32."""
+        size = 2 if precision == "bf16" else 4
+        if self.stage == 3:
+            return Communication(
+                gradients="reduce_scatter",
+                gradient_bytes=size,
+                parameters="all_gather",
+                parameter_bytes=size,
+                gathers=2,
+            )
+        return Communication(
+            gradients="all_reduce", gradient_bytes=size, parameters="all_gather", parameter_bytes=size
+        )
 
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
         return model, False  # the engine casts to bf16 itself (its bf16 section), no autocast

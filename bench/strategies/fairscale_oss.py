@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from bench.metrics.analytic import Communication
 from bench.strategies.base import OptimizerFactory, RankContext, Strategy
 from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 
@@ -41,6 +42,16 @@ def sharded_optimizer(model: nn.Module, optimizer_factory: OptimizerFactory, ctx
     return OSS(groups, optim=type(template), group=ctx.process_group, **defaults)
 
 
+#: how OSS is configured: its defaults, which its documentation recommends. Its "broadcast
+#: buckets" are per-owner flat buffers the parameters are views of (``broadcast_buffer_size`` is
+#: deprecated and unused in 0.4.13); ``broadcast_fp16`` stays off, as its docs advise without AMP
+OSS_SETTINGS = {
+    "optim": "torch.optim.AdamW (the workload's hyperparameters)",
+    "broadcast_buckets": "one flat buffer per owning rank (parameters are views of it)",
+    "broadcast_fp16": False,
+}
+
+
 class FairScaleOSSStrategy(Strategy):
     """Shared: the optimizer and what it holds; a subclass chooses the gradient reduction."""
 
@@ -48,6 +59,13 @@ class FairScaleOSSStrategy(Strategy):
 
     def __init__(self) -> None:
         self.optimizer: Any = None
+
+    def communication(self, precision: str, backend: str) -> Communication:
+        """Gradients all-reduced by DDP (zero1) or each reduced to the rank that owns it
+        (ShardedDataParallel), then each updated parameter broadcast from its owner; fp32
+        parameters (autocast), so 4 bytes an element either way."""
+        gradients = "reduce" if self.sharded_gradients else "all_reduce"
+        return Communication(gradients=gradients, gradient_bytes=4, parameters="broadcast", parameter_bytes=4)
 
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
         """OSS's inner optimizer holds the state of this rank's parameters (a torch Optimizer,
@@ -64,7 +82,7 @@ class FairScaleZero1Strategy(FairScaleOSSStrategy, card="fairscale-zero1"):
     def settings(self) -> dict[str, Any]:
         import fairscale
 
-        return {"fairscale": fairscale.__version__, "optimizer": "OSS(AdamW)", "ddp": dict(DDP_SETTINGS)}
+        return {"fairscale": fairscale.__version__, "optimizer": OSS_SETTINGS, "ddp": dict(DDP_SETTINGS)}
 
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
@@ -81,7 +99,7 @@ class FairScaleZero2Strategy(FairScaleOSSStrategy, card="fairscale-zero2"):
 
         return {
             "fairscale": fairscale.__version__,
-            "optimizer": "OSS(AdamW)",
+            "optimizer": OSS_SETTINGS,
             "sharded_ddp": {"reduce_buffer_size": REDUCE_BUFFER_SIZE, "broadcast_buffers": True},
         }
 

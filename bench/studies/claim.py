@@ -42,6 +42,55 @@ class WorkloadResult:
     memory: dict[str, Record] = field(default_factory=dict)  # strategy -> simulated-N record
     timing: dict[str, Record] = field(default_factory=dict)  # strategy -> timing record
     max_size: dict[str, Record] = field(default_factory=dict)  # strategy -> max-size summary
+    #: strategy -> memory record on real ranks (N = the spec's timing world size): the peers that
+    #: cannot be simulated, with ddp and zero2 at the same N to set them against
+    real_memory: dict[str, Record] = field(default_factory=dict)
+
+    def real_peak(self, strategy: str) -> int | None:
+        r = self.real_memory.get(strategy)
+        return (r.peak_mem_bytes or {}).get("max") if r is not None and r.status == "ok" else None
+
+    def real_peak_ratio(self, strategy: str) -> float | None:
+        peak, base = self.real_peak(strategy), self.real_peak(BASELINE)
+        return peak / base if peak and base else None
+
+    def peer_verdicts(self) -> list[tuple[str, bool | None, str]]:
+        """(peer, holds, text) for each peer measured on real ranks: its peak against DDP's at
+        the same N, ours beside it, what ZeRO-2's model states allow at that N, and where the
+        peer's peak differs most from ours."""
+        out = []
+        ours, base = self.real_memory.get(OURS), self.real_memory.get(BASELINE)
+        for peer, r in self.real_memory.items():
+            if peer in (BASELINE, OURS):
+                continue
+            n = r.world_size
+            ratio = self.real_peak_ratio(peer)
+            if ratio is None:
+                why = first_line(r.error, 100) if r.status != "ok" else "ddp's cell failed"
+                out.append((peer, None, f"not measured at real N={n}: {r.status}, {why}"))
+                continue
+            text = f"peak = {ratio:.2f}x ddp at real N={n}"
+            if (mine := self.real_peak_ratio(OURS)) is not None:
+                text += f" (ours, zero2: {mine:.2f}x)"
+            floor = _model_state_floor(r, base)
+            if floor is not None and floor > MEMORY_THRESHOLD:
+                text += (
+                    f"; at N={n} ZeRO-2's model states are at best {floor:.2f}x DDP's (their formula), "
+                    "so halving needs more ranks"
+                )
+            if (
+                ours is not None
+                and ours.status == "ok"
+                and r.mem_breakdown_bytes
+                and ours.mem_breakdown_bytes
+            ):
+                diff = {k: v - ours.mem_breakdown_bytes.get(k, 0) for k, v in r.mem_breakdown_bytes.items()}
+                top = max(diff, key=lambda k: abs(diff[k]))
+                if diff[top]:
+                    more = "more" if diff[top] > 0 else "less"
+                    text += f"; against ours its peak holds {abs(diff[top]) / 2**20:.0f} MiB {more} {top}"
+            out.append((peer, ratio <= MEMORY_THRESHOLD, text))
+        return out
 
     def peak(self, strategy: str) -> int | None:
         r = self.memory.get(strategy)
@@ -154,6 +203,15 @@ class WorkloadResult:
         return "; ".join(f"{r.strategy}: {r.status} {first_line(r.error, 80)}" for r in bad) or "no records"
 
 
+def _model_state_floor(peer: Record, base: Record | None) -> float | None:
+    """The ZeRO formula's model states of ``peer``'s sharding over DDP's at its N (both
+    predicted in their records): the lowest peak ratio the claim could measure if nothing but
+    model states were in memory."""
+    ours = (peer.predicted_mem_bytes or {}).get("total")
+    theirs = ((base.predicted_mem_bytes if base else None) or {}).get("total")
+    return ours / theirs if ours and theirs else None
+
+
 def _fmt(x: float | None) -> str:
     return "?" if x is None else f"{x:.2f}"
 
@@ -210,6 +268,10 @@ def run_claim(
                 res.timing[s] = record(_with(real, steps=spec.steps, track_memory=False), have.timing)
         else:
             res.timing = {s: res.memory[s] for s in (BASELINE, OURS)}
+        if spec.real_peers and spec.timing_world_size:
+            for s in (BASELINE, OURS, *spec.real_peers):
+                real = _with(base, strategy=s, world_size=spec.timing_world_size, simulate=False, steps=1)
+                res.real_memory[s] = record(real, have.real_memory)
         plannable = not get_workload(w.name).not_plannable and spec.device == "cpu"
         for s in (BASELINE, OURS, *spec.further):
             if (kept := have.max_size.get(s)) is not None and kept.status == "ok":
@@ -272,11 +334,14 @@ def write_claim_report(
     ]
     for r in results:
         holds, text = r.verdict(spec.world_size)
-        word = {True: "HOLDS", False: "DOES NOT HOLD", None: "NOT MEASURED"}[holds]
         w = r.workload
         ac = ", activation checkpointing" if w.activation_checkpointing else ""
-        lines.append(f"- **{w.label}** ({w.preset}, batch {w.batch_size}{ac}): {word} - {text}")
+        lines.append(f"- **{w.label}** ({w.preset}, batch {w.batch_size}{ac}): {_WORD[holds]} - {text}")
+        for peer, peer_holds, peer_text in r.peer_verdicts():
+            lines.append(f"  - {_PEER_LABELS.get(peer, peer)}: {_WORD[peer_holds]} - {peer_text}")
     lines += ["", "## Measurements", "", _table(spec, results), ""]
+    if any(r.real_memory for r in results):
+        lines += ["## Peers on real ranks", "", _PEERS_NOTE, "", _real_table(results), ""]
     lines += [
         "## How it was produced",
         "",
@@ -333,6 +398,45 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
                 _fmt(r.time_ratio()) + (" (within noise)" if r.time_noise() == "within noise" else ""),
             ]
         )
+    return markdown_table(head, rows)
+
+
+_WORD = {True: "HOLDS", False: "DOES NOT HOLD", None: "NOT MEASURED"}
+#: how a verdict line names a peer measured on real ranks
+_PEER_LABELS = {
+    "fairscale-zero2": "fairscale-zero2 (FairScale OSS + ShardedDataParallel: Lightning's ddp_sharded, "
+    "the implementation the claim was made for)",
+    "deepspeed-zero2": "deepspeed-zero2 (DeepSpeed ZeRO stage 2)",
+}
+_PEERS_NOTE = (
+    "DeepSpeed and FairScale run their own communication, so they cannot be a simulated rank: "
+    "they are measured on real ranks, beside ddp and our zero2 at the same N (memory tracked "
+    "over two steps after warm-up). Each has its verdict line under its workload's."
+)
+
+
+def _real_table(results: list[WorkloadResult]) -> str:
+    """Per workload and strategy measured on real ranks: peak, its ratio to ddp's, the model
+    states held after a step against the ZeRO formula."""
+    gib = 2**30
+    head = ["workload", "AC", "N", "strategy", "peak GiB", "/ddp peak", "model states / formula"]
+    rows = []
+    for r in results:
+        for s, rec in r.real_memory.items():
+            held = (rec.model_state_bytes or {}).get("total")
+            pred = (rec.predicted_mem_bytes or {}).get("total")
+            peak = r.real_peak(s)
+            rows.append(
+                [
+                    r.workload.name,
+                    "yes" if r.workload.activation_checkpointing else "no",
+                    str(rec.world_size),
+                    s,
+                    f"{peak / gib:.3f}" if peak else rec.status,
+                    _fmt(r.real_peak_ratio(s)),
+                    _fmt(held / pred if held and pred else None),
+                ]
+            )
     return markdown_table(head, rows)
 
 

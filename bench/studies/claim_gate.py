@@ -30,11 +30,17 @@ def results_from_records(spec: ClaimSpec, records: Sequence[Record]) -> list[Wor
             elif r.suite == f"claim-{spec.name}" and r.preset == w.preset and not r.fake:
                 if r.simulated and r.world_size == spec.world_size:
                     res.memory[r.strategy] = r
+                elif (
+                    not r.simulated
+                    and r.world_size == spec.timing_world_size
+                    and (r.peak_mem_bytes or r.strategy not in (BASELINE, OURS))
+                ):  # memory tracked (a timing cell tracks none), or a peer: a real-rank memory cell
+                    res.real_memory[r.strategy] = r
                 elif not r.simulated and r.world_size == spec.timing_world_size:
                     res.timing[r.strategy] = r
         if not spec.timing_world_size:
             res.timing = {s: res.memory[s] for s in (BASELINE, OURS) if s in res.memory}
-        if res.memory or res.max_size:
+        if res.memory or res.max_size or res.real_memory:
             results.append(res)
     return results
 

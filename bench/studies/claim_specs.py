@@ -38,6 +38,10 @@ class ClaimSpec:
     #: which excludes communication (one GPU cannot host a multi-rank NCCL world)
     timing_world_size: int = 2
     peers: tuple[str, ...] = ("torch-zero1", "fsdp2-zero2")
+    #: peers that cannot be a simulated rank (they run their own communication): measured on
+    #: real ranks at ``timing_world_size``, beside ddp and zero2 at the same N, each with its own
+    #: verdict line; none where the spec has no real ranks
+    real_peers: tuple[str, ...] = ()
     #: our further ZeRO stages, measured like zero2 (peak and largest model) to show how far
     #: sharding goes; the verdict stays about zero2, the seed's "Sharded"
     further: tuple[str, ...] = ("zero3",)
