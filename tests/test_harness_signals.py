@@ -166,3 +166,14 @@ def test_a_child_whose_launcher_already_left_exits_quietly(tmp_path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (1, "", "")
+
+
+def test_a_ctrl_c_after_the_command_finished_prints_no_traceback() -> None:
+    """The command's output is written; a SIGINT while the interpreter exits (torch's exit
+    handlers run then) is ignored rather than printed as a KeyboardInterrupt traceback."""
+    script = (
+        "import os, signal, sys; from bench.cli import entry; sys.argv = ['shardbench', 'env']; "
+        "code = entry(); os.kill(os.getpid(), signal.SIGINT); sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

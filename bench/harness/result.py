@@ -134,6 +134,24 @@ def _failure(results: list[RankResult]) -> tuple[str, str, dict[str, Any]] | Non
     return first.status, error, failure
 
 
+def cell_fields(cell: CellConfig) -> dict[str, Any]:
+    """The record fields that come from the cell as asked for, whatever ran."""
+    return {
+        "suite": cell.suite,
+        "workload": cell.workload,
+        "preset": cell.preset,
+        "requested_world_size": cell.world_size,
+        "fake": cell.fake,
+        "activation_checkpointing": cell.activation_checkpointing,
+        "device": cell.device,
+        "precision": cell.precision,
+        "batch_size_per_rank": cell.batch_size,
+        "steps": cell.steps,
+        "warmup": cell.warmup,
+        "repeat": cell.repeat,
+    }
+
+
 def build_record(
     cell: CellConfig,
     plan: WorldPlan,
@@ -151,30 +169,19 @@ def build_record(
     ok = [r for r in results if r.status == "ok"]
     num_params = ok[0].num_params if ok and ok[0].num_params else workload_params(cell)
     record = Record(
+        **cell_fields(cell),
         run_id=run_id,
-        suite=cell.suite,
-        workload=cell.workload,
-        preset=cell.preset,
         params=num_params,
         strategy=strategy.name,
         world_size=world_size,
-        requested_world_size=cell.world_size,
         simulated=plan.simulated,
-        fake=cell.fake,
-        activation_checkpointing=cell.activation_checkpointing,
         backend=_backend(cell, plan),
-        device=cell.device,
-        precision=cell.precision,
-        batch_size_per_rank=cell.batch_size,
-        steps=cell.steps,
-        warmup=cell.warmup,
         status="ok",
         note=_note(cell, plan, ok),
         strategy_settings=ok[0].settings if ok else strategy.settings(),
         predicted_mem_bytes=predict(cell, world_size, num_params),
         wall_s=wall_s,
         env=capture_env(cell.device),
-        repeat=cell.repeat,
         artifacts=_artifacts(cell, results),
         comm_per_step=ok[0].comm if ok else None,
         threads_per_rank=ok[0].threads if ok else None,

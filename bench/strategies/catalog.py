@@ -92,6 +92,22 @@ DEEPSPEED_ZERO3_DEVIATIONS = (
     "skips it); " + _DEEPSPEED_NO_SIMULATION
 )
 
+
+def _deepspeed_card(stage: int, sharding: Sharding, order: int, color: str) -> StrategyCard:
+    """DeepSpeed's engine at one ZeRO stage: the same implementation, extra and limits."""
+    return StrategyCard(
+        name=f"deepspeed-zero{stage}",
+        implementation=f"bench.strategies.deepspeed_zero:DeepSpeedZero{stage}Strategy",
+        description=f"peer: DeepSpeed engine, zero_optimization stage {stage}",
+        sharding=sharding,
+        display=Display(order=order, color=color, role="peer"),
+        simulatable=False,
+        requires=("deepspeed",),
+        extra="peers",
+        deviations=DEEPSPEED_ZERO3_DEVIATIONS if stage == 3 else DEEPSPEED_DEVIATIONS,
+    )
+
+
 CARDS: tuple[StrategyCard, ...] = (
     StrategyCard(
         name="dp",
@@ -196,37 +212,12 @@ CARDS: tuple[StrategyCard, ...] = (
             "one wrapped unit is refused by its flattening, so parameters are not flattened"
         ),
     ),
-    StrategyCard(
-        name="deepspeed-zero1",
-        implementation="bench.strategies.deepspeed_zero:DeepSpeedZero1Strategy",
-        description="peer: DeepSpeed engine, zero_optimization stage 1",
-        sharding=ZERO1,
-        display=Display(order=23, color="#deebf7", role="peer"),
-        simulatable=False,
-        requires=("deepspeed",),
-        extra="peers",
-        deviations=DEEPSPEED_DEVIATIONS,
-    ),
-    StrategyCard(
-        name="deepspeed-zero2",
-        implementation="bench.strategies.deepspeed_zero:DeepSpeedZero2Strategy",
-        description="peer: DeepSpeed engine, zero_optimization stage 2",
-        sharding=ZERO2,
-        display=Display(order=33, color="#feedde", role="peer"),
-        simulatable=False,
-        requires=("deepspeed",),
-        extra="peers",
-        deviations=DEEPSPEED_DEVIATIONS,
-    ),
-    StrategyCard(
-        name="deepspeed-zero3",
-        implementation="bench.strategies.deepspeed_zero:DeepSpeedZero3Strategy",
-        description="peer: DeepSpeed engine, zero_optimization stage 3",
-        sharding=ZERO3,
-        display=Display(order=43, color="#e5f5e0", role="peer"),
-        simulatable=False,
-        requires=("deepspeed",),
-        extra="peers",
-        deviations=DEEPSPEED_ZERO3_DEVIATIONS,
+    *(
+        _deepspeed_card(stage, sharding, order, color)
+        for stage, sharding, order, color in (
+            (1, ZERO1, 23, "#deebf7"),
+            (2, ZERO2, 33, "#feedde"),
+            (3, ZERO3, 43, "#e5f5e0"),
+        )
     ),
 )

@@ -106,27 +106,17 @@ def unplanned_record(cell: CellConfig, *, run_id: str) -> Record:
     """The plan's record of a strategy that cannot be planned: status "skipped", the predicted
     model states of its declared sharding, and in its note the command that measures it."""
     from bench.harness.records import capture_env
-    from bench.harness.result import predict, workload_params
+    from bench.harness.result import cell_fields, predict, workload_params
 
     params = workload_params(cell)
     record = Record(
+        **{**cell_fields(cell), "steps": 0, "warmup": 0},
         run_id=run_id,
-        suite=cell.suite,
-        workload=cell.workload,
-        preset=cell.preset,
         params=params,
         strategy=cell.strategy,
         world_size=cell.world_size,
-        requested_world_size=cell.world_size,
         simulated=False,
-        fake=cell.fake,
-        activation_checkpointing=cell.activation_checkpointing,
         backend="none",
-        device=cell.device,
-        precision=cell.precision,
-        batch_size_per_rank=cell.batch_size,
-        steps=0,
-        warmup=0,
         status="skipped",
         predicted_mem_bytes=predict(cell, cell.world_size, params),
         env=capture_env(cell.device),
