@@ -177,3 +177,14 @@ def test_a_ctrl_c_after_the_command_finished_prints_no_traceback() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_fork_server_ignores_a_terminals_ctrl_c_from_its_first_import() -> None:
+    """A terminal's Ctrl-C reaches the launcher's process group, the fork server too, which
+    would otherwise print a KeyboardInterrupt traceback while it imports its preload."""
+    from bench.harness.guardian import LAUNCHER_PID
+
+    env = {**os.environ, LAUNCHER_PID: str(os.getpid())}  # as the launcher starts its server
+    script = "import signal, bench.harness.guardian; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == "True", done.stderr

@@ -292,3 +292,18 @@ def test_resume_refuses_cells_that_are_not_the_runs(tmp_path: Path, capsys) -> N
     assert main(argv) == 2
     assert "none of the 1 cells asked for is a cell of that run" in capsys.readouterr().err
     assert (run / "records.jsonl").read_text() == before
+
+
+def test_resume_continues_the_runs_own_cells_without_its_flags(tmp_path: Path, capsys) -> None:
+    """A run keeps the cells it was started with: ``--resume DIR`` alone continues them (here all
+    are already ok, so nothing runs), and flags that make another set are refused."""
+    from bench.cli.run import CELLS_FILE
+    from tests.cells import tiny_cell
+
+    cell = tiny_cell(strategy="ddp", world_size=2, batch_size=8)
+    run = _run(tmp_path / "r", [_line(strategy="ddp", requested_world_size=2, batch_size_per_rank=8)])
+    (run / CELLS_FILE).write_text(json.dumps({"suite": "smoke", "cells": [cell.to_json()]}))
+    assert main(["run", "--resume", str(run)]) == 0
+    assert "1 of 1 cells already ok" in capsys.readouterr().err
+    assert main(["run", "--resume", str(run), "--strategy", "zero2"]) == 2
+    assert "continues that run's 1 cells; the flags given make a different set" in capsys.readouterr().err

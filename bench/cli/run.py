@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -29,7 +30,7 @@ MAX_REPEAT = 100
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a suite (default: smoke) or the cells given by flags")
     run.add_argument(
-        "--suite", default="smoke", help=f"suite name ({', '.join(suite_names())}) or a .toml path"
+        "--suite", help=f"suite name ({', '.join(suite_names())}) or a .toml path (default: smoke)"
     )
     run.add_argument("--workload", type=csv_list(str), help="comma-separated workloads")
     run.add_argument("--strategy", type=csv_list(str), help="comma-separated strategies")
@@ -105,7 +106,8 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         "--resume",
         type=Path,
         metavar="RUN_DIR",
-        help="continue the run in RUN_DIR: run only the cells with no ok record there",
+        help="continue the run in RUN_DIR: its own cells (kept in RUN_DIR/cells.json; no other "
+        "flags needed), running only those with no ok record there",
     )
 
 
@@ -118,7 +120,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
     presets = (preset,) if preset is not None else args.preset
     try:
         spec = override(
-            load_suite(args.suite),
+            load_suite(args.suite or DEFAULT_SUITE),
             workloads=args.workload,
             strategies=args.strategy,
             world_sizes=args.world_size,
@@ -149,10 +151,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         columns = check_columns(args.columns) if args.columns else DEFAULT_COLUMNS
     except ValueError as e:
         raise UsageError(f"--columns: {e}") from None
-    spec, cells = resolve_cells(args)
-    if args.memory_snapshot or args.trace:
-        cells = [replace(c, memory_snapshot=args.memory_snapshot, trace=args.trace) for c in cells]
-    searches = resolve_searches(spec)
     if args.resume is not None:
         if args.out is not None and args.out.resolve() != args.resume.resolve():
             raise UsageError("--resume RUN_DIR writes into RUN_DIR; drop --out or give the same directory")
@@ -160,11 +158,77 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--resume {args.resume}: no records.jsonl there; give the directory of an earlier run"
             )
+    saved = saved_cells(args.resume) if args.resume is not None else None
+    if saved is not None and not any(getattr(args, flag) for flag in CELL_FLAGS):
+        # the run's own cells, as it was started: nothing to repeat on the command line
+        suite, cells = saved
+        try:
+            spec = load_suite(suite)
+        except ValueError as e:
+            raise UsageError(f"--resume {args.resume}: its suite {suite!r}: {e}") from None
+    else:
+        spec, cells = resolve_cells(args)
+        if args.memory_snapshot or args.trace:
+            cells = [replace(c, memory_snapshot=args.memory_snapshot, trace=args.trace) for c in cells]
+        if saved is not None and {c.key() for c in cells} != {c.key() for c in saved[1]}:
+            raise UsageError(
+                f"--resume {args.resume} continues that run's {len(saved[1])} cells; the flags given "
+                f"make a different set of {len(cells)}: drop them (the run remembers its own), or "
+                "start a new run"
+            )
+    searches = resolve_searches(spec)
     name = check_run_name(args.name) if args.name is not None else safe_name(spec.name)
     out = args.resume or args.out
     return execute_run(
-        cells, name=name, tags=dict(args.tag), out=out, resume=args.resume, searches=searches, columns=columns
+        cells,
+        name=name,
+        tags=dict(args.tag),
+        out=out,
+        resume=args.resume,
+        searches=searches,
+        columns=columns,
+        suite=args.suite or DEFAULT_SUITE,
     ).code
+
+
+DEFAULT_SUITE = "smoke"
+#: the flags that choose a run's cells: ``--resume`` without any of them continues the run's own
+CELL_FLAGS = (
+    "suite",
+    "workload",
+    "strategy",
+    "world_size",
+    "preset",
+    "precision",
+    "batch_size",
+    "steps",
+    "warmup",
+    "device",
+    "timeout",
+    "simulate",
+    "fake",
+    "activation_checkpointing",
+    "repeat",
+    "model_config",
+    "seq_len",
+    "memory_snapshot",
+    "trace",
+)
+#: where a run keeps the cells it was started with (what ``--resume`` continues)
+CELLS_FILE = "cells.json"
+
+
+def saved_cells(run_dir: Path) -> tuple[str, list[CellConfig]] | None:
+    """The suite and cells ``run_dir``'s run was started with, or None for a run that did not
+    keep them (one written before runs kept them: its flags must then be given again)."""
+    path = run_dir / CELLS_FILE
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        return saved["suite"], [CellConfig.from_json(c) for c in saved["cells"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--resume {run_dir}: {path.name} is not what a run writes ({e})") from None
 
 
 def own_presets(cells: list[CellConfig]) -> list[CellConfig]:
@@ -237,6 +301,7 @@ def execute_run(
     resume: Path | None = None,
     searches: Sequence[SuiteSearch] = (),
     columns: Sequence[str] | None = None,
+    suite: str | None = None,
 ) -> Executed:
     """Run validated cells into ``out`` (a new run directory by default), then the suite's
     max-size searches, print the table and write the report."""
@@ -256,6 +321,12 @@ def execute_run(
         check_output_dir(out, cells=len(cells))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if resume is None and suite is not None:  # what --resume continues, without the flags
+        from bench.paths import atomic_write_text
+
+        out.mkdir(parents=True, exist_ok=True)
+        kept = {"suite": suite, "cells": [c.to_json() for c in cells]}
+        atomic_write_text(out / CELLS_FILE, json.dumps(kept, indent=1) + "\n")
     cells = [with_drill_down_dir(c, out) for c in cells]
     skip = done_keys(out) if resume is not None else set()
     recorded = done_keys(out, ok_only=False) if resume is not None else set()
@@ -289,11 +360,8 @@ def execute_run(
     skipped = f", {outcome.skipped} skipped (already ok)" if outcome.skipped else ""
     print(f"{len(records)} cells run, {ok} ok{skipped}; records: {out / 'records.jsonl'}")
     if outcome.interrupted is not None:
-        print(
-            f"interrupted by {outcome.interrupted}; resume with: shardbench run --resume {out} "
-            "(and the same suite and flags)",
-            file=sys.stderr,
-        )
+        again = f"shardbench run --resume {out}" + ("" if suite is not None else " (and the same flags)")
+        print(f"interrupted by {outcome.interrupted}; resume with: {again}", file=sys.stderr)
         return Executed(out, outcome.interrupted.exit_code, run_id)
     failed = searches_failed or any(r.status != "ok" for r in records)
     return Executed(out, 1 if failed else 0, run_id)

@@ -126,9 +126,14 @@ def guard(remove: Path | None, then: str) -> None:
 
 
 def _in_fork_server() -> None:
-    """At import in the fork server (the launcher's child): guard the private directory."""
+    """At import in the fork server (the launcher's child): guard the private directory, and
+    ignore SIGINT. A terminal's Ctrl-C reaches the launcher's whole process group, the server
+    included, which multiprocessing protects from it only once its preload imports are done:
+    a Ctrl-C during them would print a KeyboardInterrupt traceback over the launcher's own
+    "interrupted" line. The launcher handles the interrupt and stops the server itself."""
     launcher = os.environ.get(LAUNCHER_PID)
     if launcher and int(launcher) == os.getppid():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         private = os.environ.get(PRIVATE_DIR)
         guard(Path(private) if private else None, then="exit")
 
