@@ -129,14 +129,25 @@ def unplanned_record(cell: CellConfig, *, run_id: str) -> Record:
 
 
 def measure_command(record: Record, strategies: Sequence[str]) -> str:
-    """The ``shardbench run`` that measures ``strategies`` on real ranks at ``record``'s cell."""
+    """The ``shardbench run`` that measures ``strategies`` on real ranks at ``record``'s cell;
+    those that run only on CUDA get a command of their own, with ``--device cuda``."""
+    from bench.strategies.registry import strategy_card
+
     n = record.world_size
     flags = " --activation-checkpointing" if record.activation_checkpointing else ""
-    return (
-        f"shardbench run --workload {record.workload} --preset {record.preset} --strategy "
-        f"{','.join(strategies)} --world-size {n} --precision {record.precision} --batch-size "
-        f"{record.batch_size_per_rank}{flags} (on {n} real ranks: --device cuda for {n} GPUs)"
-    )
+    cuda = [s for s in strategies if strategy_card(s).cuda_only]
+    anywhere = [s for s in strategies if s not in cuda]
+
+    def command(names: Sequence[str], device: str) -> str:
+        return (
+            f"shardbench run --workload {record.workload} --preset {record.preset} --strategy "
+            f"{','.join(names)} --world-size {n} --precision {record.precision} --batch-size "
+            f"{record.batch_size_per_rank}{flags}{device}"
+        )
+
+    commands = [command(anywhere, f" (on {n} real ranks: --device cuda for {n} GPUs)")] if anywhere else []
+    commands += [command(cuda, f" --device cuda (on {n} GPUs)")] if cuda else []
+    return "; and ".join(commands)
 
 
 @dataclass(frozen=True)
