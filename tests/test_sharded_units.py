@@ -112,3 +112,17 @@ def test_prefetch_predicts_from_the_last_forward() -> None:
     assert order.first() == 1
     assert [order.after(u) for u in (1, 2, 3, 4)] == [2, 3, 2, None]
     assert [order.before(u) for u in (1, 2, 3, 4)] == [None, 3, 2, 2]
+
+
+def test_gloo_reduces_to_owners_from_four_ranks() -> None:
+    """gloo: all-reduce below GLOO_REDUCE_FROM ranks (faster there), each chunk reduced to its
+    owner from it on (half the bytes, faster there); every other backend reduce-scatters."""
+    from bench.strategies.sharded.reducer import GLOO_REDUCE_FROM, default_collective
+
+    assert [default_collective("gloo", n) for n in (2, 3, GLOO_REDUCE_FROM, 8)] == [
+        "all_reduce",
+        "all_reduce",
+        "reduce",
+        "reduce",
+    ]
+    assert {default_collective(b, n) for b in ("nccl", "fake") for n in (2, 8)} == {"reduce_scatter"}

@@ -170,6 +170,9 @@ class Communication:
     gradients: str
     #: bytes per element of the gradients as communicated
     gradient_bytes: int
+    #: (N, kind): from world size N on, gradients are reduced with ``kind`` instead (our ZeRO on
+    #: gloo reduces each chunk to its owner from N=4: ``sharded.reducer.default_collective``)
+    gradients_from: tuple[int, str] | None = None
     #: how updated or sharded parameters reach the ranks: "all_gather", "broadcast" (torch-zero1:
     #: each parameter from the rank that updated it), or None
     parameters: str | None = None
@@ -205,7 +208,10 @@ def predicted_comm(comm: Communication, shape: CommShape, world_size: int) -> di
     """Per operator kind, the bytes of the full tensors a rank communicates in a step and what a
     ring sends per rank for them; ``sent_per_rank`` in all (``comm.py``'s summary, predicted)."""
     elements = shape.padded(world_size) if comm.dim0_padding else shape.elements
-    volumes: dict[str, int] = {comm.gradients: elements * comm.gradient_bytes}
+    gradients = comm.gradients
+    if comm.gradients_from is not None and world_size >= comm.gradients_from[0]:
+        gradients = comm.gradients_from[1]
+    volumes: dict[str, int] = {gradients: elements * comm.gradient_bytes}
     if comm.parameters is not None:
         kept = shape.root_elements if comm.root_kept and comm.gathers > 1 else 0
         gathered = comm.gathers * elements - kept

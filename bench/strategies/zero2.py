@@ -12,7 +12,7 @@ from torch import nn
 from bench.metrics.analytic import Communication
 from bench.strategies.base import OptimizerFactory, RankContext
 from bench.strategies.sharded import ShardedDataParallel
-from bench.strategies.sharded.reducer import MAX_IN_FLIGHT
+from bench.strategies.sharded.reducer import GLOO_REDUCE_FROM, MAX_IN_FLIGHT
 from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy, element_bytes
 
 
@@ -25,12 +25,15 @@ class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
         self.model: ShardedDataParallel | None = None
 
     def communication(self, precision: str, backend: str) -> Communication:
-        """Gradients reduce-scattered (all-reduced in place on gloo: see ``ShardedDataParallel``),
-        then the updated parameters all-gathered; zero3 gathers each unit in forward and again
-        in backward, but the root, which stays gathered in between."""
+        """Gradients reduce-scattered (on gloo all-reduced in place, or from ``GLOO_REDUCE_FROM``
+        ranks on each chunk reduced to its owner: ``default_collective``), then the updated
+        parameters all-gathered; zero3 gathers each unit in forward and again in backward, but
+        the root, which stays gathered in between."""
         size = element_bytes(precision)
+        gloo = backend == "gloo"
         return Communication(
-            gradients="all_reduce" if backend == "gloo" else "reduce_scatter",
+            gradients="all_reduce" if gloo else "reduce_scatter",
+            gradients_from=(GLOO_REDUCE_FROM, "reduce") if gloo else None,
             gradient_bytes=size,
             parameters="all_gather",
             parameter_bytes=size,
@@ -39,7 +42,7 @@ class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
         )
 
     def settings(self) -> dict[str, Any]:
-        default = "all_reduce on gloo, else reduce_scatter"
+        default = f"on gloo all_reduce, from {GLOO_REDUCE_FROM} ranks reduce to owners; else reduce_scatter"
         reduction = self.model.reducer.collective if self.model is not None else default
         return {
             **super().settings(),

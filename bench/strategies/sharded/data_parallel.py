@@ -72,7 +72,7 @@ class ShardedDataParallel(nn.Module):
     Stage 3 options: ``unit``, which modules are gathered together (``units.py``; default:
     every parameterised child of an ``nn.ModuleList``/``nn.Sequential``, and the root for the
     rest), and ``prefetch`` (start gathering the next unit while one runs; default on).
-    ``gradient_collective``: "reduce_scatter" or "all_reduce" (default: ``default_collective``
+    ``gradient_collective``: "reduce_scatter", "all_reduce" or "reduce" (default: ``default_collective``
     of the group's backend)."""
 
     def __init__(
@@ -116,7 +116,8 @@ class ShardedDataParallel(nn.Module):
             world_size=self.world_size,
             process_group=self.process_group,
             keep="full" if stage == 1 else "shards",
-            collective=gradient_collective or default_collective(dist.get_backend(self.process_group)),
+            collective=gradient_collective
+            or default_collective(dist.get_backend(self.process_group), self.world_size),
             max_in_flight=STAGE3_IN_FLIGHT if stage == 3 else MAX_IN_FLIGHT,
             label=self.label,
         )

@@ -19,9 +19,10 @@ launch; stage 1 adds each gradient scaled into its persistent buffer, so backwar
 and only this rank contributes it).
 
 The collective is ``reduce_scatter`` (each rank receives its own chunk: 2 (N-1)/N x the bucket
-sent per rank with the parameters' all-gather, DDP's volume) or ``all_reduce`` in place (every
-rank receives every chunk and keeps its own): gloo's reduce-scatter is slower than its
-all-reduce, see ``default_collective``.
+sent per rank with the parameters' all-gather, DDP's volume), ``all_reduce`` in place (every
+rank receives every chunk and keeps its own), or ``reduce``: one reduce per chunk, to the rank
+that owns it (the reduce-scatter's volume, as N collectives). gloo's reduce-scatter is slower
+than either; see ``default_collective`` for which gloo uses.
 
 At most ``max_in_flight`` reductions run at once; launching one more first waits for the oldest.
 That bound, not the number of buckets, is what limits the memory in communication buffers.
@@ -44,15 +45,36 @@ from bench.strategies.sharded.profiling import profiled
 #: buckets whose reduction may be in flight at once before another launch waits for the oldest
 MAX_IN_FLIGHT = 2
 KEEPS = ("shards", "full")
-COLLECTIVES = ("all_reduce", "reduce_scatter")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce")
+#: from this world size on, gloo reduces each chunk to its owner rather than all-reducing
+GLOO_REDUCE_FROM = 4
 
 
-def default_collective(backend: str) -> str:
+def default_collective(backend: str, world_size: int = 2) -> str:
     """How gradients are reduced on ``backend``: reduce-scatter, except on gloo, whose
-    reduce-scatter takes about twice its all-reduce's time for the same bucket (docs/measuring.md,
-    "gloo's reduce-scatter"), so there each bucket is all-reduced in place and each rank keeps
-    its chunk: the same buffers, more bytes on the wire, less time."""
-    return "all_reduce" if backend == "gloo" else "reduce_scatter"
+    reduce-scatter takes 1.5-1.8x its all-reduce's time for the same bucket (docs/measuring.md,
+    "Our ZeRO on gloo"). There, below ``GLOO_REDUCE_FROM`` ranks each bucket is all-reduced in
+    place and each rank keeps its chunk; from it on, each chunk is reduced to its owner, which
+    sends half the bytes and measured faster at N=4 (0.66-0.84x the all-reduce's time) but
+    slower at N=2 (1.2x)."""
+    if backend != "gloo":
+        return "reduce_scatter"
+    return "reduce" if world_size >= GLOO_REDUCE_FROM else "all_reduce"
+
+
+class _Each:
+    """The asynchronous works of a collective issued as several (``reduce``: one per chunk),
+    with the surface of one."""
+
+    def __init__(self, works: Sequence[Any]) -> None:
+        self.works = list(works)
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
 
 
 def _views_like(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -128,6 +150,15 @@ class GradientReducer:
         self._used_here = bytearray(slots)  # parameters that added a gradient since the last agree()
         self._globally_used: set[int] | None = None  # ... on any rank, since zero_grad
         self._device = self.buckets[0].params[0].device if self.buckets else torch.device("cpu")
+        #: the global rank that owns chunk r (``reduce``'s destination)
+        self._owners = (
+            [
+                r if process_group is None else dist.get_global_rank(process_group, r)
+                for r in range(world_size)
+            ]
+            if collective == "reduce"
+            else []
+        )
 
     # ----- filling buffers ---------------------------------------------------------------------
     def add(self, bucket: Bucket, i: int, grad: torch.Tensor) -> None:
@@ -248,6 +279,17 @@ class GradientReducer:
             with profiled(f"shardbench::{self.label}::reduce"):
                 if self.collective == "all_reduce":
                     work = dist.all_reduce(buf, group=self.process_group, async_op=True)
+                elif self.collective == "reduce":  # each chunk to its owner; the rest of buf is scratch
+                    c = bucket.chunk
+                    work = _Each(
+                        dist.reduce(
+                            buf[r * c : (r + 1) * c],
+                            dst=self._owners[r],
+                            group=self.process_group,
+                            async_op=True,
+                        )
+                        for r in range(self.world_size)
+                    )
                 else:
                     out = buf.new_empty(bucket.chunk)
                     kept = self.keep == "shards" and self._shards[bucket.index] is None
@@ -279,7 +321,7 @@ class GradientReducer:
                 buf[end:].zero_()
             return
         shard = self._shards[bucket.index]
-        if out is None:  # all-reduced (or one rank): this rank's chunk of the whole bucket
+        if out is None:  # all-reduced or reduced to owners (or one rank): this rank's chunk
             out = buf[start:end]
             if shard is None:
                 out = out.clone()  # the bucket buffer dies here
