@@ -332,12 +332,27 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _grads_from_source(self, source: GradientSource) -> None:
         """Stages 2-3 (and 1 under ShardedDataParallel): the reduced chunk the source keeps."""
         for b, shards in zip(self.buckets, self._shards, strict=True):
-            chunk = source.gradient_chunk(b.index)
-            for pc, shard in zip(b.pieces, shards, strict=True):
-                if chunk is None or not source.received_gradient(b.index, pc.param_index):
-                    shard.grad = None
-                    continue
-                shard.grad = _as(chunk[pc.chunk_offset : pc.chunk_offset + pc.numel], shard)
+            for shard, g in zip(shards, self._bucket_grads(source, b), strict=True):
+                shard.grad = g
+
+    def _bucket_grads(self, source: GradientSource, b: Bucket) -> list[torch.Tensor | None]:
+        """Bucket ``b``'s reduced gradient pieces from ``source``, in the shards' dtype (an fp32
+        copy of a 16-bit gradient, a view otherwise); None where no rank produced one."""
+        chunk = source.gradient_chunk(b.index)
+        grads = [
+            None
+            if chunk is None or not source.received_gradient(b.index, pc.param_index)
+            else _as(chunk[pc.chunk_offset : pc.chunk_offset + pc.numel], shard)
+            for pc, shard in zip(b.pieces, self._shards[b.index], strict=True)
+        ]
+        # a converted copy is a gradient, made outside the optimizer's own step: say so to
+        # memory accounting (the source's observer), which would otherwise see a temporary
+        observe = getattr(source, "memory_observer", None)
+        if observe is not None and chunk is not None and chunk.dtype != self._shards[b.index][0].dtype:
+            for g in grads:
+                if g is not None:
+                    observe(g, "grads")
+        return grads
 
     def prepare_grads(self) -> None:
         """Point every owned shard's ``.grad`` at its gradient (idempotent within a step)."""
@@ -358,22 +373,33 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         assert self.local is not None
         self._stateful = True
-        self.prepare_grads()
+        # A gradient source's 16-bit gradients are converted for the step one bucket at a time,
+        # each copy freed once its bucket is updated, unless something (clipping) already
+        # prepared them all: then the step uses those.
+        source = None if self._grads_ready else self._attached()
+        if source is None:
+            self.prepare_grads()
         for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
             local_group.update(hyperparameters(group))
         # Bucket by bucket: update this rank's pieces of a bucket, then start gathering that
         # bucket while the next one is updated (the wrapped optimizer skips pieces whose
         # gradient is None, so each step() call touches one bucket's pieces only).
-        grads = [[shard.grad for shard in shards] for shards in self._shards]
+        ready = [[shard.grad for shard in shards] for shards in self._shards] if source is None else None
         for shards in self._shards:
             for shard in shards:
                 shard.grad = None
+        kept: list[list[torch.Tensor | None]] = []  # what stays visible until zero_grad
         works: list[dist.Work] = []
         try:
-            for flat, chunk, master, shards, bucket_grads in zip(
-                self.flats, self.chunks, self._masters, self._shards, grads, strict=True
+            for i, (b, flat, chunk, master, shards) in enumerate(
+                zip(self.buckets, self.flats, self.chunks, self._masters, self._shards, strict=True)
             ):
                 with profiled(f"shardbench::{self.label}::step"):
+                    bucket_grads = ready[i] if ready is not None else self._bucket_grads(source, b)
+                    # copies converted for the step (16-bit gradients) are not kept
+                    kept.append(
+                        [g if g is None or g.dtype == b.params[0].dtype else None for g in bucket_grads]
+                    )
                     for shard, g in zip(shards, bucket_grads, strict=True):
                         shard.grad = g
                     if any(g is not None for g in bucket_grads):
@@ -398,9 +424,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 for w in works:
                     w.wait()
         # Gradients stay visible until zero_grad, except copies converted for the step (bf16).
-        for b, shards, bucket_grads in zip(self.buckets, self._shards, grads, strict=True):
+        for shards, bucket_grads in zip(self._shards, kept, strict=False):
             for shard, g in zip(shards, bucket_grads, strict=True):
-                shard.grad = g if g is None or g.dtype == b.params[0].dtype else None
+                shard.grad = g
         self._grads_ready = False
         return loss
 
