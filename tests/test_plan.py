@@ -161,3 +161,13 @@ def test_batch_size_and_max_batch_exclude_each_other(capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main(["plan", *ARGS, "--budget", "1GiB", "--batch-size", "2", "--max-batch"])
     assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_cuda_only_peer_gets_a_command_with_device_cuda() -> None:
+    from bench.studies.plan import measure_command
+    from tests.records import make_record
+
+    text = measure_command(make_record(world_size=2), ["deepspeed-zero2", "fairscale-zero3"])
+    anywhere, cuda = text.split("; and ")
+    assert "--strategy deepspeed-zero2 " in anywhere and "--device cuda --" not in anywhere
+    assert "--strategy fairscale-zero3 " in cuda and cuda.split("(")[0].rstrip().endswith("--device cuda")
