@@ -86,17 +86,20 @@ class _GlobalPeakTracker:
                         self._peak_mem_snap[dev] = deepcopy(dev_snap)
                         self.peak_comm[dev] = comm_bytes(self, dev)
 
+            from torch.distributed._tools.common_utils import get_untyped_storages
+            from torch.distributed._tools.mem_tracker import _MemRefType
+
             def _update_and_maybe_create_winfos(
                 self: Any, t: torch.Tensor, reftype: Any, update_existing: bool = False
             ) -> Any:
                 # a registered comm buffer stays "Other" (then comm): a library that makes its
                 # parameters' .grad views of its reduce bucket (DeepSpeed's contiguous gradients)
                 # would otherwise have the tracker's gradient hook retype the whole bucket
-                comm = getattr(self, "comm_storages", None)
-                if comm and t is not None and str(getattr(reftype, "value", reftype)) == "Gradient":
-                    from torch.distributed._tools.common_utils import get_untyped_storages
-                    from torch.distributed._tools.mem_tracker import _MemRefType
-
+                if (
+                    reftype is _MemRefType.GRAD
+                    and t is not None
+                    and (comm := getattr(self, "comm_storages", None))
+                ):
                     if any(st in comm for st in get_untyped_storages(t)):
                         reftype = _MemRefType.OTH
                 return base._update_and_maybe_create_winfos(self, t, reftype, update_existing)

@@ -112,13 +112,9 @@ class Strategy:
     def plan_world(self, requested: int, device_type: str, simulate: bool = False) -> WorldPlan:
         if simulate:
             if not self.simulatable:
-                why = (
-                    "it has no process group to fake"
-                    if not self.needs_process_group
-                    else "its library runs its own communication, measured only on real ranks"
-                )
                 raise ValueError(
-                    f"strategy {self.name!r} cannot run as a simulated world (--simulate, --fake): {why}"
+                    f"strategy {self.name!r} cannot run as a simulated world (--simulate, --fake): "
+                    + self.card.not_simulatable_because
                 )
             return WorldPlan(processes=1, world_size=requested, note=SIMULATED_NOTE, simulated=True)
         if device_type == "cuda" and torch.cuda.is_available() and requested > torch.cuda.device_count():

@@ -74,6 +74,13 @@ class StrategyCard:
     #: where it cannot follow the reference optimizer exactly, or cannot run somewhere, and why
     deviations: str = ""
 
+    @property
+    def not_simulatable_because(self) -> str:
+        """Why it cannot be a simulated rank (meaningful only when ``simulatable`` is False)."""
+        if not self.needs_process_group:
+            return "it has no process group to fake"
+        return "its library runs its own communication, which a simulated rank cannot stand in for"
+
 
 #: what every DeepSpeed stage does differently from single-process AdamW (parity tests pin it)
 _DEEPSPEED_NO_SIMULATION = (

@@ -256,8 +256,7 @@ _ATTRIBUTES = {
         "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
     ),
     "comm": (
-        "ipg_buffer",  # 1-2: the reduce bucket being filled in backward
-        "ipg_buckets",
+        "ipg_buffer",  # 1-2 (older versions): the reduce bucket being filled in backward
         "_DeepSpeedZeroOptimizer_Stage3__ipg_bucket_flat_buffer",
     ),
 }
@@ -293,7 +292,8 @@ def _typed(optimizer: Any, module: nn.Module | None = None) -> dict[str, list[to
 
 
 def _tensors_of_buckets(optimizer: Any) -> list[list[torch.Tensor]]:
-    """The flat buffers inside DeepSpeed's IPG bucket objects (stages 1-2 keep them per dtype)."""
+    """The flat buffers inside DeepSpeed's IPG bucket objects (``ipg_buckets``: stages 1-2 keep
+    one per dtype, each holding its double buffer)."""
     buckets = getattr(optimizer, "ipg_buckets", None)
     if not isinstance(buckets, dict):
         return []

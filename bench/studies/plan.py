@@ -121,8 +121,10 @@ def unplanned_record(cell: CellConfig, *, run_id: str) -> Record:
         predicted_mem_bytes=predict(cell, cell.world_size, params),
         env=capture_env(cell.device),
     )
+    from bench.strategies.registry import strategy_card
+
     record.note = (
-        f"{UNPLANNED}: its library runs its own communication, so it cannot be a simulated rank; "
+        f"{UNPLANNED}: {strategy_card(cell.strategy).not_simulatable_because}; "
         f"measure it with: {measure_command(record, [cell.strategy])}"
     )
     return record

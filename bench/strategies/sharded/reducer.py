@@ -50,7 +50,7 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce")
 GLOO_REDUCE_FROM = 4
 
 
-def default_collective(backend: str, world_size: int = 2) -> str:
+def default_collective(backend: str, world_size: int) -> str:
     """How gradients are reduced on ``backend``: reduce-scatter, except on gloo, whose
     reduce-scatter takes 1.5-1.8x its all-reduce's time for the same bucket (docs/measuring.md,
     "Our ZeRO on gloo"). There, below ``GLOO_REDUCE_FROM`` ranks each bucket is all-reduced in
