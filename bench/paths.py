@@ -52,6 +52,13 @@ def path_component(
     return safe
 
 
+def results_home(root: Path | None = None) -> Path:
+    """Where saved baselines (``baselines/``) and nightly histories (``history/``) live: ``root``
+    when given (``--root``), else ``$SHARDBENCH_HOME``, else ``./results`` in the directory the
+    command runs in. Never inside the installed package: a user's results are theirs."""
+    return Path(root or os.environ.get("SHARDBENCH_HOME") or "results")
+
+
 def inside(root: Path, *components: str) -> Path:
     """``root / components...``, refused unless it resolves to a place inside ``root``."""
     base = Path(root).resolve()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.custom import Input, ModelSpec
+from shardbench import Input, ModelSpec
 
 VOCAB, WIDTH, DEPTH, SEQ = 8192, 256, 4, 64
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.presets.family import SizeFamily
+from shardbench.models.presets.family import SizeFamily
 
 Inputs = dict[str, torch.Tensor]
 
@@ -42,7 +42,7 @@ class Workload(ABC):
 
     name: str
     #: preset name -> config overrides; ``tiny`` must exist and train a step in well under 1 s on CPU.
-    #: A ``models.presets.family.Presets`` also resolves any shape of the workload's size family.
+    #: A ``shardbench.models.presets.family.Presets`` also resolves any shape of the workload's size family.
     presets: Mapping[str, dict[str, Any]]
     #: learning rate and optimizer of the paper/reference setting.
     lr: float = 1e-4

@@ -38,12 +38,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.strategies.sharded.units import repeated_blocks
-from bench.tensors import tensors_in
-from models.base import Inputs, Workload, batch_generator
-from models.presets.config_string import DEFAULT_PRESET, KeywordPresets, depth_family, parse_model_config
-from models.presets.family import SizeFamily
-from models.user_code import no_exit
+from shardbench.blocks import repeated_blocks
+from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.presets.config_string import (
+    DEFAULT_PRESET,
+    KeywordPresets,
+    depth_family,
+    parse_model_config,
+)
+from shardbench.models.presets.family import SizeFamily
+from shardbench.models.user_code import no_exit
+from shardbench.tensors import tensors_in
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ import torchaudio
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from models.base import Inputs, Workload, batch_generator
-from models.presets import deepspeech2 as presets_module
-from models.presets.deepspeech2 import CHARS, FREQ_BINS
+from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.presets import deepspeech2 as presets_module
+from shardbench.models.presets.deepspeech2 import CHARS, FREQ_BINS
 
 SAMPLE_RATE, WINDOW, HOP = 16_000, 320, 160  # 20 ms / 10 ms at 16 kHz: FREQ_BINS = WINDOW // 2 + 1
 
@@ -104,7 +104,7 @@ class DeepSpeech2Workload(Workload):
     )
 
     def param_count(self, preset: str) -> int:
-        """From the preset's shape alone (``models.presets.deepspeech2``): no build, no import."""
+        """From the preset's shape alone (``shardbench.models.presets.deepspeech2``): no build, no import."""
         self.check_preset(preset)
         return presets_module.param_count(self.presets[preset])
 
@@ -116,7 +116,7 @@ class DeepSpeech2Workload(Workload):
     def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
         """The convolution block and each recurrent layer (sequence-wise BatchNorm + LSTM):
         the units whose outputs the next one takes, with their BatchNorm statistics kept from
-        counting the batch twice by ``models.checkpointing``."""
+        counting the batch twice by ``shardbench.models.checkpointing``."""
         assert isinstance(model, DeepSpeech2)
         return [model.conv, *model.rnns]
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.strategies.sharded.units import repeated_blocks
-from models.base import Inputs, Workload, batch_generator
-from models.presets.config_string import (
+from shardbench.blocks import repeated_blocks
+from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.presets.config_string import (
     DEFAULT_PRESET,
     MAX_DEPTH,
     KeywordPresets,
@@ -33,7 +33,7 @@ from models.presets.config_string import (
     format_model_config,  # noqa: F401  (re-exported: the CLI writes presets with it)
     parse_model_config,
 )
-from models.presets.family import SizeFamily
+from shardbench.models.presets.family import SizeFamily
 
 DEFAULT_SEQ_LEN = 128
 #: the config field that sets the depth (``attribute_map`` aliases it where a class names it

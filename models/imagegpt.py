@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from models.base import Inputs, Workload, batch_generator
-from models.presets import imagegpt as presets_module
-from models.presets.imagegpt import CLUSTERS
+from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.presets import imagegpt as presets_module
+from shardbench.models.presets.imagegpt import CLUSTERS
 
 if TYPE_CHECKING:  # transformers takes seconds to import: only building a model needs it
     from transformers import ImageGPTConfig
@@ -47,7 +47,7 @@ class ImageGPTWorkload(Workload):
         return config, side
 
     def param_count(self, preset: str) -> int:
-        """From the preset's shape alone (``models.presets.imagegpt``): no build, no import."""
+        """From the preset's shape alone (``shardbench.models.presets.imagegpt``): no build, no import."""
         self.check_preset(preset)
         return presets_module.param_count(self.presets[preset])
 

@@ -13,29 +13,29 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from models.base import Workload
+    from shardbench.models.base import Workload
 
 # name -> "module:class", in the order ``workload_names()`` lists them
 _WORKLOADS: dict[str, str] = {
-    "transformer": "models.transformer:TransformerWorkload",
-    "imagegpt": "models.imagegpt:ImageGPTWorkload",
-    "swav": "models.swav:SwAVWorkload",
-    "deepspeech2": "models.deepspeech2:DeepSpeech2Workload",
+    "transformer": "shardbench.models.transformer:TransformerWorkload",
+    "imagegpt": "shardbench.models.imagegpt:ImageGPTWorkload",
+    "swav": "shardbench.models.swav:SwAVWorkload",
+    "deepspeech2": "shardbench.models.deepspeech2:DeepSpeech2Workload",
 }
 
 # name -> its torch-free presets module (PRESETS, LADDER, param_count), for the workloads that
 # have one; any other workload's counts come from its class (an import, a meta build)
 _PRESET_MODULES: dict[str, str] = {
-    "transformer": "models.presets.transformer",
-    "imagegpt": "models.presets.imagegpt",
-    "swav": "models.presets.swav",
-    "deepspeech2": "models.presets.deepspeech2",
+    "transformer": "shardbench.models.presets.transformer",
+    "imagegpt": "shardbench.models.presets.imagegpt",
+    "swav": "shardbench.models.presets.swav",
+    "deepspeech2": "shardbench.models.presets.deepspeech2",
 }
 
 
 def workload_names() -> list[str]:
     """The built-in workloads, then those installed packages register (``models/specs.py``)."""
-    from models.specs import registered
+    from shardbench.models.specs import registered
 
     return [*_WORKLOADS, *(n for n in registered() if n not in _WORKLOADS)]
 
@@ -54,7 +54,7 @@ def get_workload(name: str) -> Workload:
     (``hf:Arch``, ``module:factory``, ``file.py:factory``, a registered entry point)."""
     if name in _WORKLOADS:
         return workload_class(name)()
-    from models.specs import FORMS, is_spec, resolve
+    from shardbench.models.specs import FORMS, is_spec, resolve
 
     if is_spec(name):
         return resolve(name)

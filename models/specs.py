@@ -10,8 +10,9 @@
 A spec is resolved in every process that runs a cell (the ranks import the same module or file
 the parent did), so everything it needs must be importable there: a file path is resolved
 against the directory the command runs in (the launcher tells the ranks which:
-``SHARDBENCH_CALLER_CWD``; an exec'd CUDA rank starts in the project root), and a module must be
-installed or on ``PYTHONPATH``. Every error is one line naming
+``SHARDBENCH_CALLER_CWD``) and imported as ``python file.py`` would run it, its own directory
+first on ``sys.path`` (so it can import the packages beside it, a ``models`` of its own
+included); a module must be installed or on ``PYTHONPATH``. Every error is one line naming
 what is wrong and what is allowed, raised before anything runs.
 """
 
@@ -27,10 +28,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from models.user_code import no_exit
+from shardbench.models.user_code import no_exit
 
 if TYPE_CHECKING:  # torch: ``shardbench list`` reads the registered names without importing it
-    from models.base import Workload
+    from shardbench.models.base import Workload
 
 ENTRY_POINT_GROUP = "shardbench.workloads"
 FORMS = "hf:<ArchitectureClass>, package.module:factory or path/to/file.py:factory"
@@ -50,7 +51,7 @@ def is_spec(name: str) -> bool:
 def resolve(spec: str) -> Workload:
     """The workload ``spec`` names (cached: a rank resolves it once); ValueError if it cannot."""
     if spec.startswith("hf:"):
-        from models.hf import HFWorkload
+        from shardbench.models.hf import HFWorkload
 
         return HFWorkload(spec.removeprefix("hf:"))
     target = registered().get(spec, spec)
@@ -71,6 +72,8 @@ def _load(where: str, spec: str) -> Any:
         name = f"shardbench_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
         if name in sys.modules:
             return sys.modules[name]
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
         loader_spec = importlib.util.spec_from_file_location(name, path)
         assert loader_spec is not None and loader_spec.loader is not None
         module = importlib.util.module_from_spec(loader_spec)
@@ -92,8 +95,8 @@ def _load(where: str, spec: str) -> Any:
 
 
 def _as_workload(obj: Any, spec: str) -> Workload:
-    from models.base import Workload
-    from models.custom import ModelSpec, ModuleWorkload
+    from shardbench.models.base import Workload
+    from shardbench.models.custom import ModelSpec, ModuleWorkload
 
     if callable(obj):  # a factory, or a Workload subclass (its constructor)
         try:
@@ -114,5 +117,5 @@ def _as_workload(obj: Any, spec: str) -> Workload:
         return ModuleWorkload(spec, made, factory=obj)
     raise ValueError(
         f"workload {spec!r}: the factory returned a {type(made).__name__}; allowed: a Workload or a "
-        "ModelSpec (models.custom: an nn.Module factory plus its inputs)"
+        "ModelSpec (shardbench.models.custom: an nn.Module factory plus its inputs)"
     )

@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import Inputs, Workload, batch_generator
-from models.presets import swav as presets_module
+from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.presets import swav as presets_module
 
 
 class WideResNet50Trunk(nn.Module):
@@ -122,7 +122,7 @@ class SwAVWorkload(Workload):
     temperature = 0.1
 
     def param_count(self, preset: str) -> int:
-        """From the preset's shape alone (``models.presets.swav``): no build, no import."""
+        """From the preset's shape alone (``shardbench.models.presets.swav``): no build, no import."""
         self.check_preset(preset)
         return presets_module.param_count(self.presets[preset])
 
@@ -133,7 +133,7 @@ class SwAVWorkload(Workload):
 
     def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
         """Each ResNet bottleneck (``trunk.blocks[i]``); its BatchNorm statistics are kept from
-        counting the batch twice by ``models.checkpointing``."""
+        counting the batch twice by ``shardbench.models.checkpointing``."""
         assert isinstance(model, SwAV)
         return list(model.trunk.blocks)
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import Inputs, Workload, batch_generator
-from models.presets import transformer as presets_module
+from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.presets import transformer as presets_module
 
 if TYPE_CHECKING:  # transformers takes seconds to import: only building a model needs it
     from transformers import BertConfig
@@ -55,7 +55,7 @@ class TransformerWorkload(Workload):
         return BertConfig(**p), extra
 
     def param_count(self, preset: str) -> int:
-        """From the preset's shape alone (``models.presets.transformer``): no build, no import."""
+        """From the preset's shape alone (``shardbench.models.presets.transformer``): no build, no import."""
         self.check_preset(preset)
         return presets_module.param_count(self.presets[preset])
 

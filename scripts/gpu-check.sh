@@ -17,8 +17,9 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 out="results/gpu/$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$out"
-sb() { PYTHONPATH=. python3 -m bench.cli "$@"; }
-SB=(env PYTHONPATH=. python3 -m bench.cli)  # for `timeout`, which cannot run a shell function
+source scripts/checkout-env.sh
+sb() { python3 -m shardbench.cli "$@"; }
+SB=(python3 -m shardbench.cli)  # for `timeout`, which cannot run a shell function
 step() {  # step NAME SECONDS CMD...: run with a cap, log its output and wall time
     local name=$1 cap=$2 t0 rc
     shift 2

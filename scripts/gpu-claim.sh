@@ -3,4 +3,5 @@
 # Runs from the checkout without installing; writes results/claim/cuda/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHONPATH=. python3 -m bench.cli claim --device cuda "$@"
+source scripts/checkout-env.sh
+python3 -m shardbench.cli claim --device cuda "$@"

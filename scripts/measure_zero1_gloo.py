@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
-from models.registry import get_workload
+from shardbench.models.registry import get_workload
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 from tests.dist import run_distributed
 
 VARIANTS = ("ddp", "all_reduce", "reduce_scatter")

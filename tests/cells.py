@@ -1,7 +1,7 @@
 """Cells for tests: ``tiny_cell()`` builds one, ``run_cell_here()`` runs one without fresh
 processes.
 
-``bench.harness.launch.run_cell`` starts every rank as a fresh process (forked from a warm server
+``shardbench.harness.launch.run_cell`` starts every rank as a fresh process (forked from a warm server
 on the CPU, still about a second a cell plus the server's first start), which the tests of the
 launcher itself need (``test_run_end_to_end``, ``test_claim``, ``test_maxsize``). Tests of what a
 rank measures need only the rank: ``run_cell_here`` runs the worker's ``run_rank`` as rank 0 of a
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.harness.config import CellConfig
-from bench.harness.records import Record
+from shardbench.harness.config import CellConfig
+from shardbench.records import Record
 
 #: the tiny transformer, two ranks, a few steps: small enough for a test
 TINY_CELL: dict[str, Any] = dict(
@@ -33,7 +33,7 @@ def tiny_cell(**overrides: Any) -> CellConfig:
 
 
 def _world_rank(rank: int, world_size: int, cell: CellConfig, reported_world_size: int) -> Any:
-    from bench.harness.worker import run_rank
+    from shardbench.harness.worker import run_rank
 
     # run_rank, not run_rank_safely: a rank that fails raises, so the world is ended at once
     # instead of its other ranks waiting in a collective until the timeout
@@ -50,8 +50,8 @@ def _world_rank(rank: int, world_size: int, cell: CellConfig, reported_world_siz
 def run_cell_here(cell: CellConfig, *, run_id: str = "t") -> Record:
     """What ``run_cell(cell, run_id=run_id)`` records, run in this process (simulated or
     single-process cells) or on the shared gloo world of the cell's size (see the module doc)."""
-    from bench.harness.result import build_record
-    from bench.harness.worker import run_rank_safely
+    from shardbench.harness.result import build_record
+    from shardbench.harness.worker import run_rank_safely
     from tests.dist import run_in_world
 
     plan = cell.world_plan()

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from bench.harness.config import CellConfig
+from shardbench.harness.config import CellConfig
 from tests import cells
 from tests.dist import close_shared_worlds
 
@@ -31,6 +31,6 @@ def no_charts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reports without their charts, for tests of what a command measures and writes beside them:
     drawing a report's PNGs and SVGs costs seconds, and the charts have their own tests
     (test_report.py)."""
-    from bench.report import build
+    from shardbench.report import build
 
     monkeypatch.setattr(build, "plot_all", lambda records, out_dir: {})

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bench.harness.launch import PRELOAD
+from shardbench.harness.launch import PRELOAD
 
 
 class RankFailed(RuntimeError):

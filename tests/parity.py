@@ -1,7 +1,7 @@
 """Shared parity machinery: train a strategy on N ranks and a plain single-process reference on
 the same global batch, and compare parameters.
 
-The reference trains on the concatenation of every rank's chunk (``models.base`` makes chunks
+The reference trains on the concatenation of every rank's chunk (``shardbench.models.base`` makes chunks
 depend only on seed, step and rank), with a mean loss, so with exact arithmetic it computes
 exactly what data parallelism computes.
 """
@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.strategies.base import RankContext
-from bench.strategies.registry import get_strategy
-from models.base import Workload, concat_inputs
-from models.registry import get_workload
+from shardbench.models.base import Workload, concat_inputs
+from shardbench.models.registry import get_workload
+from shardbench.strategies.base import RankContext
+from shardbench.strategies.registry import get_strategy
 
 SEED = 0
 
@@ -73,7 +73,7 @@ def train_strategy_rank(
     (whole parameters: a wrapper that shards them consolidates them with ``full_state_dict``)."""
     import torch.distributed as dist
 
-    from models.checkpointing import apply_activation_checkpointing
+    from shardbench.models.checkpointing import apply_activation_checkpointing
 
     workload = _workload(workload_name)
     strategy = get_strategy(strategy_name)

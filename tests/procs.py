@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 
-def worker_processes(marker: str = "bench.harness.worker") -> list[int]:
+def worker_processes(marker: str = "shardbench.harness.worker") -> list[int]:
     """PIDs of live processes whose command line, or whose standard output's path, contains
     ``marker`` (zombies excluded). Ranks forked by the launcher's fork server keep the server's
     command line, but their output goes to a log in the cell's temporary directory."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.harness.records import Record
+from shardbench.records import Record
 
 DEFAULTS: dict[str, Any] = dict(
     run_id="r",

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.checkpointing import apply_activation_checkpointing, is_checkpointed
-from models.registry import get_workload, workload_names
+from shardbench.models.checkpointing import apply_activation_checkpointing, is_checkpointed
+from shardbench.models.registry import get_workload, workload_names
 from tests.cells import run_cell_here
 
 WORKLOADS = workload_names()

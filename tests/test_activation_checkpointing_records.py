@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import build_parser
-from bench.cli.max_size import resolve_max_size
-from bench.cli.run import resolve_cells
-from bench.harness.config import load_suite
-from bench.harness.records import parse_record
-from bench.harness.validate import plan_cells
-from bench.report.chartdata import group_labels, series_labels
-from bench.report.tables import records_to_frame
-from bench.studies.compare import NothingInCommon, compare_runs
-from bench.studies.export import benchmark_name
-from models.base import Workload
+from shardbench.cli import build_parser
+from shardbench.cli.max_size import resolve_max_size
+from shardbench.cli.run import resolve_cells
+from shardbench.harness.config import load_suite
+from shardbench.harness.validate import plan_cells
+from shardbench.models.base import Workload
+from shardbench.records import parse_record
+from shardbench.report.chartdata import group_labels, series_labels
+from shardbench.report.tables import records_to_frame
+from shardbench.studies.compare import NothingInCommon, compare_runs
+from shardbench.studies.export import benchmark_name
 from tests.records import make_record
 
 AC = {"activation_checkpointing": True}
@@ -65,7 +65,7 @@ def test_a_workload_without_checkpoint_units_is_refused_before_it_runs(tiny_cell
         presets = {"tiny": {}}
         build = batch = loss = None  # type: ignore[assignment]
 
-    monkeypatch.setattr("models.registry.get_workload", lambda name: NoUnits())
+    monkeypatch.setattr("shardbench.models.registry.get_workload", lambda name: NoUnits())
     with pytest.raises(ValueError, match="'no-units' declares no activation-checkpointing units"):
         plan_cells([tiny_cell(**AC)])
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from shardbench.cli import main
 
 
 def _run(tmp_path: Path, *argv: str) -> int:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-import bench.studies.claim as claim
-import bench.studies.maxsize as maxsize
-from bench.cli import main
-from bench.harness.records import Record, append_record, capture_env, read_records
-from bench.studies.claim import WorkloadResult
-from bench.studies.claim_gate import compare_claims, gate_section, results_from_records
-from bench.studies.claim_specs import SPECS, ClaimWorkload
+import shardbench.studies.claim as claim
+import shardbench.studies.maxsize as maxsize
+from shardbench.cli import main
+from shardbench.records import Record, append_record, capture_env, read_records
+from shardbench.studies.claim import WorkloadResult
+from shardbench.studies.claim_gate import compare_claims, gate_section, results_from_records
+from shardbench.studies.claim_specs import SPECS, ClaimWorkload
 from tests.cells import run_cell_here
 
 #: the pipeline on two workloads: one whose max-size probes are planned under --fake and one
@@ -31,15 +31,13 @@ WORKLOADS = ("transformer", "deepspeech2")
 def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -> None:
     """The claim run against a baseline in which it held everywhere: exit 1 exactly when a
     workload's claim does not hold now, and the report says which ratio moved."""
-    import bench.studies.baselines as baselines
-
     tiny = SPECS["tiny"]
     monkeypatch.setitem(
         SPECS, "tiny", replace(tiny, workloads=tuple(w for w in tiny.workloads if w.name in WORKLOADS))
     )
     monkeypatch.setattr(claim, "run_cell", run_cell_here)
     monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
-    monkeypatch.setattr(baselines, "BASELINES_DIR", tmp_path / "baselines")
+    monkeypatch.setenv("SHARDBENCH_HOME", str(tmp_path))
     held, n, env = tmp_path / "held.jsonl", SPECS["tiny"].world_size, capture_env("cpu")
     for w, ac in ((w, ac) for w in WORKLOADS for ac in (False, True)):
         for strategy, peak in (("ddp", 100), ("zero2", 40)):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.cli import main
+from shardbench.cli import main
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_list_imports_no_torch() -> None:
     """``shardbench list`` (and the CLI's import) reads declarations only: torch alone takes 2 s
     to import on the CI machine, and listing must answer in well under that."""
     code = (
-        "import sys\nfrom bench.cli import main\nassert main(['list']) == 0\n"
+        "import sys\nfrom shardbench.cli import main\nassert main(['list']) == 0\n"
         "print(sorted(m for m in ('torch', 'transformers', 'torchvision', 'torchaudio') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -74,9 +74,9 @@ def test_env_reports_versions(capsys) -> None:
 
 
 def test_suites_shipped_are_valid() -> None:
-    from bench.harness.config import load_suite, suite_names
-    from bench.strategies.registry import canonical_name
-    from models.registry import get_workload
+    from shardbench.harness.config import load_suite, suite_names
+    from shardbench.models.registry import get_workload
+    from shardbench.strategies.registry import canonical_name
 
     for name in suite_names():
         cells = load_suite(name).cells()
@@ -88,7 +88,7 @@ def test_suites_shipped_are_valid() -> None:
 
 
 def test_suite_matrices_and_overrides(tmp_path) -> None:
-    from bench.harness.config import load_suite, override
+    from shardbench.harness.config import load_suite, override
 
     path = tmp_path / "m.toml"
     path.write_text(

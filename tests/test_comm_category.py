@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.metrics.memory import CATEGORIES
+from shardbench.metrics.memory import CATEGORIES
 from tests.cells import run_cell_here, tiny_cell
 
 

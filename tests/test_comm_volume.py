@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.metrics.analytic import CommShape, Communication, predicted_comm
-from bench.metrics.comm import CollectiveCounter
+from shardbench.metrics.analytic import CommShape, Communication, predicted_comm
+from shardbench.metrics.comm import CollectiveCounter
 from tests.cells import run_cell_here, tiny_cell
 from tests.dist import fake_world, run_in_world
 
@@ -80,9 +80,9 @@ def test_prediction_pads_dim0_and_keeps_the_root() -> None:
 def _zero2_steps(rank: int, world_size: int, count: bool) -> tuple[dict | None, dict | None, dict]:
     """Three zero2 steps of the tiny transformer, the last with its collectives counted (and the
     counting itself watched by an outer counter) when ``count``; then the parameters."""
-    from bench.strategies.base import RankContext
-    from bench.strategies.registry import get_strategy
-    from models.registry import get_workload
+    from shardbench.models.registry import get_workload
+    from shardbench.strategies.base import RankContext
+    from shardbench.strategies.registry import get_strategy
 
     torch.manual_seed(0)
     workload, strategy = get_workload("transformer"), get_strategy("zero2")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.harness.records import Record, append_record
-from bench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
-from bench.studies.compare_rules import Rule, Rules, load_rules
+from shardbench.cli import main
+from shardbench.records import Record, append_record
+from shardbench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
+from shardbench.studies.compare_rules import Rule, Rules, load_rules
 from tests.records import make_record
 
 GIB = 1 << 30
@@ -208,9 +208,7 @@ def test_compare_cli_bad_input_exits_2(tmp_path: Path, capsys) -> None:
 
 
 def test_baseline_save_then_compare_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    import bench.studies.baselines as baselines
-
-    monkeypatch.setattr(baselines, "BASELINES_DIR", tmp_path / "baselines")
+    monkeypatch.setenv("SHARDBENCH_HOME", str(tmp_path))
     run = write_run(tmp_path / "run", [rec(name="nightly-x", env={**ENV, "git_sha": "abc"})])
     assert main(["baseline", "save", str(run), "--as", "nightly-x"]) == 0
     saved = tmp_path / "baselines" / "cpu" / "nightly-x.jsonl"
@@ -311,7 +309,7 @@ def test_a_baseline_of_several_runs_carries_their_spread(tmp_path: Path) -> None
     assert verdicts(one(fast + slow, night))["step_time_s"] == "unchanged"
     runs = [write_run(tmp_path / name, rs) for name, rs in (("a", fast), ("b", slow))]
     assert main(["baseline", "save", *map(str, runs), "--as", "two", "--root", str(tmp_path / "bl")]) == 0
-    saved = tmp_path / "bl" / "cpu" / "two.jsonl"
+    saved = tmp_path / "bl" / "baselines" / "cpu" / "two.jsonl"
     assert len(saved.read_text().splitlines()) == 4
     assert json.loads(saved.with_suffix(".manifest.json").read_text())["run_ids"] == ["a", "b"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from bench.cli.run import with_drill_down_dir
-from bench.harness.records import append_record
-from bench.report.build import build_report, write_report
+from shardbench.cli.run import with_drill_down_dir
+from shardbench.records import append_record
+from shardbench.report.build import build_report, write_report
 from tests.cells import run_cell_here, tiny_cell
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.harness import runner
-from bench.harness.records import read_records
-from bench.studies.plan import PLAN_STRATEGIES, UNPLANNED, plannable
+from shardbench.cli import main
+from shardbench.harness import runner
+from shardbench.records import read_records
+from shardbench.studies.plan import PLAN_STRATEGIES, UNPLANNED, plannable
 from tests.cells import run_cell_here
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.harness.records import Record, append_record
-from bench.studies.export import to_pytest_benchmark
+from shardbench.cli import main
+from shardbench.records import Record, append_record
+from shardbench.studies.export import to_pytest_benchmark
 from tests.records import make_record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,5 +114,5 @@ def test_repeats_get_their_own_names_and_two_runs_of_one_cell_are_refused() -> N
 
 
 def test_the_export_command_imports_no_torch() -> None:
-    code = "import sys, bench.cli, bench.studies.export; sys.exit('torch' in sys.modules)"
+    code = "import sys, shardbench.cli, shardbench.studies.export; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.metrics.exposed import exposed_comm, trace_overlap
-from bench.report.charts import comm_scaling_charts
-from bench.report.tables import records_to_frame
-from bench.report.terminal import ratio_lines, terminal_table
+from shardbench.metrics.exposed import exposed_comm, trace_overlap
+from shardbench.report.charts import comm_scaling_charts
+from shardbench.report.tables import records_to_frame
+from shardbench.report.terminal import ratio_lines, terminal_table
 from tests.records import make_record
 
 

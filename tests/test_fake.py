@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from bench.cli import main
-from bench.metrics.memory import CATEGORIES
+from shardbench.cli import main
+from shardbench.metrics.memory import CATEGORIES
 from tests.cells import run_cell_here
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.config import CellConfig
-from bench.harness.launch import launcher_dir
-from bench.harness.records import read_records
-from bench.harness.runner import run_cells
-from bench.harness.validate import plan_cells
+from shardbench.harness.config import CellConfig
+from shardbench.harness.launch import launcher_dir
+from shardbench.harness.runner import run_cells
+from shardbench.harness.validate import plan_cells
+from shardbench.records import read_records
 from tests.procs import worker_processes
 
 #: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)

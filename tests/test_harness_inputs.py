@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.harness import validate
-from bench.harness.records import SCHEMA, Record, RecordWriteError, append_record, read_records
-from bench.harness.runner import new_run_id
+from shardbench.cli import main
+from shardbench.harness import validate
+from shardbench.harness.runner import new_run_id
+from shardbench.records import SCHEMA, Record, RecordWriteError, append_record, read_records
 
 TINY = [
     "run",
@@ -159,8 +159,8 @@ def test_run_ids_started_in_the_same_second_differ() -> None:
 
 def _stand_in_cells(monkeypatch, n: int = 2):
     """Cells whose run is a stand-in record (no processes): for the runner's own behaviour."""
-    from bench.harness import runner
-    from bench.harness.config import CellConfig
+    from shardbench.harness import runner
+    from shardbench.harness.config import CellConfig
 
     def stand_in(cell, *, run_id):
         return _record(run_id, strategy=cell.strategy, world_size=cell.world_size)
@@ -173,8 +173,8 @@ def _stand_in_cells(monkeypatch, n: int = 2):
 
 
 def test_a_table_write_error_is_reported_and_the_run_goes_on(tmp_path, monkeypatch, capsys) -> None:
-    from bench.harness.runner import run_cells
-    from bench.report import tables
+    from shardbench.harness.runner import run_cells
+    from shardbench.report import tables
 
     cells = _stand_in_cells(monkeypatch)
     monkeypatch.setattr(
@@ -187,13 +187,13 @@ def test_a_table_write_error_is_reported_and_the_run_goes_on(tmp_path, monkeypat
 
 
 def test_a_record_write_error_stops_the_run_at_once(tmp_path, monkeypatch) -> None:
-    from bench.harness.runner import run_cells
+    from shardbench.harness.runner import run_cells
 
     cells = _stand_in_cells(monkeypatch)
     (tmp_path / "records.jsonl").mkdir()  # appending fails
     ran: list[str] = []
     monkeypatch.setattr(
-        "bench.harness.runner.run_cell", lambda cell, run_id: ran.append(cell.strategy) or _record()
+        "shardbench.harness.runner.run_cell", lambda cell, run_id: ran.append(cell.strategy) or _record()
     )
     with pytest.raises(RecordWriteError):
         run_cells(cells, out_dir=tmp_path, run_id="t")
@@ -201,8 +201,8 @@ def test_a_record_write_error_stops_the_run_at_once(tmp_path, monkeypatch) -> No
 
 
 def test_resume_skips_cells_with_an_ok_record(tmp_path, monkeypatch) -> None:
-    from bench.harness.runner import done_keys, run_cells
-    from bench.harness.validate import plan_cells
+    from shardbench.harness.runner import done_keys, run_cells
+    from shardbench.harness.validate import plan_cells
 
     cells = plan_cells(_stand_in_cells(monkeypatch))
     append_record(tmp_path / "records.jsonl", _record(strategy="ddp", world_size=2))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.records import read_records
+from shardbench.records import read_records
 from tests.procs import alive, descendants, worker_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def _start(out: Path, tmp: Path, *extra: str, fault: str | None) -> subprocess.P
     if fault:
         env["SHARDBENCH_FAULT"] = fault
     return subprocess.Popen(
-        [sys.executable, "-m", "bench.cli", *ARGS, *extra], cwd=ROOT, env=env, text=True,
+        [sys.executable, "-m", "shardbench.cli", *ARGS, *extra], cwd=ROOT, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
 
@@ -100,7 +100,7 @@ def test_sigterm_during_a_max_size_probe_stops_its_ranks(tmp_path, cell_tmp) -> 
     args = "max-size --workload transformer --strategy ddp --world-size 2 --budget 1GiB".split()
     args += ["--ladder", "tiny", "--batch-size", "2", "--steps", "1", "--warmup", "0", "--out", str(out)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.cli", *args], cwd=ROOT, env=env, text=True,
+        [sys.executable, "-m", "shardbench.cli", *args], cwd=ROOT, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 120
@@ -146,7 +146,7 @@ def test_a_long_tmpdir_does_not_break_the_fork_servers_socket(tmp_path) -> None:
     out = tmp_path / "run"
     args = [*ARGS[:9], "--strategy", "ddp", "--steps", "1", "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.cli", *args],
+        [sys.executable, "-m", "shardbench.cli", *args],
         cwd=ROOT,
         env=env,
         text=True,
@@ -161,7 +161,7 @@ def test_a_child_whose_launcher_already_left_exits_quietly(tmp_path) -> None:
     """A signal that stops the launcher while a rank is starting removes the rank's log folder
     first; the rank then exits without a traceback over the launcher's last line."""
     script = (
-        "import sys; from bench.harness.launch import output_to_log; "
+        "import sys; from shardbench.harness.launch import output_to_log; "
         f"output_to_log({str(tmp_path / 'gone' / 'rank0.log')!r}); print('ran on')"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
@@ -172,7 +172,7 @@ def test_a_ctrl_c_after_the_command_finished_prints_no_traceback() -> None:
     """The command's output is written; a SIGINT while the interpreter exits (torch's exit
     handlers run then) is ignored rather than printed as a KeyboardInterrupt traceback."""
     script = (
-        "import os, signal, sys; from bench.cli import entry; sys.argv = ['shardbench', 'env']; "
+        "import os, signal, sys; from shardbench.cli import entry; sys.argv = ['shardbench', 'env']; "
         "code = entry(); os.kill(os.getpid(), signal.SIGINT); sys.exit(code)"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
@@ -182,9 +182,11 @@ def test_a_ctrl_c_after_the_command_finished_prints_no_traceback() -> None:
 def test_the_fork_server_ignores_a_terminals_ctrl_c_from_its_first_import() -> None:
     """A terminal's Ctrl-C reaches the launcher's process group, the fork server too, which
     would otherwise print a KeyboardInterrupt traceback while it imports its preload."""
-    from bench.harness.guardian import LAUNCHER_PID
+    from shardbench.harness.guardian import LAUNCHER_PID
 
     env = {**os.environ, LAUNCHER_PID: str(os.getpid())}  # as the launcher starts its server
-    script = "import signal, bench.harness.guardian; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    script = (
+        "import signal, shardbench.harness.guardian; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-import models.base
-from bench.metrics.kernels import KernelWatch, default_implementation, pin_implementation
+import shardbench.models.base
+from shardbench.metrics.kernels import KernelWatch, default_implementation, pin_implementation
 from tests.cells import run_cell_here, tiny_cell
 
 #: an MLP whose optimizer step is its peak: ~270k parameters, activations of a few KiB at batch 1
@@ -56,7 +56,7 @@ def test_a_cuda_plan_counts_the_foreach_temporaries(strategy: str, monkeypatch: 
     def adamw_foreach(model: torch.nn.Module, *, lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, foreach=True)
 
-    monkeypatch.setattr(models.base, "_adamw_over_trainable", adamw_foreach)
+    monkeypatch.setattr(shardbench.models.base, "_adamw_over_trainable", adamw_foreach)
     real = run_cell_here(replace(cell, fake=False))
     assert real.status == "ok" and real.strategy_settings["kernels"]["optimizer"] == "foreach"
     assert cuda.peak_mem_bytes["max"] == pytest.approx(real.peak_mem_bytes["max"], rel=0.01)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import bench.studies.maxsize as maxsize
-from bench.cli import main
-from bench.harness.config import CellConfig
-from bench.harness.records import Record, read_records
+import shardbench.studies.maxsize as maxsize
+from shardbench.cli import main
+from shardbench.harness.config import CellConfig
+from shardbench.records import Record, read_records
 from tests.cells import measured_once, run_cell_here, tiny_cell
 
 MIB = 2**20
@@ -174,9 +174,9 @@ def test_cli_validates_before_probing(tmp_path: Path, capsys) -> None:
 def test_known_records_are_reused_and_bound_the_bisection(tmp_path: Path, monkeypatch) -> None:
     """The search logic alone, on stand-in probes whose peak is the preset's parameter count x 16
     bytes: a preset already measured is not run again, and the answer is the true boundary."""
-    from bench.harness.result import RankResult, build_record
-    from bench.strategies.registry import get_strategy
-    from models.registry import get_workload
+    from shardbench.harness.result import RankResult, build_record
+    from shardbench.models.registry import get_workload
+    from shardbench.strategies.registry import get_strategy
 
     ran: list[str] = []
 
@@ -204,9 +204,9 @@ def test_known_records_are_reused_and_bound_the_bisection(tmp_path: Path, monkey
 
 def _stand_in_probes(monkeypatch: pytest.MonkeyPatch, ran: list[str]) -> None:
     """Probes whose peak is 16 bytes per parameter, without running anything."""
-    from bench.harness.result import RankResult, build_record
-    from bench.strategies.registry import get_strategy
-    from models.registry import get_workload
+    from shardbench.harness.result import RankResult, build_record
+    from shardbench.models.registry import get_workload
+    from shardbench.strategies.registry import get_strategy
 
     def stand_in(cell: CellConfig, *, run_id: str):
         ran.append(cell.preset)
@@ -247,7 +247,7 @@ def test_a_family_search_ends_within_the_resolution(tmp_path: Path, monkeypatch,
 
 
 def _family(workload: str):
-    from models.registry import get_workload
+    from shardbench.models.registry import get_workload
 
     return get_workload(workload).size_family()
 
@@ -276,7 +276,7 @@ def test_a_coarser_resolution_takes_fewer_probes(tmp_path: Path, monkeypatch) ->
 
 
 def test_resolution_is_validated_and_its_default_is_one(capsys) -> None:
-    from bench.cli import max_size
+    from shardbench.cli import max_size
 
     assert max_size.DEFAULT_RESOLUTION == maxsize.DEFAULT_RESOLUTION
     args = ["max-size", "--workload", "transformer", "--strategy", "ddp", "--world-size", "2"]

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from bench.harness.config import CellConfig
-from bench.metrics.analytic import FORMULAS, predicted_model_state_bytes, whole_parameter_partition
-from models.registry import get_workload
+from shardbench.harness.config import CellConfig
+from shardbench.metrics.analytic import FORMULAS, predicted_model_state_bytes, whole_parameter_partition
+from shardbench.models.registry import get_workload
 from tests.cells import run_cell_here, tiny_cell
 from tests.dist import run_simulated_here
 
@@ -72,7 +72,7 @@ def test_analytic_table_of_the_paper() -> None:
 def test_bf16_prediction_follows_what_each_strategy_stores() -> None:
     """DDP-style strategies train bf16 as autocast over fp32 parameters (4+4+8 bytes), ours keep
     bf16 parameters with fp32 masters (2+2+12): the prediction uses what is really stored."""
-    from bench.harness.result import predict
+    from shardbench.harness.result import predict
 
     ddp = predict(tiny_cell(world_size=8, precision="bf16"), 8, 1000)
     ours = predict(tiny_cell(strategy="zero2", world_size=8, precision="bf16"), 8, 1000)
@@ -84,7 +84,7 @@ def test_memory_held_between_steps_sees_ddps_extra_gradient_copy(monkeypatch) ->
     """With ``gradient_as_bucket_view=False`` DDP keeps its buckets beside the gradients: one extra
     gradient-sized copy per rank. The peak can hide it (it moves mid-backward); the memory held
     between steps, which the nightly gate compares, shows it whole."""
-    import bench.strategies.ddp as ddp
+    import shardbench.strategies.ddp as ddp
 
     views = run_cell_here(_cell("ddp", 4, simulate=True))
     monkeypatch.setitem(ddp.DDP_SETTINGS, "gradient_as_bucket_view", False)

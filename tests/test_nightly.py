@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.harness.records import read_records
+from shardbench.cli import main
+from shardbench.records import read_records
 
 SUITE = """
 description = "nightly test: two simulated tiny cells, memory compared (3 timed steps)"
@@ -28,9 +28,7 @@ timeout_s = 120
 
 @pytest.fixture
 def baselines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    import bench.studies.baselines as module
-
-    monkeypatch.setattr(module, "BASELINES_DIR", tmp_path / "baselines")
+    monkeypatch.setenv("SHARDBENCH_HOME", str(tmp_path))
     return tmp_path / "baselines"
 
 
@@ -101,9 +99,9 @@ def test_nightly_refuses_before_running(tmp_path: Path, baselines: Path, capsys)
 
 
 def test_suite_max_size_tables_are_validated_as_max_size_flags(tmp_path: Path) -> None:
-    from bench.cli.common import UsageError
-    from bench.cli.suite_searches import resolve_searches
-    from bench.harness.config import load_suite
+    from shardbench.cli.common import UsageError
+    from shardbench.cli.suite_searches import resolve_searches
+    from shardbench.harness.config import load_suite
 
     suite = tmp_path / "s.toml"
     suite.write_text(
@@ -122,9 +120,9 @@ def test_suite_max_size_tables_are_validated_as_max_size_flags(tmp_path: Path) -
 def test_the_shipped_nightly_suites_plan() -> None:
     """nightly-cpu's cells plan on this machine (its [[max_size]] tables too, if it has any);
     nightly-gpu's cells parse (planning needs CUDA) and its searches are max-size flags."""
-    from bench.cli.suite_searches import resolve_searches
-    from bench.harness.config import load_suite
-    from bench.harness.validate import plan_cells
+    from shardbench.cli.suite_searches import resolve_searches
+    from shardbench.harness.config import load_suite
+    from shardbench.harness.validate import plan_cells
 
     cpu = load_suite("nightly-cpu")
     cells = plan_cells(cpu.cells())

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.harness.records import read_records
-from bench.studies import maxsize
-from models.presets.config_string import depth_family
-from models.registry import get_workload
+from shardbench.cli import main
+from shardbench.models.presets.config_string import depth_family
+from shardbench.models.registry import get_workload
+from shardbench.records import read_records
+from shardbench.studies import maxsize
 from tests.cells import run_cell_here
 from tests.test_workload_specs import HF_TINY
 
@@ -68,7 +68,7 @@ def test_claim_takes_your_own_model(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     """Resolution only (the claim's pipeline has its own tests): your workload replaces the
     spec's, at its --model-config shape and --batch-size, searched over its depth family, into a
     directory of its own."""
-    from bench.studies import claim as claim_study
+    from shardbench.studies import claim as claim_study
 
     seen = {}
 

@@ -59,7 +59,7 @@ def reference(unused: str) -> dict[str, torch.Tensor]:
 def train_deepspeed(rank: int, world_size: int, stage: int) -> dict[str, torch.Tensor]:
     import deepspeed
 
-    from bench.strategies.deepspeed_zero import deepspeed_config
+    from shardbench.strategies.deepspeed_zero import deepspeed_config
 
     os.environ.setdefault("LOCAL_RANK", str(rank))  # DeepSpeed asks for it (its launcher sets it)
     deepspeed.init_distributed(dist_backend="gloo")
@@ -97,7 +97,7 @@ def train_fairscale(rank: int, world_size: int, sharded_gradients: bool) -> dict
     from fairscale.nn.data_parallel import ShardedDataParallel
     from fairscale.optim.oss import OSS
 
-    from bench.strategies.fairscale_oss import REDUCE_BUFFER_SIZE
+    from shardbench.strategies.fairscale_oss import REDUCE_BUFFER_SIZE
 
     model = tricky.build()
     opt = OSS(tricky.param_groups(model), optim=torch.optim.AdamW)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.harness import runner
-from bench.harness.config import CellConfig
-from bench.harness.records import read_records
-from bench.studies import maxsize
-from bench.studies.plan import (
+from shardbench.cli import main
+from shardbench.harness import runner
+from shardbench.harness.config import CellConfig
+from shardbench.records import read_records
+from shardbench.studies import maxsize
+from shardbench.studies.plan import (
     PLAN_STRATEGIES,
     UNPLANNED,
     planning_cells,
@@ -36,7 +36,7 @@ def in_process(monkeypatch: pytest.MonkeyPatch, no_charts: None):
 
 
 def _cells(batch: int, strategies=PLAN_STRATEGIES) -> list[CellConfig]:
-    from bench.harness.validate import plan_cells
+    from shardbench.harness.validate import plan_cells
 
     return plan_cells(
         planning_cells(
@@ -164,7 +164,7 @@ def test_batch_size_and_max_batch_exclude_each_other(capsys) -> None:
 
 
 def test_a_cuda_only_peer_gets_a_command_with_device_cuda() -> None:
-    from bench.studies.plan import measure_command
+    from shardbench.studies.plan import measure_command
     from tests.records import make_record
 
     text = measure_command(make_record(world_size=2), ["deepspeed-zero2", "fairscale-zero3"])

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.records import Record, read_records
-from bench.report import plots
-from bench.report.build import build_report
-from bench.report.chartdata import GIB, MIB
-from bench.report.charts import (
+from shardbench.records import Record, read_records
+from shardbench.report import plots
+from shardbench.report.build import build_report
+from shardbench.report.chartdata import GIB, MIB
+from shardbench.report.charts import (
     ALL_CHARTS,
     breakdown_charts,
     max_size_charts,
@@ -26,8 +26,8 @@ from bench.report.charts import (
     peak_memory_charts,
     step_time_charts,
 )
-from bench.report.styles import FALLBACK_COLORS, legend_label, strategy_color, strategy_key
-from bench.report.tables import markdown_table, records_to_frame, write_tables
+from shardbench.report.styles import FALLBACK_COLORS, legend_label, strategy_color, strategy_key
+from shardbench.report.tables import markdown_table, records_to_frame, write_tables
 
 #: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)
 pytestmark = pytest.mark.xdist_group("test_report")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.harness.config import CellConfig
-from bench.harness.records import read_records
+from shardbench.cli import main
+from shardbench.harness.config import CellConfig
+from shardbench.records import read_records
 from tests.cells import tiny_cell
 
 #: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)
@@ -87,7 +87,7 @@ def test_worker_runs_under_torchrun(tmp_path: Path) -> None:
             "--nproc-per-node",
             "2",
             "-m",
-            "bench.harness.worker",
+            "shardbench.harness.worker",
             "--cell",
             json.dumps(cell.to_json()),
             "--out",

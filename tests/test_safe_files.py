@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import INTERNAL_ERROR, main
-from bench.harness.records import read_records
-from bench.paths import atomic_write_text, inside, path_component
-from bench.report.chartdata import slug
-from bench.studies.baselines import manifest_path, save_baseline
-from bench.studies.history import append_history
+from shardbench.cli import INTERNAL_ERROR, main
+from shardbench.paths import atomic_write_text, inside, path_component
+from shardbench.records import read_records
+from shardbench.report.chartdata import slug
+from shardbench.studies.baselines import manifest_path, save_baseline
+from shardbench.studies.history import append_history
 from tests.records import make_record
 
 
@@ -56,9 +56,9 @@ def test_a_failed_write_leaves_the_old_baseline_whole(tmp_path: Path, monkeypatc
     def full_disk(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("bench.paths.os.fsync", full_disk)
+    monkeypatch.setattr("shardbench.paths.os.fsync", full_disk)
     new = _run(tmp_path / "b", [_line(run_id="new")])
-    argv = ["baseline", "save", str(new), "--as", "x", "--root", str(root), "--force"]
+    argv = ["baseline", "save", str(new), "--as", "x", "--root", str(tmp_path), "--force"]
     assert main(argv) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert (old.read_text(), manifest_path(old).read_text()) == before
@@ -174,8 +174,8 @@ def test_a_bug_is_its_own_exit_code(monkeypatch, capsys) -> None:
     def broken(args) -> int:
         raise AttributeError("'NoneType' object has no attribute 'get'")
 
-    monkeypatch.setattr("bench.cli.listing.cmd_env", broken)
-    monkeypatch.setattr("bench.cli.cmd_env", broken)
+    monkeypatch.setattr("shardbench.cli.listing.cmd_env", broken)
+    monkeypatch.setattr("shardbench.cli.cmd_env", broken)
     assert main(["env"]) == INTERNAL_ERROR != 1
     assert "internal error (AttributeError" in capsys.readouterr().err
 
@@ -254,14 +254,14 @@ def test_files_that_are_not_utf8_are_named(tmp_path: Path) -> None:
         assert len(read_records([path])) == 1
     rules = tmp_path / "rules.toml"
     rules.write_bytes(b"[memory]\ntolerance_pct = \xff\n")
-    from bench.studies.compare_rules import load_rules
+    from shardbench.studies.compare_rules import load_rules
 
     with pytest.raises(ValueError, match=r"--rules .*rules.toml: not UTF-8 text"):
         load_rules(rules)
 
 
 def test_an_allocation_the_os_refuses_is_out_of_memory() -> None:
-    from bench.harness.worker import _is_oom
+    from shardbench.harness.worker import _is_oom
 
     refused = RuntimeError(
         "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: you tried "
@@ -297,7 +297,7 @@ def test_resume_refuses_cells_that_are_not_the_runs(tmp_path: Path, capsys) -> N
 def test_resume_continues_the_runs_own_cells_without_its_flags(tmp_path: Path, capsys) -> None:
     """A run keeps the cells it was started with: ``--resume DIR`` alone continues them (here all
     are already ok, so nothing runs), and flags that make another set are refused."""
-    from bench.cli.run import CELLS_FILE
+    from shardbench.cli.run import CELLS_FILE
     from tests.cells import tiny_cell
 
     cell = tiny_cell(strategy="ddp", world_size=2, batch_size=8)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
-from bench.strategies.sharded.layout import build_buckets
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from shardbench.strategies.sharded.layout import build_buckets
 from tests import tricky
 from tests.dist import run_in_world, run_simulated_here
 

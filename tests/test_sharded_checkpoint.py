@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 from tests import tricky
 from tests.dist import run_in_world
 from tests.parity import max_rel_diff

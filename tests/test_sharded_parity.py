@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
-from models.base import concat_inputs
+from shardbench.models.base import concat_inputs
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 from tests import tricky
 from tests.dist import run_in_world
 from tests.parity import max_rel_diff, max_rel_l2_diff

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 from tests.dist import run_in_world
 from tests.parity import max_rel_diff
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 from tests import tricky
 from tests.dist import run_distributed
 

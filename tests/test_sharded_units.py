@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
-from bench.strategies.sharded.units import find_units
-from models.registry import get_workload
+from shardbench.models.registry import get_workload
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from shardbench.strategies.sharded.units import find_units
 from tests import tricky
 from tests.dist import run_simulated_here
 
@@ -101,7 +101,7 @@ def test_prefetch_predicts_from_the_last_forward() -> None:
     """Forward prefetches the unit that followed, backward the one that preceded; a unit run
     twice keeps its first successor and last predecessor; nothing is predicted before a
     forward has finished."""
-    from bench.strategies.sharded.prefetch import UnitOrder
+    from shardbench.strategies.sharded.prefetch import UnitOrder
 
     order = UnitOrder()
     order.start()
@@ -117,7 +117,7 @@ def test_prefetch_predicts_from_the_last_forward() -> None:
 def test_gloo_reduces_to_owners_from_four_ranks() -> None:
     """gloo: all-reduce below GLOO_REDUCE_FROM ranks (faster there), each chunk reduced to its
     owner from it on (half the bytes, faster there); every other backend reduce-scatters."""
-    from bench.strategies.sharded.reducer import GLOO_REDUCE_FROM, default_collective
+    from shardbench.strategies.sharded.reducer import GLOO_REDUCE_FROM, default_collective
 
     assert [default_collective("gloo", n) for n in (2, 3, GLOO_REDUCE_FROM, 8)] == [
         "all_reduce",

@@ -3,7 +3,7 @@ match the analytic ZeRO prediction at N far beyond this machine; dp refuses clea
 
 from __future__ import annotations
 
-from bench.cli import main
+from shardbench.cli import main
 from tests.cells import run_cell_here
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from models.base import Workload
-from models.registry import get_workload, workload_names
+from shardbench.models.base import Workload
+from shardbench.models.registry import get_workload, workload_names
 
 #: named presets and the family shape that is the same model
 SAME_MODEL = {

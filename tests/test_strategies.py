@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.metrics.analytic import REPLICATED, ZERO1, ZERO2, ZERO3, Sharding
-from bench.strategies.base import Strategy
-from bench.strategies.registry import (
+from shardbench.metrics.analytic import REPLICATED, ZERO1, ZERO2, ZERO3, Sharding
+from shardbench.strategies.base import Strategy
+from shardbench.strategies.registry import (
     canonical_name,
     display_of,
     get_strategy,

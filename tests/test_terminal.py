@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import build_parser, main
-from bench.harness.records import read_records
-from bench.report.terminal import COLUMNS, WIDTH, check_columns, flags, ratio_lines, terminal_table
+from shardbench.cli import build_parser, main
+from shardbench.records import read_records
+from shardbench.report.terminal import COLUMNS, WIDTH, check_columns, flags, ratio_lines, terminal_table
 
 SAMPLES = Path(__file__).resolve().parents[1] / "results" / "samples"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.report.trend_charts import draw_metric
-from bench.studies.trend import alarms, last_night, read_history, series
+from shardbench.cli import main
+from shardbench.report.trend_charts import draw_metric
+from shardbench.studies.trend import alarms, last_night, read_history, series
 
 MIB = 2**20
 A, B, NEW = (
@@ -226,6 +226,6 @@ def test_cli_bad_input_exits_2(tmp_path: Path, capsys, content: str | None, need
 
 def test_cli_import_stays_light() -> None:
     """``shardbench`` starts without matplotlib or torch; ``trend`` imports what it draws with."""
-    code = "import sys, bench.cli; print(sorted({'matplotlib', 'torch', 'pandas'} & set(sys.modules)))"
+    code = "import sys, shardbench.cli; print(sorted({'matplotlib', 'torch', 'pandas'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

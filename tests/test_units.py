@@ -2,10 +2,10 @@
 
 import pytest
 
-from bench.harness.records import Record, append_record, read_records
-from bench.metrics.analytic import Sharding, predicted_model_state_bytes
-from bench.metrics.memory import breakdown_from_snapshot
-from bench.metrics.timing import slowest_rank, summarize
+from shardbench.metrics.analytic import Sharding, predicted_model_state_bytes
+from shardbench.metrics.memory import breakdown_from_snapshot
+from shardbench.metrics.timing import slowest_rank, summarize
+from shardbench.records import Record, append_record, read_records
 from tests.records import make_record
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.cli import build_parser
+from shardbench.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -47,7 +47,7 @@ def step_using(job: dict[str, Any], action: str) -> dict[str, Any]:
 
 
 def shardbench_commands(script: str) -> Iterator[tuple[str, list[str]]]:
-    """``(subcommand, [--flag, ...])`` for each ``shardbench ...`` or ``python -m bench.cli ...``
+    """``(subcommand, [--flag, ...])`` for each ``shardbench ...`` or ``python -m shardbench.cli ...``
     in a ``run:`` script; a command ends at its line's end or at a shell operator."""
     for line in script.replace("\\\n", " ").splitlines():
         lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
@@ -56,7 +56,7 @@ def shardbench_commands(script: str) -> Iterator[tuple[str, list[str]]]:
         for i, token in enumerate(tokens):
             if Path(token).name == "shardbench":
                 rest = tokens[i + 1 :]
-            elif token == "-m" and tokens[i + 1 : i + 2] == ["bench.cli"]:
+            elif token == "-m" and tokens[i + 1 : i + 2] == ["shardbench.cli"]:
                 rest = tokens[i + 2 :]
             else:
                 continue

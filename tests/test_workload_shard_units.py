@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench.strategies.base import RankContext
-from bench.strategies.registry import get_strategy
-from models.registry import get_workload
+from shardbench.models.registry import get_workload
+from shardbench.strategies.base import RankContext
+from shardbench.strategies.registry import get_strategy
 from tests.cells import run_cell_here, tiny_cell
 from tests.dist import fake_world
 
@@ -62,8 +62,8 @@ def test_fsdp2_wraps_the_workload_units() -> None:
 def test_fsdp2_default_is_zero3s_default() -> None:
     """The repeated blocks, in nn.Sequential stages too (a ResNet's), and never a ModuleList
     itself (it has no forward for a hook to fire on)."""
-    from bench.strategies.fsdp2 import shard_units
-    from bench.strategies.sharded.units import repeated_blocks
+    from shardbench.strategies.fsdp2 import shard_units
+    from shardbench.strategies.sharded.units import repeated_blocks
 
     stages = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), nn.Linear(2, 2))
     lists = nn.Sequential(nn.Linear(2, 2), nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]))

@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.cli import main
-from models.custom import Input, ModelSpec, ModuleWorkload, loss_from_output
-from models.presets.config_string import format_model_config, parse_model_config
-from models.registry import get_workload, workload_names
+from shardbench.cli import main
+from shardbench.models.custom import Input, ModelSpec, ModuleWorkload, loss_from_output
+from shardbench.models.presets.config_string import format_model_config, parse_model_config
+from shardbench.models.registry import get_workload, workload_names
 from tests.cells import run_cell_here, tiny_cell
 
 FILE_FACTORY = """
 from torch import nn
-from models.custom import Input, ModelSpec
+from shardbench.models.custom import Input, ModelSpec
 
 def factory():
     net = lambda: nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(8 * 6, 3))
@@ -92,8 +92,8 @@ def test_model_config_round_trip() -> None:
 
 
 def test_model_config_flags_write_the_preset(tmp_path) -> None:
-    from bench.cli import build_parser
-    from bench.cli.run import resolve_cells
+    from shardbench.cli import build_parser
+    from shardbench.cli.run import resolve_cells
 
     args = build_parser().parse_args(
         [
@@ -192,8 +192,8 @@ def test_a_relative_file_resolves_against_the_callers_directory(tmp_path, monkey
 
 def test_your_own_model_takes_its_own_preset_where_none_is_given() -> None:
     """The smoke suite's preset is ``tiny``; a model of one's own has ``default`` (or its hf shape)."""
-    from bench.cli import build_parser
-    from bench.cli.run import resolve_cells
+    from shardbench.cli import build_parser
+    from shardbench.cli.run import resolve_cells
 
     args = build_parser().parse_args(["run", "--workload", "transformer,tests.user_models:tiny_net"])
     _, cells = resolve_cells(args)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import registry
-from models.registry import get_workload, workload_names
-from models.swav import WideResNet50Trunk
+from shardbench.models import registry
+from shardbench.models.registry import get_workload, workload_names
+from shardbench.models.swav import WideResNet50Trunk
 from tests.cells import run_cell_here
 
 WORKLOADS = ["transformer", "imagegpt", "swav", "deepspeech2"]
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _presets(name: str) -> list[str]:
-    return list(importlib.import_module(f"models.presets.{name}").PRESETS)
+    return list(importlib.import_module(f"shardbench.models.presets.{name}").PRESETS)
 
 
 def test_all_four_are_registered() -> None:
@@ -109,9 +109,9 @@ def test_tiny_runs_under_strategy_at_world_size_2(name: str, strategy: str, tiny
 )
 def test_count_formula_equals_a_meta_build(name: str, preset: str) -> None:
     """Every workload counts parameters from the preset's shape (models/presets/: no library
-    import, no build); a build on the meta device (models.base.Workload's general way) must agree
+    import, no build); a build on the meta device (shardbench.models.base.Workload's general way) must agree
     exactly, for every preset."""
-    from models.base import Workload
+    from shardbench.models.base import Workload
 
     w = get_workload(name)
     assert w.param_count(preset) == Workload.param_count(w, preset)
@@ -121,7 +121,7 @@ def test_preset_param_counts_import_no_torch() -> None:
     """``shardbench list`` counts every preset of every workload through the registry without
     importing torch or a model library (each takes seconds)."""
     code = (
-        "import sys, models.registry as r\n"
+        "import sys, shardbench.models.registry as r\n"
         "counts = {n: r.preset_param_counts(n) for n in r.workload_names()}\n"
         "assert all(c and all(v > 0 for v in c.values()) for c in counts.values()), counts\n"
         "print(sorted(m for m in ('torch', 'transformers', 'torchvision', 'torchaudio') if m in sys.modules))"
@@ -145,6 +145,6 @@ def test_preset_param_counts_agree_with_the_workloads(monkeypatch: pytest.Monkey
 
 
 def test_deepspeech2_freq_bins_match_the_spectrogram_window() -> None:
-    from models import deepspeech2
+    from shardbench.models import deepspeech2
 
     assert deepspeech2.FREQ_BINS == deepspeech2.WINDOW // 2 + 1

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import Inputs, Workload, batch_generator
+from shardbench.models.base import Inputs, Workload, batch_generator
 
 
 class MLP(nn.Module):

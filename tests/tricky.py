@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import batch_generator
+from shardbench.models.base import batch_generator
 
 VOCAB, DIM, SEQ = 97, 16, 5
 

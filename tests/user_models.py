@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from models.custom import Input, ModelSpec
-from models.transformer import TransformerWorkload
+from shardbench.models.custom import Input, ModelSpec
+from shardbench.models.transformer import TransformerWorkload
 
 
 class TinyNet(nn.Module):

@@ -2,7 +2,7 @@
 
 One module per subcommand (``run``, ``max-size``, ``claim``, ``report``, ``compare``,
 ``baseline``, ``nightly``, ``trend``, ``export``, ``list``/``env``); each validates every
-argument through ``bench.harness.validate`` before anything is started or written: a mistake is
+argument through ``shardbench.harness.validate`` before anything is started or written: a mistake is
 one line on stderr naming what is allowed, and exit code 2.
 """
 
@@ -14,19 +14,19 @@ import sys
 import threading
 import traceback
 
-from bench.cli.baseline import add_baseline_parser, cmd_baseline
-from bench.cli.claim import add_claim_parser, cmd_claim
-from bench.cli.common import UsageError
-from bench.cli.compare import add_compare_parser, cmd_compare
-from bench.cli.export import add_export_parser, cmd_export
-from bench.cli.listing import add_listing_parsers, cmd_env, cmd_list
-from bench.cli.max_size import add_max_size_parser, cmd_max_size
-from bench.cli.nightly import add_nightly_parser, cmd_nightly
-from bench.cli.plan import add_plan_parser, cmd_plan
-from bench.cli.report import add_report_parser, cmd_report
-from bench.cli.run import add_run_parser, cmd_run, resolve_cells
-from bench.cli.trend import add_trend_parser, cmd_trend
-from bench.harness.guardian import NoPrivateDir
+from shardbench.cli.baseline import add_baseline_parser, cmd_baseline
+from shardbench.cli.claim import add_claim_parser, cmd_claim
+from shardbench.cli.common import UsageError
+from shardbench.cli.compare import add_compare_parser, cmd_compare
+from shardbench.cli.export import add_export_parser, cmd_export
+from shardbench.cli.listing import add_listing_parsers, cmd_env, cmd_list
+from shardbench.cli.max_size import add_max_size_parser, cmd_max_size
+from shardbench.cli.nightly import add_nightly_parser, cmd_nightly
+from shardbench.cli.plan import add_plan_parser, cmd_plan
+from shardbench.cli.report import add_report_parser, cmd_report
+from shardbench.cli.run import add_run_parser, cmd_run, resolve_cells
+from shardbench.cli.trend import add_trend_parser, cmd_trend
+from shardbench.harness.guardian import NoPrivateDir
 
 __all__ = ["UsageError", "build_parser", "entry", "main", "resolve_cells"]
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> int:
-    """The installed command (and ``python -m bench.cli``): ``main``, then an exit that a late
+    """The installed command (and ``python -m shardbench.cli``): ``main``, then an exit that a late
     Ctrl-C cannot turn into a traceback. Once the command has returned, its records and output
     are written; a SIGINT arriving while the interpreter shuts down (torch unregisters its
     operator libraries at exit) would otherwise print a KeyboardInterrupt traceback from an

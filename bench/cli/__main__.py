@@ -1,8 +1,8 @@
-"""``python -m bench.cli``: the CLI without installing (the GPU image runs it this way)."""
+"""``python -m shardbench.cli``: the CLI without installing (the GPU image runs it this way)."""
 
 import sys
 
-from bench.cli import entry
+from shardbench.cli import entry
 
 if __name__ == "__main__":  # not when a forkserver child re-imports the parent's main module
     sys.exit(entry())

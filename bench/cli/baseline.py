@@ -1,7 +1,8 @@
 """``shardbench baseline save RUN [RUN ...] --as NAME``: commit runs' records as a named baseline.
 
 The records and a manifest (who, when, git sha, environment) go to
-``results/baselines/<device>/NAME.jsonl``; ``compare`` and ``nightly`` accept ``NAME``.
+``<root>/baselines/<device>/NAME.jsonl`` (``--root``, else ``$SHARDBENCH_HOME``, else
+``./results``); ``compare``, ``nightly`` and ``claim`` accept ``NAME``.
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.cli.common import UsageError
+from shardbench.cli.common import UsageError, add_root_argument
 
 
 def add_baseline_parser(sub: argparse._SubParsersAction) -> None:
     base = sub.add_parser("baseline", help="save a run as a named baseline (results/baselines/)")
     actions = base.add_subparsers(dest="action", required=True)
     save = actions.add_parser(
-        "save", help="copy the records of RUN (one or more) to results/baselines/<device>/NAME.jsonl"
+        "save", help="copy the records of RUN (one or more) to <root>/baselines/<device>/NAME.jsonl"
     )
     save.add_argument(
         "run",
@@ -28,16 +29,15 @@ def add_baseline_parser(sub: argparse._SubParsersAction) -> None:
     save.add_argument("--as", dest="name", required=True, help="the baseline's name, e.g. nightly-cpu")
     save.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
     save.add_argument("--strict", action="store_true", help="refuse a line that is not a record (exit 2)")
-    save.add_argument(
-        "--root", type=Path, help="baselines directory (default: results/baselines in the repo)"
-    )
+    add_root_argument(save)
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
-    from bench.studies.baselines import manifest_path, save_baseline
+    from shardbench.studies.baselines import baselines_dir, manifest_path, save_baseline
 
     try:
-        dest = save_baseline(args.run, args.name, root=args.root, force=args.force, strict=args.strict)
+        root = baselines_dir(args.root)
+        dest = save_baseline(args.run, args.name, root=root, force=args.force, strict=args.strict)
     except ValueError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # a full disk, a read-only folder: the old baseline is left as it was

@@ -1,4 +1,4 @@
-"""``shardbench claim``: parse and validate, then run ``bench.studies.claim``."""
+"""``shardbench claim``: parse and validate, then run ``shardbench.studies.claim``."""
 
 from __future__ import annotations
 
@@ -7,23 +7,24 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.cli.common import (
+from shardbench.cli.common import (
     UsageError,
     add_model_config_args,
+    add_root_argument,
     csv_list,
     model_config_preset,
     require_cuda_if,
     require_env_of,
 )
-from bench.harness.config import DEVICES
+from shardbench.harness.config import DEVICES
 
 if TYPE_CHECKING:
-    from bench.harness.records import Record
-    from bench.studies.claim_specs import ClaimSpec
+    from shardbench.records import Record
+    from shardbench.studies.claim_specs import ClaimSpec
 
 
 def add_claim_parser(sub: argparse._SubParsersAction) -> None:
-    from bench.studies.claim_specs import SPECS
+    from shardbench.studies.claim_specs import SPECS
 
     c = sub.add_parser(
         "claim",
@@ -77,6 +78,7 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
         help="saved baseline (shardbench baseline save results/claim/cpu --as NAME): exit 1 when a "
         "workload whose claim held there no longer holds",
     )
+    add_root_argument(c)
 
 
 #: peers a simulated rank can stand for, and those measured on real ranks (the 'peers' extra)
@@ -87,7 +89,7 @@ REAL_PEERS = ("fairscale-zero2", "deepspeed-zero2")
 def real_peers(spec: ClaimSpec) -> tuple[str, ...]:
     """The real-rank peers of ``--peers`` for ``spec``: none where it has no real ranks (one GPU);
     ValueError in one line where one is not installed."""
-    from bench.strategies.registry import check_runnable
+    from shardbench.strategies.registry import check_runnable
 
     if not spec.timing_world_size:
         return ()
@@ -97,9 +99,9 @@ def real_peers(spec: ClaimSpec) -> tuple[str, ...]:
 
 
 def cmd_claim(args: argparse.Namespace) -> int:
-    from bench.studies.claim import claim
-    from bench.studies.claim_specs import SPECS
-    from bench.studies.maxsize import parse_budget
+    from shardbench.studies.claim import claim
+    from shardbench.studies.claim_specs import SPECS
+    from shardbench.studies.maxsize import parse_budget
 
     spec = SPECS[args.spec or args.device or "cpu"]
     if args.device and args.device != spec.device:
@@ -117,10 +119,10 @@ def cmd_claim(args: argparse.Namespace) -> int:
         spec, own = _with_own_workloads(spec, args)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    baseline = _baseline(args.baseline, spec) if args.baseline else None
+    baseline = _baseline(args.baseline, spec, args.root) if args.baseline else None
     require_cuda_if(spec.device)
     out = args.out or Path("results/claim") / (spec.name + (f"-{_slug(own)}" if own else ""))
-    from bench.harness.validate import check_output_dir
+    from shardbench.harness.validate import check_output_dir
 
     try:
         check_output_dir(out)
@@ -135,7 +137,7 @@ def cmd_claim(args: argparse.Namespace) -> int:
         report, results = claim(spec, out_dir=out, workloads=workloads, resume=args.resume)
     code = 0
     if baseline is not None:
-        from bench.studies.claim_gate import compare_claims, gate_section
+        from shardbench.studies.claim_gate import compare_claims, gate_section
 
         changes = compare_claims(spec, baseline, results)
         with report.open("a") as f:
@@ -150,11 +152,11 @@ def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[Clai
     """The spec, with the workloads of your own that ``--workload`` names in place of its own
     (measured like them, at ``--model-config``'s shape and ``--batch-size``), and their names;
     ValueError for a name that is neither the spec's nor a workload spec."""
-    from bench.harness.bounded import check_workload
-    from bench.harness.config import DEFAULT_TIMEOUT_S
-    from bench.studies.claim_specs import ClaimWorkload
-    from models.registry import get_workload
-    from models.specs import is_spec
+    from shardbench.harness.bounded import check_workload
+    from shardbench.harness.config import DEFAULT_TIMEOUT_S
+    from shardbench.models.registry import get_workload
+    from shardbench.models.specs import is_spec
+    from shardbench.studies.claim_specs import ClaimWorkload
 
     names = [w.name for w in spec.workloads]
     own = [w for w in args.workload or () if w not in names and is_spec(w)]
@@ -196,9 +198,9 @@ def _slug(names: list[str]) -> str:
 def _rebuild(spec: ClaimSpec, out: Path) -> tuple[Path, list]:
     """The claim's report from the records already in ``out``, each variant without records
     listed as not measured."""
-    from bench.harness.records import read_records
-    from bench.studies.claim import every_variant, write_claim_report
-    from bench.studies.claim_gate import results_from_records
+    from shardbench.records import read_records
+    from shardbench.studies.claim import every_variant, write_claim_report
+    from shardbench.studies.claim_gate import results_from_records
 
     if not (out / "records.jsonl").is_file():
         raise UsageError(f"--from-records: no {out / 'records.jsonl'} to rebuild the report from")
@@ -207,13 +209,13 @@ def _rebuild(spec: ClaimSpec, out: Path) -> tuple[Path, list]:
     return write_claim_report(spec, results, out, wall_s=None), results
 
 
-def _baseline(name: str, spec: ClaimSpec) -> list[Record]:
+def _baseline(name: str, spec: ClaimSpec, home: Path | None) -> list[Record]:
     """The baseline's records, checked before anything runs: it must hold this spec's claim."""
-    from bench.studies.baselines import find_baseline, load_records
-    from bench.studies.claim_gate import results_from_records
+    from shardbench.studies.baselines import baselines_dir, find_baseline, load_records
+    from shardbench.studies.claim_gate import results_from_records
 
     try:
-        records = load_records(find_baseline(name, device=spec.device))
+        records = load_records(find_baseline(name, device=spec.device, root=baselines_dir(home)))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not results_from_records(spec, records):

@@ -22,6 +22,16 @@ def require_cuda_if(device: str, *, planned: bool = False) -> None:
             )
 
 
+def add_root_argument(parser: argparse.ArgumentParser) -> None:
+    """``--root``: where baselines and histories are read and written (``paths.results_home``)."""
+    parser.add_argument(
+        "--root",
+        type=Path,
+        help="folder of saved baselines (baselines/) and nightly histories (history/) "
+        "(default: $SHARDBENCH_HOME, else ./results)",
+    )
+
+
 class UsageError(ValueError):
     """A user mistake: reported in one line with exit code 2."""
 
@@ -58,8 +68,8 @@ def require_env_of(baseline: list, device: str, label: str, *, allow: bool) -> N
     device or record schema differ from its records' (compare would refuse afterwards)."""
     from types import SimpleNamespace
 
-    from bench.harness.records import SCHEMA, capture_env
-    from bench.studies.compare import ENV_KEYS, env_changes
+    from shardbench.records import SCHEMA, capture_env
+    from shardbench.studies.compare import ENV_KEYS, env_changes
 
     here = SimpleNamespace(env=capture_env(device), schema=SCHEMA, device=device)  # shaped like a record
     changed = env_changes(baseline, [here])  # type: ignore[list-item]
@@ -92,7 +102,7 @@ def model_config_preset(args: argparse.Namespace, workloads: Sequence[str] | Non
     config, seq_len = getattr(args, "model_config", None), getattr(args, "seq_len", None)
     if config is None and seq_len is None:
         return None
-    from models.specs import is_spec
+    from shardbench.models.specs import is_spec
 
     flags = "--model-config/--seq-len"
     if getattr(args, "preset", None):
@@ -105,7 +115,7 @@ def model_config_preset(args: argparse.Namespace, workloads: Sequence[str] | Non
         )
     if seq_len is not None and (others := [w for w in workloads if not w.startswith("hf:")]):
         raise UsageError(f"--seq-len applies to hf:<Arch> workloads only; not to {', '.join(others)}")
-    from models.presets.config_string import format_model_config, parse_model_config
+    from shardbench.models.presets.config_string import format_model_config, parse_model_config
 
     try:
         values = parse_model_config(",".join(config or []))

@@ -2,7 +2,7 @@
 
 Exit 0: no regression; 1: at least one (a cell that was ok and is not, memory above tolerance,
 step time slower beyond its threshold and its noise); 2: bad input or environments that differ.
-The decision is ``bench.studies.compare.compare_runs``; this module reads, writes and prints.
+The decision is ``shardbench.studies.compare.compare_runs``; this module reads, writes and prints.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.cli.common import UsageError
+from shardbench.cli.common import UsageError, add_root_argument
 
 if TYPE_CHECKING:
-    from bench.harness.records import Record
-    from bench.studies.compare import Comparison
-    from bench.studies.compare_rules import Rules
+    from shardbench.records import Record
+    from shardbench.studies.compare import Comparison
+    from shardbench.studies.compare_rules import Rules
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +32,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument(
         "--out", type=Path, help="write compare.md/.json/.html here (default: CURRENT's directory)"
     )
+    add_root_argument(cmp)
     cmp.add_argument(
         "--allow-env-change",
         action="store_true",
@@ -40,14 +41,15 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from bench.harness.validate import check_output_dir
-    from bench.studies.baselines import load_records, resolve_source
-    from bench.studies.compare_rules import Rules, load_rules
+    from shardbench.harness.validate import check_output_dir
+    from shardbench.studies.baselines import baselines_dir, load_records, resolve_source
+    from shardbench.studies.compare_rules import Rules, load_rules
 
     try:
-        current_path = resolve_source(args.current)
+        root = baselines_dir(args.root)
+        current_path = resolve_source(args.current, root=root)
         current = load_records(current_path, strict=args.strict)
-        baseline_path = resolve_source(args.baseline, device=current[0].device)
+        baseline_path = resolve_source(args.baseline, device=current[0].device, root=root)
         baseline = load_records(baseline_path, strict=args.strict)
         rules = load_rules(args.rules) if args.rules is not None else Rules()
         out = args.out or (current_path.parent if current_path.name == "records.jsonl" else Path("."))
@@ -75,7 +77,7 @@ def compare_or_refuse(
 ) -> Comparison:
     """``compare_runs``, with the two refusals (environments differ, nothing in common) as
     usage errors: exit 2, as for any bad input. ``compare`` and ``nightly`` both use it."""
-    from bench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
+    from shardbench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
 
     try:
         return compare_runs(
@@ -87,7 +89,7 @@ def compare_or_refuse(
 
 def write_and_print(comparison: Comparison, *, out: Path, baseline_label: str, current_label: str) -> int:
     """Write the three files, print the summary and regressions; the exit code."""
-    from bench.report.compare_report import to_text, write_comparison
+    from shardbench.report.compare_report import to_text, write_comparison
 
     paths = write_comparison(comparison, out, baseline=baseline_label, current=current_label)
     print(to_text(comparison))

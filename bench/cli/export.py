@@ -13,7 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from bench.cli.common import UsageError
+from shardbench.cli.common import UsageError
 
 FORMATS = ("pytest-benchmark",)
 
@@ -27,8 +27,8 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from bench.harness.records import read_records
-    from bench.studies.export import to_pytest_benchmark
+    from shardbench.records import read_records
+    from shardbench.studies.export import to_pytest_benchmark
 
     run: Path = args.run
     source = run / "records.jsonl" if run.is_dir() else run

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bench.harness.config import load_suite, suite_names
+from shardbench.harness.config import load_suite, suite_names
 
 
 def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +21,8 @@ def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
 def listing() -> dict:
     """Everything ``list`` shows, read from declarations: no strategy or model library is
     imported (the strategy catalog and the workloads' preset modules are torch-free)."""
-    from bench.strategies.registry import missing_packages, strategy_cards
-    from models.registry import preset_param_counts, size_family_help, workload_names
+    from shardbench.models.registry import preset_param_counts, size_family_help, workload_names
+    from shardbench.strategies.registry import missing_packages, strategy_cards
 
     workloads: dict[str, dict] = {}
     for name in workload_names():
@@ -48,7 +48,7 @@ def listing() -> dict:
         for c in strategy_cards()
     }
     suites = {n: load_suite(n).description for n in suite_names()}
-    from models.specs import FORMS
+    from shardbench.models.specs import FORMS
 
     return {"workloads": workloads, "workload_forms": FORMS, "strategies": strategies, "suites": suites}
 
@@ -80,7 +80,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     import torch
 
-    from bench.harness.records import capture_env
+    from shardbench.records import capture_env
 
     env = capture_env("cuda" if torch.cuda.is_available() else "cpu")
     env["cuda_available"] = torch.cuda.is_available()

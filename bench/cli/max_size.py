@@ -1,11 +1,11 @@
-"""``shardbench max-size``: parse and validate, then hand each search to ``bench.studies.maxsize``."""
+"""``shardbench max-size``: parse and validate, then hand each search to ``shardbench.studies.maxsize``."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from bench.cli.common import (
+from shardbench.cli.common import (
     DEFAULT_RUNS_DIR,
     UsageError,
     add_model_config_args,
@@ -13,9 +13,9 @@ from bench.cli.common import (
     model_config_preset,
     require_cuda_if,
 )
-from bench.harness.config import DEVICES, PRECISIONS, CellConfig
+from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig
 
-DEFAULT_RESOLUTION = 0.03  # = bench.studies.maxsize's (a test checks), here to keep --help light
+DEFAULT_RESOLUTION = 0.03  # = shardbench.studies.maxsize's (a test checks), here to keep --help light
 PROBES_PER_SEARCH = 16  # about what a 3% search of a family takes, for the disk-space check
 
 
@@ -67,10 +67,10 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
 def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, tuple[str, ...] | None]:
     """Validated base cells (one per strategy x world size), the budget in bytes and the ladder
     (None: the workload's size family, or its named ladder where it has no family)."""
-    from bench.harness.bounded import check_workload
-    from bench.harness.validate import check_timeout, plan_cells
-    from bench.studies.maxsize import parse_budget
-    from models.registry import get_workload
+    from shardbench.harness.bounded import check_workload
+    from shardbench.harness.validate import check_timeout, plan_cells
+    from shardbench.models.registry import get_workload
+    from shardbench.studies.maxsize import parse_budget
 
     if (preset := model_config_preset(args, [args.workload])) is not None:
         args.preset = preset
@@ -131,12 +131,12 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
 
 def cmd_max_size(args: argparse.Namespace) -> int:
     cells, budget, ladder = resolve_max_size(args)
-    from bench.harness.records import read_records
-    from bench.harness.runner import new_run_id
-    from bench.harness.validate import check_output_dir
-    from bench.report.build import write_report
-    from bench.report.tables import write_tables
-    from bench.studies.maxsize import search
+    from shardbench.harness.runner import new_run_id
+    from shardbench.harness.validate import check_output_dir
+    from shardbench.records import read_records
+    from shardbench.report.build import write_report
+    from shardbench.report.tables import write_tables
+    from shardbench.studies.maxsize import search
 
     run_id = new_run_id("max-size")
     out = args.out or DEFAULT_RUNS_DIR / run_id

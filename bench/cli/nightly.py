@@ -1,7 +1,7 @@
 """``shardbench nightly --suite nightly-cpu|nightly-gpu [--baseline NAME]``: the regression gate.
 
 Run the suite (named by date) and its max-size searches, compare the night with the saved
-baseline, append it to ``results/history/<suite>.jsonl``, draw the trend, and exit with
+baseline, append it to ``<root>/history/<suite>.jsonl``, draw the trend, and exit with
 compare's code (0 no regression, 1 a regression, 2 bad input). Everything that can be checked
 before a cell runs is: the suite, the baseline, the rules, the output and history paths, and that
 this machine's torch and device match the baseline's (a night on another machine compares
@@ -20,13 +20,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from bench.cli.common import DEFAULT_RUNS_DIR, UsageError, require_cuda_if, require_env_of, tag_pair
+from shardbench.cli.common import (
+    DEFAULT_RUNS_DIR,
+    UsageError,
+    add_root_argument,
+    require_cuda_if,
+    require_env_of,
+    tag_pair,
+)
 
 if TYPE_CHECKING:
-    from bench.harness.records import Record
-    from bench.studies.compare import Comparison
+    from shardbench.records import Record
+    from shardbench.studies.compare import Comparison
 
-HISTORY_DIR = Path("results/history")
 T = TypeVar("T")
 
 
@@ -40,7 +46,8 @@ def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
         "--rules", type=Path, help="thresholds TOML (default: bench/suites/rules/<suite>.toml if present)"
     )
     n.add_argument("--out", type=Path, help="run directory, new or empty (default: results/runs/<run_id>)")
-    n.add_argument("--history", type=Path, help="history file (default: results/history/<suite>.jsonl)")
+    n.add_argument("--history", type=Path, help="history file (default: <root>/history/<suite>.jsonl)")
+    add_root_argument(n)
     n.add_argument("--repeat", type=int, help="repeats per timed cell (default: the suite's)")
     n.add_argument(
         "--tag", action="append", type=tag_pair, default=[], metavar="KEY=VALUE", help="label the run"
@@ -51,25 +58,27 @@ def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from bench.cli.compare import compare_or_refuse
-    from bench.cli.run import check_repeat, execute_run, safe_name
-    from bench.cli.suite_searches import resolve_searches
-    from bench.harness.config import SUITES_DIR, load_suite, override
-    from bench.harness.runner import new_run_id
-    from bench.harness.validate import check_output_dir, plan_cells
-    from bench.paths import path_component
-    from bench.studies.baselines import find_baseline, load_records
-    from bench.studies.compare_rules import Rules, load_rules
+    from shardbench.cli.compare import compare_or_refuse
+    from shardbench.cli.run import check_repeat, execute_run, safe_name
+    from shardbench.cli.suite_searches import resolve_searches
+    from shardbench.harness.config import SUITES_DIR, load_suite, override
+    from shardbench.harness.runner import new_run_id
+    from shardbench.harness.validate import check_output_dir, plan_cells
+    from shardbench.paths import path_component, results_home
+    from shardbench.studies.baselines import baselines_dir, find_baseline, load_records
+    from shardbench.studies.compare_rules import Rules, load_rules
 
     try:
         spec = override(load_suite(args.suite), repeat=check_repeat(args.repeat))
         cells = plan_cells(spec.cells())
         baseline_name = args.baseline or spec.name
-        baseline_path = find_baseline(baseline_name, device=spec.device)
+        baseline_path = find_baseline(baseline_name, device=spec.device, root=baselines_dir(args.root))
         baseline = load_records(baseline_path)
         rules_path = args.rules or (SUITES_DIR / "rules" / f"{spec.name}.toml")
         rules = load_rules(rules_path) if args.rules or rules_path.exists() else Rules()
-        history = args.history or HISTORY_DIR / f"{path_component(spec.name, what='suite name')}.jsonl"
+        history = args.history or (
+            results_home(args.root) / "history" / f"{path_component(spec.name, what='suite name')}.jsonl"
+        )
         if history.is_dir():
             raise ValueError(f"--history {history} is a directory; give the history's .jsonl file")
         check_output_dir(history.parent, cells=1)
@@ -122,8 +131,8 @@ def _gate_files(
 ) -> str:
     """Print the verdict, then write the history, the trend and the compare files, each on its
     own (a failed write is said and the rest go on); returns the verdict text."""
-    from bench.report.compare_report import to_text, write_comparison
-    from bench.studies.history import append_history, history_lines
+    from shardbench.report.compare_report import to_text, write_comparison
+    from shardbench.studies.history import append_history, history_lines
 
     text = to_text(comparison)
     print(text, flush=True)
@@ -151,7 +160,7 @@ def _write_trend(history: Path, out: Path) -> str:
     """The trend charts, drawn into ``out/trend`` and shown in the night's compare page."""
     import html
 
-    from bench.report.trend_charts import write_trend
+    from shardbench.report.trend_charts import write_trend
 
     page = write_trend(history, out / "trend")
     images = "".join(

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.cli.common import (
+from shardbench.cli.common import (
     DEFAULT_RUNS_DIR,
     UsageError,
     add_model_config_args,
@@ -15,11 +15,11 @@ from bench.cli.common import (
     model_config_preset,
     require_cuda_if,
 )
-from bench.harness.config import DEVICES, PRECISIONS, CellConfig
+from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig
 
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
-    from bench.studies.plan import PLAN_STRATEGIES
+    from shardbench.studies.plan import PLAN_STRATEGIES
 
     p = sub.add_parser(
         "plan",
@@ -54,11 +54,11 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
     """Validated cells, one per strategy that can be planned; the cells of those that cannot
     (a peer measured only on real ranks: they get a row, not a run); the budget in bytes.
     UsageError if anything is wrong."""
-    from bench.harness.bounded import check_workload
-    from bench.harness.validate import check_timeout, plan_cells
-    from bench.studies.maxsize import parse_budget
-    from bench.studies.plan import plannable, planning_cells
-    from models.registry import get_workload
+    from shardbench.harness.bounded import check_workload
+    from shardbench.harness.validate import check_timeout, plan_cells
+    from shardbench.models.registry import get_workload
+    from shardbench.studies.maxsize import parse_budget
+    from shardbench.studies.plan import plannable, planning_cells
 
     if (preset := model_config_preset(args, [args.workload])) is not None:
         args.preset = preset
@@ -90,13 +90,13 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
 
 def cmd_plan(args: argparse.Namespace) -> int:
     cells, unplanned, budget = resolve_plan(args)
-    from bench.harness.records import append_record, read_records
-    from bench.harness.runner import new_run_id, run_cells
-    from bench.harness.validate import check_output_dir
-    from bench.report.build import write_report
-    from bench.report.tables import write_tables
-    from bench.studies.maxsize import search
-    from bench.studies.plan import plan_markdown, print_plan, rows_from, unplanned_record
+    from shardbench.harness.runner import new_run_id, run_cells
+    from shardbench.harness.validate import check_output_dir
+    from shardbench.records import append_record, read_records
+    from shardbench.report.build import write_report
+    from shardbench.report.tables import write_tables
+    from shardbench.studies.maxsize import search
+    from shardbench.studies.plan import plan_markdown, print_plan, rows_from, unplanned_record
 
     run_id = new_run_id("plan")
     out = args.out or DEFAULT_RUNS_DIR / run_id

@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from bench.cli.common import UsageError
+from shardbench.cli.common import UsageError
 
 
 def add_report_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,9 +22,9 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from bench.harness.records import read_records
-    from bench.harness.validate import check_output_dir
-    from bench.report.build import build_report, resolve_inputs
+    from shardbench.harness.validate import check_output_dir
+    from shardbench.records import read_records
+    from shardbench.report.build import build_report, resolve_inputs
 
     try:
         inputs = resolve_inputs(args.runs)

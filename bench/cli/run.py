@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.cli.common import (
+from shardbench.cli.common import (
     DEFAULT_RUNS_DIR,
     UsageError,
     add_model_config_args,
@@ -19,9 +19,9 @@ from bench.cli.common import (
     require_cuda_if,
     tag_pair,
 )
-from bench.cli.suite_searches import SuiteSearch, run_searches
-from bench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
-from bench.paths import path_component
+from shardbench.cli.suite_searches import SuiteSearch, run_searches
+from shardbench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
+from shardbench.paths import path_component
 
 #: ``--repeat`` beyond this is a typo, not a measurement plan
 MAX_REPEAT = 100
@@ -114,7 +114,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
 def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]]:
     """The suite with command-line overrides applied and its cells, validated and planned
     (raises UsageError naming what is allowed)."""
-    from bench.harness.validate import plan_cells
+    from shardbench.harness.validate import plan_cells
 
     preset = model_config_preset(args, args.workload)
     presets = (preset,) if preset is not None else args.preset
@@ -144,8 +144,8 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from bench.cli.suite_searches import resolve_searches
-    from bench.report.terminal import DEFAULT_COLUMNS, check_columns
+    from shardbench.cli.suite_searches import resolve_searches
+    from shardbench.report.terminal import DEFAULT_COLUMNS, check_columns
 
     try:
         columns = check_columns(args.columns) if args.columns else DEFAULT_COLUMNS
@@ -236,10 +236,10 @@ def own_presets(cells: list[CellConfig]) -> list[CellConfig]:
     has its own presets (``default``; an hf shape), not the suite's (``tiny``): where no
     ``--preset`` was given, its cells take its first preset (duplicates dropped). Its code is
     first run in a bounded child (``check_workload``)."""
-    from bench.harness.bounded import check_workload
-    from bench.harness.validate import check_timeout
-    from models.registry import get_workload
-    from models.specs import is_spec
+    from shardbench.harness.bounded import check_workload
+    from shardbench.harness.validate import check_timeout
+    from shardbench.models.registry import get_workload
+    from shardbench.models.specs import is_spec
 
     out: dict[tuple, CellConfig] = {}
     for c in cells:
@@ -257,7 +257,7 @@ def with_drill_down_dir(cell: CellConfig, out: Path) -> CellConfig:
     (unchanged when it asks for none)."""
     if not (cell.memory_snapshot or cell.trace):
         return cell
-    from bench.report.chartdata import slug
+    from shardbench.report.chartdata import slug
 
     flags = ["sim" if cell.simulate and not cell.fake else "", "fake" if cell.fake else ""]
     flags += [cell.device, "ac" if cell.activation_checkpointing else ""]
@@ -305,10 +305,10 @@ def execute_run(
 ) -> Executed:
     """Run validated cells into ``out`` (a new run directory by default), then the suite's
     max-size searches, print the table and write the report."""
-    from bench.harness.records import RecordWriteError, read_records
-    from bench.harness.runner import done_keys, new_run_id, run_cells
-    from bench.harness.validate import check_output_dir
-    from bench.report.build import write_report
+    from shardbench.harness.runner import done_keys, new_run_id, run_cells
+    from shardbench.harness.validate import check_output_dir
+    from shardbench.records import RecordWriteError, read_records
+    from shardbench.report.build import write_report
 
     run_id = new_run_id(name)
     if resume is not None:  # the run goes on as it was: its id, its name and its tags
@@ -322,7 +322,7 @@ def execute_run(
     except ValueError as e:
         raise UsageError(str(e)) from None
     if resume is None and suite is not None:  # what --resume continues, without the flags
-        from bench.paths import atomic_write_text
+        from shardbench.paths import atomic_write_text
 
         out.mkdir(parents=True, exist_ok=True)
         kept = {"suite": suite, "cells": [c.to_json() for c in cells]}
@@ -350,7 +350,7 @@ def execute_run(
         )
         return Executed(out, 1, run_id)
     searches_failed = run_searches(list(searches), out, run_id) if outcome.interrupted is None else 0
-    from bench.report.terminal import DEFAULT_COLUMNS, terminal_table
+    from shardbench.report.terminal import DEFAULT_COLUMNS, terminal_table
 
     if outcome.records:
         print(terminal_table(outcome.records, columns or DEFAULT_COLUMNS))

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.cli.common import UsageError
-from bench.harness.config import CellConfig, SuiteSpec
+from shardbench.cli.common import UsageError
+from shardbench.harness.config import CellConfig, SuiteSpec
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ def resolve_searches(spec: SuiteSpec) -> list[SuiteSearch]:
 
 
 def _resolve(table: dict[str, Any], where: str) -> SuiteSearch:
-    from bench.cli import build_parser
-    from bench.cli.max_size import resolve_max_size
+    from shardbench.cli import build_parser
+    from shardbench.cli.max_size import resolve_max_size
 
     argv = ["max-size"]
     for key, value in table.items():
@@ -59,7 +59,7 @@ def run_searches(searches: list[SuiteSearch], out: Path, run_id: str) -> int:
     """Each search into the run directory (its probes and its summary record); returns how many
     failed to finish. A failed search is said on stderr and the next one runs: its answer is then
     absent, which ``nightly`` counts as a regression (a missing cell)."""
-    from bench.studies.maxsize import search
+    from shardbench.studies.maxsize import search
 
     failed = 0
     for s in searches:

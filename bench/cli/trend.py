@@ -13,7 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from bench.cli.common import UsageError
+from shardbench.cli.common import UsageError
 
 
 def add_trend_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,10 +23,10 @@ def add_trend_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_trend(args: argparse.Namespace) -> int:
-    from bench.harness.validate import check_output_dir
-    from bench.paths import inside, path_component
-    from bench.report.trend_charts import write_trend
-    from bench.studies.trend import alarms, last_night, night_of, read_history
+    from shardbench.harness.validate import check_output_dir
+    from shardbench.paths import inside, path_component
+    from shardbench.report.trend_charts import write_trend
+    from shardbench.studies.trend import alarms, last_night, night_of, read_history
 
     path: Path = args.history
     try:

@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import launch
-from bench.harness.result import signal_name
+from shardbench.harness import launch
+from shardbench.harness.result import signal_name
 
 #: the last line the child wrote naming what it was doing
 STEP = "shardbench-check-step: "
@@ -45,7 +45,7 @@ def check_workload(
     the meta device and is counted, and the fake planner or activation checkpointing takes it
     when asked. Returns the preset checked (None for a built-in workload, never forked for);
     ``ValueError`` with one line when the check fails, hangs or the process ends under it."""
-    from models.specs import is_spec
+    from shardbench.models.specs import is_spec
 
     if not is_spec(name):
         return None
@@ -131,7 +131,7 @@ def _child_main(
         print(STEP + doing, flush=True)
 
     try:
-        from models.registry import get_workload
+        from shardbench.models.registry import get_workload
 
         step(
             f"loading workload {name!r} (importing its module and calling its factory, or the "

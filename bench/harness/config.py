@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.strategies.catalog import WorldPlan
+from shardbench.strategies.catalog import WorldPlan
 
 SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
 PRECISIONS = ("fp32", "bf16")
@@ -60,7 +60,7 @@ class CellConfig:
     #: activations (models/checkpointing.py): less activation memory for more compute
     activation_checkpointing: bool = False
     #: how the world is laid out (processes launched, world size reported, note), fixed once by
-    #: ``bench.harness.validate.plan_cells`` and carried to every rank in the cell JSON
+    #: ``shardbench.harness.validate.plan_cells`` and carried to every rank in the cell JSON
     plan: WorldPlan | None = None
     #: which repetition of this cell it is (``run --repeat R``: each in fresh processes)
     repeat: int = 0
@@ -85,7 +85,7 @@ class CellConfig:
         """The cell's plan; planned here when the cell came from elsewhere (torchrun, a test)."""
         if self.plan is not None:
             return self.plan
-        from bench.strategies.registry import get_strategy
+        from shardbench.strategies.registry import get_strategy
 
         return get_strategy(self.strategy).plan_world(self.world_size, self.device, self.simulate)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from bench.harness.config import CellConfig
+from shardbench.harness.config import CellConfig
 
 
 def _dir(cell: CellConfig) -> Path:
@@ -94,6 +94,6 @@ def trace_one_step(
         return None
     import json
 
-    from bench.metrics.exposed import trace_overlap
+    from shardbench.metrics.exposed import trace_overlap
 
     return trace_overlap(json.loads(path.read_text()))

@@ -1,6 +1,6 @@
 """Start a world of N ranks for one cell and collect their results into a record.
 
-Each rank is a fresh ``python -m bench.harness.worker`` process, wired up with the variables
+Each rank is a fresh ``python -m shardbench.harness.worker`` process, wired up with the variables
 torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, ...), so the worker runs unchanged under torchrun
 for multi-node jobs. Fresh processes also isolate cells: a crash, an OOM or a leaked allocation
 in one cell cannot affect the next.
@@ -42,12 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import guardian
-from bench.harness.config import CellConfig, threads_per_rank
-from bench.harness.records import Record
-from bench.harness.result import RankResult, build_record, signal_name
+from shardbench.harness import guardian
+from shardbench.harness.config import CellConfig, threads_per_rank
+from shardbench.harness.result import RankResult, build_record, signal_name
+from shardbench.records import Record
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 FAILED_RANK_GRACE_S = 5.0
 TERMINATE_GRACE_S = 3.0
 STACK_DUMP_WAIT_S = 1.0
@@ -70,12 +69,12 @@ def _tail(path: Path, chars: int = 4000) -> str:
 #: imported once in the fork server, so ranks start warm: the worker (torch, the strategies) and
 #: each workload's library; a module that is not installed is skipped by the server
 PRELOAD = [
-    "bench.harness.guardian",  # first: the server ends with its launcher (see guardian.py)
-    "bench.harness.worker",
-    "models.transformer",
-    "models.imagegpt",
-    "models.swav",
-    "models.deepspeech2",
+    "shardbench.harness.guardian",  # first: the server ends with its launcher (see guardian.py)
+    "shardbench.harness.worker",
+    "shardbench.models.transformer",
+    "shardbench.models.imagegpt",
+    "shardbench.models.swav",
+    "shardbench.models.deepspeech2",
     "transformers.models.bert.modeling_bert",
     "transformers.models.imagegpt.modeling_imagegpt",
     "torchvision.models.resnet",
@@ -111,7 +110,7 @@ def _rank_main(argv: list[str], env: dict[str, str], log_path: str) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the launcher asks where a hang is
     os.environ.clear()
     os.environ.update(env)
-    from bench.harness.worker import main
+    from shardbench.harness.worker import main
 
     code = main(argv)
     sys.stdout.flush()
@@ -120,17 +119,16 @@ def _rank_main(argv: list[str], env: dict[str, str], log_path: str) -> None:
 
 
 class _ExecRank:
-    """An exec'd rank (``python -m bench.harness.worker``), with the surface of a
+    """An exec'd rank (``python -m shardbench.harness.worker``), with the surface of a
     ``multiprocessing`` process that the launcher uses: pid, exitcode, join."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         with log_path.open("wb") as log:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "bench.harness.worker", *argv],
+                [sys.executable, "-m", "shardbench.harness.worker", *argv],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=PROJECT_ROOT,
                 process_group=0,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
@@ -179,9 +177,8 @@ class RankWorld:
                     MASTER_PORT=str(port),
                     OMP_NUM_THREADS=threads,
                     MKL_NUM_THREADS=threads,
-                    PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
                     # where the command runs: a relative ``file.py:factory`` workload is resolved
-                    # against it (an exec'd CUDA rank starts in the project root)
+                    # against it (a forked rank runs in the directory its fork server started in)
                     SHARDBENCH_CALLER_CWD=os.getcwd(),
                 )
                 argv = ["--cell", str(cell_file), "--result-dir", str(tmpdir)]

@@ -1,6 +1,6 @@
 """One rank's typed result, and how a cell's record is assembled from all of them.
 
-The contract between a rank and whoever collects it (``bench.harness.launch`` on one host,
+The contract between a rank and whoever collects it (``shardbench.harness.launch`` on one host,
 rank 0 under torchrun) is ``RankResult``: written as JSON by the rank, read back here. Keeping
 record assembly in its own module makes the dependencies one-way: launch -> worker -> result.
 
@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness.config import CellConfig
-from bench.harness.records import Record, capture_env, finite, first_line
-from bench.metrics.analytic import CommShape, predicted_comm, predicted_model_state_bytes
-from bench.metrics.timing import slowest_rank, summarize
-from bench.strategies.catalog import WorldPlan
-from bench.strategies.registry import get_strategy
+from shardbench.harness.config import CellConfig
+from shardbench.metrics.analytic import CommShape, predicted_comm, predicted_model_state_bytes
+from shardbench.metrics.timing import slowest_rank, summarize
+from shardbench.records import Record, capture_env, finite, first_line
+from shardbench.strategies.catalog import WorldPlan
+from shardbench.strategies.registry import get_strategy
 
 
 @dataclass
@@ -57,7 +57,7 @@ class RankResult:
     settings: dict[str, Any] = field(default_factory=dict)
     #: drill-down files this rank wrote: label -> absolute path
     artifacts: dict[str, str] = field(default_factory=dict)
-    #: the collectives of one tracked step (``bench.metrics.comm.CollectiveCounter.summary``)
+    #: the collectives of one tracked step (``shardbench.metrics.comm.CollectiveCounter.summary``)
     comm: dict[str, Any] | None = None
     #: ``--trace`` on CUDA: NCCL kernel time and how much compute kernels hid (drilldown.py)
     comm_overlap: dict[str, float] | None = None
@@ -270,7 +270,7 @@ def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int
     sharding = strategy.sharding
     group_sizes = None
     if sharding.whole_parameters:
-        from models.registry import get_workload
+        from shardbench.models.registry import get_workload
 
         group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
     precision = strategy.model_state_precision(cell.precision)
@@ -310,8 +310,8 @@ def comm_shape(workload_name: str, preset: str) -> CommShape:
     ``Workload.shard_units``, or zero3's default policy, claims), from a meta build."""
     import torch
 
-    from bench.strategies.sharded.units import find_units
-    from models.registry import get_workload
+    from shardbench.models.registry import get_workload
+    from shardbench.strategies.sharded.units import find_units
 
     workload = get_workload(workload_name)
     with torch.device("meta"):
@@ -328,6 +328,6 @@ def comm_shape(workload_name: str, preset: str) -> CommShape:
 
 
 def workload_params(cell: CellConfig) -> int:
-    from models.registry import get_workload
+    from shardbench.models.registry import get_workload
 
     return get_workload(cell.workload).param_count(cell.preset)

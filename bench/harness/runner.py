@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from bench.harness.config import CellConfig
-from bench.harness.launch import run_cell
-from bench.harness.records import Record, append_record, read_records
-from bench.harness.result import build_record
+from shardbench.harness.config import CellConfig
+from shardbench.harness.launch import run_cell
+from shardbench.harness.result import build_record
+from shardbench.records import Record, append_record, read_records
 
 
 class Interrupted(Exception):
@@ -124,7 +124,7 @@ def run_cells(
 ) -> RunOutcome:
     """Run every cell not in ``skip`` with a progress display on stderr; every record carries
     the run's ``name`` and ``tags`` (reports label runs by name, compare matches them)."""
-    from bench.report.tables import write_tables
+    from shardbench.report.tables import write_tables
 
     outcome = RunOutcome()
     todo = [c for c in cells if c.key() not in (skip or set())]
@@ -156,7 +156,7 @@ def run_cells(
 
 
 def _interrupted_record(cell: CellConfig, e: Interrupted, *, run_id: str, wall_s: float) -> Record:
-    from bench.harness.result import RankResult
+    from shardbench.harness.result import RankResult
 
     plan = cell.world_plan()
     results = [

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.harness.config import DEVICES, PRECISIONS, CellConfig
+from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig
 
 #: a fake world is a few tensors per rank-0 partition; past this the partition bookkeeping is
 #: the bottleneck and no real job is that wide
@@ -79,9 +79,9 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
     """Validate each cell and fix its plan: canonical strategy name, workload and preset known,
     numbers in range, and the world the strategy really gets on this device (``ValueError``
     otherwise). Returns the planned cells in order."""
-    from bench.harness.bounded import check_workload
-    from bench.strategies.registry import canonical_name, check_runnable, get_strategy
-    from models.registry import get_workload
+    from shardbench.harness.bounded import check_workload
+    from shardbench.models.registry import get_workload
+    from shardbench.strategies.registry import canonical_name, check_runnable, get_strategy
 
     planned: list[CellConfig] = []
     for cell in cells:

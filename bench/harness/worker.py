@@ -2,10 +2,11 @@
 time the steps, then measure memory by category over a few more steps.
 
 Timing and memory tracking are separate phases on purpose: the memory tracker is a dispatch mode
-that slows every op, so timed steps run without it. Run directly by ``bench.harness.launch`` (one process
-per rank, result written to a file) or by torchrun for multi-node runs::
+that slows every op, so timed steps run without it. Run directly by ``shardbench.harness.launch``
+(one process per rank, result written to a file) or by torchrun for multi-node runs::
 
-    torchrun --nnodes 2 --nproc-per-node 8 ... -m bench.harness.worker --cell cell.json --out results/runs/x
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m shardbench.harness.worker \
+        --cell cell.json --out results/runs/x
 
 Under torchrun, rank 0 gathers every rank's result and appends the record to ``--out``.
 
@@ -39,19 +40,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.harness import drilldown, guardian  # noqa: F401 - an exec'd rank dies with its launcher
-from bench.harness.config import CellConfig, threads_per_rank
-from bench.harness.faults import Fault, faults_from_env
-from bench.harness.result import RankResult, comm_shape_of
-from bench.metrics.comm import CollectiveCounter
-from bench.metrics.kernels import CudaAttention, KernelWatch, pinned_factory
-from bench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
-from bench.metrics.timing import timed
-from bench.strategies.base import RankContext
-from bench.strategies.registry import get_strategy
-from models.base import concat_inputs
-from models.checkpointing import apply_activation_checkpointing
-from models.registry import get_workload
+from shardbench.harness import drilldown, guardian  # noqa: F401 - an exec'd rank dies with its launcher
+from shardbench.harness.config import CellConfig, threads_per_rank
+from shardbench.harness.faults import Fault, faults_from_env
+from shardbench.harness.result import RankResult, comm_shape_of
+from shardbench.metrics.comm import CollectiveCounter
+from shardbench.metrics.kernels import CudaAttention, KernelWatch, pinned_factory
+from shardbench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
+from shardbench.metrics.timing import timed
+from shardbench.models.base import concat_inputs
+from shardbench.models.checkpointing import apply_activation_checkpointing
+from shardbench.models.registry import get_workload
+from shardbench.strategies.base import RankContext
+from shardbench.strategies.registry import get_strategy
 
 COLLECTIVE_TIMEOUT_MARGIN_S = 30.0
 MEMORY_STEPS = 2  # steady-state steps tracked for the breakdown (optimizer state exists by then)
@@ -363,7 +364,9 @@ def _env_int(name: str, default: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.harness.worker", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m shardbench.harness.worker", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--cell", required=True, help="cell config: a JSON file or a JSON string")
     ap.add_argument("--result-dir", type=Path, help="(launcher) write rank<R>.json here")
     ap.add_argument("--out", type=Path, help="(torchrun) rank 0 appends the record to OUT/records.jsonl")
@@ -387,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         result = RankResult(rank=rank, status="error", error=f"rank {rank}: {e}", failed_at=time.time())
     else:
         result = run_rank_safely(cell, **kw)
-    if args.result_dir is not None:  # launched by bench.harness.launch: it assembles the record
+    if args.result_dir is not None:  # launched by shardbench.harness.launch: it assembles the record
         result.write(args.result_dir / f"rank{rank}.json")
         if dist.is_initialized() and result.status == "ok":
             dist.destroy_process_group()
@@ -406,8 +409,8 @@ def _torchrun_finish(
     start: float,
 ) -> int:
     """Under torchrun: gather every rank's result on rank 0, which writes the record."""
-    from bench.harness.records import append_record
-    from bench.harness.result import build_record
+    from shardbench.harness.result import build_record
+    from shardbench.records import append_record
 
     gathered: list[Any] = [None] * processes if rank == 0 else []
     if dist.is_initialized():

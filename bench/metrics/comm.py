@@ -21,8 +21,8 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.metrics.analytic import RING
-from bench.tensors import tensors_in
+from shardbench.metrics.analytic import RING
+from shardbench.tensors import tensors_in
 
 #: c10d operator -> (kind, which argument holds the full-size tensor(s))
 _KINDS = {

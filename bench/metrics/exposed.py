@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bench.harness.records import Record
+    from shardbench.records import Record
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ class Exposed:
 
 def _twin_key(r: Record) -> tuple:
     """The cell ``compare`` would call it, less how its world was run (real or simulated)."""
-    from bench.studies.compare import identity
-    from bench.studies.compare_rules import CELL_FIELDS
+    from shardbench.studies.compare import identity
+    from shardbench.studies.compare_rules import CELL_FIELDS
 
     return tuple(v for k, v in zip(CELL_FIELDS, identity(r), strict=True) if k not in ("simulated", "fake"))
 
@@ -53,7 +53,7 @@ def _twin_key(r: Record) -> tuple:
 def exposed_comm(records: Sequence[Record]) -> dict[int, Exposed]:
     """``{id(record): Exposed}`` for every ok real-rank record whose simulated twin (same cell,
     ``--simulate``, not fake) is among ``records`` and timed."""
-    from bench.studies.compare_rules import step_time_noise
+    from shardbench.studies.compare_rules import step_time_noise
 
     twins = {
         _twin_key(r): r

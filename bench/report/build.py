@@ -2,23 +2,21 @@
 
 Several inputs are merged into one set of records, so runs from different days or machines are
 compared side by side; where two runs measured the same cell, the table gains a ``run_id``
-column and the charts split that cell by run instead of letting one hide the other.
-
-    python -m bench.report.build results/runs/A results/runs/B --out /tmp/report
+column and the charts split that cell by run instead of letting one hide the other
+(``shardbench report RUN_A RUN_B --out DIR``).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench.harness.records import Record, read_records
-from bench.report.html import write_index
-from bench.report.plots import plot_all
-from bench.report.tables import records_to_frame, write_tables
+from shardbench.records import Record, read_records
+from shardbench.report.html import write_index
+from shardbench.report.plots import plot_all
+from shardbench.report.tables import records_to_frame, write_tables
 
 
 @dataclass(frozen=True)
@@ -94,20 +92,3 @@ def write_report(run_dir: Path) -> Path | str:
         return build_report([run_dir], run_dir).index_html
     except Exception as e:  # noqa: BLE001 - the records are written; the report is a by-product
         return f"not written ({type(e).__name__}: {e}); rebuild with: shardbench report {run_dir}"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.report.build", description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", type=Path, help="run directories or records .jsonl files")
-    parser.add_argument("--out", type=Path, required=True, help="report directory to write")
-    args = parser.parse_args(argv)
-    try:
-        result = build_report(args.paths, args.out)
-    except ValueError as e:
-        parser.error(str(e))
-    print(f"{result.records} records, {len(result.charts)} chart files; open {result.index_html}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -12,9 +12,9 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from bench.harness.records import Record
-from bench.paths import path_component
-from bench.report.styles import strategy_key
+from shardbench.paths import path_component
+from shardbench.records import Record
+from shardbench.report.styles import strategy_key
 
 T = TypeVar("T")
 GIB, MIB = 2**30, 2**20
@@ -79,7 +79,7 @@ def mem_unit(values: Sequence[float | None]) -> tuple[str, int]:
 
 
 def slug(*parts: object) -> str:
-    """A file name made of ``parts`` (``bench.paths.path_component``: safe, and a long one, such
+    """A file name made of ``parts`` (``shardbench.paths.path_component``: safe, and a long one, such
     as an ``hf:`` preset of many keys, shortened with a hash of the whole)."""
     text = "-".join(str(p) for p in parts if p not in (None, ""))
     return path_component(text or "_", what="file name", separators="replace")

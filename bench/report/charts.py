@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bench.harness.records import Record
-from bench.report.chartdata import (
+from shardbench.records import Record
+from shardbench.report.chartdata import (
     GIB,
     Bar,
     Chart,
@@ -25,7 +25,7 @@ from bench.report.chartdata import (
     status_of,
     subtitle,
 )
-from bench.report.styles import REFERENCE_STRATEGY, strategy_key
+from shardbench.report.styles import REFERENCE_STRATEGY, strategy_key
 
 BREAKDOWN_PARTS = ("params", "grads", "optimizer", "activations", "comm", "other")
 #: the model states held after a step, stacked beside the peak's breakdown

@@ -9,9 +9,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.report.html import CSS
-from bench.report.tables import markdown_table
-from bench.studies.compare import COMM_METRIC, CellDelta, Comparison, MetricDelta
+from shardbench.report.html import CSS
+from shardbench.report.tables import markdown_table
+from shardbench.studies.compare import COMM_METRIC, CellDelta, Comparison, MetricDelta
 
 COLUMNS = ("verdict", "cell", "metric", "baseline", "current", "change", "band", "note")
 

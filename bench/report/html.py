@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.harness.records import Record
-from bench.report.tables import format_value
+from shardbench.records import Record
+from shardbench.report.tables import format_value
 
 SECTIONS = {
     "peak_memory": (

@@ -19,10 +19,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from bench.harness.records import Record
-from bench.report import charts as C
-from bench.report.chartdata import Bar, Chart, Panel
-from bench.report.styles import REFERENCE_STRATEGY, legend_label, strategy_color
+from shardbench.records import Record
+from shardbench.report import charts as C
+from shardbench.report.chartdata import Bar, Chart, Panel
+from shardbench.report.styles import REFERENCE_STRATEGY, legend_label, strategy_color
 
 FORMATS = ("png", "svg")
 PART_COLORS = {

@@ -8,7 +8,7 @@ colour derived from its name, so the same name keeps the same colour from report
 
 from __future__ import annotations
 
-from bench.strategies.registry import display_of, reference_strategy
+from shardbench.strategies.registry import display_of, reference_strategy
 
 #: colours for names the registry does not know; none of them is a declared strategy's
 FALLBACK_COLORS = ("#756bb1", "#8c564b", "#e377c2", "#bcbd22", "#17becf")

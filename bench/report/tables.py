@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.harness.records import Record, first_line
+from shardbench.records import Record, first_line
 
 MIB = 2**20
 
@@ -30,8 +30,8 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     recomputed, so its memory and time are not the plain cell's), and ``peer_estimate_MiB`` once
     any record carries a peer's own estimate of its model states (DeepSpeed's estimators).
     """
-    from bench.metrics.exposed import exposed_comm
-    from bench.report.chartdata import reading_order
+    from shardbench.metrics.exposed import exposed_comm
+    from shardbench.report.chartdata import reading_order
 
     records = sorted(records, key=reading_order)
     exposed = exposed_comm(records)  # the charts' order: one order for legend and rows

@@ -14,10 +14,10 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bench.harness.records import Record, first_line
-from bench.report.chartdata import reading_order
-from bench.report.tables import _model_state
-from bench.studies.compare_rules import step_time_noise
+from shardbench.records import Record, first_line
+from shardbench.report.chartdata import reading_order
+from shardbench.report.tables import _model_state
+from shardbench.studies.compare_rules import step_time_noise
 
 WIDTH = 120
 GIB, MIB = 1 << 30, 1 << 20
@@ -208,7 +208,7 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
 def exposed_lines(records: Sequence[Record]) -> list[str]:
     """Per real-rank group whose cells have simulated twins: each strategy's exposed
     communication, the share of its step that compute did not hide (bench/metrics/exposed.py)."""
-    from bench.metrics.exposed import exposed_comm
+    from shardbench.metrics.exposed import exposed_comm
 
     exposed = exposed_comm(records)
     groups: dict[tuple, list[str]] = {}

@@ -31,9 +31,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from bench.report.chartdata import slug
-from bench.report.trend_html import write_page
-from bench.studies.trend import Series, display_unit, read_history, series
+from shardbench.report.chartdata import slug
+from shardbench.report.trend_html import write_page
+from shardbench.studies.trend import Series, display_unit, read_history, series
 
 COLUMNS = 4  # 50 cells make 13 rows: tall, but every panel stays legible at 100 dpi
 PANEL_IN = (3.7, 2.3)  # width, height of one cell's panel in inches, gaps included

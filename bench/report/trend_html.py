@@ -15,8 +15,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report.html import CSS
-from bench.studies.trend import alarms, display_unit, last_night, metric_key, night_of, parse_time, unit_of
+from shardbench.report.html import CSS
+from shardbench.studies.trend import (
+    alarms,
+    display_unit,
+    last_night,
+    metric_key,
+    night_of,
+    parse_time,
+    unit_of,
+)
 
 HOW = (
     "One panel per cell, oldest night on the left; all panels share the nights. The line is the "

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.metrics.analytic import Communication, Sharding
-from bench.strategies.catalog import Display, Role, StrategyCard, WorldPlan
+from shardbench.metrics.analytic import Communication, Sharding
+from shardbench.strategies.catalog import Display, Role, StrategyCard, WorldPlan
 
 __all__ = ["Display", "Role", "WorldPlan", "RankContext", "Strategy", "OptimizerFactory", "LossFn"]
 
@@ -85,7 +85,7 @@ class Strategy:
     #: needs torch.distributed initialised in every rank.
     needs_process_group: ClassVar[bool] = True
 
-    #: the declaration this class implements (``bench.strategies.catalog``)
+    #: the declaration this class implements (``shardbench.strategies.catalog``)
     card: ClassVar[StrategyCard]
 
     def __init_subclass__(cls, card: str | None = None, **kwargs: Any) -> None:
@@ -94,7 +94,7 @@ class Strategy:
         ``shardbench list`` and reports read without importing torch."""
         super().__init_subclass__(**kwargs)
         if card is not None:
-            from bench.strategies.catalog import CARDS
+            from shardbench.strategies.catalog import CARDS
 
             found = next((c for c in CARDS if c.name == card), None)
             if found is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from bench.metrics.analytic import REPLICATED, ZERO1, ZERO2, ZERO3, Sharding
+from shardbench.metrics.analytic import REPLICATED, ZERO1, ZERO2, ZERO3, Sharding
 
 Role = Literal["baseline", "ours", "peer"]
 
@@ -104,7 +104,7 @@ def _deepspeed_card(stage: int, sharding: Sharding, order: int, color: str) -> S
     """DeepSpeed's engine at one ZeRO stage: the same implementation, extra and limits."""
     return StrategyCard(
         name=f"deepspeed-zero{stage}",
-        implementation=f"bench.strategies.deepspeed_zero:DeepSpeedZero{stage}Strategy",
+        implementation=f"shardbench.strategies.deepspeed_zero:DeepSpeedZero{stage}Strategy",
         description=f"peer: DeepSpeed engine, zero_optimization stage {stage}",
         sharding=sharding,
         display=Display(order=order, color=color, role="peer"),
@@ -118,7 +118,7 @@ def _deepspeed_card(stage: int, sharding: Sharding, order: int, color: str) -> S
 CARDS: tuple[StrategyCard, ...] = (
     StrategyCard(
         name="dp",
-        implementation="bench.strategies.dp:DPStrategy",
+        implementation="shardbench.strategies.dp:DPStrategy",
         description="torch.nn.DataParallel (one process; real only with >= 2 CUDA devices)",
         sharding=REPLICATED,
         display=Display(order=0, color="#bdbdbd", role="baseline"),
@@ -127,21 +127,21 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="ddp",
-        implementation="bench.strategies.ddp:DDPStrategy",
+        implementation="shardbench.strategies.ddp:DDPStrategy",
         description="DistributedDataParallel (gradient_as_bucket_view=True), full replicas",
         sharding=REPLICATED,
         display=Display(order=10, color="#525252", role="baseline", reference=True),
     ),
     StrategyCard(
         name="zero1",
-        implementation="bench.strategies.zero1:Zero1Strategy",
+        implementation="shardbench.strategies.zero1:Zero1Strategy",
         description="ours: ShardedOptimizer (ZeRO-1, element-balanced), grads reduce-scattered (gloo: DDP)",
         sharding=ZERO1,
         display=Display(order=20, color="#1f77b4", role="ours"),
     ),
     StrategyCard(
         name="zero2",
-        implementation="bench.strategies.zero2:Zero2Strategy",
+        implementation="shardbench.strategies.zero2:Zero2Strategy",
         aliases=("sharded", "ddp_sharded"),
         description="ours: ShardedOptimizer + ShardedDataParallel (ZeRO-2, element-balanced)",
         sharding=ZERO2,
@@ -149,35 +149,35 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="zero3",
-        implementation="bench.strategies.zero3:Zero3Strategy",
+        implementation="shardbench.strategies.zero3:Zero3Strategy",
         description="ours: ShardedOptimizer + ShardedDataParallel(stage=3) (ZeRO-3, per-unit gathers)",
         sharding=ZERO3,
         display=Display(order=40, color="#31a354", role="ours"),
     ),
     StrategyCard(
         name="torch-zero1",
-        implementation="bench.strategies.torch_zero1:TorchZero1Strategy",
+        implementation="shardbench.strategies.torch_zero1:TorchZero1Strategy",
         description="peer: torch ZeroRedundancyOptimizer (whole-parameter partition) + DDP",
         sharding=Sharding(optimizer_state=True, whole_parameters=True),
         display=Display(order=21, color="#9ecae1", role="peer"),
     ),
     StrategyCard(
         name="fsdp2-zero2",
-        implementation="bench.strategies.fsdp2:FSDP2Zero2Strategy",
+        implementation="shardbench.strategies.fsdp2:FSDP2Zero2Strategy",
         description="peer: FSDP2 fully_shard, reshard_after_forward=False (ZeRO-2-like)",
         sharding=ZERO2,
         display=Display(order=31, color="#fdae6b", role="peer"),
     ),
     StrategyCard(
         name="fsdp2-zero3",
-        implementation="bench.strategies.fsdp2:FSDP2Zero3Strategy",
+        implementation="shardbench.strategies.fsdp2:FSDP2Zero3Strategy",
         description="peer: FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3)",
         sharding=ZERO3,
         display=Display(order=41, color="#a1d99b", role="peer"),
     ),
     StrategyCard(
         name="fairscale-zero1",
-        implementation="bench.strategies.fairscale_oss:FairScaleZero1Strategy",
+        implementation="shardbench.strategies.fairscale_oss:FairScaleZero1Strategy",
         description="peer: FairScale OSS (whole-parameter partition) + DDP",
         sharding=Sharding(optimizer_state=True, whole_parameters=True),
         display=Display(order=22, color="#c6dbef", role="peer"),
@@ -187,7 +187,7 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="fairscale-zero2",
-        implementation="bench.strategies.fairscale_oss:FairScaleZero2Strategy",
+        implementation="shardbench.strategies.fairscale_oss:FairScaleZero2Strategy",
         description=(
             "peer: FairScale OSS + ShardedDataParallel, the implementation behind Lightning's "
             "ddp_sharded and its 2x claim (gradients reduced to their owner)"
@@ -205,7 +205,7 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="fairscale-zero3",
-        implementation="bench.strategies.fairscale_fsdp:FairScaleZero3Strategy",
+        implementation="shardbench.strategies.fairscale_fsdp:FairScaleZero3Strategy",
         description="peer: FairScale FullyShardedDataParallel (ZeRO-3, per-block wrap)",
         sharding=ZERO3,
         display=Display(order=42, color="#c7e9c0", role="peer"),

@@ -14,10 +14,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.metrics.analytic import Communication
-from bench.strategies.base import OptimizerFactory, RankContext, Strategy
-from bench.strategies.ddp_planned import PlannedDDP
-from bench.strategies.sharded.fake import is_fake
+from shardbench.metrics.analytic import Communication
+from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy
+from shardbench.strategies.ddp_planned import PlannedDDP
+from shardbench.strategies.sharded.fake import is_fake
 
 #: how every DDP-based strategy here configures DDP (ddp, zero1, torch-zero1), so they differ
 #: only in what they add to it.

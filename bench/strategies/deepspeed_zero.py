@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.metrics.analytic import Communication
-from bench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
+from shardbench.metrics.analytic import Communication
+from shardbench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
 
 #: DeepSpeed's own bucket defaults (elements), written out so every record states them
 BUCKET_ELEMENTS = 500_000_000

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.strategies.base import OptimizerFactory, RankContext, Strategy, WorldPlan
+from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy, WorldPlan
 
 
 class DPStrategy(Strategy, card="dp"):

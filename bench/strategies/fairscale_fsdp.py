@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.strategies.base import OptimizerFactory, RankContext, Strategy
-from bench.strategies.sharded.units import repeated_blocks
+from shardbench.blocks import repeated_blocks
+from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy
 
 
 class FairScaleZero3Strategy(Strategy, card="fairscale-zero3"):

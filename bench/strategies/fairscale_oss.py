@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.metrics.analytic import Communication
-from bench.strategies.base import OptimizerFactory, RankContext, Strategy
-from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
+from shardbench.metrics.analytic import Communication
+from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy
+from shardbench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 
 #: ShardedDataParallel's reduce buckets, in elements: off (see the module docstring)
 REDUCE_BUFFER_SIZE = 0

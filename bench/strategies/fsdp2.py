@@ -22,9 +22,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.metrics.analytic import Communication
-from bench.strategies.base import OptimizerFactory, RankContext, Strategy
-from bench.strategies.sharded.units import repeated_blocks
+from shardbench.blocks import repeated_blocks
+from shardbench.metrics.analytic import Communication
+from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy
 
 
 def _fsdp_api() -> tuple[Any, Any, Any]:

@@ -1,6 +1,6 @@
 """Strategies by name (and alias). An unknown name raises ``ValueError`` listing the valid ones.
 
-Names, aliases and declarations come from ``bench.strategies.catalog`` (no torch import); a
+Names, aliases and declarations come from ``shardbench.strategies.catalog`` (no torch import); a
 strategy's implementation is imported only when ``get_strategy``/``strategy_class`` asks for it.
 Reports read each strategy's declared ``display`` from here (``display_of``), so a name no
 strategy has (an old record) is the report's to render with a fallback, not an error."""
@@ -11,10 +11,10 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING
 
-from bench.strategies.catalog import CARDS, Display, StrategyCard
+from shardbench.strategies.catalog import CARDS, Display, StrategyCard
 
 if TYPE_CHECKING:
-    from bench.strategies.base import Strategy
+    from shardbench.strategies.base import Strategy
 
 _CARDS: dict[str, StrategyCard] = {card.name: card for card in CARDS}
 _ALIASES: dict[str, str] = {a: card.name for card in CARDS for a in card.aliases}

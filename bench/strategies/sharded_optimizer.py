@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.metrics.analytic import Communication
-from bench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
-from bench.strategies.sharded import ShardedOptimizer
+from shardbench.metrics.analytic import Communication
+from shardbench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
+from shardbench.strategies.sharded import ShardedOptimizer
 
 
 class ShardedOptimizerStrategy(Strategy):

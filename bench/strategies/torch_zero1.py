@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from bench.metrics.analytic import Communication
-from bench.strategies.base import OptimizerFactory, RankContext, Strategy
-from bench.strategies.ddp import DDP_COMMUNICATION, DDP_SETTINGS, wrap_ddp
+from shardbench.metrics.analytic import Communication
+from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy
+from shardbench.strategies.ddp import DDP_COMMUNICATION, DDP_SETTINGS, wrap_ddp
 
 if TYPE_CHECKING:  # importing it costs ~1 s (TorchScript'd functional optimizers): only when used
     from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -20,12 +20,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.metrics.analytic import Communication
-from bench.strategies.base import OptimizerFactory, RankContext
-from bench.strategies.ddp import DDP_SETTINGS, wrap_ddp
-from bench.strategies.sharded import ShardedDataParallel
-from bench.strategies.sharded_optimizer import element_bytes
-from bench.strategies.zero2 import Zero2Strategy
+from shardbench.metrics.analytic import Communication
+from shardbench.strategies.base import OptimizerFactory, RankContext
+from shardbench.strategies.ddp import DDP_SETTINGS, wrap_ddp
+from shardbench.strategies.sharded import ShardedDataParallel
+from shardbench.strategies.sharded_optimizer import element_bytes
+from shardbench.strategies.zero2 import Zero2Strategy
 
 #: the backends on which zero1 keeps DDP's all-reduce (measured faster there)
 DDP_BACKENDS = ("gloo",)

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.metrics.analytic import Communication
-from bench.strategies.base import OptimizerFactory, RankContext
-from bench.strategies.sharded import ShardedDataParallel
-from bench.strategies.sharded.reducer import GLOO_REDUCE_FROM, MAX_IN_FLIGHT
-from bench.strategies.sharded_optimizer import ShardedOptimizerStrategy, element_bytes
+from shardbench.metrics.analytic import Communication
+from shardbench.strategies.base import OptimizerFactory, RankContext
+from shardbench.strategies.sharded import ShardedDataParallel
+from shardbench.strategies.sharded.reducer import GLOO_REDUCE_FROM, MAX_IN_FLIGHT
+from shardbench.strategies.sharded_optimizer import ShardedOptimizerStrategy, element_bytes
 
 
 class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.strategies.base import OptimizerFactory, RankContext
-from bench.strategies.sharded import ShardedDataParallel
-from bench.strategies.sharded.data_parallel import STAGE3_IN_FLIGHT
-from bench.strategies.sharded.units import UnitPolicy
-from bench.strategies.zero2 import Zero2Strategy
+from shardbench.strategies.base import OptimizerFactory, RankContext
+from shardbench.strategies.sharded import ShardedDataParallel
+from shardbench.strategies.sharded.data_parallel import STAGE3_IN_FLIGHT
+from shardbench.strategies.sharded.units import UnitPolicy
+from shardbench.strategies.zero2 import Zero2Strategy
 
 DEFAULT_UNITS = "each parameterised child of an nn.ModuleList/nn.Sequential, then the root"
 

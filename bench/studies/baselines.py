@@ -1,4 +1,5 @@
-"""Saved baselines: a run's records committed under ``results/baselines/<device>/<NAME>.jsonl``
+"""Saved baselines: a run's records kept under ``<home>/baselines/<device>/<NAME>.jsonl`` (the
+home: ``--root``, else ``$SHARDBENCH_HOME``, else ``./results``)
 with a manifest saying who saved them, when, from which commit and run, on what environment.
 
 A baseline is data in the repository, never constants in code: a new one is a reviewed commit
@@ -16,11 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness.records import Record, read_records
-from bench.paths import atomic_write_text, file_lock, inside, path_component
+from shardbench.paths import atomic_write_text, file_lock, inside, path_component, results_home
+from shardbench.records import Record, read_records
 
-BASELINES_DIR = Path(__file__).resolve().parents[2] / "results" / "baselines"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def baselines_dir(home: Path | None = None) -> Path:
+    """The baselines folder of ``home`` (``paths.results_home``)."""
+    return results_home(home) / "baselines"
 
 
 def check_baseline_name(name: str) -> None:
@@ -60,7 +65,7 @@ def save_baseline(
     and renamed over the old one, under a lock: a full disk or a second save at the same time
     leaves the old baseline whole, never a mixture."""
     check_baseline_name(name)
-    root = Path(root or BASELINES_DIR)
+    root = Path(root or baselines_dir())
     if root.exists() and not root.is_dir():
         raise ValueError(f"baseline root {root} is not a directory")
     sources = [records_path(Path(run)) for run in runs]
@@ -110,7 +115,7 @@ def manifest(records: list[Record], sources: Sequence[Path]) -> dict[str, Any]:
 def find_baseline(name: str, *, device: str | None = None, root: Path | None = None) -> Path:
     """The records of the baseline ``name``; ``device`` picks between a cpu and a cuda one."""
     check_baseline_name(name)
-    root = root or BASELINES_DIR
+    root = root or baselines_dir()
     found = sorted(root.glob(f"*/{name}.jsonl"))
     if device is not None:
         found = [p for p in found if p.parent.name == device] or found

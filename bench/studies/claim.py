@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness.config import CellConfig
-from bench.harness.launch import run_cell
-from bench.harness.records import Record, append_record, first_line
-from bench.report.tables import markdown_table
-from bench.studies.claim_specs import ClaimSpec, ClaimWorkload
-from bench.studies.compare_rules import step_time_noise
-from bench.studies.maxsize import parse_budget, search
-from models.registry import get_workload
+from shardbench.harness.config import CellConfig
+from shardbench.harness.launch import run_cell
+from shardbench.models.registry import get_workload
+from shardbench.records import Record, append_record, first_line
+from shardbench.report.tables import markdown_table
+from shardbench.studies.claim_specs import ClaimSpec, ClaimWorkload
+from shardbench.studies.compare_rules import step_time_noise
+from shardbench.studies.maxsize import parse_budget, search
 
 OURS, BASELINE = "zero2", "ddp"
 MEMORY_THRESHOLD, SIZE_THRESHOLD = 0.5, 2.0
@@ -306,7 +306,7 @@ def write_claim_report(
 ) -> Path:
     """``report.md``: the verdict per workload, the table of ratios, how it was measured, and the
     charts (written by the report builder from the same records)."""
-    from bench.report.build import build_report
+    from shardbench.report.build import build_report
 
     report = build_report([out_dir], out_dir)
     lines = [
@@ -472,8 +472,8 @@ def claim(
     old = out_dir / "records.jsonl"
     measured = None
     if resume and old.exists():
-        from bench.harness.records import read_records
-        from bench.studies.claim_gate import results_from_records
+        from shardbench.records import read_records
+        from shardbench.studies.claim_gate import results_from_records
 
         measured = {r.workload.label: r for r in results_from_records(spec, read_records([old]))}
     elif old.exists():  # a report describes one claim run; the previous one is kept aside, not lost

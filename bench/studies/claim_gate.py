@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.harness.records import Record
-from bench.studies.claim import BASELINE, OURS, WorkloadResult
-from bench.studies.claim_specs import ClaimSpec
+from shardbench.records import Record
+from shardbench.studies.claim import BASELINE, OURS, WorkloadResult
+from shardbench.studies.claim_specs import ClaimSpec
 
 
 def results_from_records(spec: ClaimSpec, records: Sequence[Record]) -> list[WorkloadResult]:

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.harness.records import Record
-from bench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
+from shardbench.records import Record
+from shardbench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
 
 #: what makes two records the same cell (the device's name comes from the record's env)
 IDENTITY = CELL_FIELDS

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.harness.records import Record
-    from bench.studies.compare import CellDelta
+    from shardbench.records import Record
+    from shardbench.studies.compare import CellDelta
 
 MIB = 1 << 20
 #: what makes two records the same cell: ``compare`` matches cells on these fields, and an

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 
-from bench.harness.records import Record, finite
+from shardbench.records import Record, finite
 
 #: the normal-consistent scale of the MAD: 1.4826 x MAD estimates the standard deviation
 MAD_TO_STDDEV = 1.4826

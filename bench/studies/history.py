@@ -13,8 +13,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bench.paths import atomic_write_text, file_lock, split_partial_line
-from bench.studies.compare import CellDelta, Comparison
+from shardbench.paths import atomic_write_text, file_lock, split_partial_line
+from shardbench.studies.compare import CellDelta, Comparison
 
 SCHEMA = 1
 

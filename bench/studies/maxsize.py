@@ -5,7 +5,7 @@
 smallest non-fit are within ``--resolution``, 3% by default; or over an explicit ``--ladder`` of
 presets) or over the batch size (``--vary batch``: batches 1 and 2 predict the answer from
 the peak's growth per sample, probes beside the prediction confirm it, bisection settles a
-miss). Every probe is an ordinary cell run by ``bench.harness.launch.run_cell``, so it runs in
+miss). Every probe is an ordinary cell run by ``shardbench.harness.launch.run_cell``, so it runs in
 fresh processes with a timeout: an OOM, a crash or a hang in one probe is recorded and never
 poisons the next.
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.harness.config import CellConfig
-from bench.harness.launch import run_cell
-from bench.harness.records import Record, append_record, first_line
+from shardbench.harness.config import CellConfig
+from shardbench.harness.launch import run_cell
+from shardbench.records import Record, append_record, first_line
 
 VARY = ("params", "batch")
 #: a params search stops when the largest fit and the smallest non-fit are this close (3%)
@@ -183,7 +183,7 @@ class SizeAxis:
     def of(workload_name: str, ladder: tuple[str, ...] | None, around: str | None = None) -> SizeAxis:
         """``around``: the search's own preset (a workload whose shapes are keyword arguments
         grows that shape: ``models/presets/config_string.depth_family``)."""
-        from models.registry import get_workload
+        from shardbench.models.registry import get_workload
 
         workload = get_workload(workload_name)
         family = None if ladder else workload.size_family(around)
@@ -202,7 +202,7 @@ class SizeAxis:
         """``known`` plus, for a named preset (``base``) that is a shape on this axis
         (``h768-l12``), the same record under the axis's name: a claim's memory cell bounds the
         search whatever it was called."""
-        from models.registry import get_workload
+        from shardbench.models.registry import get_workload
 
         out = dict(known)
         for name, record in known.items():
@@ -307,7 +307,7 @@ def analytic_ceiling(base: CellConfig, names: list[str], counts: list[int], budg
     number of sizes). Model states are a lower bound of the peak, so nothing from there on can
     fit; the search never allocates a model many times the budget (a 20B DDP probe would take
     320 GB of host memory). Predictions grow with the parameter count: a bisection finds it."""
-    from bench.harness.result import predict
+    from shardbench.harness.result import predict
 
     def over(i: int) -> bool:
         return predict(replace(base, preset=names[i]), base.world_size, counts[i])["total"] > budget

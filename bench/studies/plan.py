@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.harness.config import CellConfig
-from bench.harness.records import Record, first_line
-from bench.report.tables import markdown_table
-from bench.studies.compare_rules import step_time_noise
+from shardbench.harness.config import CellConfig
+from shardbench.records import Record, first_line
+from shardbench.report.tables import markdown_table
+from shardbench.studies.compare_rules import step_time_noise
 
 #: every strategy a user would choose between, least sharding first
 PLAN_STRATEGIES = (
@@ -53,7 +53,7 @@ GIB, MIB = 1 << 30, 1 << 20
 
 def sharding_level(strategy: str) -> int:
     """0 nothing sharded, 1 optimizer state, 2 + gradients, 3 + parameters."""
-    from bench.strategies.registry import get_strategy
+    from shardbench.strategies.registry import get_strategy
 
     s = get_strategy(strategy).sharding
     return int(s.optimizer_state or s.whole_parameters) + int(s.gradients) + int(s.parameters)
@@ -97,7 +97,7 @@ def planning_cells(
 
 def plannable(strategy: str) -> bool:
     """Whether ``strategy`` can be a simulated rank (the card's ``simulatable``)."""
-    from bench.strategies.registry import strategy_card
+    from shardbench.strategies.registry import strategy_card
 
     return strategy_card(strategy).simulatable
 
@@ -105,8 +105,8 @@ def plannable(strategy: str) -> bool:
 def unplanned_record(cell: CellConfig, *, run_id: str) -> Record:
     """The plan's record of a strategy that cannot be planned: status "skipped", the predicted
     model states of its declared sharding, and in its note the command that measures it."""
-    from bench.harness.records import capture_env
-    from bench.harness.result import cell_fields, predict, workload_params
+    from shardbench.harness.result import cell_fields, predict, workload_params
+    from shardbench.records import capture_env
 
     params = workload_params(cell)
     record = Record(
@@ -121,7 +121,7 @@ def unplanned_record(cell: CellConfig, *, run_id: str) -> Record:
         predicted_mem_bytes=predict(cell, cell.world_size, params),
         env=capture_env(cell.device),
     )
-    from bench.strategies.registry import strategy_card
+    from shardbench.strategies.registry import strategy_card
 
     record.note = (
         f"{UNPLANNED}: {strategy_card(cell.strategy).not_simulatable_because}; "
@@ -133,7 +133,7 @@ def unplanned_record(cell: CellConfig, *, run_id: str) -> Record:
 def measure_command(record: Record, strategies: Sequence[str]) -> str:
     """The ``shardbench run`` that measures ``strategies`` on real ranks at ``record``'s cell;
     those that run only on CUDA get a command of their own, with ``--device cuda``."""
-    from bench.strategies.registry import strategy_card
+    from shardbench.strategies.registry import strategy_card
 
     n = record.world_size
     flags = " --activation-checkpointing" if record.activation_checkpointing else ""

@@ -8,7 +8,7 @@ module reads it back and turns it into ``Series``. Pure: no matplotlib, no torch
 trend chart shows is a question about lists, and tests ask it.
 
 The history is written by many nights of possibly different code, so reading is forgiving the
-way ``bench.harness.records.read_records`` is: a line that is not a history line is named by
+way ``shardbench.records.read_records`` is: a line that is not a history line is named by
 file and line, skipped with a warning, and never hides the good ones.
 
 A failed night stays in every series of its cell, with no value: a chart must show the night a
@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.harness.records import parse_json_object
+from shardbench.records import parse_json_object
 
 #: fields a line must have to be placed on a chart at all
 REQUIRED = ("suite", "cell", "time")

@@ -3,5 +3,5 @@
 One module per workload (``PRESETS``, ``LADDER``, ``param_count(preset)``), importing nothing
 from torch or the model libraries: ``shardbench list`` and the size ladder count parameters
 without paying seconds of imports, or a model build, per workload. The workload classes in
-``models/`` take their presets from here; ``models.registry.preset_param_counts`` reads them.
+``models/`` take their presets from here; ``shardbench.models.registry.preset_param_counts`` reads them.
 """

@@ -17,7 +17,7 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
-from models.presets.family import SizeFamily
+from shardbench.models.presets.family import SizeFamily
 
 DEFAULT_PRESET = "default"
 SEPARATOR = ":"

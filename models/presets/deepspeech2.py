@@ -2,7 +2,7 @@
 
 Here, not in ``models/deepspeech2.py``, so that counting sizes imports neither torch nor
 torchaudio (``shardbench list``, the size ladder): without a formula the count builds the model
-on the meta device. ``models.deepspeech2`` takes ``PRESETS``, ``LADDER``, ``CHARS`` and
+on the meta device. ``shardbench.models.deepspeech2`` takes ``PRESETS``, ``LADDER``, ``CHARS`` and
 ``FREQ_BINS`` from here; the tests check ``param_count`` against a meta build of every preset.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from models.presets.family import Presets, SizeFamily
+from shardbench.models.presets.family import Presets, SizeFamily
 
 #: output characters (the CTC blank + 28), and frequency bins of the input spectrogram (a
 #: 320-sample window: 320 // 2 + 1)
@@ -41,7 +41,7 @@ def _bilstm(input_size: int, hidden: int) -> int:
 
 
 def param_count(preset: dict[str, Any]) -> int:
-    """``models.deepspeech2.DeepSpeech2`` from the preset's shape alone: two Conv2d with bias,
+    """``shardbench.models.deepspeech2.DeepSpeech2`` from the preset's shape alone: two Conv2d with bias,
     each followed by a BatchNorm2d (weight + bias; running stats are buffers); ``layers``
     bidirectional LSTMs, the first over the conv features (no BatchNorm before it), the others
     over ``hidden`` with a BatchNorm1d before each; an output BatchNorm1d and a bias-free linear

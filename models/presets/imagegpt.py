@@ -1,7 +1,7 @@
 """Presets of the ``imagegpt`` workload (the Image GPT paper's shapes) and their parameter counts.
 
 Here, not in ``models/imagegpt.py``, so that counting sizes imports neither torch nor
-transformers (``shardbench list``, the size ladder). ``models.imagegpt.ImageGPTWorkload`` takes
+transformers (``shardbench list``, the size ladder). ``shardbench.models.imagegpt.ImageGPTWorkload`` takes
 ``PRESETS``, ``LADDER`` and ``CLUSTERS`` from here; the tests check ``param_count`` against a
 meta build.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from models.presets.family import Presets, SizeFamily
+from shardbench.models.presets.family import Presets, SizeFamily
 
 #: colour clusters a pixel token takes; token ``CLUSTERS`` is the start token
 CLUSTERS = 512

@@ -2,7 +2,7 @@
 
 Here, not in ``models/swav.py``, so that counting sizes imports neither torch nor torchvision
 (``shardbench list``, the size ladder): without a formula the count builds the model on the
-meta device. ``models.swav.SwAVWorkload`` takes ``PRESETS`` and ``LADDER`` from here; the tests
+meta device. ``shardbench.models.swav.SwAVWorkload`` takes ``PRESETS`` and ``LADDER`` from here; the tests
 check ``param_count`` against a meta build of every preset.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from models.presets.family import Presets, SizeFamily
+from shardbench.models.presets.family import Presets, SizeFamily
 
 NAMED: dict[str, dict[str, Any]] = {
     "tiny": dict(width=8, hidden=64, feat_dim=16, prototypes=30, crops=(2, 32, 2, 16)),
@@ -41,7 +41,7 @@ def _bottleneck(inplanes: int, planes: int) -> int:
 
 
 def param_count(preset: dict[str, Any]) -> int:
-    """The width-scaled ResNet-50 trunk (``models.swav.WideResNet50Trunk``), the projection head
+    """The width-scaled ResNet-50 trunk (``shardbench.models.swav.WideResNet50Trunk``), the projection head
     (Linear, BatchNorm1d, Linear) and the bias-free prototypes, from the preset's shape alone."""
     width = preset["width"]
     total = 3 * width * 7 * 7 + 2 * width  # stem: 7x7 conv without bias, BatchNorm

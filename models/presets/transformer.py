@@ -2,7 +2,7 @@
 
 Here, not in ``models/transformer.py``, so that counting sizes imports neither torch nor
 transformers: ``shardbench list`` and the size ladder need 19 counts up to 20B, and building
-each model, even on the meta device, costs seconds. ``models.transformer.TransformerWorkload``
+each model, even on the meta device, costs seconds. ``shardbench.models.transformer.TransformerWorkload``
 takes ``PRESETS`` and ``LADDER`` from here; the tests check ``param_count`` against a meta build.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from models.presets.family import Presets, SizeFamily
+from shardbench.models.presets.family import Presets, SizeFamily
 
 _BERT_BASE: dict[str, Any] = dict(
     vocab_size=30522,

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from bench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 from tests.dist import fake_world
 
 LAYERS, WIDTH = 512, 16

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from bench.strategies.sharded import ShardedOptimizer
+from shardbench.strategies.sharded import ShardedOptimizer
 from tests.dist import fake_world
 
 N_PARAMS, SHAPE = 256, (64, 32)

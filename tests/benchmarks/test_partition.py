@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from bench.strategies.sharded.layout import Bucket, build_buckets
-from models.registry import get_workload
+from shardbench.models.registry import get_workload
+from shardbench.strategies.sharded.layout import Bucket, build_buckets
 
 #: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)
 pytestmark = pytest.mark.xdist_group("test_partition")

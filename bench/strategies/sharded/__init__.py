@@ -55,7 +55,7 @@ Usage in a training loop::
     if rank == 0: torch.save(opt.state_dict(), path) # plain optimizer format, any world size
 """
 
-from bench.strategies.sharded.data_parallel import ShardedDataParallel
-from bench.strategies.sharded.optimizer import ELEMENTWISE_OPTIMIZERS, ShardedOptimizer
+from shardbench.strategies.sharded.data_parallel import ShardedDataParallel
+from shardbench.strategies.sharded.optimizer import ELEMENTWISE_OPTIMIZERS, ShardedOptimizer
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "ShardedDataParallel", "ShardedOptimizer"]

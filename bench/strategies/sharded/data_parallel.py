@@ -50,12 +50,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.strategies.sharded.gatherer import UnitGatherer
-from bench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
-from bench.strategies.sharded.profiling import profiled
-from bench.strategies.sharded.reducer import MAX_IN_FLIGHT, GradientReducer, default_collective
-from bench.strategies.sharded.units import UnitPolicy, find_units
-from bench.strategies.sharded.weak import weakly
+from shardbench.strategies.sharded.gatherer import UnitGatherer
+from shardbench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
+from shardbench.strategies.sharded.profiling import profiled
+from shardbench.strategies.sharded.reducer import MAX_IN_FLIGHT, GradientReducer, default_collective
+from shardbench.strategies.sharded.units import UnitPolicy, find_units
+from shardbench.strategies.sharded.weak import weakly
 
 #: stage 3's buckets are whole units (a transformer layer), not 25 MB, so one reduction in flight
 #: overlaps the next unit's whole backward; it is completed before the next unit's gradients are

@@ -39,12 +39,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.strategies.sharded.optimizer import ShardedOptimizer
-from bench.strategies.sharded.prefetch import UnitOrder
-from bench.strategies.sharded.profiling import profiled
-from bench.strategies.sharded.units import Unit
-from bench.strategies.sharded.weak import weakly
-from bench.tensors import plain_tensors_in, replace_tensors, tensors_in
+from shardbench.strategies.sharded.optimizer import ShardedOptimizer
+from shardbench.strategies.sharded.prefetch import UnitOrder
+from shardbench.strategies.sharded.profiling import profiled
+from shardbench.strategies.sharded.units import Unit
+from shardbench.strategies.sharded.weak import weakly
+from shardbench.tensors import plain_tensors_in, replace_tensors, tensors_in
 
 
 def _preserve_version(tensor: torch.Tensor) -> contextlib.AbstractContextManager[Any]:

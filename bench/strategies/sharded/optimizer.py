@@ -40,14 +40,14 @@ import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401
 from torch import nn
 
-from bench.strategies.sharded.checkpoint import (
+from shardbench.strategies.sharded.checkpoint import (
     assemble_full_state,
     hyperparameters,
     slice_state,
     state_pieces,
 )
-from bench.strategies.sharded.layout import Bucket, build_buckets, flatten_into_buckets
-from bench.strategies.sharded.profiling import profiled
+from shardbench.strategies.sharded.layout import Bucket, build_buckets, flatten_into_buckets
+from shardbench.strategies.sharded.profiling import profiled
 
 #: optimizers whose update of each element depends only on that element's gradient and state.
 ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.strategies.sharded.fake import is_fake
-from bench.strategies.sharded.layout import Bucket
-from bench.strategies.sharded.profiling import profiled
+from shardbench.strategies.sharded.fake import is_fake
+from shardbench.strategies.sharded.layout import Bucket
+from shardbench.strategies.sharded.profiling import profiled
 
 #: buckets whose reduction may be in flight at once before another launch waits for the oldest
 MAX_IN_FLIGHT = 2

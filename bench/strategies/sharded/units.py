@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from shardbench.blocks import repeated_blocks
+
 UnitPolicy = Callable[[nn.Module], bool]
 
 
@@ -35,31 +37,6 @@ class Unit:
     @property
     def is_root(self) -> bool:
         return self.parent is None
-
-
-def repeated_blocks(root: nn.Module) -> list[nn.Module]:
-    """Every child of an ``nn.ModuleList`` or ``nn.Sequential`` (a repeated block: a
-    transformer layer, a ResNet block) that holds trainable parameters, outermost only, in
-    module order.
-
-    Outermost only: a block's own small Sequential (a ResNet downsample's conv and norm) would
-    be gathered inside its block's forward, when the block is already gathered, so making it a
-    unit of its own adds a collective per use and saves no memory."""
-    found: list[nn.Module] = []
-
-    def visit(module: nn.Module) -> None:
-        containers = isinstance(module, nn.ModuleList | nn.Sequential)
-        for child in module.children():
-            # a ModuleList/ModuleDict has no forward of its own (no hook would ever fire on it):
-            # its children are the blocks
-            callable_block = not isinstance(child, nn.ModuleList | nn.ModuleDict)
-            if containers and callable_block and any(p.requires_grad for p in child.parameters()):
-                found.append(child)
-            else:
-                visit(child)
-
-    visit(root)
-    return found
 
 
 def default_unit_policy(root: nn.Module) -> UnitPolicy:

@@ -274,8 +274,12 @@ def first_line(text: str | None, limit: int = 120) -> str:
 
 
 def _git_sha() -> str | None:
+    """The commit of the shardbench checkout this code runs from; None for an installed package
+    (whose folder may sit inside some other repository, a user's, whose commit says nothing)."""
+    root = Path(__file__).resolve().parents[1]  # the checkout: bench/ sits in it
+    if not (root / ".git").exists():
+        return None
     try:
-        root = Path(__file__).resolve().parent.parent
         r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         return r.stdout.strip() if r.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
