@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 #: version of the record layout; 2 added ``schema``, ``failure`` and the statuses
 #: ``diverged`` and ``interrupted``; 3 added the run's ``name`` and ``tags`` and the cell's
@@ -39,6 +39,75 @@ STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped
 FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
 #: fields a line must have to be read as a record at all
 REQUIRED = ("run_id", "workload", "preset", "strategy", "world_size", "status")
+
+
+class CellKey(NamedTuple):
+    """What makes two records measurements of the same cell: the one definition every
+    comparison of cells uses, less the fields it sets aside (``without``): ``compare`` across
+    runs (``of``), ``--resume`` within a run (``in_run``), the strategies of one group set
+    against ddp (``without("strategy")``), a real cell and its simulated twin
+    (``without("simulated", "fake")``). The device's name is an environment fact, not part of
+    the cell."""
+
+    workload: str
+    preset: str
+    strategy: str
+    world_size: int
+    simulated: bool
+    fake: bool
+    activation_checkpointing: bool
+    precision: str
+    batch_size: int | None
+    device: str
+
+    @classmethod
+    def of(cls, r: Record) -> CellKey:
+        """The cell ``r`` measures. A max-size summary is a copy of its largest fit's record, so
+        what it found (the preset, or the batch) is its answer, not its identity: it is named by
+        what was searched instead, ``max-size-params-<budget>`` or
+        ``<preset>@max-size-batch-<budget>``."""
+        preset, batch = r.preset, r.batch_size_per_rank
+        if r.max_size is not None:
+            budget = (r.max_size.get("budget_bytes") or 0) / 2**30
+            search = f"max-size-{r.max_size.get('vary')}-{budget:g}GiB"
+            if r.max_size.get("vary") == "batch":
+                preset, batch = f"{r.preset}@{search}", None
+            else:
+                preset = search
+        return cls(
+            r.workload,
+            preset,
+            r.strategy,
+            r.world_size,
+            r.simulated,
+            r.fake,
+            r.activation_checkpointing,
+            r.precision,
+            batch,
+            r.device,
+        )
+
+    @classmethod
+    def in_run(cls, r: Record) -> tuple[CellKey, int | None]:
+        """The cell of its run ``r`` was asked for (``CellConfig.key``): as asked (the world
+        size requested, the preset and batch as given), and which repeat."""
+        key = cls(
+            r.workload,
+            r.preset,
+            r.strategy,
+            r.requested_world_size,
+            r.simulated,
+            r.fake,
+            r.activation_checkpointing,
+            r.precision,
+            r.batch_size_per_rank,
+            r.device,
+        )
+        return key, r.repeat
+
+    def without(self, *names: str) -> tuple[Any, ...]:
+        """The key with ``names`` set aside: cells equal in everything else share it."""
+        return tuple(v for k, v in zip(self._fields, self, strict=True) if k not in names)
 
 
 class RecordWriteError(OSError):
@@ -101,7 +170,7 @@ class Record:
     #: (``bench/metrics/analytic.predicted_comm``)
     predicted_comm: dict[str, Any] | None = None
     #: ``--trace`` on CUDA: the traced step's NCCL kernel time, the part compute kernels
-    #: overlapped, the exposed rest and its fraction of the step (``bench/metrics/exposed.py``)
+    #: overlapped, the exposed rest and its fraction of the step (``bench/studies/exposed.py``)
     comm_overlap: dict[str, float] | None = None
     #: torch's intra-op threads per rank (the host's cores shared among its ranks; a simulated
     #: rank gets what a real rank of its world would)

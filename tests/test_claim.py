@@ -18,8 +18,9 @@ import shardbench.studies.claim as claim
 import shardbench.studies.maxsize as maxsize
 from shardbench.cli import main
 from shardbench.records import Record, append_record, capture_env, read_records
-from shardbench.studies.claim import WorkloadResult
-from shardbench.studies.claim_gate import compare_claims, gate_section, results_from_records
+from shardbench.report.claim_report import gate_section, write_claim_report
+from shardbench.studies.claim_gate import compare_claims
+from shardbench.studies.claim_result import WorkloadResult, results_from_records
 from shardbench.studies.claim_specs import SPECS, ClaimWorkload
 from tests.cells import run_cell_here
 
@@ -215,8 +216,9 @@ def test_a_peer_on_real_ranks_gets_its_own_verdict_line(tmp_path: Path, monkeypa
     monkeypatch.setattr(claim, "run_cell", run_cell_here)
     monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
     out = tmp_path / "claim"
-    report, results = claim.claim(spec, out_dir=out)
-    text = report.read_text()
+    done = claim.claim(spec, out_dir=out)
+    results = done.results
+    text = write_claim_report(spec, results, out, done.wall_s).read_text()
     peer_lines = [line for line in text.splitlines() if line.startswith("  - fairscale-zero2 (")]
     assert len(peer_lines) == 1 and "Lightning's ddp_sharded" in peer_lines[0]
     assert re.search(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from shardbench.cli.run import with_drill_down_dir
+from shardbench.cli.execute import with_drill_down_dir
 from shardbench.records import append_record
 from shardbench.report.build import build_report, write_report
 from tests.cells import run_cell_here, tiny_cell

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from shardbench.metrics.exposed import exposed_comm, trace_overlap
+from shardbench.metrics.exposed import trace_overlap
 from shardbench.report.charts import comm_scaling_charts
 from shardbench.report.tables import records_to_frame
 from shardbench.report.terminal import ratio_lines, terminal_table
+from shardbench.studies.exposed import exposed_comm
 from tests.records import make_record
 
 

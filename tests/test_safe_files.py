@@ -297,7 +297,7 @@ def test_resume_refuses_cells_that_are_not_the_runs(tmp_path: Path, capsys) -> N
 def test_resume_continues_the_runs_own_cells_without_its_flags(tmp_path: Path, capsys) -> None:
     """A run keeps the cells it was started with: ``--resume DIR`` alone continues them (here all
     are already ok, so nothing runs), and flags that make another set are refused."""
-    from shardbench.cli.run import CELLS_FILE
+    from shardbench.cli.execute import CELLS_FILE
     from tests.cells import tiny_cell
 
     cell = tiny_cell(strategy="ddp", world_size=2, batch_size=8)

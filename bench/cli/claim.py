@@ -130,14 +130,18 @@ def cmd_claim(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if args.from_records and args.resume:
         raise UsageError("--from-records measures nothing and --resume measures the rest: pick one")
+    from shardbench.report.claim_report import gate_section, write_claim_report
+
     if args.from_records:
         report, results = _rebuild(spec, out)
     else:
         workloads = None if own or not args.workload else tuple(args.workload)
-        report, results = claim(spec, out_dir=out, workloads=workloads, resume=args.resume)
+        done = claim(spec, out_dir=out, workloads=workloads, resume=args.resume)
+        results = done.results
+        report = write_claim_report(spec, results, out, done.wall_s, resumed=done.resumed)
     code = 0
     if baseline is not None:
-        from shardbench.studies.claim_gate import compare_claims, gate_section
+        from shardbench.studies.claim_gate import compare_claims
 
         changes = compare_claims(spec, baseline, results)
         with report.open("a") as f:
@@ -199,8 +203,8 @@ def _rebuild(spec: ClaimSpec, out: Path) -> tuple[Path, list]:
     """The claim's report from the records already in ``out``, each variant without records
     listed as not measured."""
     from shardbench.records import read_records
-    from shardbench.studies.claim import every_variant, write_claim_report
-    from shardbench.studies.claim_gate import results_from_records
+    from shardbench.report.claim_report import write_claim_report
+    from shardbench.studies.claim_result import every_variant, results_from_records
 
     if not (out / "records.jsonl").is_file():
         raise UsageError(f"--from-records: no {out / 'records.jsonl'} to rebuild the report from")
@@ -212,7 +216,7 @@ def _rebuild(spec: ClaimSpec, out: Path) -> tuple[Path, list]:
 def _baseline(name: str, spec: ClaimSpec, home: Path | None) -> list[Record]:
     """The baseline's records, checked before anything runs: it must hold this spec's claim."""
     from shardbench.studies.baselines import baselines_dir, find_baseline, load_records
-    from shardbench.studies.claim_gate import results_from_records
+    from shardbench.studies.claim_result import results_from_records
 
     try:
         records = load_records(find_baseline(name, device=spec.device, root=baselines_dir(home)))

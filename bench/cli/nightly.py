@@ -59,7 +59,7 @@ def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_nightly(args: argparse.Namespace) -> int:
     from shardbench.cli.compare import compare_or_refuse
-    from shardbench.cli.run import check_repeat, execute_run, safe_name
+    from shardbench.cli.execute import check_repeat, execute_run, safe_name
     from shardbench.cli.suite_searches import resolve_searches
     from shardbench.harness.config import SUITES_DIR, load_suite, override
     from shardbench.harness.runner import new_run_id

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
 
 from shardbench.cli.common import (
-    DEFAULT_RUNS_DIR,
     UsageError,
     add_model_config_args,
     csv_list,
@@ -19,12 +15,8 @@ from shardbench.cli.common import (
     require_cuda_if,
     tag_pair,
 )
-from shardbench.cli.suite_searches import SuiteSearch, run_searches
+from shardbench.cli.execute import CELLS_FILE, check_repeat, execute_run, safe_name
 from shardbench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
-from shardbench.paths import path_component
-
-#: ``--repeat`` beyond this is a typo, not a measurement plan
-MAX_REPEAT = 100
 
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
@@ -214,10 +206,9 @@ CELL_FLAGS = (
     "memory_snapshot",
     "trace",
 )
+
+
 #: where a run keeps the cells it was started with (what ``--resume`` continues)
-CELLS_FILE = "cells.json"
-
-
 def saved_cells(run_dir: Path) -> tuple[str, list[CellConfig]] | None:
     """The suite and cells ``run_dir``'s run was started with, or None for a run that did not
     keep them (one written before runs kept them: its flags must then be given again)."""
@@ -252,116 +243,7 @@ def own_presets(cells: list[CellConfig]) -> list[CellConfig]:
     return list(out.values())
 
 
-def with_drill_down_dir(cell: CellConfig, out: Path) -> CellConfig:
-    """The cell with the directory its drill-down artefacts go to, under the run's directory
-    (unchanged when it asks for none)."""
-    if not (cell.memory_snapshot or cell.trace):
-        return cell
-    from shardbench.report.chartdata import slug
-
-    flags = ["sim" if cell.simulate and not cell.fake else "", "fake" if cell.fake else ""]
-    flags += [cell.device, "ac" if cell.activation_checkpointing else ""]
-    flags.append(f"r{cell.repeat}" if cell.repeat else "")
-    name = slug(cell.workload, cell.preset, cell.strategy, f"N{cell.world_size}", cell.precision, *flags)
-    name += f"-b{cell.batch_size}"
-    return replace(cell, drill_down_dir=str(out.resolve() / "drill-down" / name))
-
-
-def check_repeat(repeat: int | None) -> int | None:
-    if repeat is not None and not 1 <= repeat <= MAX_REPEAT:
-        raise UsageError(f"--repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}")
-    return repeat
-
-
 def check_run_name(name: str) -> str:
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise UsageError(f"--name {name!r}: use letters, digits, '-' and '_' only")
     return name
-
-
-def safe_name(suite: str) -> str:
-    """A suite file's stem as a run name (``my.suite.toml`` -> ``my-suite``), safe in a path."""
-    name = "".join(c if c.isalnum() or c in "-_" else "-" for c in suite) or "run"
-    return path_component(name, what="suite name", separators="replace")
-
-
-class Executed(NamedTuple):
-    out: Path
-    #: ``run``'s exit code: 0 all ok, 1 a cell failed, 130/143 interrupted
-    code: int
-    run_id: str
-
-
-def execute_run(
-    cells: list[CellConfig],
-    *,
-    name: str,
-    tags: dict[str, str],
-    out: Path | None = None,
-    resume: Path | None = None,
-    searches: Sequence[SuiteSearch] = (),
-    columns: Sequence[str] | None = None,
-    suite: str | None = None,
-) -> Executed:
-    """Run validated cells into ``out`` (a new run directory by default), then the suite's
-    max-size searches, print the table and write the report."""
-    from shardbench.harness.runner import done_keys, new_run_id, run_cells
-    from shardbench.harness.validate import check_output_dir
-    from shardbench.records import RecordWriteError, read_records
-    from shardbench.report.build import write_report
-
-    run_id = new_run_id(name)
-    if resume is not None:  # the run goes on as it was: its id, its name and its tags
-        earlier = read_records([resume / "records.jsonl"])
-        if earlier:
-            run_id, name = earlier[0].run_id, earlier[0].name or name
-            tags = {**earlier[0].tags, **tags}
-    out = out or DEFAULT_RUNS_DIR / run_id
-    try:
-        check_output_dir(out, cells=len(cells))
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if resume is None and suite is not None:  # what --resume continues, without the flags
-        from shardbench.paths import atomic_write_text
-
-        out.mkdir(parents=True, exist_ok=True)
-        kept = {"suite": suite, "cells": [c.to_json() for c in cells]}
-        atomic_write_text(out / CELLS_FILE, json.dumps(kept, indent=1) + "\n")
-    cells = [with_drill_down_dir(c, out) for c in cells]
-    skip = done_keys(out) if resume is not None else set()
-    recorded = done_keys(out, ok_only=False) if resume is not None else set()
-    if recorded and not {c.key() for c in cells} & recorded:
-        # a resume without the run's own suite and flags would append a different run to it
-        raise UsageError(
-            f"--resume {out}: none of the {len(cells)} cells asked for is a cell of that run "
-            f"({name!r}); give the same --suite and flags it was started with"
-        )
-    if skip:
-        print(
-            f"resume: {len(skip & {c.key() for c in cells})} of {len(cells)} cells already ok in {out}; "
-            "running the rest",
-            file=sys.stderr,
-        )
-    try:
-        outcome = run_cells(cells, out_dir=out, run_id=run_id, skip=skip, name=name, tags=tags)
-    except RecordWriteError as e:
-        print(
-            f"shardbench run: error: {e}; the run stopped (records written so far are kept)", file=sys.stderr
-        )
-        return Executed(out, 1, run_id)
-    searches_failed = run_searches(list(searches), out, run_id) if outcome.interrupted is None else 0
-    from shardbench.report.terminal import DEFAULT_COLUMNS, terminal_table
-
-    if outcome.records:
-        print(terminal_table(outcome.records, columns or DEFAULT_COLUMNS))
-    print(f"report: {write_report(out)} (every column: {out / 'table.md'})")
-    records = outcome.records
-    ok = sum(r.status == "ok" for r in records)
-    skipped = f", {outcome.skipped} skipped (already ok)" if outcome.skipped else ""
-    print(f"{len(records)} cells run, {ok} ok{skipped}; records: {out / 'records.jsonl'}")
-    if outcome.interrupted is not None:
-        again = f"shardbench run --resume {out}" + ("" if suite is not None else " (and the same flags)")
-        print(f"interrupted by {outcome.interrupted}; resume with: {again}", file=sys.stderr)
-        return Executed(out, outcome.interrupted.exit_code, run_id)
-    failed = searches_failed or any(r.status != "ok" for r in records)
-    return Executed(out, 1 if failed else 0, run_id)

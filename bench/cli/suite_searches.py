@@ -8,6 +8,7 @@ parser and checks, before any cell runs.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +35,10 @@ def resolve_searches(spec: SuiteSpec) -> list[SuiteSearch]:
 
 
 def _resolve(table: dict[str, Any], where: str) -> SuiteSearch:
-    from shardbench.cli import build_parser
-    from shardbench.cli.max_size import resolve_max_size
+    from shardbench.cli.max_size import add_max_size_parser, resolve_max_size
+
+    parser = argparse.ArgumentParser(prog="shardbench")
+    add_max_size_parser(parser.add_subparsers(dest="command", required=True))
 
     argv = ["max-size"]
     for key, value in table.items():
@@ -45,7 +48,7 @@ def _resolve(table: dict[str, Any], where: str) -> SuiteSearch:
         elif value is not False:
             argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit:
         raise UsageError(f"{where}: not valid max-size flags (argparse said why above)") from None
     try:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from shardbench.records import CellKey
 from shardbench.strategies.catalog import WorldPlan
 
 SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
@@ -89,22 +90,22 @@ class CellConfig:
 
         return get_strategy(self.strategy).plan_world(self.world_size, self.device, self.simulate)
 
-    def key(self) -> tuple[Any, ...]:
-        """What makes two cells the same measurement (``--resume`` skips a cell whose key has
-        an ``ok`` record)."""
-        return (
+    def key(self) -> tuple[CellKey, int | None]:
+        """What makes two cells the same measurement of a run, as ``CellKey.in_run`` reads it
+        off a record (``--resume`` skips a cell whose key has an ``ok`` record)."""
+        key = CellKey(
             self.workload,
             self.preset,
             self.strategy,
             self.world_size,
-            self.precision,
-            self.batch_size,
-            self.device,
             self.simulate,
             self.fake,
             self.activation_checkpointing,
-            self.repeat,
+            self.precision,
+            self.batch_size,
+            self.device,
         )
+        return key, self.repeat
 
 
 def threads_per_rank(local_world_size: int) -> int:

@@ -1,10 +1,10 @@
 """Run a list of cells one after another, appending each record as soon as it exists.
 
-A failed cell (error, OOM, timeout, divergence) is recorded and the run goes on; the table is
-rewritten after every cell, so a run stopped half-way keeps everything measured so far. A table
-that cannot be written is reported and the run goes on (the records are what matter); a record
-that cannot be written stops the run at once (``RecordWriteError``), since every later cell
-would be measured into the void.
+A failed cell (error, OOM, timeout, divergence) is recorded and the run goes on. After every
+record the caller's ``on_record`` sees all records so far (the CLI rewrites the tables there, so a
+run stopped half-way keeps everything measured so far); a callback that fails is reported and the
+run goes on (the records are what matter). A record that cannot be written stops the run at once
+(``RecordWriteError``), since every later cell would be measured into the void.
 
 SIGINT and SIGTERM are turned into ``Interrupted`` while cells run: the cell in flight has its
 ranks stopped (the launcher's ``finally``) and is recorded as ``interrupted``, and the caller
@@ -18,7 +18,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -26,7 +26,7 @@ from types import FrameType
 from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
 from shardbench.harness.result import build_record
-from shardbench.records import Record, append_record, read_records
+from shardbench.records import CellKey, Record, append_record, read_records
 
 
 class Interrupted(Exception):
@@ -44,7 +44,6 @@ class Interrupted(Exception):
 @dataclass
 class RunOutcome:
     records: list[Record] = field(default_factory=list)
-    table: str = ""
     skipped: int = 0
     interrupted: Interrupted | None = None
 
@@ -60,23 +59,7 @@ def done_keys(out_dir: Path, *, ok_only: bool = True) -> set[tuple]:
     path = out_dir / "records.jsonl"
     if not path.exists():
         return set()
-    return {_record_key(r) for r in read_records([path]) if r.status == "ok" or not ok_only}
-
-
-def _record_key(r: Record) -> tuple:
-    return (
-        r.workload,
-        r.preset,
-        r.strategy,
-        r.requested_world_size,
-        r.precision,
-        r.batch_size_per_rank,
-        r.device,
-        r.simulated,
-        r.fake,
-        r.activation_checkpointing,
-        r.repeat,
-    )
+    return {CellKey.in_run(r) for r in read_records([path]) if r.status == "ok" or not ok_only}
 
 
 class _Interrupts:
@@ -121,11 +104,11 @@ def run_cells(
     skip: set[tuple] | None = None,
     name: str | None = None,
     tags: Mapping[str, str] | None = None,
+    on_record: Callable[[list[Record]], object] | None = None,
 ) -> RunOutcome:
     """Run every cell not in ``skip`` with a progress display on stderr; every record carries
-    the run's ``name`` and ``tags`` (reports label runs by name, compare matches them)."""
-    from shardbench.report.tables import write_tables
-
+    the run's ``name`` and ``tags`` (reports label runs by name, compare matches them).
+    ``on_record(records)`` runs after each record is appended, with every record so far."""
     outcome = RunOutcome()
     todo = [c for c in cells if c.key() not in (skip or set())]
     outcome.skipped = len(cells) - len(todo)
@@ -141,13 +124,14 @@ def run_cells(
             record.name, record.tags = name, dict(tags or {})
             append_record(out_dir / "records.jsonl", record)
             outcome.records.append(record)
-            try:
-                outcome.table = write_tables(outcome.records, out_dir)
-            except Exception as e:  # noqa: BLE001 - the record is safe; a table is a by-product
-                print(
-                    f"shardbench: table not written ({type(e).__name__}: {e}); the run goes on",
-                    file=sys.stderr,
-                )
+            if on_record is not None:
+                try:
+                    on_record(outcome.records)
+                except Exception as e:  # noqa: BLE001 - the record is safe; what follows is a by-product
+                    print(
+                        f"shardbench: after the record: {type(e).__name__}: {e}; the run goes on",
+                        file=sys.stderr,
+                    )
             progress.done(f"{_label(cell)}: {record.status} ({record.wall_s or 0:.1f}s)")
             if interrupts.pending is not None:
                 outcome.interrupted = interrupts.pending

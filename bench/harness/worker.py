@@ -128,7 +128,7 @@ def run_rank(
     """Run one cell on this rank; return its measurements (raises on failure)."""
     # a simulated rank computes with the threads a real rank of its world would get on this host
     # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
-    # twin real cells are set against (bench/metrics/exposed.py)
+    # twin real cells are set against (bench/studies/exposed.py)
     torch.set_num_threads(threads_per_rank(world_size if cell.simulate else local_world_size))
     if cell.device == "cuda" and not planned_off_device(cell):
         torch.cuda.set_device(local_rank)

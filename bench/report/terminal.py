@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shardbench.records import Record, first_line
+from shardbench.records import CellKey, Record, first_line
 from shardbench.report.chartdata import reading_order
 from shardbench.report.tables import _model_state
 from shardbench.studies.compare_rules import step_time_noise
@@ -118,17 +118,9 @@ def check_columns(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _group(r: Record) -> tuple:
-    return (
-        r.workload,
-        r.preset,
-        r.world_size,
-        r.precision,
-        r.batch_size_per_rank,
-        r.activation_checkpointing,
-        r.fake,
-        r.simulated,
-    )
+def _group(r: Record) -> CellKey:
+    """The cells whose strategies are set against each other: equal in all but the strategy."""
+    return CellKey.of(r)._replace(strategy="")
 
 
 def ratio_lines(records: Sequence[Record]) -> list[str]:
@@ -160,14 +152,13 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
             if all(sent):
                 text += f", {sent[0] / sent[1]:.2f}x bytes sent"
             parts.append(text)
-        workload, preset, n, precision, batch, ac, fake, simulated = key
         how = [
-            precision,
-            f"b={batch}",
-            "AC" if ac else "",
-            "fake" if fake else "simulated" if simulated else "",
+            key.precision,
+            f"b={key.batch_size}",
+            "AC" if key.activation_checkpointing else "",
+            "fake" if key.fake else "simulated" if key.simulated else "",
         ]
-        head = f"{workload} {preset} N={n} {' '.join(h for h in how if h)} vs ddp: "
+        head = f"{key.workload} {key.preset} N={key.world_size} {' '.join(h for h in how if h)} vs ddp: "
         lines += textwrap.wrap(head + "; ".join(parts), WIDTH, subsequent_indent="  ")
     return lines
 
@@ -207,16 +198,20 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
 
 def exposed_lines(records: Sequence[Record]) -> list[str]:
     """Per real-rank group whose cells have simulated twins: each strategy's exposed
-    communication, the share of its step that compute did not hide (bench/metrics/exposed.py)."""
-    from shardbench.metrics.exposed import exposed_comm
+    communication, the share of its step that compute did not hide (bench/studies/exposed.py)."""
+    from shardbench.studies.exposed import exposed_comm
 
     exposed = exposed_comm(records)
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[CellKey, list[str]] = {}
     for r in records:
         if id(r) in exposed:
             groups.setdefault(_group(r), []).append(f"{r.strategy} {exposed[id(r)].text()}")
     lines = []
-    for (workload, preset, n, precision, batch, ac, _, _), parts in groups.items():
-        head = f"{workload} {preset} N={n} {precision} b={batch}{' AC' if ac else ''} exposed communication: "
+    for key, parts in groups.items():
+        ac = " AC" if key.activation_checkpointing else ""
+        head = (
+            f"{key.workload} {key.preset} N={key.world_size} {key.precision} b={key.batch_size}{ac} "
+            "exposed communication: "
+        )
         lines += textwrap.wrap(head + ", ".join(parts), WIDTH, subsequent_indent="  ")
     return lines

@@ -1,0 +1,236 @@
+"""The claim's results per workload and the rule that judges them, shared by the claim run,
+its gate and its report.
+
+The claim holds for a workload when zero2's peak is at most ``MEMORY_THRESHOLD`` x DDP's or its
+largest trainable model is at least ``SIZE_THRESHOLD`` x DDP's (``WorkloadResult.verdict``); a
+baseline's verdicts are recomputed from its records by the same rule
+(``results_from_records``), never read from an old report's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shardbench.records import Record, first_line
+from shardbench.studies.claim_specs import ClaimSpec, ClaimWorkload
+from shardbench.studies.compare_rules import step_time_noise
+
+OURS, BASELINE = "zero2", "ddp"
+MEMORY_THRESHOLD, SIZE_THRESHOLD = 0.5, 2.0
+
+
+def ratio_text(x: float | None) -> str:
+    """A ratio as every claim text shows it (``0.50x``), ``?`` where it was not measured."""
+    return "?" if x is None else f"{x:.2f}x"
+
+
+@dataclass
+class WorkloadResult:
+    workload: ClaimWorkload
+    memory: dict[str, Record] = field(default_factory=dict)  # strategy -> simulated-N record
+    timing: dict[str, Record] = field(default_factory=dict)  # strategy -> timing record
+    max_size: dict[str, Record] = field(default_factory=dict)  # strategy -> max-size summary
+    #: strategy -> memory record on real ranks (N = the spec's timing world size): the peers that
+    #: cannot be simulated, with ddp and zero2 at the same N to set them against
+    real_memory: dict[str, Record] = field(default_factory=dict)
+
+    def real_peak(self, strategy: str) -> int | None:
+        r = self.real_memory.get(strategy)
+        return (r.peak_mem_bytes or {}).get("max") if r is not None and r.status == "ok" else None
+
+    def real_peak_ratio(self, strategy: str) -> float | None:
+        peak, base = self.real_peak(strategy), self.real_peak(BASELINE)
+        return peak / base if peak and base else None
+
+    def peer_verdicts(self) -> list[tuple[str, bool | None, str]]:
+        """(peer, holds, text) for each peer measured on real ranks: its peak against DDP's at
+        the same N, ours beside it, what ZeRO-2's model states allow at that N, and where the
+        peer's peak differs most from ours."""
+        out = []
+        ours, base = self.real_memory.get(OURS), self.real_memory.get(BASELINE)
+        for peer, r in self.real_memory.items():
+            if peer in (BASELINE, OURS):
+                continue
+            n = r.world_size
+            ratio = self.real_peak_ratio(peer)
+            if ratio is None:
+                why = first_line(r.error, 100) if r.status != "ok" else "ddp's cell failed"
+                out.append((peer, None, f"not measured at real N={n}: {r.status}, {why}"))
+                continue
+            text = f"peak = {ratio:.2f}x ddp at real N={n}"
+            if (mine := self.real_peak_ratio(OURS)) is not None:
+                text += f" (ours, zero2: {mine:.2f}x)"
+            floor = _model_state_floor(r, base)
+            if floor is not None and floor > MEMORY_THRESHOLD:
+                text += (
+                    f"; at N={n} ZeRO-2's model states are at best {floor:.2f}x DDP's (their formula), "
+                    "so halving needs more ranks"
+                )
+            if (
+                ours is not None
+                and ours.status == "ok"
+                and r.mem_breakdown_bytes
+                and ours.mem_breakdown_bytes
+            ):
+                diff = {k: v - ours.mem_breakdown_bytes.get(k, 0) for k, v in r.mem_breakdown_bytes.items()}
+                top = max(diff, key=lambda k: abs(diff[k]))
+                if diff[top]:
+                    more = "more" if diff[top] > 0 else "less"
+                    text += f"; against ours its peak holds {abs(diff[top]) / 2**20:.0f} MiB {more} {top}"
+            out.append((peer, ratio <= MEMORY_THRESHOLD, text))
+        return out
+
+    def peak(self, strategy: str) -> int | None:
+        r = self.memory.get(strategy)
+        return (r.peak_mem_bytes or {}).get("max") if r is not None and r.status == "ok" else None
+
+    def memory_ratio(self) -> float | None:
+        return self.peak_ratio(OURS)
+
+    def peak_ratio(self, strategy: str) -> float | None:
+        ours, base = self.peak(strategy), self.peak(BASELINE)
+        return ours / base if ours and base else None
+
+    def size_ratio(self, strategy: str = OURS) -> tuple[float | None, float | None, float | None]:
+        """(measured, lower bound, upper bound) of ``strategy``'s / ddp's largest trainable params."""
+        ours, base = (self.max_size.get(s) for s in (strategy, BASELINE))
+        if not ours or not base or not ours.max_size or not base.max_size:
+            return None, None, None
+        o_fit, b_fit = ours.max_size["largest_fit"], base.max_size["largest_fit"]
+        o_fail, b_fail = ours.max_size["smallest_fail"], base.max_size["smallest_fail"]
+        if not o_fit or not b_fit or (not o_fail and not b_fail):
+            return None, None, None  # nothing fitted, or the whole ladder fitted both: no boundary
+        ratio = o_fit["params"] / b_fit["params"]
+        lower = o_fit["params"] / b_fail["params"] if b_fail else None
+        upper = o_fail["params"] / b_fit["params"] if o_fail else None
+        return ratio, lower, upper
+
+    def size_decides(self) -> bool | None:
+        """Whether zero2's largest model is >= 2x DDP's, judged on the brackets: True only when
+        even the least favourable end (zero2's fit over DDP's smallest non-fit) reaches it,
+        False when even the most favourable end does not, None in between (or unmeasured)."""
+        size, lower, upper = self.size_ratio()
+        if size is None:
+            return None
+        if (lower if lower is not None else size) >= SIZE_THRESHOLD:
+            return True
+        if (upper if upper is not None else size) < SIZE_THRESHOLD:
+            return False
+        return None
+
+    def time_ratio(self) -> float | None:
+        t = {s: (r.step_time_s or {}).get("median") for s, r in self.timing.items() if r.status == "ok"}
+        return t[OURS] / t[BASELINE] if t.get(OURS) and t.get(BASELINE) else None
+
+    def time_noise(self) -> str | None:
+        """Whether zero2's step time differs from DDP's by more than the noise, by the rule
+        ``compare`` uses: at least ``min_steps`` timed steps each, and a difference beyond
+        ``k_mad`` x the combined MAD; None when unmeasured."""
+        ours, base = self.timing.get(OURS), self.timing.get(BASELINE)
+        if ours is None or base is None:
+            return None
+        return step_time_noise(ours, base, base_label=BASELINE)
+
+    def verdict(self, world_size: int) -> tuple[bool | None, str]:
+        mem, (size, lower, upper) = self.memory_ratio(), self.size_ratio()
+        if mem is None and size is None:
+            return None, "not measured: " + self._failures()
+        by_size = self.size_decides()
+        holds = (mem is not None and mem <= MEMORY_THRESHOLD) or by_size is True
+        parts = []
+        if mem is not None:
+            parts.append(f"zero2 peak = {mem:.2f}x ddp")
+        if size is not None:
+            bounds = f" (between {ratio_text(lower)} and {ratio_text(upper)}: the searches' brackets"
+            if by_size is None:
+                bounds += f", which straddle {SIZE_THRESHOLD:g}x: undecided at this resolution"
+            parts.append(f"largest trainable = {size:.2f}x ddp{bounds + ')' if lower or upper else ''}")
+        elif failed := [r for r in self.max_size.values() if r.status not in ("ok", "oom")]:
+            parts.append(
+                "largest trainable: search failed ("
+                + "; ".join(f"{r.strategy}: {first_line(r.error, 100)}" for r in failed)
+                + ")"
+            )
+        else:
+            parts.append("largest trainable: no boundary found in the sizes searched")
+        t = self.time_ratio()
+        parts.append(
+            f"step time {t:.2f}x ddp ({self.time_noise()})" if t is not None else "step time not measured"
+        )
+        text = "; ".join(parts)
+        if not holds:
+            text += ". " + self.why_not(world_size)
+        return holds, text
+
+    def why_not(self, world_size: int) -> str:
+        """Why zero2's peak is above half of DDP's, from the two breakdowns: what a perfect ZeRO-2
+        would reach given DDP's peak (replicated parameters and activations stay), and what
+        zero2 holds beyond that ideal."""
+        base, ours = self.memory.get(BASELINE), self.memory.get(OURS)
+        bd = (base.mem_breakdown_bytes or {}) if base else {}
+        total = sum(bd.values())
+        if not total:
+            return ""
+        kept = sum(bd.get(k, 0) for k in ("params", "activations", "comm", "other"))
+        ideal = (kept + (bd.get("grads", 0) + bd.get("optimizer", 0)) / world_size) / total
+        act = (bd.get("activations", 0) + bd.get("other", 0)) / total
+        text = (
+            f"DDP's peak is {bd.get('params', 0) / total:.0%} parameters and {act:.0%} activations and "
+            f"inputs, which ZeRO-2 does not shard: even a perfect ZeRO-2 would reach {ideal:.2f}x here"
+        )
+        peak = self.peak(OURS)
+        if peak and ours and ours.mem_breakdown_bytes and peak / total > ideal + 0.02:
+            extra = {k: v - bd.get(k, 0) for k, v in ours.mem_breakdown_bytes.items()}
+            top = max(extra, key=lambda k: extra[k])
+            text += f"; zero2 measured {peak / total:.2f}x, its largest excess over DDP being {top}"
+            text += f" (+{extra[top] / 2**20:.0f} MiB)" if extra[top] > 0 else ""
+        return text + "."
+
+    def _failures(self) -> str:
+        bad = [r for r in [*self.memory.values(), *self.max_size.values()] if r.status != "ok"]
+        return "; ".join(f"{r.strategy}: {r.status} {first_line(r.error, 80)}" for r in bad) or "no records"
+
+
+def _model_state_floor(peer: Record, base: Record | None) -> float | None:
+    """The ZeRO formula's model states of ``peer``'s sharding over DDP's at its N (both
+    predicted in their records): the lowest peak ratio the claim could measure if nothing but
+    model states were in memory."""
+    ours = (peer.predicted_mem_bytes or {}).get("total")
+    theirs = ((base.predicted_mem_bytes if base else None) or {}).get("total")
+    return ours / theirs if ours and theirs else None
+
+
+def results_from_records(spec: ClaimSpec, records: Sequence[Record]) -> list[WorkloadResult]:
+    """The claim's per-workload results rebuilt from its records (the last record of each role
+    wins, as in a run that repeated a cell); workloads with no record are left out."""
+    results = []
+    for w in spec.variants():
+        res = WorkloadResult(w)
+        for r in records:
+            if r.workload != w.name or bool(r.activation_checkpointing) != w.activation_checkpointing:
+                continue
+            if r.max_size is not None:
+                res.max_size[r.strategy] = r
+            elif r.suite == f"claim-{spec.name}" and r.preset == w.preset and not r.fake:
+                if r.simulated and r.world_size == spec.world_size:
+                    res.memory[r.strategy] = r
+                elif (
+                    not r.simulated
+                    and r.world_size == spec.timing_world_size
+                    and (r.peak_mem_bytes or r.strategy not in (BASELINE, OURS))
+                ):  # memory tracked (a timing cell tracks none), or a peer: a real-rank memory cell
+                    res.real_memory[r.strategy] = r
+                elif not r.simulated and r.world_size == spec.timing_world_size:
+                    res.timing[r.strategy] = r
+        if not spec.timing_world_size:
+            res.timing = {s: res.memory[s] for s in (BASELINE, OURS) if s in res.memory}
+        if res.memory or res.max_size or res.real_memory:
+            results.append(res)
+    return results
+
+
+def every_variant(spec: ClaimSpec, found: dict[str, WorkloadResult]) -> list[WorkloadResult]:
+    """A result per variant of ``spec``, in report order, from those found by label; a variant
+    without one is an empty result (reported as not measured)."""
+    return [found.get(w.label) or WorkloadResult(w) for w in spec.variants()]
