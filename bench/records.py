@@ -24,7 +24,7 @@ import time
 import types
 import typing
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -266,6 +266,42 @@ def read_records(paths: Iterable[Path], *, strict: bool = False) -> list[Record]
                         raise ValueError(message) from None
                     warnings.warn(message + "; skipped", stacklevel=2)
     return out
+
+
+def records_file(source: Path | str) -> Path:
+    """A run directory's ``records.jsonl``, or the records file itself; ``ValueError`` names an
+    input that holds neither."""
+    p = Path(source)
+    f = p / "records.jsonl" if p.is_dir() else p
+    if not f.is_file():
+        where = f"{p} has no records.jsonl" if p.is_dir() else f"{p} does not exist"
+        raise ValueError(f"{where}: expected a run directory holding records.jsonl, or a .jsonl file")
+    return f
+
+
+def records_files(sources: Sequence[Path | str]) -> list[Path]:
+    """Each input's records file, in order; the same file given twice counts once."""
+    if not sources:
+        raise ValueError("no input: give run directories (holding records.jsonl) or .jsonl files")
+    files: list[Path] = []
+    for source in sources:
+        f = records_file(source)
+        if f.resolve() not in {g.resolve() for g in files}:
+            files.append(f)
+    return files
+
+
+def load_records(sources: Path | str | Sequence[Path | str], *, strict: bool = False) -> list[Record]:
+    """The records of every input (run directories or records files), in input order: what a
+    command reads. An input that holds no records is an error, not a blank; a line that is not a
+    record is named and skipped (``strict``: refused, ``ValueError``)."""
+    records: list[Record] = []
+    for f in records_files([sources] if isinstance(sources, str | Path) else sources):
+        found = read_records([f], strict=strict)
+        if not found:
+            raise ValueError(f"{f}: holds no records")
+        records.extend(found)
+    return records
 
 
 def parse_json_object(line: str) -> dict[str, Any]:

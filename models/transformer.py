@@ -1,4 +1,4 @@
-"""BERT-style Transformer classifier: the seed's ``transformer`` workload.
+"""BERT-style Transformer classifier: the ``transformer`` workload.
 
 ``BertModel`` built from a ``BertConfig`` (never downloaded), dropout 0.3 on the pooled output,
 a linear head and cross-entropy over synthetic token sequences, trained with AdamW at lr 2e-5 as

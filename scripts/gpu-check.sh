@@ -4,7 +4,7 @@
 # records, tables and charts under results/gpu/<date>/ and prints the tables last.
 #   1. the gpu-check suite (each workload's paper preset under ddp, transformer base dp/ddp);
 #   2. planning accuracy: transformer 1b at a simulated N=8, real tensors vs --fake, per strategy;
-#   3. your own model's plan against the card (#14): the TinyLlama-1.1B shape (hf:), bf16,
+#   3. your own model's plan against the card: the TinyLlama-1.1B shape (hf:), bf16,
 #      simulated N=8, ddp and zero2, real tensors vs --fake (the planning error in %);
 #   4. max-size on an emulated 16 GiB card (allocator fraction), simulated N=8, ddp vs zero2.
 # Each step has a wall-clock cap (GNU timeout signals the step's whole process group, so no rank

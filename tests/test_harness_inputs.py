@@ -1,5 +1,5 @@
-"""Bad input is refused before anything runs, and records are never lost or corrupted: one
-test per row of the robustness table of issue #10 that needs no running cell."""
+"""Bad input is refused before anything runs, and records are never lost or corrupted: the
+cases that need no running cell."""
 
 from __future__ import annotations
 

@@ -215,7 +215,8 @@ def _rebuild(spec: ClaimSpec, out: Path) -> tuple[Path, list]:
 
 def _baseline(name: str, spec: ClaimSpec, home: Path | None) -> list[Record]:
     """The baseline's records, checked before anything runs: it must hold this spec's claim."""
-    from shardbench.studies.baselines import baselines_dir, find_baseline, load_records
+    from shardbench.records import load_records
+    from shardbench.studies.baselines import baselines_dir, find_baseline
     from shardbench.studies.claim_result import results_from_records
 
     try:

@@ -42,7 +42,8 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from shardbench.harness.validate import check_output_dir
-    from shardbench.studies.baselines import baselines_dir, load_records, resolve_source
+    from shardbench.records import load_records
+    from shardbench.studies.baselines import baselines_dir, resolve_source
     from shardbench.studies.compare_rules import Rules, load_rules
 
     try:

@@ -65,7 +65,8 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     from shardbench.harness.runner import new_run_id
     from shardbench.harness.validate import check_output_dir, plan_cells
     from shardbench.paths import path_component, results_home
-    from shardbench.studies.baselines import baselines_dir, find_baseline, load_records
+    from shardbench.records import load_records
+    from shardbench.studies.baselines import baselines_dir, find_baseline
     from shardbench.studies.compare_rules import Rules, load_rules
 
     try:

@@ -23,11 +23,11 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from shardbench.harness.validate import check_output_dir
-    from shardbench.records import read_records
-    from shardbench.report.build import build_report, resolve_inputs
+    from shardbench.records import read_records, records_files
+    from shardbench.report.build import build_report
 
     try:
-        inputs = resolve_inputs(args.runs)
+        inputs = records_files(args.runs)
         if args.strict:
             read_records(inputs, strict=True)
         out = args.out or (args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent)

@@ -13,7 +13,6 @@ the grace period or at the deadline) are never the cause and are listed as such.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.harness.config import CellConfig
-from shardbench.metrics.analytic import CommShape, predicted_comm, predicted_model_state_bytes
+from shardbench.harness.prediction import predict, predict_comm, workload_params
 from shardbench.metrics.timing import slowest_rank, summarize
 from shardbench.records import Record, capture_env, finite, first_line
 from shardbench.strategies.catalog import WorldPlan
@@ -64,8 +63,8 @@ class RankResult:
     #: torch's intra-op threads on this rank
     threads: int | None = None
     #: rank 0: the workload's parameter shapes for the communication prediction
-    #: (``comm_shape_of``; built here, where the workload's imports are already paid, not in
-    #: the launcher, where building a transformers model cost every command 5 s of imports)
+    #: (``comm_shape_of``; built here, where the workload's imports are already paid, so the
+    #: launcher never imports a model library just to predict)
     comm_shape: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -164,7 +163,7 @@ def build_record(
     """Assemble the cell's record from every rank's result."""
     strategy = get_strategy(cell.strategy)
     results = sorted(results, key=lambda r: r.rank)
-    world_size = plan.world_size if processes == plan.processes else processes
+    world_size = plan.reported_world_size(processes)
     failure = _failure(results)
     ok = [r for r in results if r.status == "ok"]
     num_params = ok[0].num_params if ok and ok[0].num_params else workload_params(cell)
@@ -191,7 +190,9 @@ def build_record(
             key=lambda o: o["exposed_fraction"],
             default=None,
         ),
-        predicted_comm=predict_comm(cell, world_size, _backend(cell, plan), ok),
+        predicted_comm=predict_comm(
+            cell, world_size, _backend(cell, plan), next((r.comm_shape for r in ok if r.comm_shape), None)
+        ),
     )
     first_losses = results[0].losses if results else []
     record.loss = {"first": first_losses[0], "last": first_losses[-1]} if first_losses else None
@@ -262,72 +263,3 @@ def _note(cell: CellConfig, plan: WorldPlan, ok: list[RankResult]) -> str:
         if planned:
             parts.append(planned)
     return "; ".join(p for p in parts if p)
-
-
-def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int]:
-    """The analytic model-state bytes per rank for this cell (bench/metrics/analytic.py)."""
-    strategy = get_strategy(cell.strategy)
-    sharding = strategy.sharding
-    group_sizes = None
-    if sharding.whole_parameters:
-        from shardbench.models.registry import get_workload
-
-        group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
-    precision = strategy.model_state_precision(cell.precision)
-    return predicted_model_state_bytes(num_params, world_size, precision, sharding, group_sizes)
-
-
-def predict_comm(
-    cell: CellConfig, world_size: int, backend: str, ok: list[RankResult]
-) -> dict[str, Any] | None:
-    """The analytic communication per rank per step for this cell (bench/metrics/analytic.py)
-    from the shapes a rank reported; None for a strategy that issues no collectives, or when no
-    rank reported them (a failed cell: nothing measured to compare with)."""
-    comm = get_strategy(cell.strategy).communication(cell.precision, backend)
-    shape = next((r.comm_shape for r in ok if r.comm_shape), None)
-    if comm is None or backend == "none" or shape is None:
-        return None
-    dims = tuple((int(d), int(n)) for d, n in shape["dims"])
-    return predicted_comm(comm, CommShape(dims=dims, root_elements=shape["root_elements"]), world_size)
-
-
-def comm_shape_of(cell: CellConfig) -> dict[str, Any] | None:
-    """What a rank reports for ``predict_comm``: ``comm_shape`` as JSON, or None when the
-    strategy issues no collectives or the shapes cannot be had (no prediction, no failure)."""
-    strategy = get_strategy(cell.strategy)
-    if all(strategy.communication(cell.precision, b) is None for b in ("gloo", "nccl", "fake")):
-        return None
-    try:
-        shape = comm_shape(cell.workload, cell.preset)
-    except Exception:  # noqa: BLE001 - a prediction that cannot be made leaves the record without one
-        return None
-    return {"dims": [list(d) for d in shape.dims], "root_elements": shape.root_elements}
-
-
-@functools.cache
-def comm_shape(workload_name: str, preset: str) -> CommShape:
-    """The trainable parameters' shapes and the root unit's elements (the parameters no unit of
-    ``Workload.shard_units``, or zero3's default policy, claims), from a meta build."""
-    import torch
-
-    from shardbench.models.registry import get_workload
-    from shardbench.strategies.sharded.units import find_units
-
-    workload = get_workload(workload_name)
-    with torch.device("meta"):
-        model = workload.build(preset)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    named = workload.shard_units(model)
-    ids = {id(u) for u in named or ()}
-    policy = None if named is None else (lambda module: id(module) in ids)
-    root = find_units(model, policy, trainable)[0]
-    return CommShape(
-        dims=tuple((p.shape[0] if p.dim() else 1, p.numel()) for p in trainable),
-        root_elements=sum(p.numel() for p in root.params),
-    )
-
-
-def workload_params(cell: CellConfig) -> int:
-    from shardbench.models.registry import get_workload
-
-    return get_workload(cell.workload).param_count(cell.preset)

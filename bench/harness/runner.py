@@ -14,7 +14,8 @@ writes the report and says how to resume (exit 130 or 143).
 from __future__ import annotations
 
 import contextlib
-import secrets
+import itertools
+import os
 import signal
 import sys
 import time
@@ -27,6 +28,8 @@ from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
 from shardbench.harness.result import build_record
 from shardbench.records import CellKey, Record, append_record, read_records
+
+_RUN_IDS = itertools.count()
 
 
 class Interrupted(Exception):
@@ -49,8 +52,9 @@ class RunOutcome:
 
 
 def new_run_id(name: str) -> str:
-    """Time, name and a short random suffix: two runs started in the same second differ."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{secrets.token_hex(2)}"
+    """Time, name, then this process's id and a count of the ids it made: two runs started in
+    the same second differ, in one process or in several on a host, by construction."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{os.getpid():x}.{next(_RUN_IDS)}"
 
 
 def done_keys(out_dir: Path, *, ok_only: bool = True) -> set[tuple]:

@@ -1,8 +1,8 @@
 """What one rank does for one cell: build the workload, wrap it with the strategy, warm up,
 time the steps, then measure memory by category over a few more steps.
 
-Timing and memory tracking are separate phases on purpose: the memory tracker is a dispatch mode
-that slows every op, so timed steps run without it. Run directly by ``shardbench.harness.launch``
+The phases (timing, then memory by category, then an optional profiled step) are
+``phases.py``. Run directly by ``shardbench.harness.launch``
 (one process per rank, result written to a file) or by torchrun for multi-node runs::
 
     torchrun --nnodes 2 --nproc-per-node 8 ... -m shardbench.harness.worker \
@@ -21,9 +21,7 @@ import argparse
 import contextlib
 import dataclasses
 import faulthandler
-import functools
 import json
-import math
 import os
 import signal
 import sys
@@ -43,35 +41,24 @@ import torch.distributed as dist
 from shardbench.harness import drilldown, guardian  # noqa: F401 - an exec'd rank dies with its launcher
 from shardbench.harness.config import CellConfig, threads_per_rank
 from shardbench.harness.faults import Fault, faults_from_env
-from shardbench.harness.result import RankResult, comm_shape_of
-from shardbench.metrics.comm import CollectiveCounter
-from shardbench.metrics.kernels import CudaAttention, KernelWatch, pinned_factory
-from shardbench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
-from shardbench.metrics.timing import timed
-from shardbench.models.base import concat_inputs
+from shardbench.harness.phases import (
+    CellSteps,
+    Diverged,
+    Memory,
+    StepFailed,
+    measure_memory,
+    time_steps,
+    trace_step,
+)
+from shardbench.harness.prediction import comm_shape_of
+from shardbench.harness.result import RankResult
+from shardbench.metrics.kernels import CudaAttention, pinned_factory
 from shardbench.models.checkpointing import apply_activation_checkpointing
 from shardbench.models.registry import get_workload
 from shardbench.strategies.base import RankContext
 from shardbench.strategies.registry import get_strategy
 
 COLLECTIVE_TIMEOUT_MARGIN_S = 30.0
-MEMORY_STEPS = 2  # steady-state steps tracked for the breakdown (optimizer state exists by then)
-
-
-class Diverged(ArithmeticError):
-    """The loss stopped being a finite number."""
-
-    def __init__(self, step: int, loss: float) -> None:
-        super().__init__(f"loss is {loss} at step {step} (warm-up steps count, from 0)")
-        self.step = step
-
-
-class StepFailed(Exception):
-    """A failure inside step ``step``; carries the step for the record."""
-
-    def __init__(self, step: int, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.step, self.cause = step, cause
 
 
 def init_fake_world(world_size: int) -> None:
@@ -199,9 +186,9 @@ def _train_and_measure(
     processes: int,
     fault: Fault | None,
 ) -> RankResult:
-    device, world_size = ctx.device, ctx.world_size
+    """Build and wrap the model, then run the phases (``phases.py``) and assemble the result."""
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
-    model = build_model(workload, cell, device)
+    model = build_model(workload, cell, ctx.device)
     num_params = sum(p.numel() for p in model.parameters())
     if (units := workload.shard_units(model)) is not None:
         ctx = dataclasses.replace(ctx, shard_units=tuple(units))
@@ -211,113 +198,34 @@ def _train_and_measure(
         optimizer_factory = pinned_factory(optimizer_factory, cell.device)
     model, optimizer = strategy.setup(model, optimizer_factory, ctx)
     model.train()
-
-    # Each process covers world_size/processes data ranks (dp drives several devices from one);
-    # a simulated world's one process is rank 0 and trains rank 0's data only.
-    per_process = 1 if cell.simulate else world_size // processes
-    data_ranks = range(rank * per_process, (rank + 1) * per_process)
-
-    def batch(step: int) -> Any:
-        return concat_inputs(
-            [
-                workload.batch(cell.preset, cell.batch_size, seed=cell.seed, step=step, rank=r, device=device)
-                for r in data_ranks
-            ]
-        )
-
-    step = 0
-
-    def loss_fn(m: torch.nn.Module, inputs: Any) -> torch.Tensor:
-        autocast = (
-            torch.autocast(device.type, dtype=torch.bfloat16) if use_autocast else contextlib.nullcontext()
-        )
-        with autocast:
-            loss = workload.loss(m, inputs)
-        if fault is not None and fault.poisons_loss(rank=rank, step=step):
-            loss = loss * float("nan")
-        return loss
-
-    def checked(loss: torch.Tensor) -> float | None:
-        """The loss as a float, or Diverged. Fake tensors have no value; in a simulated world the
-        collectives move no data (gathered parameters are whatever memory held), so its numbers
-        say nothing about convergence and are not checked."""
-        if cell.fake:
-            return None
-        value = float(loss)
-        if not math.isfinite(value) and not cell.simulate:
-            raise Diverged(step, value)
-        return value
-
-    def run_step(inputs: Any, timing: bool = False) -> tuple[float | None, float]:
-        if fault is not None:
-            fault.before_step(rank=rank, step=step)
-        step_fn = functools.partial(strategy.train_step, model, optimizer, inputs, loss_fn)
-        if timing:
-            loss, seconds = timed(step_fn, device)
-        else:
-            loss, seconds = step_fn(), 0.0
-        return checked(loss), seconds
-
+    per_process = 1 if cell.simulate else ctx.world_size // processes
+    steps = CellSteps(
+        cell=cell,
+        strategy=strategy,
+        workload=workload,
+        model=model,
+        optimizer=optimizer,
+        device=ctx.device,
+        rank=rank,
+        data_ranks=range(rank * per_process, (rank + 1) * per_process),
+        use_autocast=use_autocast,
+        fault=fault,
+    )
+    artifacts: dict[str, str] = {}
+    memory, overlap = Memory(), None
     try:
-        # Under --fake nothing is timed, so warm-up is skipped: the tracked steps include the
-        # first (optimizer state created) and a steady one, which is all the memory phase needs.
-        for _ in range(0 if cell.fake else cell.warmup):
-            run_step(batch(step))
-            step += 1
-
-        reset_cuda_peaks(device)
-        step_times: list[float] = []
-        losses: list[float | None] = []
-        for _ in range(0 if cell.fake else cell.steps):  # fake tensors: no values, no meaningful time
-            loss, seconds = run_step(batch(step), timing=True)
-            step_times.append(seconds)
-            losses.append(loss)
-            step += 1
-        allocator = cuda_allocator_stats(device)
-
-        tracked_peak, breakdown, model_state, comm, overlap = None, None, None, None, None
-        kernels: dict[str, str] | None = None
-        artifacts: dict[str, str] = {}
+        timing = time_steps(steps)
         if cell.track_memory:
-            # Inputs are made before tracking starts, so they count as "other", not activations.
-            inputs = [batch(step + i) for i in range(MEMORY_STEPS)]
-            by_module = cell.memory_snapshot and not drilldown.uses_allocator_history(cell, device)
-            # a peer's own optimizer object (DeepSpeed's) is no torch Optimizer: the strategy
-            # types what it holds (memory_tensors)
-            tracked_optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
-            external = [model, tracked_optimizer, inputs]
-            probe = MemoryProbe(device, external, typed=strategy.memory_tensors(), per_module=by_module)
-            strategy.observe_memory(probe.attribute)
-            watch = KernelWatch()
-            with drilldown.allocator_history(cell, device, rank, artifacts), probe, watch.watching_steps():
-                counter = CollectiveCounter(world_size)
-                for i, step_inputs in enumerate(inputs):
-                    if i:  # (not after the last: its module stats are --memory-snapshot's table)
-                        probe.next_step()
-                    # the collectives of one steady step (the last), counted, never timed
-                    with counter if i == len(inputs) - 1 else contextlib.nullcontext():
-                        run_step(step_inputs)
-                    step += 1
-                comm = counter.summary()
-                # after a step, before the next zero_grad: exactly the model states a rank keeps
-                model_state = probe.current_model_state()
-            del inputs
-            kernels = watch.summary()
-            strategy.observe_memory(None)
-            tracked_peak, breakdown = probe.peak()
-            if by_module:
-                drilldown.write_module_table(cell, probe.tracker, rank, artifacts)
-        if cell.trace:  # one more step, profiled; the measured ones stay unprofiled
-            traced = batch(step)
-            overlap = drilldown.trace_one_step(cell, device, rank, lambda: run_step(traced), artifacts)
-            step += 1
+            memory = measure_memory(steps, ctx.world_size, artifacts)
+        if cell.trace:
+            overlap = trace_step(steps, artifacts)
     except Diverged:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with the step it happened at
-        raise StepFailed(step, e) from e
+        raise StepFailed(steps.step, e) from e
     settings = strategy.settings()
-    if kernels is not None:
-        settings["kernels"] = kernels
+    if memory.kernels is not None:
+        settings["kernels"] = memory.kernels
     if planned_off_device(cell):
         settings["planned_for"] = f"{cell.device}, planned on the CPU"
     if getattr(model, "planned_note", None):  # a stand-in for a wrapper fake tensors cannot build
@@ -326,15 +234,15 @@ def _train_and_measure(
     return RankResult(
         rank=rank,
         num_params=num_params,
-        step_times=step_times,
-        losses=losses,
-        tracked_peak=tracked_peak,
-        breakdown=breakdown,
-        model_state=model_state,
-        cuda_allocator=allocator,
+        step_times=timing.step_times,
+        losses=timing.losses,
+        tracked_peak=memory.peak,
+        breakdown=memory.breakdown,
+        model_state=memory.model_state,
+        cuda_allocator=timing.cuda_allocator,
         settings=settings,
         artifacts=artifacts,
-        comm=comm,
+        comm=memory.comm,
         comm_overlap=overlap,
         threads=torch.get_num_threads(),
         comm_shape=comm_shape_of(cell) if rank == 0 else None,
@@ -378,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = cell.world_plan()
     kw: dict[str, Any] = dict(
         rank=rank,
-        world_size=plan.world_size if processes == plan.processes else processes,
+        world_size=plan.reported_world_size(processes),
         processes=processes,
         local_rank=_env_int("LOCAL_RANK", rank),
         local_world_size=_env_int("LOCAL_WORLD_SIZE", processes),

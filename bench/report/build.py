@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from shardbench.records import Record, read_records
+from shardbench.records import Record, load_records, records_files
 from shardbench.report.html import write_index
 from shardbench.report.plots import plot_all
 from shardbench.report.tables import records_to_frame, write_tables
@@ -28,32 +28,14 @@ class ReportResult:
     records: int = 0
 
 
-def resolve_inputs(paths: Sequence[Path | str]) -> list[Path]:
-    """Each input as a ``records.jsonl`` file; a ``ValueError`` names any input that has none."""
-    if not paths:
-        raise ValueError("no input: give run directories (holding records.jsonl) or .jsonl files")
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        f = p / "records.jsonl" if p.is_dir() else p
-        if not f.is_file():
-            where = f"{p} has no records.jsonl" if p.is_dir() else f"{p} does not exist"
-            raise ValueError(f"{where}: expected a run directory holding records.jsonl, or a .jsonl file")
-        if f.resolve() not in {g.resolve() for g in files}:  # the same run given twice counts once
-            files.append(f)
-    return files
-
-
-def load_records(paths: Sequence[Path | str], *, links_from: Path | None = None) -> list[Record]:
+def report_records(paths: Sequence[Path | str], *, links_from: Path | None = None) -> list[Record]:
     """Records of every input, in input order; an input with no records is an error, not a blank.
     ``links_from``: the directory a report of them is written to; each record's drill-down
     artefacts (paths relative to its own run directory) are rewritten relative to it, so a
     merged report's links reach every run's files."""
     records: list[Record] = []
-    for f in resolve_inputs(paths):
-        found = read_records([f])
-        if not found:
-            raise ValueError(f"{f} holds no records")
+    for f in records_files(paths):
+        found = load_records(f)
         if links_from is not None:
             found = [_links_rebased(r, f.parent, links_from) for r in found]
         records.extend(found)
@@ -71,7 +53,7 @@ def _links_rebased(r: Record, run_dir: Path, report_dir: Path) -> Record:
 def build_report(paths: Sequence[Path | str], out_dir: Path) -> ReportResult:
     """Merge the records of ``paths`` and write table.md, table.csv, the charts and index.html."""
     out_dir = Path(out_dir)
-    records = load_records(paths, links_from=out_dir)
+    records = report_records(paths, links_from=out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_tables(records, out_dir)
     charts = plot_all(records, out_dir)

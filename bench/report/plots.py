@@ -53,10 +53,6 @@ def plot_memory_scaling(records: Sequence[Record], out_dir: Path) -> list[Path]:
     return save_charts(C.memory_scaling_charts(records), out_dir)
 
 
-def plot_comm_scaling(records: Sequence[Record], out_dir: Path) -> list[Path]:
-    return save_charts(C.comm_scaling_charts(records), out_dir)
-
-
 def plot_all(records: Sequence[Record], out_dir: Path) -> dict[str, list[Path]]:
     """Every chart kind (in report order) and the files written for it."""
     return {kind: save_charts(build(records), out_dir) for kind, build in C.ALL_CHARTS.items()}

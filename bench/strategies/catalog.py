@@ -47,6 +47,11 @@ class WorldPlan:
     #: one process plays rank 0 of a fake world of ``world_size`` (PyTorch's fake process group).
     simulated: bool = False
 
+    def reported_world_size(self, processes: int) -> int:
+        """The world size a cell run with ``processes`` ranks reports: the plan's, when it was
+        launched as planned; the ranks really started otherwise (torchrun with another count)."""
+        return self.world_size if processes == self.processes else processes
+
 
 @dataclass(frozen=True, kw_only=True)
 class StrategyCard:

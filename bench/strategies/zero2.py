@@ -1,5 +1,6 @@
-"""``zero2`` (alias ``sharded``, the seed's ``ddp_sharded``): our ShardedOptimizer with
-ShardedDataParallel: optimizer state and gradients sharded, parameters replicated."""
+"""``zero2`` (alias ``sharded`` and ``ddp_sharded``, the name Lightning gave sharded training):
+our ShardedOptimizer with ShardedDataParallel: optimizer state and gradients sharded,
+parameters replicated."""
 
 from __future__ import annotations
 

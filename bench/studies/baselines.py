@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.paths import atomic_write_text, file_lock, inside, path_component, results_home
-from shardbench.records import Record, read_records
+from shardbench.records import Record, load_records, records_file
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -33,23 +33,6 @@ def check_baseline_name(name: str) -> None:
         raise ValueError(
             f"baseline name {name!r}: use letters, digits, '.', '-' and '_' (not starting with '.' or '-')"
         )
-
-
-def records_path(source: Path) -> Path:
-    """A run directory's ``records.jsonl``, or the records file itself."""
-    path = source / "records.jsonl" if source.is_dir() else source
-    if not path.is_file():
-        raise ValueError(f"{source}: no records there (give a run directory or a records .jsonl file)")
-    return path
-
-
-def load_records(path: Path, *, strict: bool = False) -> list[Record]:
-    """The records of ``path``; a line that is not a record is named and skipped (``strict``:
-    refused, ``ValueError``)."""
-    records = read_records([path], strict=strict)
-    if not records:
-        raise ValueError(f"{path}: holds no records")
-    return records
 
 
 def save_baseline(
@@ -68,7 +51,7 @@ def save_baseline(
     root = Path(root or baselines_dir())
     if root.exists() and not root.is_dir():
         raise ValueError(f"baseline root {root} is not a directory")
-    sources = [records_path(Path(run)) for run in runs]
+    sources = [records_file(run) for run in runs]
     records = [r for source in sources for r in load_records(source, strict=strict)]
     devices = sorted({r.device for r in records})
     if len(devices) != 1:
@@ -135,7 +118,7 @@ def resolve_source(text: str, *, device: str | None = None, root: Path | None = 
     """``compare``'s argument: a run directory, a records file, or a saved baseline's name."""
     path = Path(text)
     if path.exists():
-        return records_path(path)
+        return records_file(path)
     if NAME_PATTERN.match(text) and "/" not in text:
         return find_baseline(text, device=device, root=root)
     raise ValueError(f"{text}: not a run directory, a records file or a saved baseline name")

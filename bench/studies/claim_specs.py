@@ -43,7 +43,7 @@ class ClaimSpec:
     #: verdict line; none where the spec has no real ranks
     real_peers: tuple[str, ...] = ()
     #: our further ZeRO stages, measured like zero2 (peak and largest model) to show how far
-    #: sharding goes; the verdict stays about zero2, the seed's "Sharded"
+    #: sharding goes; the verdict stays about zero2, the stage the claim was made for
     further: tuple[str, ...] = ("zero3",)
     #: timed steps of the step-time cells (memory cells time one, unless they are the timing);
     #: enough for a median and MAD that ``compare``'s rule (>= 5 steps) can judge
@@ -76,7 +76,7 @@ SPECS: dict[str, ClaimSpec] = {
         ),
         peers=(),  # --peers adds torch-zero1 and fsdp2-zero2 (~3 more minutes on 2 cores)
         scale_note=(
-            "CPU scale: presets of ~30-110M parameters instead of the seed's ~1B, a 2 GiB per-rank "
+            "CPU scale: presets of ~30-110M parameters instead of the claim's ~1B, a 2 GiB per-rank "
             "budget instead of a GPU's, world size 8 simulated (rank 0 of a fake world: real memory, "
             "no communication); step time from real gloo ranks at N=2 on 2 cores."
         ),

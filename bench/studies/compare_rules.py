@@ -20,7 +20,7 @@ A rules file (``compare --rules FILE``; a nightly suite's ``bench/suites/rules/<
     [[ignore]]                # a matching cell's regression does not fail the gate
     strategy = "fsdp2-zero3"
     metrics = ["step_time_s"] # optional: only these metrics (default: the whole cell)
-    reason = "known: issue #123"
+    reason = "shares a busy host: its step time is noise"
 
 Every override and ignore needs a ``reason``: the report prints it beside the rows it changed,
 so a relaxed threshold is never silent. Unknown keys are errors that name what is allowed.

@@ -105,7 +105,8 @@ def plannable(strategy: str) -> bool:
 def unplanned_record(cell: CellConfig, *, run_id: str) -> Record:
     """The plan's record of a strategy that cannot be planned: status "skipped", the predicted
     model states of its declared sharding, and in its note the command that measures it."""
-    from shardbench.harness.result import cell_fields, predict, workload_params
+    from shardbench.harness.prediction import predict, workload_params
+    from shardbench.harness.result import cell_fields
     from shardbench.records import capture_env
 
     params = workload_params(cell)

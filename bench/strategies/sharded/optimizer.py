@@ -87,7 +87,7 @@ def default_as_none(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None
     else references it. A group that survives into the interpreter's finalization keeps worker
     threads that may still be releasing a finished collective's tensors, which takes the GIL; a
     thread taking the GIL during finalization is killed inside a C++ destructor: SIGABRT,
-    "terminate called without an active exception" (issue #10). And a sharded optimizer can be
+    "terminate called without an active exception". And a sharded optimizer can be
     kept alive longer than its owner thinks (the first torch optimizer built in a process imports
     torch._dynamo, whose import keeps the frames on the stack, ``self`` included, until the
     garbage collector runs), so its lifetime must not decide the group's.

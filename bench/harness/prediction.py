@@ -1,0 +1,83 @@
+"""What the ZeRO accounting predicts for a cell, set beside what it measured: model-state bytes
+per rank (``predict``) and the communication of one step (``predict_comm``, from the parameter
+shapes rank 0 reports: building the model in the launcher would import its library there, which
+costs every command seconds). The formulas are ``shardbench.metrics.analytic``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from shardbench.harness.config import CellConfig
+from shardbench.metrics.analytic import CommShape, predicted_comm, predicted_model_state_bytes
+from shardbench.strategies.registry import get_strategy
+
+
+def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int]:
+    """The analytic model-state bytes per rank for this cell (bench/metrics/analytic.py)."""
+    strategy = get_strategy(cell.strategy)
+    sharding = strategy.sharding
+    group_sizes = None
+    if sharding.whole_parameters:
+        from shardbench.models.registry import get_workload
+
+        group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
+    precision = strategy.model_state_precision(cell.precision)
+    return predicted_model_state_bytes(num_params, world_size, precision, sharding, group_sizes)
+
+
+def predict_comm(
+    cell: CellConfig, world_size: int, backend: str, shape: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The analytic communication per rank per step for this cell (bench/metrics/analytic.py)
+    from the shapes a rank reported (``comm_shape_of``); None for a strategy that issues no
+    collectives, or when no rank reported them (a failed cell: nothing measured to compare
+    with)."""
+    comm = get_strategy(cell.strategy).communication(cell.precision, backend)
+    if comm is None or backend == "none" or shape is None:
+        return None
+    dims = tuple((int(d), int(n)) for d, n in shape["dims"])
+    return predicted_comm(comm, CommShape(dims=dims, root_elements=shape["root_elements"]), world_size)
+
+
+def comm_shape_of(cell: CellConfig) -> dict[str, Any] | None:
+    """What a rank reports for ``predict_comm``: ``comm_shape`` as JSON, or None when the
+    strategy issues no collectives or the shapes cannot be had (no prediction, no failure)."""
+    strategy = get_strategy(cell.strategy)
+    if all(strategy.communication(cell.precision, b) is None for b in ("gloo", "nccl", "fake")):
+        return None
+    try:
+        shape = comm_shape(cell.workload, cell.preset)
+    except Exception:  # noqa: BLE001 - a prediction that cannot be made leaves the record without one
+        return None
+    return {"dims": [list(d) for d in shape.dims], "root_elements": shape.root_elements}
+
+
+@functools.cache
+def comm_shape(workload_name: str, preset: str) -> CommShape:
+    """The trainable parameters' shapes and the root unit's elements (the parameters no unit of
+    ``Workload.shard_units``, or zero3's default policy, claims), from a meta build."""
+    import torch
+
+    from shardbench.models.registry import get_workload
+    from shardbench.strategies.sharded.units import find_units
+
+    workload = get_workload(workload_name)
+    with torch.device("meta"):
+        model = workload.build(preset)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    named = workload.shard_units(model)
+    ids = {id(u) for u in named or ()}
+    policy = None if named is None else (lambda module: id(module) in ids)
+    root = find_units(model, policy, trainable)[0]
+    return CommShape(
+        dims=tuple((p.shape[0] if p.dim() else 1, p.numel()) for p in trainable),
+        root_elements=sum(p.numel() for p in root.params),
+    )
+
+
+def workload_params(cell: CellConfig) -> int:
+    from shardbench.models.registry import get_workload
+
+    return get_workload(cell.workload).param_count(cell.preset)
