@@ -82,6 +82,14 @@ class LightningWorkload(ModuleWorkload):
             )
         return self._specs[preset]
 
+    def check_preset(self, preset: str) -> None:
+        """Besides the meta build: what a batch is made from, and exactly one optimizer (its
+        parameters on the meta device), so a module lacking either is one line before any
+        cell starts."""
+        super().check_preset(preset)
+        self._source(preset)
+        self._optimizer(self._meta_model(preset))
+
     # ----- the optimizer -----------------------------------------------------------------------
     def optimizer_factory(self) -> Callable[[nn.Module], torch.optim.Optimizer]:
         return self._optimizer
