@@ -1,6 +1,9 @@
 """What ``--workload`` accepts besides the built-in names, resolved to a ``Workload``.
 
 * ``hf:<ArchitectureClass>``: a transformers architecture built from its config (``models/hf.py``);
+* ``lightning:package.module:LitClass`` or ``lightning:path/to/file.py:LitClass``: a
+  LightningModule class, its optimizer from ``configure_optimizers`` and its loss from
+  ``training_step`` (``models/lightning.py``);
 * ``package.module:factory`` or ``path/to/file.py:factory``: a callable returning a ``Workload``
   (or a ``Workload`` subclass), or a ``ModelSpec`` (an ``nn.Module`` factory plus its inputs,
   ``models/custom.py``);
@@ -34,7 +37,10 @@ if TYPE_CHECKING:  # torch: ``shardbench list`` reads the registered names witho
     from shardbench.models.base import Workload
 
 ENTRY_POINT_GROUP = "shardbench.workloads"
-FORMS = "hf:<ArchitectureClass>, package.module:factory or path/to/file.py:factory"
+FORMS = (
+    "hf:<ArchitectureClass>, package.module:factory, path/to/file.py:factory or "
+    "lightning:package.module:LitClass (or lightning:path/to/file.py:LitClass)"
+)
 
 
 def registered() -> dict[str, str]:
@@ -54,14 +60,29 @@ def resolve(spec: str) -> Workload:
         from shardbench.models.hf import HFWorkload
 
         return HFWorkload(spec.removeprefix("hf:"))
+    if spec.startswith("lightning:"):
+        from shardbench.models.lightning import lightning_workload
+
+        where, attr = _split(spec.removeprefix("lightning:"), spec)
+        return lightning_workload(spec, _attribute(where, attr, spec))
     target = registered().get(spec, spec)
+    where, attr = _split(target, spec)
+    return _as_workload(_attribute(where, attr, spec), spec)
+
+
+def _split(target: str, spec: str) -> tuple[str, str]:
+    """``module:attr`` or ``file.py:attr`` as (where, attr)."""
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr:
         raise ValueError(f"workload {spec!r} is not a built-in name, {FORMS}")
+    return where, attr
+
+
+def _attribute(where: str, attr: str, spec: str) -> Any:
     obj = getattr(_load(where, spec), attr, None)
     if obj is None:
         raise ValueError(f"workload {spec!r}: {where!r} has no attribute {attr!r}")
-    return _as_workload(obj, spec)
+    return obj
 
 
 def _load(where: str, spec: str) -> Any:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Idempotent set-up: create .venv and install the project (with dev extras) only when
-# pyproject.toml changed since the last successful install. Safe to run before every command.
+# Idempotent set-up: create .venv and install the project (with the dev, peers and lightning
+# extras) only when pyproject.toml changed since the last successful install. Safe to run before
+# every command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,7 +18,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # DeepSpeed (the 'peers' extra) builds from its sdist in this environment (build isolation
     # would fetch a second torch), so the build tools come first and nothing is isolated.
     pip setuptools wheel ninja
-    pip --no-build-isolation -e '.[dev,peers]'
+    pip --no-build-isolation -e '.[dev,peers,lightning]'
     # DeepSpeed JIT-builds its CPU shared-memory comm op at first use (~30 s, then cached under
     # ~/.cache/torch_extensions): built here, so a first test or cell does not pay for it.
     .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null 2>&1 ||

@@ -43,7 +43,8 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--workload",
         type=csv_list(str),
-        help="only these of the spec's workloads; or your own (hf:<Arch>, module:factory, file.py:factory), "
+        help="only these of the spec's workloads; or your own (hf:<Arch>, module:factory, file.py:factory, "
+        "lightning:module:LitClass), "
         "measured like them at --model-config's shape (its report goes to results/claim/<spec>-<workload>)",
     )
     add_model_config_args(c)
@@ -168,7 +169,7 @@ def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[Clai
         if w not in names and w not in own:
             raise ValueError(
                 f"unknown workload {w!r} for spec {spec.name!r}; allowed: {', '.join(names)}, or your "
-                "own (hf:<Arch>, module:factory, file.py:factory)"
+                "own (hf:<Arch>, module:factory, file.py:factory, lightning:module:LitClass)"
             )
     try:
         preset = model_config_preset(args, own or None)

@@ -110,7 +110,8 @@ def model_config_preset(args: argparse.Namespace, workloads: Sequence[str] | Non
     if not workloads or (others := [w for w in workloads if not is_spec(w)]):
         named = ", ".join(others) if workloads else "none given"
         raise UsageError(
-            f"{flags} shape your own workloads (hf:<Arch>, module:factory, file.py:factory); not {named} "
+            f"{flags} shape your own workloads (hf:<Arch>, module:factory, file.py:factory, "
+            f"lightning:module:LitClass); not {named} "
             "(built-in workloads take --preset)"
         )
     if seq_len is not None and (others := [w for w in workloads if not w.startswith("hf:")]):

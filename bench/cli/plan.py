@@ -29,7 +29,9 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "sharding that fits the per-rank budget.",
     )
     p.add_argument(
-        "--workload", required=True, help="a built-in name, hf:<Arch>, module:factory or file.py:factory"
+        "--workload",
+        required=True,
+        help="a built-in name, hf:<Arch>, module:factory, file.py:factory or lightning:module:LitClass",
     )
     p.add_argument("--preset", help="the size preset (default: the workload's first)")
     add_model_config_args(p)

@@ -109,6 +109,10 @@ class UnitGatherer:
         self._prefetched: set[int] = set()  # gathered ahead, not used yet
         self._calls = [0] * len(units)  # calls in forward whose backward is not over yet
         self._done: set[int] = set()  # units whose backward is over in this backward pass
+        #: calls of the root now running: a root may call itself inside its forward (a
+        #: LightningModule's training_step calls ``self(x)``); only the outermost call starts and
+        #: ends a forward pass, so the recorded unit order survives and the root stays whole
+        self._root_depth = 0
         for u in units:
             self.free(u.index, force=True)
         self._hooks = [
@@ -188,9 +192,11 @@ class UnitGatherer:
     # ----- hooks -------------------------------------------------------------------------------
     def _pre_forward(self, u: int, module: nn.Module, args: Any, kwargs: Any) -> Any:
         if self.units[u].is_root:
-            self._order.start()
-            self._use(u)
-            self._prefetch(self._order.first())
+            self._root_depth += 1
+            if self._root_depth == 1:
+                self._order.start()
+                self._use(u)
+                self._prefetch(self._order.first())
             return None
         self._order.ran(u)
         self._use(u)
@@ -209,6 +215,9 @@ class UnitGatherer:
         for t in needs_grad:
             t.register_hook(weakly(self._pre_backward, u))
         if self.units[u].is_root:
+            self._root_depth = max(0, self._root_depth - 1)
+            if self._root_depth:  # an inner call of the root: the outer one is still running
+                return
             self._order.finish()
             for other in list(self._prefetched):  # guessed, and no unit came
                 self.free(other)
@@ -238,4 +247,5 @@ class UnitGatherer:
             self.free(u)
         self._done.clear()
         self._calls = [0] * len(self.units)
+        self._root_depth = 0  # (a forward that raised never reached its post-forward hook)
         return rest

@@ -470,6 +470,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             g.mul_(coef.to(g.dtype))
         return total
 
+    @torch.no_grad()
+    def clip_grad_value_(self, clip_value: float) -> None:
+        """Clamp every gradient element to ``[-clip_value, clip_value]`` (elementwise, so each
+        rank clamps its own shards and the result is what ``nn.utils.clip_grad_value_`` over the
+        full model gives)."""
+        self.prepare_grads()
+        for shards in self._shards:
+            for s in shards:
+                if s.grad is not None:
+                    s.grad.clamp_(-clip_value, clip_value)
+
     def refresh_master_weights(self) -> None:
         """Re-read fp32 master copies from the (low-precision) parameters, e.g. after loading a
         model checkpoint into them."""
