@@ -148,3 +148,23 @@ def test_a_peers_memory_is_typed_and_its_extras_named(strategy: str) -> None:
         assert record.strategy_settings["peer_estimate"]["model_state_bytes"] == 2 * psi + int(18 * psi / 2)
     if strategy == "deepspeed-zero1":
         assert "peer_estimate" not in record.strategy_settings  # DeepSpeed has no stage-1 estimator
+
+
+@pytest.mark.parametrize(
+    "strategy", ["ddp", "zero1", "zero2", "zero3", "torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
+)
+def test_a_frozen_layer_is_measured_and_has_no_gradient_or_optimizer_state(strategy: str) -> None:
+    """Memory tracking copes with parameters that take no gradient, and the prediction gives
+    them parameter bytes only: the measured model states of our stages equal it."""
+    cell = CellConfig(
+        workload="tests.user_models:frozen_net", preset="default", strategy=strategy, world_size=4,
+        batch_size=2, steps=1, warmup=1, simulate=True,
+    )  # fmt: skip
+    record = run_cell_here(cell)
+    assert record.status == "ok", record.error
+    trainable = 2 * (64 * 64 + 64) + 64 * 4 + 4  # the blocks and the head; the stem is frozen
+    if strategy in ("ddp", "zero1", "zero2", "zero3"):
+        _assert_model_states_match(record)
+        assert record.predicted_mem_bytes["grads"] == 4 * trainable // (
+            1 if strategy in ("ddp", "zero1") else 4
+        )

@@ -99,3 +99,22 @@ def build_sleeps() -> ModelSpec:
     import time
 
     return ModelSpec(build=lambda: time.sleep(3600), inputs={"input": Input((4,))})
+
+
+class FrozenNet(nn.Module):
+    """A frozen stem before trainable blocks, as in fine-tuning: the stem's weights are held but
+    take no gradient and no optimizer state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(64, 64)
+        self.stem.requires_grad_(False)
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(2)))
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x, labels=None):
+        return self.head(self.blocks(self.stem(x)))
+
+
+def frozen_net() -> ModelSpec:
+    return ModelSpec(build=FrozenNet, inputs={"x": Input((64,)), "labels": Input((), high=4)})

@@ -14,7 +14,9 @@ from shardbench.metrics.analytic import CommShape, predicted_comm, predicted_mod
 from shardbench.strategies.registry import get_strategy
 
 
-def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int]:
+def predict(
+    cell: CellConfig, world_size: int, num_params: int, trainable: int | None = None
+) -> dict[str, int]:
     """The analytic model-state bytes per rank for this cell (bench/metrics/analytic.py)."""
     strategy = get_strategy(cell.strategy)
     sharding = strategy.sharding
@@ -24,7 +26,7 @@ def predict(cell: CellConfig, world_size: int, num_params: int) -> dict[str, int
 
         group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
     precision = strategy.model_state_precision(cell.precision)
-    return predicted_model_state_bytes(num_params, world_size, precision, sharding, group_sizes)
+    return predicted_model_state_bytes(num_params, world_size, precision, sharding, group_sizes, trainable)
 
 
 def predict_comm(

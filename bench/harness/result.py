@@ -47,6 +47,8 @@ class RankResult:
     #: it vanished, and its peers' errors ("connection reset") are the consequence
     vanished: bool = False
     num_params: int | None = None
+    #: of them, the parameters that take gradients (a frozen one has no gradient, no Adam state)
+    num_trainable: int | None = None
     step_times: list[float] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)
     tracked_peak: int | None = None
@@ -178,7 +180,9 @@ def build_record(
         status="ok",
         note=_note(cell, plan, ok),
         strategy_settings=ok[0].settings if ok else strategy.settings(),
-        predicted_mem_bytes=predict(cell, world_size, num_params),
+        predicted_mem_bytes=predict(
+            cell, world_size, num_params, ok[0].num_trainable if ok and ok[0].num_params else None
+        ),
         wall_s=wall_s,
         env=capture_env(cell.device),
         artifacts=_artifacts(cell, results),

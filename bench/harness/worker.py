@@ -190,6 +190,7 @@ def _train_and_measure(
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
     model = build_model(workload, cell, ctx.device)
     num_params = sum(p.numel() for p in model.parameters())
+    num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if (units := workload.shard_units(model)) is not None:
         ctx = dataclasses.replace(ctx, shard_units=tuple(units))
     model, use_autocast = strategy.prepare_precision(model, cell.precision)
@@ -234,6 +235,7 @@ def _train_and_measure(
     return RankResult(
         rank=rank,
         num_params=num_params,
+        num_trainable=num_trainable,
         step_times=timing.step_times,
         losses=timing.losses,
         tracked_peak=memory.peak,

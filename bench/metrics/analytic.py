@@ -110,18 +110,23 @@ def predicted_model_state_bytes(
     precision: str,
     sharding: Sharding,
     group_sizes: list[list[int]] | None = None,
+    trainable: int | None = None,
 ) -> dict[str, int]:
     """Per-rank bytes of params, grads and optimizer state (and their total) for AdamW, for the
     largest rank. ``group_sizes`` (elements of each parameter in each optimizer group) is needed
-    for ``whole_parameters`` partitions."""
+    for ``whole_parameters`` partitions. ``trainable``: the parameters that take gradients
+    (default: all); a frozen parameter is held (and sharded with the parameters) but has neither
+    gradient nor optimizer state."""
     if precision not in _BYTES:
         raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(_BYTES)}")
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     p, g, o = _BYTES[precision]
 
-    def share(nbytes_per_param: int, sharded: bool) -> int:
-        total = nbytes_per_param * num_params
+    learning = num_params if trainable is None else trainable
+
+    def share(nbytes_per_param: int, sharded: bool, count: int = learning) -> int:
+        total = nbytes_per_param * count
         return -(-total // world_size) if sharded else total  # ceil: the largest rank's share
 
     optimizer = share(o, sharding.optimizer_state)
@@ -130,7 +135,7 @@ def predicted_model_state_bytes(
             raise ValueError("a whole-parameter partition needs the parameter sizes (group_sizes)")
         optimizer = o * max(whole_parameter_partition(group_sizes, world_size))
     out = {
-        "params": share(p, sharding.parameters),
+        "params": share(p, sharding.parameters, num_params),
         "grads": share(g, sharding.gradients),
         "optimizer": optimizer,
     }

@@ -104,12 +104,36 @@ class _GlobalPeakTracker:
                         reftype = _MemRefType.OTH
                 return base._update_and_maybe_create_winfos(self, t, reftype, update_existing)
 
+            def _track_module_params_and_buffers(
+                self: Any, module: Any, install_grad_hooks: bool = True
+            ) -> Any:
+                # the stock tracker registers a gradient hook on every parameter of a module,
+                # and torch refuses one on a parameter that takes no gradient (a frozen layer):
+                # such a parameter is marked as hooked already, so it is counted, never hooked
+                handles = getattr(self, "_param_to_grad_hook_handles", None)
+                if install_grad_hooks and handles is not None:
+                    for param in module.parameters():
+                        if not param.requires_grad and handles.get(param) is None:
+                            handles[param] = (_NO_HOOK, _NO_HOOK)
+                return base._track_module_params_and_buffers(self, module, install_grad_hooks)
+
             methods = {
                 "_update_peak_stats": _update_peak_stats,
                 "_update_and_maybe_create_winfos": _update_and_maybe_create_winfos,
+                "_track_module_params_and_buffers": _track_module_params_and_buffers,
             }
             cls._cache[base] = type("GlobalPeakMemTracker", (base,), methods)
         return cls._cache[base]
+
+
+class _NoHook:
+    """The handle of a hook never registered: removing it does nothing."""
+
+    def remove(self) -> None:
+        pass
+
+
+_NO_HOOK = _NoHook()
 
 
 def comm_bytes(tracker: Any, device: torch.device) -> int:
