@@ -124,6 +124,20 @@ def test_the_ratio_band_widens_with_the_pairs_spread() -> None:
     assert metric(cell(wide, "zero2"), "step_time_vs_ddp").verdict == "unchanged"
 
 
+def test_pairs_that_disagree_anywhere_widen_every_band() -> None:
+    """The pairs' spread is the machine's: zero2's pairs that agree by chance are no more certain
+    than zero1's, which disagree in both runs; a night whose own pairs disagree is not out-voted
+    by a quiet baseline."""
+    base = run({"ddp": [100, 100], "zero2": [120, 120], "zero1": [100, 100]}, name="b")
+    quiet = run({"ddp": [100, 100], "zero2": [156, 156], "zero1": [100, 100]})
+    assert metric(cell(compare_runs(base, quiet), "zero2"), "step_time_vs_ddp").verdict == "regressed"
+    loud_base = run({"ddp": [100, 100], "zero2": [120, 120], "zero1": [60, 140]}, name="b")
+    loud = run({"ddp": [100, 100], "zero2": [156, 156], "zero1": [60, 140]})
+    assert metric(cell(compare_runs(loud_base, loud), "zero2"), "step_time_vs_ddp").verdict == "unchanged"
+    own = run({"ddp": [100, 100], "zero2": [90, 260], "zero1": [100, 100]})
+    assert metric(cell(compare_runs(base, own), "zero2"), "step_time_vs_ddp").verdict == "unchanged"
+
+
 def test_a_dedicated_runner_gates_absolute_time_with_three_repeats_a_side() -> None:
     dedicated = Rules(dedicated=True)
     base = run({"ddp": [100, 100, 100]}, name="b")

@@ -32,7 +32,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardbench.records import Record
-from shardbench.studies.compare_ratios import RATIO_METRIC, REFERENCE, Ratio, cell_ratios, ratio_band
+from shardbench.studies.compare_ratios import (
+    RATIO_METRIC,
+    REFERENCE,
+    Ratio,
+    cell_ratios,
+    pair_spread,
+    ratio_band,
+)
 from shardbench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
 
 #: what makes two records the same cell (the device's name comes from the record's env)
@@ -256,10 +263,14 @@ def compare_runs(
             f"no cell is in both runs ({len(base_cells)} in the baseline, {len(cur_cells)} now): "
             f"{_what_differs(set(base_cells), set(cur_cells))}; is it the right baseline?"
         )
+    spread = pair_spread(
+        side.ratio for sides in (base_cells, cur_cells) for side in sides.values() if side.ratio is not None
+    )
     cells = []
     for key in sorted(set(base_cells) | set(cur_cells), key=str):
         fields = dict(zip(IDENTITY, key, strict=True))
-        delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), rules.thresholds_for(fields))
+        thresholds = rules.thresholds_for(fields)
+        delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), thresholds, spread=spread)
         delta.missing_fails = missing_fails
         delta.ignored = rules.ignored_reason(fields, delta)
         delta.notes += [f"threshold override: {reason}" for reason in rules.override_reasons(fields)]
@@ -345,7 +356,10 @@ def _memory(r: Record, metric: str) -> int | None:
     return (r.model_state_bytes or {}).get("held" if metric == "held_after_step_bytes" else "total")
 
 
-def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds) -> CellDelta:
+def _compare_cell(
+    key: tuple, base: Side | None, cur: Side | None, t: Thresholds, *, spread: float = 0.0
+) -> CellDelta:
+    """``spread``: the pairs' relative spread over the whole comparison (``pair_spread``)."""
     delta = CellDelta(
         cell=cell_label(key),
         identity=dict(zip(IDENTITY, key, strict=True)),
@@ -390,7 +404,7 @@ def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds
     time = _time_delta(base, cur, t, reference=delta.identity["strategy"] == REFERENCE)
     if time is not None:
         delta.metrics.append(time)
-        ratio = _ratio_delta(base, cur, t)
+        ratio = _ratio_delta(base, cur, t, spread=spread)
         delta.metrics += [ratio] if ratio is not None else []
     else:
         delta.notes.append(f"fewer than {t.min_steps} timed steps: compared for memory only")
@@ -453,12 +467,12 @@ def _not_gated(base: Side, cur: Side, t: Thresholds, *, reference: bool) -> str:
     return f"{why}; no {REFERENCE} of its group on both sides to gate a ratio against"
 
 
-def _ratio_delta(base: Side, cur: Side, t: Thresholds) -> MetricDelta | None:
+def _ratio_delta(base: Side, cur: Side, t: Thresholds, *, spread: float) -> MetricDelta | None:
     """Step time over the group's ddp's in the same run: baseline ratio against current ratio."""
     b, c = base.ratio, cur.ratio
     if b is None or c is None or min(b.steps, c.steps) < t.min_steps:
         return None
-    bound, relative, noise = ratio_band(b, c, k=t.k_mad, pct=t.time_pct)
+    bound, relative, noise = ratio_band(b, c, k=t.k_mad, pct=t.time_pct, spread=spread)
     which = "relative threshold" if relative >= noise else f"{t.k_mad:g} x combined standard error"
     return MetricDelta(
         RATIO_METRIC,

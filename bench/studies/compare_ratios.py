@@ -9,21 +9,22 @@ ddp, zero2, ..., then ddp, zero2, ... again), so a drift hits both sides of a ra
 
 A ratio is formed per *pair*: a cell's record and its group's ddp record of the same run and
 repeat. A side's ratio is the median of its pairs'. How far two sides' ratios may differ by
-chance is a standard error, the largest of three: the spread of the pairs within a run (the
-MAD of each pair's distance from its run's ratio, pooled over both sides, since a night's two
-pairs alone say little, scaled to a standard deviation) or each pair's own error (the steps' MAD of both
-cells, as the standard error of a median of n steps), either over the square root of a side's
-pairs; and the spread between runs (a baseline saved from several runs: the standard deviation
-of their ratios, over the square root of each side's runs), since a run can sit in one mode as a
-whole. ``compare`` allows ``k`` times the two sides' combined error, and never less than the
-relative threshold.
+chance is a standard error, the largest of three: the spread of the pairs within a run (each
+pair's distance from its run's ratio, relative to it, their MAD scaled to a standard deviation:
+pooled over every cell of both sides, since the spread is the machine's and a cell's two pairs
+that happen to agree say little; and each side's own where it is larger, since two that
+disagree say much) or each pair's own error (the steps' MAD of both cells, as the standard error
+of a median of n steps), either over the square root of a side's pairs; and the spread between
+runs (a baseline saved from several runs: the standard deviation of their ratios, over the
+square root of each side's runs), since a run can sit in one mode as a whole. ``compare``
+allows ``k`` times the two sides' combined error, and never less than the relative threshold.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from shardbench.studies.compare_rules import CELL_FIELDS, RATIO_METRIC
 
 #: the strategy every other one's step time is divided by
 REFERENCE = "ddp"
-__all__ = ["RATIO_METRIC", "REFERENCE", "Ratio", "cell_ratios", "group_of", "ratio_band"]
+__all__ = ["RATIO_METRIC", "REFERENCE", "Ratio", "cell_ratios", "group_of", "pair_spread", "ratio_band"]
 _STRATEGY = CELL_FIELDS.index("strategy")
 #: MAD -> standard deviation of a normal sample
 _MAD_TO_SD = 1.4826
@@ -103,18 +104,38 @@ def cell_ratios(cells: Mapping[tuple[Any, ...], Sequence[Record]]) -> dict[tuple
     return out
 
 
-def ratio_band(base: Ratio, cur: Ratio, *, k: float, pct: float) -> tuple[float, float, float]:
+def pair_spread(ratios: Iterable[Ratio]) -> float:
+    """How far a pair's ratio strays from its run's, relative to it, as a standard deviation,
+    pooled over every cell given. A pair's spread comes from the machine (a cell's processes can
+    sit in a slow mode as a whole), so every group of both runs measures it, and a cell's two
+    pairs that happen to agree do not make its ratio look certain."""
+    return _sd([d / r.value for r in ratios if r.value > 0 for d in r.deviations()])
+
+
+def ratio_band(
+    base: Ratio, cur: Ratio, *, k: float, pct: float, spread: float = 0.0
+) -> tuple[float, float, float]:
     """(bound, relative threshold, k x combined standard error) for a change of ``cur`` from
-    ``base``: the bound is the larger of the two."""
-    deviations = base.deviations() + cur.deviations()
-    spread = _MAD_TO_SD * statistics.median(deviations) if deviations else 0.0
-    per_pair = max(spread, statistics.median((*base.errors, *cur.errors)))
-    pairs = _SD_TO_MEDIAN_SE * per_pair * math.hypot(1 / math.sqrt(base.pairs), 1 / math.sqrt(cur.pairs))
+    ``base``; ``spread``: ``pair_spread`` of the comparison. The bound is the larger of the two."""
+    errors = statistics.median((*base.errors, *cur.errors))
+
+    def error(side: Ratio) -> float:
+        # the machine's pair spread, this side's own where it is larger (two pairs that
+        # disagree), or the pairs' own error where steps are noisier still
+        per_pair = max(spread * side.value, _sd(side.deviations()), errors)
+        return _SD_TO_MEDIAN_SE * per_pair / math.sqrt(side.pairs)
+
+    pairs = math.hypot(error(base), error(cur))
     b, c = base.per_run(), cur.per_run()
     runs = _pooled_sd(b, c) * math.hypot(1 / math.sqrt(len(b)), 1 / math.sqrt(len(c)))
     noise = k * max(pairs, runs)
     relative = pct / 100.0 * base.value
     return max(relative, noise), relative, noise
+
+
+def _sd(deviations: list[float]) -> float:
+    """Distances from a centre as a standard deviation (their median, scaled); 0 for none."""
+    return _MAD_TO_SD * statistics.median(deviations) if deviations else 0.0
 
 
 def _pooled_sd(*sides: list[float]) -> float:
