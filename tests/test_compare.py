@@ -36,6 +36,15 @@ def timed(median: float, mad: float, n: int = 20) -> dict:
     return {"median": median, "mad": mad, "n": n}
 
 
+#: absolute step time is gated only on a runner the rules declare dedicated
+DEDICATED = Rules(dedicated=True)
+
+
+def three(**over: object) -> list[Record]:
+    """Three timed repeats of one record: what a dedicated runner's absolute time gate needs."""
+    return [rec(**over, repeat=i) for i in range(3)]
+
+
 def one(baseline: list[Record], current: list[Record], **kw: object):
     (cell,) = compare_runs(baseline, current, **kw).cells
     return cell
@@ -66,28 +75,28 @@ def test_memory_tolerance_is_tight() -> None:
 
 
 def test_time_needs_threshold_and_noise() -> None:
-    """+30% with a small MAD regresses; +30% with a MAD larger than the difference does not."""
-    quiet = one([rec()], [rec(step_time_s=timed(0.130, 0.001))])
+    """On a dedicated runner: +30% with a small MAD regresses; +30% with a MAD larger than the
+    difference does not."""
+    quiet = one(three(), three(step_time_s=timed(0.130, 0.001)), rules=DEDICATED)
     assert verdicts(quiet)["step_time_s"] == "regressed" and quiet.regressed
-    noisy_base = rec(step_time_s=timed(0.100, 0.040))
-    noisy = one([noisy_base], [rec(step_time_s=timed(0.130, 0.040))])
+    noisy = one(
+        three(step_time_s=timed(0.100, 0.040)), three(step_time_s=timed(0.130, 0.040)), rules=DEDICATED
+    )
     assert verdicts(noisy)["step_time_s"] == "unchanged" and noisy.verdict == "unchanged"
     # under the relative threshold (CPU 15%) even with no noise at all
-    small = one([rec(step_time_s=timed(0.1, 0.0))], [rec(step_time_s=timed(0.11, 0.0))])
+    small = one(three(step_time_s=timed(0.1, 0.0)), three(step_time_s=timed(0.11, 0.0)), rules=DEDICATED)
     assert verdicts(small)["step_time_s"] == "unchanged"
-    faster = one([rec()], [rec(step_time_s=timed(0.05, 0.001))])
+    faster = one(three(), three(step_time_s=timed(0.05, 0.001)), rules=DEDICATED)
     assert faster.verdict == "improved"
 
 
 def test_cuda_threshold_is_5_percent() -> None:
-    base = rec(device="cuda", step_time_s=timed(0.100, 0.0001))
-    assert (
-        verdicts(one([base], [replace(base, step_time_s=timed(0.107, 0.0001))]))["step_time_s"] == "regressed"
-    )
-    cpu = rec(step_time_s=timed(0.100, 0.0001))
-    assert (
-        verdicts(one([cpu], [replace(cpu, step_time_s=timed(0.107, 0.0001))]))["step_time_s"] == "unchanged"
-    )
+    def step(device: str, median: float) -> dict[str, str]:
+        base, now = three(device=device), three(device=device, step_time_s=timed(median, 0.0001))
+        return verdicts(one([replace(r, step_time_s=timed(0.1, 0.0001)) for r in base], now, rules=DEDICATED))
+
+    assert step("cuda", 0.107)["step_time_s"] == "regressed"
+    assert step("cpu", 0.107)["step_time_s"] == "unchanged"
 
 
 def test_few_steps_compare_memory_only() -> None:
@@ -119,7 +128,7 @@ def test_repeats_use_the_median_and_their_spread() -> None:
     """Repeats in fresh processes: time is the median of their medians; their spread is noise."""
     base = [rec(step_time_s=timed(t, 0.001), repeat=i) for i, t in enumerate((0.10, 0.10, 0.10))]
     spread = [rec(step_time_s=timed(t, 0.001), repeat=i) for i, t in enumerate((0.09, 0.13, 0.17))]
-    cell = one(base, spread)
+    cell = one(base, spread, rules=DEDICATED)
     (time,) = [m for m in cell.metrics if m.metric == "step_time_s"]
     assert time.current == pytest.approx(0.13)
     assert time.verdict == "unchanged"  # 3 x hypot(0.001, 0.04) = 0.12 > 0.03
@@ -244,12 +253,14 @@ def test_max_size_answers_are_gated() -> None:
 
 
 def test_a_partial_ignore_covers_only_its_metrics() -> None:
-    rules = Rules(ignores=(Rule(match={"strategy": "ddp"}, reason="noisy", metrics=("step_time_s",)),))
-    slower = one([rec()], [rec(step_time_s=timed(0.2, 0.001))], rules=rules)
+    ignore = Rule(match={"strategy": "ddp"}, reason="noisy", metrics=("step_time_s",))
+    rules = Rules(dedicated=True, ignores=(ignore,))
+    slower = one(three(), three(step_time_s=timed(0.2, 0.001)), rules=rules)
     assert slower.verdict == "regressed" and slower.ignored == "noisy" and not slower.regressed
-    bigger = one([rec()], [rec(step_time_s=timed(0.2, 0.001), peak_mem_bytes={"max": 2 * GIB})], rules=rules)
+    grown = three(step_time_s=timed(0.2, 0.001), peak_mem_bytes={"max": 2 * GIB})
+    bigger = one(three(), grown, rules=rules)
     assert bigger.regressed and not bigger.ignored  # memory regressed too: not covered
-    counts = compare_runs([rec()], [rec(step_time_s=timed(0.2, 0.001))], rules).counts()
+    counts = compare_runs(three(), three(step_time_s=timed(0.2, 0.001)), rules).counts()
     assert counts["ignored"] == 1 and counts["regressed"] == 0
 
 
@@ -302,15 +313,15 @@ def test_a_baseline_of_several_runs_carries_their_spread(tmp_path: Path) -> None
     """Step time on a shared CPU can sit in one mode for a whole process (measured: 57-62 ms in
     one run, 76-93 ms in others, for the same cell): a baseline of one fast run flags a normal
     night; one saved from several runs has their spread as noise."""
-    fast = [rec(run_id="a", step_time_s=timed(0.060, 0.004), repeat=i) for i in (0, 1)]
-    slow = [rec(run_id="b", step_time_s=timed(0.085, 0.004), repeat=i) for i in (0, 1)]
-    night = [rec(run_id="n", step_time_s=timed(0.085, 0.003), repeat=i) for i in (0, 1)]
-    assert verdicts(one(fast, night))["step_time_s"] == "regressed"
-    assert verdicts(one(fast + slow, night))["step_time_s"] == "unchanged"
+    fast = [rec(run_id="a", step_time_s=timed(0.060, 0.004), repeat=i) for i in (0, 1, 2)]
+    slow = [rec(run_id="b", step_time_s=timed(0.085, 0.004), repeat=i) for i in (0, 1, 2)]
+    night = [rec(run_id="n", step_time_s=timed(0.085, 0.003), repeat=i) for i in (0, 1, 2)]
+    assert verdicts(one(fast, night, rules=DEDICATED))["step_time_s"] == "regressed"
+    assert verdicts(one(fast + slow, night, rules=DEDICATED))["step_time_s"] == "unchanged"
     runs = [write_run(tmp_path / name, rs) for name, rs in (("a", fast), ("b", slow))]
     assert main(["baseline", "save", *map(str, runs), "--as", "two", "--root", str(tmp_path / "bl")]) == 0
     saved = tmp_path / "bl" / "baselines" / "cpu" / "two.jsonl"
-    assert len(saved.read_text().splitlines()) == 4
+    assert len(saved.read_text().splitlines()) == 6
     assert json.loads(saved.with_suffix(".manifest.json").read_text())["run_ids"] == ["a", "b"]
 
 
@@ -323,7 +334,7 @@ def test_memory_held_between_steps_is_gated() -> None:
         "peak_mem_bytes": "unchanged",
         "model_state_bytes": "unchanged",
         "held_after_step_bytes": "regressed",
-        "step_time_s": "unchanged",
+        "step_time_s": "not gated",
     }
     assert "held_after_step_bytes" not in verdicts(one([rec()], [rec()]))  # older records: not measured
 

@@ -187,6 +187,33 @@ def test_a_failing_after_record_step_is_reported_and_the_run_goes_on(tmp_path, m
     assert capsys.readouterr().err.count("No space left on device; the run goes on") == 2
 
 
+def test_repeats_are_measured_interleaved_across_a_group(tmp_path, monkeypatch) -> None:
+    """A B A B, not A A B B: a drift of the machine's speed hits ddp and zero2 alike; a group of
+    another world size follows the whole first group."""
+    from dataclasses import replace
+
+    from shardbench.harness.config import load_suite
+    from shardbench.harness.runner import interleave_repeats, run_cells
+
+    ran: list[tuple[str, int, int]] = []
+    cells = _stand_in_cells(monkeypatch)
+    monkeypatch.setattr(
+        "shardbench.harness.runner.run_cell",
+        lambda cell, run_id: ran.append((cell.strategy, cell.world_size, cell.repeat)) or _record(),
+    )
+    at4 = [replace(c, world_size=4) for c in cells]
+    repeated = [replace(c, repeat=i) for c in (*cells, *at4) for i in (0, 1)]  # as a suite lists them
+    run_cells(repeated, out_dir=tmp_path, run_id="t")
+    assert ran == [
+        ("ddp", 2, 0), ("zero2", 2, 0), ("ddp", 2, 1), ("zero2", 2, 1),
+        ("ddp", 4, 0), ("zero2", 4, 0), ("ddp", 4, 1), ("zero2", 4, 1),
+    ]  # fmt: skip
+    nightly = interleave_repeats(load_suite("nightly-cpu").cells())
+    first = [(c.workload, c.strategy, c.repeat) for c in nightly[:3]]
+    assert first == [("transformer", "ddp", 0), ("transformer", "zero1", 0), ("transformer", "zero2", 0)]
+    assert sorted(c.key() for c in nightly) == sorted(c.key() for c in load_suite("nightly-cpu").cells())
+
+
 def test_a_record_write_error_stops_the_run_at_once(tmp_path, monkeypatch) -> None:
     from shardbench.harness.runner import run_cells
 

@@ -1,7 +1,8 @@
 """``shardbench compare BASELINE CURRENT``: the regression gate over two runs.
 
 Exit 0: no regression; 1: at least one (a cell that was ok and is not, memory above tolerance,
-step time slower beyond its threshold and its noise); 2: bad input or environments that differ.
+bytes sent changed, a step-time ratio to ddp's in the same run, or on a dedicated runner the step
+time itself, worse beyond its threshold and its noise); 2: bad input or environments that differ.
 The decision is ``shardbench.studies.compare.compare_runs``; this module reads, writes and prints.
 """
 

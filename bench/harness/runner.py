@@ -57,6 +57,24 @@ def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{os.getpid():x}.{next(_RUN_IDS)}"
 
 
+def interleave_repeats(cells: Sequence[CellConfig]) -> list[CellConfig]:
+    """The order cells are measured in: the cells of a group (the same workload, preset, world
+    size, precision, batch and flags under each strategy) one after another, their repeats in
+    rounds, every strategy's repeat 0, then every strategy's repeat 1 (A B A B, not A A B B), so
+    a drift of the machine's speed during the group hits each strategy alike and the step-time
+    ratios within a run, which ``compare`` gates, stay fair. Groups keep the order they first
+    appear in, and a group's strategies theirs."""
+    groups: dict[tuple, list[CellConfig]] = {}
+    for c in cells:
+        groups.setdefault(_group_key(c), []).append(c)
+    return [c for group in groups.values() for c in sorted(group, key=lambda c: c.repeat)]
+
+
+def _group_key(cell: CellConfig) -> tuple:
+    key = cell.key()
+    return key[:2] + key[3:-1]  # every field but the strategy (2) and the repeat (last)
+
+
 def done_keys(out_dir: Path, *, ok_only: bool = True) -> set[tuple]:
     """Keys of the cells that already have an ``ok`` record in ``out_dir`` (for ``--resume``);
     with ``ok_only=False``, of every cell recorded there, whatever its status."""
@@ -114,7 +132,7 @@ def run_cells(
     the run's ``name`` and ``tags`` (reports label runs by name, compare matches them).
     ``on_record(records)`` runs after each record is appended, with every record so far."""
     outcome = RunOutcome()
-    todo = [c for c in cells if c.key() not in (skip or set())]
+    todo = interleave_repeats([c for c in cells if c.key() not in (skip or set())])
     outcome.skipped = len(cells) - len(todo)
     with _progress(len(todo)) as progress, _Interrupts().installed() as interrupts:
         for cell in todo:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import html
 import json
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
 from shardbench.report.html import CSS
 from shardbench.report.tables import markdown_table
-from shardbench.studies.compare import COMM_METRIC, CellDelta, Comparison, MetricDelta
+from shardbench.studies.compare import COMM_METRIC, VERDICTS, CellDelta, Comparison, MetricDelta
 
 COLUMNS = ("verdict", "cell", "metric", "baseline", "current", "change", "band", "note")
 
@@ -27,6 +28,8 @@ def metric_value(m: MetricDelta, value: float | None) -> str:
         return f"{value / 1e6:,.1f}M params"
     if m.unit == "samples":
         return f"{value:,.0f} per rank"
+    if m.unit == "x":
+        return f"{value:.3f}x"
     return f"{value * 1e3:.3f} ms"
 
 
@@ -72,13 +75,35 @@ def rows(comparison: Comparison, *, only_regressions: bool = False) -> list[tupl
 
 
 def summary_line(comparison: Comparison) -> str:
-    """The headline: how many cells regressed (only those), then what the others did."""
-    counts = ", ".join(f"{n} {v}" for v, n in comparison.counts().items() if n)
-    bad = len(comparison.regressions)
-    verdict = f"REGRESSION in {bad} of {len(comparison.cells)} cells" if bad else "no regression"
-    if not bad:
-        verdict += f" in {len(comparison.cells)} cells"
-    return f"{verdict} ({counts}); rules: {comparison.rules_source}"
+    """The headline: the regressions, counted alone; then, apart, what the other cells did."""
+    n = len(comparison.cells)
+    bad = Counter(c.verdict for c in comparison.regressions)
+    rest = Counter(
+        "ignored" if c.ignored and c.verdict in ("regressed", "now failing") else c.verdict
+        for c in comparison.cells
+        if not c.regressed
+    )
+    others = ", ".join(f"{rest[v]} {v}" for v in (*VERDICTS, "ignored") if rest[v])
+    if bad:
+        total = sum(bad.values())
+        kinds = ", ".join(f"{bad[v]} {v}" for v in VERDICTS if bad[v])
+        head = f"REGRESSION: {total} of {n} cells ({kinds})"
+    else:
+        head = f"no regression in {n} cells"
+    return f"{head}; the others: {others or 'none'}; rules: {comparison.rules_source}"
+
+
+def time_rule_line(comparison: Comparison) -> str:
+    """How step time was gated: on a shared runner, only the ratios within a run are."""
+    if comparison.dedicated:
+        return (
+            "step time: gated as each strategy's ratio to ddp within its run, and as time itself "
+            "(dedicated runner, where each side has enough repeats)"
+        )
+    return (
+        "step time: gated as each strategy's ratio to ddp within its run; the time itself is "
+        "reported, not gated (shared runner)"
+    )
 
 
 def env_lines(comparison: Comparison) -> list[str]:
@@ -88,7 +113,7 @@ def env_lines(comparison: Comparison) -> list[str]:
 
 def to_text(comparison: Comparison) -> str:
     """What ``compare`` prints: the summary and, when there are any, the regressions."""
-    lines = [summary_line(comparison), *env_lines(comparison)]
+    lines = [summary_line(comparison), time_rule_line(comparison), *env_lines(comparison)]
     regressions = rows(comparison, only_regressions=True)
     if regressions:
         lines.append(markdown_table(COLUMNS, regressions))
@@ -100,6 +125,7 @@ def to_markdown(comparison: Comparison, *, baseline: str, current: str) -> str:
         "## shardbench compare",
         f"baseline: `{baseline}`  \ncurrent: `{current}`",
         f"**{summary_line(comparison)}**",
+        f"- {time_rule_line(comparison)}",
         *(f"- {line}" for line in env_lines(comparison)),
     ]
     regressions = rows(comparison, only_regressions=True)
@@ -123,6 +149,7 @@ def to_json(comparison: Comparison, *, baseline: str, current: str) -> dict:
         "exit_code": comparison.exit_code,
         "counts": comparison.counts(),
         "rules": comparison.rules_source,
+        "dedicated": comparison.dedicated,
         "env_changes": {k: {"baseline": b, "current": c} for k, (b, c) in comparison.env_changes.items()},
         "cells": [cell(c) for c in comparison.cells],
     }
@@ -133,6 +160,7 @@ tr.regressed td, tr.now-failing td { background: #fde0dc; } tr.regressed td.verd
 tr.now-failing td.verdict { color: #b71c1c; font-weight: bold; }
 tr.improved td.verdict, tr.now-passing td.verdict { color: #1b5e20; }
 tr.new td.verdict, tr.missing td.verdict { color: #8a6d00; } tr.ignored td { background: #f3f3f3; }
+tr.not-gated td { color: #666; }
 """
 
 
@@ -148,7 +176,9 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
                 for i, v in enumerate(row)
             )
             body.append(f'<tr class="{css}">{cells}</tr>')
-    env = "".join(f"<li>{html.escape(line)}</li>" for line in env_lines(comparison))
+    env = "".join(
+        f"<li>{html.escape(line)}</li>" for line in (time_rule_line(comparison), *env_lines(comparison))
+    )
     status = "regression" if comparison.exit_code else "ok"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>shardbench compare</title>"
@@ -158,9 +188,10 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
         f"<code>{html.escape(current)}</code></p>"
         f"<p><b>{html.escape(summary_line(comparison))}</b></p>"
         f"{f'<ul>{env}</ul>' if env else ''}"
-        "<p class='how'>Memory regresses beyond max(tolerance %, tolerance MiB) of the baseline; step "
-        "time only beyond both the relative threshold and k x the combined MAD (the band column). "
-        "Regressions first.</p>"
+        "<p class='how'>Memory regresses beyond max(tolerance %, tolerance MiB) of the baseline, "
+        "bytes sent on any change; step time (its ratio to ddp's in the same run, and on a "
+        "dedicated runner the time itself) only beyond both the relative threshold and k x the "
+        "combined noise (the band column). Regressions first.</p>"
         f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
         f"{extra_html}</body></html>"
     )

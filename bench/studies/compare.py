@@ -3,12 +3,17 @@ function of two lists of records and the rules (``compare_runs``).
 
 Memory and time are gated differently because they fail differently. Memory is deterministic
 for a fixed environment (the same cell twice gives the same bytes), so its tolerance is tight:
-``max(0.5%, 1 MiB)`` by default. Step time is noisy, so a cell is slower only when the change is
-beyond *both* a relative threshold (per device: CPU 15%, CUDA 5%) *and* k=3 times the combined
-noise of the two sides (noise: the step-time MAD; with ``run --repeat`` the larger of the
-repeats' median MAD and the MAD of their medians, since repeats in fresh processes see the
-run-to-run spread a single process cannot). A change within those bounds is "unchanged"
-whatever its sign. Cells with fewer than ``min_steps`` timed steps are compared for memory only.
+``max(0.5%, 1 MiB)`` by default; bytes communicated are gated exactly. Step time is noisy, and on
+a shared machine it drifts between runs, so by default it is gated as each strategy's ratio to
+ddp's within its run (``compare_ratios``: the cells of a group are measured interleaved, so a
+drift hits both sides alike). Absolute step time is gated only where the rules declare the
+runner dedicated, and only with ``min_repeats`` timed repeats on each side; elsewhere it is
+reported as "not gated". Either time gate calls a change slower only beyond *both* a relative
+threshold (per device: CPU 15%, CUDA 5%) *and* k=3 times the combined noise of the two sides
+(absolute: the step-time MAD, or with ``run --repeat`` the larger of the repeats' median MAD and
+the MAD of their medians; ratios: a standard error, see ``compare_ratios``). A change within
+those bounds is "unchanged" whatever its sign. Cells with fewer than ``min_steps`` timed steps
+are compared for memory only.
 
 Verdicts per cell: ``regressed``, ``improved``, ``unchanged``, ``new`` (only in the current run),
 ``missing`` (only in the baseline), ``now failing`` (ok in the baseline, not now), ``now
@@ -23,10 +28,18 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardbench.records import Record
+from shardbench.studies.compare_ratios import (
+    RATIO_METRIC,
+    REFERENCE,
+    Ratio,
+    cell_ratios,
+    pair_spread,
+    ratio_band,
+)
 from shardbench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
 
 #: what makes two records the same cell (the device's name comes from the record's env)
@@ -120,6 +133,10 @@ class Side:
     max_size: tuple[str, int] | None = None
     #: bytes sent per rank per step (the largest, if repeats differed: they should not)
     comm: int | None = None
+    #: ok repeats with a step time (what a dedicated runner's absolute gate counts)
+    timed: int = 0
+    #: step time over the group's ddp's, pair by pair (None: ddp itself, or no ddp to pair with)
+    ratio: Ratio | None = None
 
 
 @dataclass
@@ -171,6 +188,8 @@ class Comparison:
     rules_source: str = "defaults"
     #: rules whose ``match`` selects no cell of either run (a typo, most likely), described
     unmatched_rules: list[str] = field(default_factory=list)
+    #: the rules declare the runner dedicated: absolute step time is gated too
+    dedicated: bool = False
 
     @property
     def regressions(self) -> list[CellDelta]:
@@ -244,10 +263,14 @@ def compare_runs(
             f"no cell is in both runs ({len(base_cells)} in the baseline, {len(cur_cells)} now): "
             f"{_what_differs(set(base_cells), set(cur_cells))}; is it the right baseline?"
         )
+    spread = pair_spread(
+        side.ratio for sides in (base_cells, cur_cells) for side in sides.values() if side.ratio is not None
+    )
     cells = []
     for key in sorted(set(base_cells) | set(cur_cells), key=str):
         fields = dict(zip(IDENTITY, key, strict=True))
-        delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), rules.thresholds_for(fields))
+        thresholds = rules.thresholds_for(fields)
+        delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), thresholds, spread=spread)
         delta.missing_fails = missing_fails
         delta.ignored = rules.ignored_reason(fields, delta)
         delta.notes += [f"threshold override: {reason}" for reason in rules.override_reasons(fields)]
@@ -257,7 +280,11 @@ def compare_runs(
     cells.sort(key=lambda c: (not c.regressed, VERDICTS.index(c.verdict), c.cell))
     every = [dict(zip(IDENTITY, key, strict=True)) for key in set(base_cells) | set(cur_cells)]
     return Comparison(
-        cells=cells, env_changes=changes, rules_source=rules.source, unmatched_rules=rules.unmatched(every)
+        cells=cells,
+        env_changes=changes,
+        rules_source=rules.source,
+        unmatched_rules=rules.unmatched(every),
+        dedicated=rules.dedicated,
     )
 
 
@@ -274,7 +301,8 @@ def _by_cell(records: Sequence[Record]) -> dict[tuple, Side]:
     groups: dict[tuple, list[Record]] = defaultdict(list)
     for (key, _, _), r in latest.items():
         groups[key].append(r)
-    return {key: _side(rs) for key, rs in groups.items()}
+    ratios = cell_ratios(groups)
+    return {key: replace(_side(rs), ratio=ratios.get(key)) for key, rs in groups.items()}
 
 
 def _side(records: list[Record]) -> Side:
@@ -318,6 +346,7 @@ def _side(records: list[Record]) -> Side:
         steps=min(int(t.get("n") or 0) for t in timed),
         memory_varied=tuple(varied),
         comm=comm,
+        timed=len(timed),
     )
 
 
@@ -327,7 +356,10 @@ def _memory(r: Record, metric: str) -> int | None:
     return (r.model_state_bytes or {}).get("held" if metric == "held_after_step_bytes" else "total")
 
 
-def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds) -> CellDelta:
+def _compare_cell(
+    key: tuple, base: Side | None, cur: Side | None, t: Thresholds, *, spread: float = 0.0
+) -> CellDelta:
+    """``spread``: the pairs' relative spread over the whole comparison (``pair_spread``)."""
     delta = CellDelta(
         cell=cell_label(key),
         identity=dict(zip(IDENTITY, key, strict=True)),
@@ -369,9 +401,11 @@ def _compare_cell(key: tuple, base: Side | None, cur: Side | None, t: Thresholds
     ]
     if base.comm is not None and cur.comm is not None:
         delta.metrics.append(_comm_delta(base.comm, cur.comm))
-    time = _time_delta(base, cur, t)
+    time = _time_delta(base, cur, t, reference=delta.identity["strategy"] == REFERENCE)
     if time is not None:
         delta.metrics.append(time)
+        ratio = _ratio_delta(base, cur, t, spread=spread)
+        delta.metrics += [ratio] if ratio is not None else []
     else:
         delta.notes.append(f"fewer than {t.min_steps} timed steps: compared for memory only")
     verdicts = {m.verdict for m in delta.metrics}
@@ -394,9 +428,13 @@ def _memory_delta(metric: str, base: int | None, cur: int | None, t: Thresholds)
     )
 
 
-def _time_delta(base: Side, cur: Side, t: Thresholds) -> MetricDelta | None:
+def _time_delta(base: Side, cur: Side, t: Thresholds, *, reference: bool) -> MetricDelta | None:
+    """Absolute step time: gated on a dedicated runner with enough repeats, else reported."""
     if base.time_s is None or cur.time_s is None or min(base.steps, cur.steps) < t.min_steps:
         return None
+    if not t.dedicated or min(base.timed, cur.timed) < t.min_repeats:
+        note = _not_gated(base, cur, t, reference=reference)
+        return MetricDelta(TIME_METRIC, "s", base.time_s, cur.time_s, "not gated", note=note)
     relative = t.time_pct / 100.0 * base.time_s
     noise = t.k_mad * math.hypot(base.noise_s or 0.0, cur.noise_s or 0.0)
     bound = max(relative, noise)
@@ -410,6 +448,44 @@ def _time_delta(base: Side, cur: Side, t: Thresholds) -> MetricDelta | None:
         low=base.time_s - bound,
         high=base.time_s + bound,
         note=f"band +/-{_ms(bound)} ({which}; {t.time_pct:g}% = {_ms(relative)}, noise {_ms(noise)})",
+    )
+
+
+def _not_gated(base: Side, cur: Side, t: Thresholds, *, reference: bool) -> str:
+    """Why absolute step time is only reported, and what gates this cell's speed instead."""
+    if t.dedicated:
+        why = (
+            f"not gated: {base.timed} timed repeat(s) in the baseline, {cur.timed} now; absolute "
+            f"time needs {t.min_repeats} on each side"
+        )
+    else:
+        why = "not gated (shared runner): absolute time drifts between runs"
+    if base.ratio is not None and cur.ratio is not None:
+        return f"{why}; its ratio to {REFERENCE} is gated"
+    if reference:
+        return f"{why}; the reference of its group's ratios"
+    return f"{why}; no {REFERENCE} of its group on both sides to gate a ratio against"
+
+
+def _ratio_delta(base: Side, cur: Side, t: Thresholds, *, spread: float) -> MetricDelta | None:
+    """Step time over the group's ddp's in the same run: baseline ratio against current ratio."""
+    b, c = base.ratio, cur.ratio
+    if b is None or c is None or min(b.steps, c.steps) < t.min_steps:
+        return None
+    bound, relative, noise = ratio_band(b, c, k=t.k_mad, pct=t.time_pct, spread=spread)
+    which = "relative threshold" if relative >= noise else f"{t.k_mad:g} x combined standard error"
+    return MetricDelta(
+        RATIO_METRIC,
+        "x",
+        b.value,
+        c.value,
+        _verdict(c.value - b.value, bound),
+        low=b.value - bound,
+        high=b.value + bound,
+        note=(
+            f"band +/-{bound:.3f}x ({which}; {t.time_pct:g}% = {relative:.3f}x, noise {noise:.3f}x); "
+            f"{b.pairs} pair(s) with {REFERENCE} in the baseline, {c.pairs} now"
+        ),
     )
 
 

@@ -7,10 +7,12 @@ A rules file (``compare --rules FILE``; a nightly suite's ``bench/suites/rules/<
     tolerance_mib = 1.0       # max(tolerance_pct % of the baseline, tolerance_mib MiB)
 
     [time]
-    cpu_pct = 15              # step time regressed when slower by more than this % of the
-    cuda_pct = 5              # baseline (per device) AND by more than k_mad x the combined MAD
-    k_mad = 3
+    cpu_pct = 15              # step time (its ratio to ddp's in the run; on a dedicated runner
+    cuda_pct = 5              # also the time itself) regressed when slower by more than this %
+    k_mad = 3                 # of the baseline (per device) AND by more than k_mad x the noise
     min_steps = 5             # fewer timed steps: memory only
+    dedicated = false         # true: nothing else runs on this machine, so absolute step time
+    min_repeats = 3           # is gated too, where each side has this many timed repeats
 
     [[override]]              # thresholds for the cells it matches (every given key must match)
     workload = "deepspeech2"
@@ -54,7 +56,16 @@ CELL_FIELDS = (
     "device",
 )
 MATCH_KEYS = CELL_FIELDS
-METRICS = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes", "comm_sent_bytes", "step_time_s")
+#: step time over ddp's in the same run and cell group (``compare_ratios``)
+RATIO_METRIC = "step_time_vs_ddp"
+METRICS = (
+    "peak_mem_bytes",
+    "model_state_bytes",
+    "held_after_step_bytes",
+    "comm_sent_bytes",
+    "step_time_s",
+    RATIO_METRIC,
+)
 #: override keys -> Thresholds field
 OVERRIDE_KEYS = {
     "memory_pct": "memory_pct",
@@ -72,6 +83,9 @@ class Thresholds:
     time_pct: float = 15.0
     k_mad: float = 3.0
     min_steps: int = 5
+    #: absolute step time is gated (else only its ratio to ddp's), with this many repeats a side
+    dedicated: bool = False
+    min_repeats: int = 3
 
 
 def step_time_noise(ours: Record, base: Record, *, base_label: str) -> str | None:
@@ -109,6 +123,9 @@ class Rules:
     time_pct: dict[str, float] = field(default_factory=lambda: {"cpu": 15.0, "cuda": 5.0})
     k_mad: float = 3.0
     min_steps: int = 5
+    #: the runner runs nothing else: absolute step time compares across runs, and is gated
+    dedicated: bool = False
+    min_repeats: int = 3
     overrides: tuple[Rule, ...] = ()
     ignores: tuple[Rule, ...] = ()
     source: str = "defaults"
@@ -120,6 +137,8 @@ class Rules:
             time_pct=self.time_pct.get(cell.get("device", "cpu"), self.time_pct["cpu"]),
             k_mad=self.k_mad,
             min_steps=self.min_steps,
+            dedicated=self.dedicated,
+            min_repeats=self.min_repeats,
         )
         for rule in self.overrides:
             if rule.matches(cell):
@@ -162,11 +181,14 @@ def load_rules(path: Path) -> Rules:
     except UnicodeDecodeError as e:
         raise ValueError(f"--rules {path}: not UTF-8 text (byte {e.start}); a rules file is TOML") from None
     where = f"--rules {path}"
+    defaults = Rules()
     _only(data, ("memory", "time", "override", "ignore"), where)
     memory, time = data.get("memory", {}), data.get("time", {})
     _only(memory, ("tolerance_pct", "tolerance_mib"), f"{where} [memory]")
-    _only(time, ("cpu_pct", "cuda_pct", "k_mad", "min_steps"), f"{where} [time]")
-    defaults = Rules()
+    _only(time, ("cpu_pct", "cuda_pct", "k_mad", "min_steps", "dedicated", "min_repeats"), f"{where} [time]")
+    dedicated = time.get("dedicated", defaults.dedicated)
+    if not isinstance(dedicated, bool):
+        raise ValueError(f"{where} [time]: dedicated must be true or false, got {dedicated!r}")
     return Rules(
         memory_pct=_number(memory, "tolerance_pct", defaults.memory_pct, f"{where} [memory]"),
         memory_bytes=MIB * _number(memory, "tolerance_mib", defaults.memory_bytes / MIB, f"{where} [memory]"),
@@ -175,6 +197,8 @@ def load_rules(path: Path) -> Rules:
         },
         k_mad=_number(time, "k_mad", defaults.k_mad, f"{where} [time]"),
         min_steps=int(_number(time, "min_steps", defaults.min_steps, f"{where} [time]", integer=True)),
+        dedicated=dedicated,
+        min_repeats=int(_number(time, "min_repeats", defaults.min_repeats, f"{where} [time]", integer=True)),
         overrides=tuple(
             _rule(t, f"{where} [[override]] #{i + 1}", True)
             for i, t in enumerate(_tables(data, "override", where))

@@ -32,7 +32,13 @@ REQUIRED = ("suite", "cell", "time")
 #: the numbers a metric entry may carry; each a number or null
 METRIC_FIELDS = ("value", "baseline", "low", "high")
 #: known metrics first, in this order (the rest follow alphabetically)
-METRIC_ORDER = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes", "step_time_s")
+METRIC_ORDER = (
+    "peak_mem_bytes",
+    "model_state_bytes",
+    "held_after_step_bytes",
+    "step_time_s",
+    "step_time_vs_ddp",
+)
 #: cell verdicts the last night's table lists
 ALARMS = ("regressed", "now failing")
 

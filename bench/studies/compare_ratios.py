@@ -1,0 +1,161 @@
+"""Step time as ratios within a run: each strategy's step time over ddp's in the same cell group
+(the same workload, preset, world size, precision, batch and flags), baseline ratio against
+current ratio. This is how ``compare`` gates speed on a machine it does not own.
+
+The idea: a shared or drifting machine's speed moves between runs (the same code, minutes
+apart, measured 38-119 % slower), so absolute step times of two runs do not compare; but the
+cells of a group are measured interleaved within a run (``harness.runner.interleave_repeats``:
+ddp, zero2, ..., then ddp, zero2, ... again), so a drift hits both sides of a ratio alike.
+
+A ratio is formed per *pair*: a cell's record and its group's ddp record of the same run and
+repeat. A side's ratio is the median of its pairs'. How far two sides' ratios may differ by
+chance is a standard error, the largest of three: the spread of the pairs within a run (each
+pair's distance from its run's ratio, relative to it, their MAD scaled to a standard deviation:
+pooled over every cell of both sides, since the spread is the machine's and a cell's two pairs
+that happen to agree say little; and each side's own where it is larger, since two that
+disagree say much) or each pair's own error (the steps' MAD of both cells, as the standard error
+of a median of n steps), either over the square root of a side's pairs; and the spread between
+runs (a baseline saved from several runs: the standard deviation of their ratios, over the
+square root of each side's runs), since a run can sit in one mode as a whole. ``compare``
+allows ``k`` times the two sides' combined error, and never less than the relative threshold.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardbench.records import Record
+from shardbench.studies.compare_rules import CELL_FIELDS, RATIO_METRIC
+
+#: the strategy every other one's step time is divided by
+REFERENCE = "ddp"
+__all__ = ["RATIO_METRIC", "REFERENCE", "Ratio", "cell_ratios", "group_of", "pair_spread", "ratio_band"]
+_STRATEGY = CELL_FIELDS.index("strategy")
+#: MAD -> standard deviation of a normal sample
+_MAD_TO_SD = 1.4826
+#: standard deviation -> standard error of a median, times sqrt(n)
+_SD_TO_MEDIAN_SE = 1.2533
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """One side's ratio of a cell to its group's ddp: one value and one error per pair."""
+
+    ratios: tuple[float, ...]
+    #: each pair's own error: its two medians' standard errors, combined
+    errors: tuple[float, ...]
+    #: the fewest timed steps of any record in a pair
+    steps: int
+    #: each pair's run
+    runs: tuple[str, ...] = ()
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def pairs(self) -> int:
+        return len(self.ratios)
+
+    def _by_run(self) -> list[list[float]]:
+        by_run: dict[str, list[float]] = {}
+        for run, r in zip(self.runs, self.ratios, strict=True):
+            by_run.setdefault(run, []).append(r)
+        return list(by_run.values())
+
+    def deviations(self) -> list[float]:
+        """Each pair's distance from its run's ratio (none from a run of one pair); the spread
+        between runs is ``per_run``'s."""
+        return [abs(r - statistics.median(rs)) for rs in self._by_run() if len(rs) > 1 for r in rs]
+
+    def per_run(self) -> list[float]:
+        """The ratio of each run (the median of its pairs)."""
+        return [statistics.median(rs) for rs in self._by_run()]
+
+
+def group_of(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The cell group of an identity: every field but the strategy."""
+    return key[:_STRATEGY] + key[_STRATEGY + 1 :]
+
+
+def cell_ratios(cells: Mapping[tuple[Any, ...], Sequence[Record]]) -> dict[tuple[Any, ...], Ratio]:
+    """{cell identity: its ratio to its group's ddp} for every cell that has one: not ddp itself,
+    not a max-size answer, and with at least one pair (both ok and timed in the same run and
+    repeat)."""
+    reference = {group_of(k): rs for k, rs in cells.items() if k[_STRATEGY] == REFERENCE}
+    out = {}
+    for key, records in cells.items():
+        ref = reference.get(group_of(key))
+        if key[_STRATEGY] == REFERENCE or ref is None or any(r.max_size for r in records):
+            continue
+        ours, theirs = _timed(records), _timed(ref)
+        pairs = [(ours[p], theirs[p]) for p in ours if p in theirs]
+        if pairs:
+            out[key] = Ratio(
+                runs=tuple(p[0] for p in ours if p in theirs),
+                ratios=tuple(a["median"] / b["median"] for a, b in pairs),
+                errors=tuple(a["median"] / b["median"] * math.hypot(_se(a), _se(b)) for a, b in pairs),
+                steps=min(int(t.get("n") or 0) for pair in pairs for t in pair),
+            )
+    return out
+
+
+def pair_spread(ratios: Iterable[Ratio]) -> float:
+    """How far a pair's ratio strays from its run's, relative to it, as a standard deviation,
+    pooled over every cell given. A pair's spread comes from the machine (a cell's processes can
+    sit in a slow mode as a whole), so every group of both runs measures it, and a cell's two
+    pairs that happen to agree do not make its ratio look certain."""
+    return _sd([d / r.value for r in ratios if r.value > 0 for d in r.deviations()])
+
+
+def ratio_band(
+    base: Ratio, cur: Ratio, *, k: float, pct: float, spread: float = 0.0
+) -> tuple[float, float, float]:
+    """(bound, relative threshold, k x combined standard error) for a change of ``cur`` from
+    ``base``; ``spread``: ``pair_spread`` of the comparison. The bound is the larger of the two."""
+    errors = statistics.median((*base.errors, *cur.errors))
+
+    def error(side: Ratio) -> float:
+        # the machine's pair spread, this side's own where it is larger (two pairs that
+        # disagree), or the pairs' own error where steps are noisier still
+        per_pair = max(spread * side.value, _sd(side.deviations()), errors)
+        return _SD_TO_MEDIAN_SE * per_pair / math.sqrt(side.pairs)
+
+    pairs = math.hypot(error(base), error(cur))
+    b, c = base.per_run(), cur.per_run()
+    runs = _pooled_sd(b, c) * math.hypot(1 / math.sqrt(len(b)), 1 / math.sqrt(len(c)))
+    noise = k * max(pairs, runs)
+    relative = pct / 100.0 * base.value
+    return max(relative, noise), relative, noise
+
+
+def _sd(deviations: list[float]) -> float:
+    """Distances from a centre as a standard deviation (their median, scaled); 0 for none."""
+    return _MAD_TO_SD * statistics.median(deviations) if deviations else 0.0
+
+
+def _pooled_sd(*sides: list[float]) -> float:
+    """The standard deviation of run ratios about their own side's mean, pooled (0 when no side
+    has two runs): how far one run's ratio strays from another's of the same code."""
+    squares = sum((x - statistics.fmean(side)) ** 2 for side in sides for x in side)
+    freedom = sum(len(side) - 1 for side in sides)
+    return math.sqrt(squares / freedom) if freedom > 0 else 0.0
+
+
+def _timed(records: Sequence[Record]) -> dict[tuple[str, int], dict[str, Any]]:
+    """{(run, repeat): step time} of the ok, timed records."""
+    return {
+        (r.run_id, r.repeat): r.step_time_s
+        for r in records
+        if r.status == "ok" and r.step_time_s and r.step_time_s.get("median")
+    }
+
+
+def _se(t: dict[str, Any]) -> float:
+    """The relative standard error of a median of ``n`` steps, from their MAD."""
+    n = max(int(t.get("n") or 1), 1)
+    return _SD_TO_MEDIAN_SE * _MAD_TO_SD * (t.get("mad") or 0.0) / t["median"] / math.sqrt(n)

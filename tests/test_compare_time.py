@@ -1,0 +1,191 @@
+"""The step-time gate on synthetic records: ratios to ddp within a run by default, absolute time
+only on a dedicated runner with three repeats a side, and the headline that counts regressions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardbench.records import Record, read_records
+from shardbench.report.compare_report import summary_line, to_text
+from shardbench.studies.compare import compare_runs
+from shardbench.studies.compare_rules import Rules, load_rules
+from tests.records import make_record
+
+GIB = 1 << 30
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rec(strategy: str, ms: float, *, run: str = "r", repeat: int = 0, mad_ms: float = 1.0, **over) -> Record:
+    """An ok CPU record of the tiny transformer at N=2: ``ms`` median step time over 20 steps."""
+    fields: dict = dict(
+        run_id=run,
+        strategy=strategy,
+        repeat=repeat,
+        steps=20,
+        peak_mem_bytes={"max": GIB, "per_rank": [GIB, GIB]},
+        model_state_bytes={"total": GIB // 2},
+        step_time_s={"median": ms / 1e3, "mad": mad_ms / 1e3, "n": 20},
+        env={"torch": "2.11.0", "device_name": "x86_64"},
+    )
+    return make_record(**{**fields, **over})
+
+
+def run(times: dict[str, list[float]], *, name: str = "r", **over) -> list[Record]:
+    """One run: each strategy's step times, one per repeat."""
+    return [rec(s, ms, run=name, repeat=i, **over) for s, ts in times.items() for i, ms in enumerate(ts)]
+
+
+def cell(comparison, strategy: str):
+    (found,) = [c for c in comparison.cells if c.identity["strategy"] == strategy]
+    return found
+
+
+def metric(c, name: str):
+    return next((m for m in c.metrics if m.metric == name), None)
+
+
+BASE = {"ddp": [100, 100], "zero2": [120, 120]}
+
+
+def test_a_drifting_machine_is_not_a_regression() -> None:
+    """The same code on a machine 80% slower: absolute time is reported, marked, not gated; the
+    ratio to ddp in the same run did not move."""
+    slow = compare_runs(run(BASE, name="b"), run({"ddp": [180, 180], "zero2": [216, 216]}))
+    assert slow.exit_code == 0
+    ddp, zero2 = cell(slow, "ddp"), cell(slow, "zero2")
+    assert metric(ddp, "step_time_s").verdict == "not gated"
+    assert metric(ddp, "step_time_s").change_pct == pytest.approx(80)
+    assert "not gated (shared runner)" in metric(ddp, "step_time_s").note
+    assert "reference of its group" in metric(ddp, "step_time_s").note
+    assert metric(ddp, "step_time_vs_ddp") is None  # ddp against itself says nothing
+    ratio = metric(zero2, "step_time_vs_ddp")
+    assert ratio.verdict == "unchanged" and ratio.baseline == pytest.approx(1.2)
+    assert ratio.current == pytest.approx(1.2)
+    assert "its ratio to ddp is gated" in metric(zero2, "step_time_s").note
+    assert "time itself is reported, not gated (shared runner)" in to_text(slow)
+
+
+def test_one_strategy_slower_regresses_its_ratio() -> None:
+    """zero2 30% slower while ddp is not: its ratio 1.2 -> 1.56 is named and exits 1."""
+    slower = compare_runs(run(BASE, name="b"), run({"ddp": [100, 100], "zero2": [156, 156]}))
+    assert slower.exit_code == 1 and [c.identity["strategy"] for c in slower.regressions] == ["zero2"]
+    ratio = metric(cell(slower, "zero2"), "step_time_vs_ddp")
+    assert ratio.verdict == "regressed" and ratio.current == pytest.approx(1.56)
+    text = to_text(slower)
+    assert "step_time_vs_ddp" in text and "1.200x" in text and "1.560x" in text and "+30.0%" in text
+    # under the relative threshold (CPU 15%) it is unchanged even with no noise at all
+    quiet = dict(mad_ms=0.0)
+    small = compare_runs(run(BASE, name="b", **quiet), run({"ddp": [100, 100], "zero2": [132, 132]}, **quiet))
+    assert metric(cell(small, "zero2"), "step_time_vs_ddp").verdict == "unchanged"
+    faster = compare_runs(run(BASE, name="b"), run({"ddp": [100, 100], "zero2": [80, 80]}))
+    assert cell(faster, "zero2").verdict == "improved" and faster.exit_code == 0
+
+
+def test_memory_is_gated_on_a_shared_runner() -> None:
+    bigger = {"max": int(GIB * 1.1)}
+    grown = run({"ddp": [180, 180]}) + run({"zero2": [216, 216]}, peak_mem_bytes=bigger)
+    c = compare_runs(run(BASE, name="b"), grown)
+    assert c.exit_code == 1 and metric(cell(c, "zero2"), "peak_mem_bytes").verdict == "regressed"
+    assert metric(cell(c, "zero2"), "step_time_vs_ddp").verdict == "unchanged"
+
+
+def test_ratios_pair_by_run_and_repeat() -> None:
+    """A baseline of a fast run and a slow one: paired within each run the ratio is 1.2 in both,
+    so their spread is no noise; a pair whose ddp is missing is left out."""
+    fast, slow = {"ddp": [60, 60], "zero2": [72, 72]}, {"ddp": [90, 90], "zero2": [108, 108]}
+    base = run(fast, name="a") + run(slow, name="b")
+    night = run({"ddp": [100], "zero2": [120, 150]}, name="n")
+    ratio = metric(cell(compare_runs(base, night), "zero2"), "step_time_vs_ddp")
+    assert ratio.baseline == pytest.approx(1.2) and ratio.current == pytest.approx(1.2)
+    assert "4 pair(s) with ddp in the baseline, 1 now" in ratio.note
+    assert "relative threshold" in ratio.note  # no spread: the 15% decides
+
+
+def test_the_ratio_band_widens_with_the_pairs_spread() -> None:
+    """Pairs that disagree (the ratio 1.0 in one repeat, 1.4 in the next) say the ratio is noisy:
+    +30% is then within the noise; the same +30% with pairs that agree is not."""
+    spread = run({"ddp": [100, 100, 100, 100], "zero2": [100, 140, 100, 140]}, name="b")
+    now = run({"ddp": [100, 100], "zero2": [156, 156]})
+    noisy = metric(cell(compare_runs(spread, now), "zero2"), "step_time_vs_ddp")
+    assert noisy.verdict == "unchanged" and "combined standard error" in noisy.note
+    steady = run({"ddp": [100, 100, 100, 100], "zero2": [120, 120, 120, 120]}, name="b")
+    assert metric(cell(compare_runs(steady, now), "zero2"), "step_time_vs_ddp").verdict == "regressed"
+    # runs that disagree as a whole (each run's pairs agree; one run 1.0, the next 1.4) too
+    runs = run({"ddp": [100, 100], "zero2": [100, 100]}, name="a")
+    runs += run({"ddp": [100, 100], "zero2": [140, 140]}, name="b")
+    by_run = metric(cell(compare_runs(runs, now), "zero2"), "step_time_vs_ddp")
+    assert by_run.verdict == "unchanged"
+    # noisy steps (the MAD of each step time) widen it too
+    loud = dict(mad_ms=40.0)
+    loud_now = run({"ddp": [100, 100], "zero2": [156, 156]}, **loud)
+    wide = compare_runs(run(BASE, name="b", **loud), loud_now)
+    assert metric(cell(wide, "zero2"), "step_time_vs_ddp").verdict == "unchanged"
+
+
+def test_pairs_that_disagree_anywhere_widen_every_band() -> None:
+    """The pairs' spread is the machine's: zero2's pairs that agree by chance are no more certain
+    than zero1's, which disagree in both runs; a night whose own pairs disagree is not out-voted
+    by a quiet baseline."""
+    base = run({"ddp": [100, 100], "zero2": [120, 120], "zero1": [100, 100]}, name="b")
+    quiet = run({"ddp": [100, 100], "zero2": [156, 156], "zero1": [100, 100]})
+    assert metric(cell(compare_runs(base, quiet), "zero2"), "step_time_vs_ddp").verdict == "regressed"
+    loud_base = run({"ddp": [100, 100], "zero2": [120, 120], "zero1": [60, 140]}, name="b")
+    loud = run({"ddp": [100, 100], "zero2": [156, 156], "zero1": [60, 140]})
+    assert metric(cell(compare_runs(loud_base, loud), "zero2"), "step_time_vs_ddp").verdict == "unchanged"
+    own = run({"ddp": [100, 100], "zero2": [90, 260], "zero1": [100, 100]})
+    assert metric(cell(compare_runs(base, own), "zero2"), "step_time_vs_ddp").verdict == "unchanged"
+
+
+def test_a_dedicated_runner_gates_absolute_time_with_three_repeats_a_side() -> None:
+    dedicated = Rules(dedicated=True)
+    base = run({"ddp": [100, 100, 100]}, name="b")
+    two = compare_runs(base, run({"ddp": [180, 180]}), dedicated)
+    time = metric(cell(two, "ddp"), "step_time_s")
+    assert time.verdict == "not gated" and two.exit_code == 0
+    assert "3 timed repeat(s) in the baseline, 2 now; absolute time needs 3 on each side" in time.note
+    three = compare_runs(base, run({"ddp": [180, 180, 180]}), dedicated)
+    assert metric(cell(three, "ddp"), "step_time_s").verdict == "regressed" and three.exit_code == 1
+    assert "and as time itself (dedicated runner" in to_text(three)
+
+
+def test_no_ddp_in_the_group_means_no_time_gate() -> None:
+    """zero2 alone, or beside a ddp of another batch (another group): nothing to divide by."""
+    other_batch = [rec("ddp", 100, batch_size_per_rank=16), rec("zero2", 120)]
+    c = compare_runs(other_batch, [rec("ddp", 100, batch_size_per_rank=16), rec("zero2", 300)])
+    zero2 = cell(c, "zero2")
+    assert metric(zero2, "step_time_vs_ddp") is None and c.exit_code == 0
+    assert "no ddp of its group on both sides" in metric(zero2, "step_time_s").note
+
+
+def test_the_headline_counts_regressions_only() -> None:
+    c = compare_runs(run(BASE, name="b"), run({"ddp": [100, 100], "zero2": [156, 156]}))
+    assert summary_line(c).startswith("REGRESSION: 1 of 2 cells (1 regressed); the others: 1 unchanged;")
+    same = compare_runs(run(BASE, name="b"), run(BASE))
+    assert summary_line(same).startswith("no regression in 2 cells; the others: 2 unchanged;")
+    failing = compare_runs(run(BASE, name="b"), [rec("ddp", 100), rec("zero2", 120, status="oom")])
+    assert summary_line(failing).startswith("REGRESSION: 1 of 2 cells (1 now failing); the others: 1 unch")
+
+
+def test_rules_declare_a_dedicated_runner(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text("[time]\ndedicated = true\nmin_repeats = 4\n")
+    rules = load_rules(path)
+    assert rules.dedicated and rules.min_repeats == 4
+    path.write_text("[time]\ndedicated = 1\n")
+    with pytest.raises(ValueError, match="dedicated must be true or false, got 1"):
+        load_rules(path)
+    gpu = load_rules(REPO / "bench" / "suites" / "rules" / "nightly-gpu.toml")
+    assert gpu.dedicated and gpu.min_repeats == 3
+    assert not load_rules(REPO / "bench" / "suites" / "rules" / "nightly-cpu-hosted.toml").dedicated
+
+
+def test_the_committed_cpu_baseline_has_ratios_to_gate() -> None:
+    """The saved nightly-cpu baseline is usable as it is: every timed non-ddp cell gets a ratio."""
+    records = read_records([REPO / "results" / "baselines" / "cpu" / "nightly-cpu.jsonl"])
+    c = compare_runs(records, records)
+    assert c.exit_code == 0
+    timed = [x for x in c.cells if not x.identity["simulated"] and x.identity["strategy"] != "ddp"]
+    assert timed and all(metric(x, "step_time_vs_ddp").verdict == "unchanged" for x in timed)
+    assert all("6 pair(s)" in metric(x, "step_time_vs_ddp").note for x in timed)
