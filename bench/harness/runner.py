@@ -71,8 +71,8 @@ def interleave_repeats(cells: Sequence[CellConfig]) -> list[CellConfig]:
 
 
 def _group_key(cell: CellConfig) -> tuple:
-    key = cell.key()
-    return key[:2] + key[3:-1]  # every field but the strategy (2) and the repeat (last)
+    key, _repeat = cell.key()
+    return key.without("strategy")
 
 
 def done_keys(out_dir: Path, *, ok_only: bool = True) -> set[tuple]:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shardbench.records import Record
+from shardbench.records import CellKey, Record
 from shardbench.studies.compare_ratios import (
     RATIO_METRIC,
     REFERENCE,
@@ -78,29 +78,9 @@ def _what_differs(baseline: set[tuple[Any, ...]], current: set[tuple[Any, ...]])
     return "; ".join(parts) or "the same fields, never in the same combination"
 
 
-def identity(r: Record) -> tuple[Any, ...]:
-    """The cell a record measures. A max-size summary is a copy of its largest fit's record, so
-    what it found (the preset, or the batch) is its answer, not its identity: it is named by
-    what was searched instead, ``max-size-params-<budget>`` or ``<preset>@max-size-batch-<budget>``."""
-    preset, batch = r.preset, r.batch_size_per_rank
-    if r.max_size is not None:
-        search = f"max-size-{r.max_size.get('vary')}-{(r.max_size.get('budget_bytes') or 0) / 2**30:g}GiB"
-        if r.max_size.get("vary") == "batch":
-            preset, batch = f"{r.preset}@{search}", None
-        else:
-            preset = search
-    return (
-        r.workload,
-        preset,
-        r.strategy,
-        r.world_size,
-        r.simulated,
-        r.fake,
-        r.activation_checkpointing,
-        r.precision,
-        batch,
-        r.device,
-    )
+def identity(r: Record) -> CellKey:
+    """The cell a record measures, as every comparison of cells names it (``CellKey.of``)."""
+    return CellKey.of(r)
 
 
 def cell_label(key: tuple[Any, ...]) -> str:
@@ -272,7 +252,8 @@ def compare_runs(
         thresholds = rules.thresholds_for(fields)
         delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), thresholds, spread=spread)
         delta.missing_fails = missing_fails
-        delta.ignored = rules.ignored_reason(fields, delta)
+        regressed = {m.metric for m in delta.metrics if m.verdict == "regressed"}
+        delta.ignored = rules.ignored_reason(fields, regressed if delta.verdict == "regressed" else None)
         delta.notes += [f"threshold override: {reason}" for reason in rules.override_reasons(fields)]
         if changes:
             delta.notes.append("environment changed: " + ", ".join(changes))

@@ -28,13 +28,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardbench.records import Record
-from shardbench.studies.compare_rules import CELL_FIELDS, RATIO_METRIC
+from shardbench.records import CellKey, Record
+from shardbench.studies.compare_rules import RATIO_METRIC
 
 #: the strategy every other one's step time is divided by
 REFERENCE = "ddp"
 __all__ = ["RATIO_METRIC", "REFERENCE", "Ratio", "cell_ratios", "group_of", "pair_spread", "ratio_band"]
-_STRATEGY = CELL_FIELDS.index("strategy")
 #: MAD -> standard deviation of a normal sample
 _MAD_TO_SD = 1.4826
 #: standard deviation -> standard error of a median, times sqrt(n)
@@ -77,20 +76,20 @@ class Ratio:
         return [statistics.median(rs) for rs in self._by_run()]
 
 
-def group_of(key: tuple[Any, ...]) -> tuple[Any, ...]:
+def group_of(key: CellKey) -> tuple[Any, ...]:
     """The cell group of an identity: every field but the strategy."""
-    return key[:_STRATEGY] + key[_STRATEGY + 1 :]
+    return key.without("strategy")
 
 
-def cell_ratios(cells: Mapping[tuple[Any, ...], Sequence[Record]]) -> dict[tuple[Any, ...], Ratio]:
+def cell_ratios(cells: Mapping[CellKey, Sequence[Record]]) -> dict[CellKey, Ratio]:
     """{cell identity: its ratio to its group's ddp} for every cell that has one: not ddp itself,
     not a max-size answer, and with at least one pair (both ok and timed in the same run and
     repeat)."""
-    reference = {group_of(k): rs for k, rs in cells.items() if k[_STRATEGY] == REFERENCE}
+    reference = {group_of(k): rs for k, rs in cells.items() if k.strategy == REFERENCE}
     out = {}
     for key, records in cells.items():
         ref = reference.get(group_of(key))
-        if key[_STRATEGY] == REFERENCE or ref is None or any(r.max_size for r in records):
+        if key.strategy == REFERENCE or ref is None or any(r.max_size for r in records):
             continue
         ours, theirs = _timed(records), _timed(ref)
         pairs = [(ours[p], theirs[p]) for p in ours if p in theirs]

@@ -36,25 +36,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shardbench.records import CellKey
+
 if TYPE_CHECKING:
     from shardbench.records import Record
-    from shardbench.studies.compare import CellDelta
 
 MIB = 1 << 20
 #: what makes two records the same cell: ``compare`` matches cells on these fields, and an
 #: override or ignore matches on any of them (the device's name is an environment fact instead)
-CELL_FIELDS = (
-    "workload",
-    "preset",
-    "strategy",
-    "world_size",
-    "simulated",
-    "fake",
-    "activation_checkpointing",
-    "precision",
-    "batch_size",
-    "device",
-)
+CELL_FIELDS = CellKey._fields
 MATCH_KEYS = CELL_FIELDS
 #: step time over ddp's in the same run and cell group (``compare_ratios``)
 RATIO_METRIC = "step_time_vs_ddp"
@@ -76,11 +66,16 @@ OVERRIDE_KEYS = {
 }
 
 
+#: how much slower a step may be before it regresses (also beyond the noise), per device: a CUDA
+#: step is steadier than a CPU one
+TIME_PCT = {"cpu": 15.0, "cuda": 5.0}
+
+
 @dataclass(frozen=True)
 class Thresholds:
     memory_pct: float = 0.5
     memory_bytes: float = float(MIB)
-    time_pct: float = 15.0
+    time_pct: float = TIME_PCT["cpu"]
     k_mad: float = 3.0
     min_steps: int = 5
     #: absolute step time is gated (else only its ratio to ddp's), with this many repeats a side
@@ -118,14 +113,17 @@ class Rule:
 
 @dataclass(frozen=True)
 class Rules:
-    memory_pct: float = 0.5
-    memory_bytes: float = float(MIB)
-    time_pct: dict[str, float] = field(default_factory=lambda: {"cpu": 15.0, "cuda": 5.0})
-    k_mad: float = 3.0
-    min_steps: int = 5
+    """The thresholds of a comparison: ``Thresholds``' defaults, the step-time tolerance per
+    device, and the file's overrides and ignores."""
+
+    memory_pct: float = Thresholds.memory_pct
+    memory_bytes: float = Thresholds.memory_bytes
+    time_pct: dict[str, float] = field(default_factory=lambda: dict(TIME_PCT))
+    k_mad: float = Thresholds.k_mad
+    min_steps: int = Thresholds.min_steps
     #: the runner runs nothing else: absolute step time compares across runs, and is gated
-    dedicated: bool = False
-    min_repeats: int = 3
+    dedicated: bool = Thresholds.dedicated
+    min_repeats: int = Thresholds.min_repeats
     overrides: tuple[Rule, ...] = ()
     ignores: tuple[Rule, ...] = ()
     source: str = "defaults"
@@ -157,15 +155,16 @@ class Rules:
     def override_reasons(self, cell: dict[str, Any]) -> list[str]:
         return [r.reason for r in self.overrides if r.matches(cell)]
 
-    def ignored_reason(self, cell: dict[str, Any], delta: CellDelta) -> str:
-        """Why the cell's regression is ignored, or "" when it counts."""
+    def ignored_reason(self, cell: dict[str, Any], regressed: set[str] | None) -> str:
+        """Why the cell's regression is ignored, or "" when it counts. ``regressed``: the metrics
+        that regressed, None when the cell did not (a rule naming metrics ignores a regression
+        only when every metric that regressed is one it names)."""
         for rule in self.ignores:
             if not rule.matches(cell):
                 continue
             if not rule.metrics:
                 return rule.reason
-            regressed = {m.metric for m in delta.metrics if m.verdict == "regressed"}
-            if regressed and regressed <= set(rule.metrics) and delta.verdict == "regressed":
+            if regressed and regressed <= set(rule.metrics):
                 return rule.reason
         return ""
 
