@@ -22,13 +22,13 @@ WIDTH = 120
 GIB, MIB = 1 << 30, 1 << 20
 
 
-def _bytes(n: int | None) -> str:
+def bytes_text(n: int | None) -> str:
     if n is None:
         return ""
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
 
 
-def _step(r: Record) -> str:
+def step_text(r: Record) -> str:
     t = r.step_time_s or {}
     if not t.get("median"):
         return ""
@@ -86,13 +86,15 @@ COLUMNS: dict[str, Column] = {
     "batch": Column("batch", lambda r: str(r.batch_size_per_rank), right=True),
     "flags": Column("flags", flags),
     "status": Column("status", lambda r: r.status),
-    "peak": Column("peak", lambda r: _bytes((r.peak_mem_bytes or {}).get("max")), right=True),
+    "peak": Column("peak", lambda r: bytes_text((r.peak_mem_bytes or {}).get("max")), right=True),
     "states/pred": Column("states/pred", _states, right=True),
-    "step": Column("step time", _step, right=True),
+    "step": Column("step time", step_text, right=True),
     "throughput": Column(
         "samples/s", lambda r: f"{r.samples_per_s:.3g}" if r.samples_per_s else "", right=True
     ),
-    "comm": Column("sent/step", lambda r: _bytes((r.comm_per_step or {}).get("sent_per_rank")), right=True),
+    "comm": Column(
+        "sent/step", lambda r: bytes_text((r.comm_per_step or {}).get("sent_per_rank")), right=True
+    ),
     "comm/pred": Column("sent/pred", _comm_vs_pred, right=True),
     "error": Column("error", lambda r: first_line(r.error, 60) if r.status != "ok" else ""),
 }
