@@ -12,7 +12,7 @@ import pytest
 from shardbench.cli import main
 from shardbench.records import Record, append_record
 from shardbench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
-from shardbench.studies.compare_rules import Rule, Rules, load_rules
+from shardbench.studies.compare_rules import RATIO_METRIC, Rule, Rules, load_rules
 from tests.records import make_record
 
 GIB = 1 << 30
@@ -351,3 +351,21 @@ def test_communicated_bytes_are_gated_exactly_either_way() -> None:
     assert "comm_sent_bytes" not in verdicts(one([rec()], [rec(comm_per_step=sent(5))]))
     ignored = Rules(ignores=(Rule({"strategy": "ddp"}, "known", metrics=("comm_sent_bytes",)),))
     assert not one([rec(comm_per_step=sent(1))], [rec(comm_per_step=sent(2))], rules=ignored).regressed
+
+
+def test_every_regressed_row_comes_before_any_other(tmp_path: Path) -> None:
+    """Rows of compare.md/.html list each metric of each cell; a regressed cell's step time (its
+    ratio to ddp's) is its last metric, so the regressions stand first only if the rows, not the
+    cells, are sorted."""
+    from shardbench.report.compare_report import rows, to_html
+
+    slow = {"step_time_s": timed(0.200, 0.001)}  # twice the baseline's 100 ms, ddp's unchanged
+    baseline = [rec(), rec(strategy="zero2"), rec(strategy="zero3"), rec(strategy="zero1")]
+    current = [rec(), rec(strategy="zero2", **slow), rec(strategy="zero3"), rec(strategy="zero1", **slow)]
+    comparison = compare_runs(baseline, current)
+    verdicts = [row[0] for row in rows(comparison)]
+    assert verdicts[:2] == ["regressed", "regressed"] and "regressed" not in verdicts[2:], verdicts
+    assert {row[2] for row in rows(comparison)[:2]} == {RATIO_METRIC}
+    page = to_html(comparison, baseline="b", current="c")
+    classes = [part.split('"')[0] for part in page.split('<tr class="')[1:]]
+    assert classes[:2] == ["regressed", "regressed"] and "regressed" not in classes[2:], classes

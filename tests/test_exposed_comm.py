@@ -78,17 +78,19 @@ def test_comm_chart_has_measured_and_predicted_lines_realest_point_first() -> No
     records = [
         rec("ddp", 2, 2 * mib, 2 * mib),
         rec("ddp", 2, 3 * mib, 2 * mib, simulated=True, backend="fake", run_id="s"),  # the real one wins
+        rec("ddp", 4, 4 * mib, 4 * mib),  # a third world size: a chart against N needs three
         rec("ddp", 8, 7 * mib, 7 * mib, simulated=True, fake=True, backend="fake"),
         rec("zero2", 2, 3 * mib, 3 * mib),
         rec("zero2", 8, 7 * mib, 7 * mib, simulated=True, fake=True, backend="fake"),
     ]
     (chart,) = comm_scaling_charts(records)
     lines = {(line.series, line.dashed): line for line in chart.panels[0].lines}
-    assert lines[("ddp", False)].x == (2, 8) and lines[("ddp", False)].y == (2.0, 7.0)
-    assert lines[("ddp", False)].hollow == (False, True)
+    assert lines[("ddp", False)].x == (2, 4, 8) and lines[("ddp", False)].y == (2.0, 4.0, 7.0)
+    assert lines[("ddp", False)].hollow == (False, False, True)
     assert lines[("zero2", True)].y == (3.0, 7.0)
     frame = records_to_frame(records)
-    assert sorted(frame["comm_vs_pred"].tolist()) == [1.0, 1.0, 1.0, 1.0, 1.5]
+    assert sorted(frame["comm_vs_pred"].tolist()) == [1.0, 1.0, 1.0, 1.0, 1.0, 1.5]
+    assert comm_scaling_charts([r for r in records if r.world_size != 4]) == []  # two N: no chart
 
 
 def test_ratio_lines_set_bytes_sent_against_ddp() -> None:

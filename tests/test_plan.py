@@ -4,6 +4,7 @@ table no wider than 120 columns. Cells run in this process (``run_cell_here``)."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from shardbench.harness.config import CellConfig
 from shardbench.records import read_records
 from shardbench.studies import maxsize
 from shardbench.studies.plan import (
+    PLAN_JSON,
     PLAN_STRATEGIES,
     UNPLANNED,
     planning_cells,
@@ -104,6 +106,10 @@ def test_budget_between_ddp_and_zero2(in_process, tmp_path: Path, capsys) -> Non
     assert f"recommended: {best.strategy}" in printed and (out / "plan.md").is_file()
     table = printed.split("\nreport: ")[0]  # what follows are paths, as long as the directory's
     assert max(len(line) for line in table.splitlines()) <= 120
+    summary = json.loads((out / PLAN_JSON).read_text())  # the plan's page leads with it
+    assert summary["budget_bytes"] == budget and summary["recommended"] == best.strategy
+    page = (out / "index.html").read_text()
+    assert page.index("budget per rank") < page.index(f"<dd>{best.strategy}</dd>") < page.index("<table")
 
 
 def test_max_batch_is_adjacent_to_the_first_that_does_not_fit(in_process, tmp_path: Path) -> None:

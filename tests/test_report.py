@@ -156,9 +156,11 @@ def test_failed_cell_stands_beside_the_same_cell_from_another_run(samples: list[
     assert sorted(b.status for b in ddp) == ["ok", "timeout"]
     assert len({b.group for b in ddp}) == 2, "two runs of one cell are two groups, not one overwriting"
     assert all(r.run_id in {b.group.split("\n")[-1] for b in ddp} for r in tiny if r.strategy == "ddp")
-    (scaling,) = memory_scaling_charts(tiny)
+    assert memory_scaling_charts(tiny) == []  # N=1 and 2 only: no chart against N
+    four = [replace(r, world_size=4, requested_world_size=4, run_id="n4") for r in tiny if r.status == "ok"]
+    (scaling,) = memory_scaling_charts(tiny + four)
     measured = [line for line in scaling.panels[0].lines if not line.dashed and line.strategy == "ddp"]
-    assert sorted(s for line in measured for s in line.status) == ["ok", "timeout"]
+    assert sorted(s for line in measured for s in line.status) == ["ok", "ok", "timeout"]
 
 
 def test_ok_record_without_measurements_is_no_data(tmp_path: Path, samples: list[Record]) -> None:
@@ -201,10 +203,11 @@ def test_simulated_cells_are_left_out_of_time_charts(samples: list[Record]) -> N
     assert "simulated" in peak_memory_charts(simulated)[0].subtitle
 
 
-def test_memory_scaling_needs_two_world_sizes(samples: list[Record]) -> None:
+def test_memory_scaling_needs_three_world_sizes(samples: list[Record]) -> None:
     names = [c.name for c in memory_scaling_charts(samples)]
     assert "memory_scaling-transformer-base-cpu-fp32-b2" in names
     assert memory_scaling_charts([r for r in samples if r.world_size == 4]) == []
+    assert memory_scaling_charts([r for r in samples if r.world_size in (2, 4)]) == []
     base = next(c for c in memory_scaling_charts(samples) if "base" in c.name)
     zero2 = [line for line in base.panels[0].lines if line.series == "zero2"]
     assert {line.dashed for line in zero2} == {False, True} and zero2[0].x == (2, 4, 8)

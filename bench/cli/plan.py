@@ -4,6 +4,7 @@ print one table and the recommendation (``bench/studies/plan.py``)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -98,7 +99,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from shardbench.report.build import write_report
     from shardbench.report.tables import write_tables
     from shardbench.studies.maxsize import search
-    from shardbench.studies.plan import plan_markdown, print_plan, rows_from, unplanned_record
+    from shardbench.studies.plan import (
+        PLAN_JSON,
+        plan_markdown,
+        plan_summary,
+        print_plan,
+        rows_from,
+        unplanned_record,
+    )
 
     run_id = new_run_id("plan")
     out = args.out or DEFAULT_RUNS_DIR / run_id
@@ -128,6 +136,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     batch = None if args.max_batch else first.batch_size
     (out / "plan.md").write_text(plan_markdown(rows, budget, title=title, batch=batch))
+    summary = plan_summary(rows, budget, title=title, batch=batch)
+    (out / PLAN_JSON).write_text(json.dumps(summary, indent=1) + "\n")  # the report's page leads with it
     write_tables(records, out)
     print_plan(rows, budget, title=title, batch=batch)
     print(f"report: {write_report(out)}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from shardbench.records import Record, load_records, records_files
 from shardbench.report.html import write_index
+from shardbench.report.plan_html import read_plan
 from shardbench.report.plots import plot_all
 from shardbench.report.tables import records_to_frame, write_tables
 
@@ -51,13 +52,18 @@ def _links_rebased(r: Record, run_dir: Path, report_dir: Path) -> Record:
 
 
 def build_report(paths: Sequence[Path | str], out_dir: Path) -> ReportResult:
-    """Merge the records of ``paths`` and write table.md, table.csv, the charts and index.html."""
+    """Merge the records of ``paths`` and write table.md, table.csv, the charts and index.html.
+    The report of one plan run leads with the plan (its ``plan.json``); merged runs have no
+    one plan to lead with."""
     out_dir = Path(out_dir)
     records = report_records(paths, links_from=out_dir)
+    inputs = records_files(paths)
+    plan = read_plan(inputs[0].parent) if len(inputs) == 1 else None
     out_dir.mkdir(parents=True, exist_ok=True)
     write_tables(records, out_dir)
     charts = plot_all(records, out_dir)
-    index = write_index(records, frame=records_to_frame(records), charts=charts, out_dir=out_dir)
+    frame = records_to_frame(records)
+    index = write_index(records, frame=frame, charts=charts, out_dir=out_dir, plan=plan)
     return ReportResult(
         table_md=out_dir / "table.md",
         table_csv=out_dir / "table.csv",

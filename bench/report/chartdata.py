@@ -7,6 +7,7 @@ nothing is dropped: a failed cell becomes a bar or point with no value and its s
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,28 @@ class Chart:
     subtitle: str
     panels: tuple[Panel, ...]
     notes: tuple[str, ...] = ()
+
+
+#: a preset longer than this (an ``hf:`` model's config, ``key=value:key=value...``) is too long
+#: for a title or a one-line label: it is wrapped, and titles name the workload alone
+PRESET_WIDTH = 32
+
+
+def preset_text(preset: str, width: int = PRESET_WIDTH) -> str:
+    """A preset as a label: as it is when short; a long config as ``key=value, ...`` wrapped
+    at ``width`` characters, so the label is as narrow as the chart's own text."""
+    if len(preset) <= width:
+        return preset
+    return "\n".join(textwrap.wrap(preset.replace(":", ", "), width))
+
+
+def cell_title(workload: str, preset: str) -> tuple[str, str]:
+    """A chart's title for one workload and preset, and a line for its subtitle: a long preset
+    goes to the subtitle (``preset: key=value, ...``, wrapped with it), not into the title,
+    which would stretch the figure and shrink all of its text."""
+    if len(preset) <= PRESET_WIDTH:
+        return f"{workload}/{preset}", ""
+    return workload, "preset: " + preset.replace(":", ", ")
 
 
 def is_summary(r: Record) -> bool:
@@ -172,7 +195,7 @@ def _varies(records: Sequence[Record], attr: str) -> bool:
 
 
 def _label(r: Record, vary: set[str]) -> str:
-    head = [r.preset]
+    head = [preset_text(r.preset)]
     if "world_size" in vary:
         head.append(f"N={r.world_size}")
     if "precision" in vary:

@@ -16,10 +16,12 @@ from shardbench.report.chartdata import (
     Line,
     Panel,
     by_key,
+    cell_title,
     cells,
     flag_notes,
     group_labels,
     mem_unit,
+    preset_text,
     series_labels,
     slug,
     status_of,
@@ -30,6 +32,9 @@ from shardbench.report.styles import REFERENCE_STRATEGY, strategy_key
 BREAKDOWN_PARTS = ("params", "grads", "optimizer", "activations", "comm", "other")
 #: the model states held after a step, stacked beside the peak's breakdown
 HELD_PARTS = ("params", "grads", "optimizer")
+#: world sizes a chart against N needs: a line through two points shows no scaling, only a
+#: slope that reads as a trend (the summary table and the bar charts say what two N measured)
+SCALING_MIN_N = 3
 
 
 def _peak(r: Record) -> int | None:
@@ -46,9 +51,16 @@ def _source_note(records: Sequence[Record]) -> list[str]:
 
 
 def _chart(
-    kind: str, name: str, title: str, recs: Sequence[Record], panels: tuple[Panel, ...], notes: list[str]
+    kind: str,
+    name: str,
+    title: str,
+    recs: Sequence[Record],
+    panels: tuple[Panel, ...],
+    notes: list[str],
+    about: str = "",
 ) -> Chart:
-    return Chart(kind, name, title, subtitle(recs), panels, tuple(notes))
+    """``about``: a line that goes before the subtitle (a long preset, ``cell_title``)."""
+    return Chart(kind, name, title, " · ".join(x for x in (about, subtitle(recs)) if x), panels, tuple(notes))
 
 
 def memory_cells(records: Sequence[Record]) -> list[Record]:
@@ -83,7 +95,9 @@ def peak_memory_charts(records: Sequence[Record]) -> list[Chart]:
         peaks = [p for p in (_peak(r) for r in recs) if p]
         by_preset = list(by_key(recs, lambda r: r.preset))
         if len(by_preset) > 1 and peaks and max(peaks) / min(peaks) > SPLIT_RANGE:
-            panels = tuple(_peak_panel(rs, title=f"preset {preset}") for preset, rs in by_preset)
+            panels = tuple(
+                _peak_panel(rs, title=f"preset {preset_text(preset, 80)}") for preset, rs in by_preset
+            )
         else:
             panels = (_peak_panel(recs),)
         title = f"{workload}: peak memory per rank by strategy"
@@ -121,15 +135,17 @@ def breakdown_charts(records: Sequence[Record]) -> list[Chart]:
                     held_parts=held,
                 )
             )
-        panel = Panel(ylabel=f"memory of the peak rank at its peak ({unit})", bars=tuple(bars))
+        panel = Panel(ylabel=f"memory at the peak ({unit})", bars=tuple(bars))
         notes = [
             "left: the peak rank at its peak; middle (hatched): the model states it holds after a "
             "step (zero2's gradient shards appear here: at its forward peak they do not exist yet); "
             "right (outline): the analytic ZeRO model states (params + grads + optimizer).",
             *flag_notes(recs),
         ]
-        title = f"{workload}/{preset}: memory breakdown vs prediction"
-        out.append(_chart("breakdown", slug("breakdown", workload, preset), title, recs, (panel,), notes))
+        named, about = cell_title(workload, preset)
+        title = f"{named}: memory breakdown vs prediction"
+        name = slug("breakdown", workload, preset)
+        out.append(_chart("breakdown", name, title, recs, (panel,), notes, about))
     return out
 
 
@@ -233,7 +249,8 @@ def _line_order(r: Record) -> tuple:
 
 
 def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
-    """(e) Memory per rank against world size, measured and predicted, per workload/preset."""
+    """(e) Memory per rank against world size, measured and predicted, per workload/preset
+    measured at ``SCALING_MIN_N`` or more world sizes."""
 
     def key(r: Record) -> tuple:
         flags = (r.fake, r.activation_checkpointing)
@@ -241,7 +258,7 @@ def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
 
     out = []
     for (workload, preset, device, precision, batch, fake, ac), recs in by_key(memory_cells(records), key):
-        if len({r.world_size for r in recs}) < 2:
+        if len({r.world_size for r in recs}) < SCALING_MIN_N:
             continue
         recs = sorted(recs, key=_line_order)
         unit, scale = mem_unit([_peak(r) for r in recs] + [_predicted(r) for r in recs])
@@ -255,7 +272,8 @@ def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
             *flag_notes(recs),
         ]
         how = f"{precision}, batch {batch} per rank" + (", activation checkpointing" if ac else "")
-        title = f"{workload}/{preset}: memory per rank vs world size ({how})"
+        named, about = cell_title(workload, preset)
+        title = f"{named}: memory per rank vs world size ({how})"
         name = slug(
             "memory_scaling",
             workload,
@@ -266,7 +284,7 @@ def memory_scaling_charts(records: Sequence[Record]) -> list[Chart]:
             "fake" if fake else "",
             "ac" if ac else "",
         )
-        out.append(_chart("memory_scaling", name, title, recs, (panel,), notes))
+        out.append(_chart("memory_scaling", name, title, recs, (panel,), notes, about))
     return out
 
 
@@ -292,10 +310,11 @@ def _sent(r: Record, field_: str = "comm_per_step") -> int | None:
 
 def comm_scaling_charts(records: Sequence[Record]) -> list[Chart]:
     """(f) Bytes each rank sends per step against world size, measured and as ZeRO's accounting
-    predicts them, per workload/preset/precision: what sharding costs on the wire. Batch size,
-    activation checkpointing and whether a world was real, simulated or fake do not change what
-    a step communicates, so a real N=2 and a fake N=1024 sit on one line; where a cell was
-    measured both ways, the real ranks' count is drawn."""
+    predicts them, per workload/preset/precision measured at ``SCALING_MIN_N`` or more world
+    sizes: what sharding costs on the wire. Batch size, activation checkpointing and whether a
+    world was real, simulated or fake do not change what a step communicates, so a real N=2 and
+    a fake N=1024 sit on one line; where a cell was measured both ways, the real ranks' count is
+    drawn."""
 
     def key(r: Record) -> tuple:
         return (r.workload, r.preset, r.precision)
@@ -306,7 +325,7 @@ def comm_scaling_charts(records: Sequence[Record]) -> list[Chart]:
     out = []
     counted = [r for r in memory_cells(records) if r.comm_per_step is not None or r.status != "ok"]
     for (workload, preset, precision), recs in by_key(counted, key):
-        if len({r.world_size for r in recs}) < 2 or not any(_sent(r) for r in recs):
+        if len({r.world_size for r in recs}) < SCALING_MIN_N or not any(_sent(r) for r in recs):
             continue
         one = {}
         for r in sorted(recs, key=realest, reverse=True):  # the realest record of each point wins
@@ -339,9 +358,10 @@ def comm_scaling_charts(records: Sequence[Record]) -> list[Chart]:
             *_coinciding(lines),
             *flag_notes(recs),
         ]
-        title = f"{workload}/{preset}: communication per rank per step vs world size ({precision})"
-        out.append(_chart("comm_scaling", slug("comm_scaling", workload, preset, precision), title, recs,
-                          (panel,), notes))  # fmt: skip
+        named, about = cell_title(workload, preset)
+        title = f"{named}: communication per rank per step vs world size ({precision})"
+        name = slug("comm_scaling", workload, preset, precision)
+        out.append(_chart("comm_scaling", name, title, recs, (panel,), notes, about))
     return out
 
 

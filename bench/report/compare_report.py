@@ -50,8 +50,10 @@ def _band(m: MetricDelta) -> str:
 
 def rows(comparison: Comparison, *, only_regressions: bool = False) -> list[tuple[str, ...]]:
     """One row per metric of each cell, saying the metric's own verdict (the cell's is the worst
-    of them); one row with the cell's verdict for a cell without metrics (failing, new, missing)."""
-    out = []
+    of them); one row with the cell's verdict for a cell without metrics (failing, new, missing).
+    The rows that fail the gate come first: a regressed cell's unchanged metrics follow the
+    regressions of every cell, not stand before them."""
+    out, failing = [], []
     for c in comparison.cells:
         if only_regressions and not c.regressed:
             continue
@@ -60,18 +62,18 @@ def rows(comparison: Comparison, *, only_regressions: bool = False) -> list[tupl
         metrics = [m for m in c.metrics if not only_regressions or m.verdict == "regressed"] or [None]
         for m in metrics:
             if m is None:
-                out.append(
+                (failing if c.regressed else out).append(
                     (c.verdict + ignored, c.cell, "-", c.baseline_status or "-", c.current_status or "-",
                      "-", "-", notes)
                 )  # fmt: skip
                 continue
             verdict = m.verdict + (ignored if m.verdict == "regressed" else "")
             note = "; ".join(x for x in (m.note, notes) if x)
-            out.append(
+            (failing if c.regressed and m.verdict == "regressed" else out).append(
                 (verdict, c.cell, m.metric, metric_value(m, m.baseline), metric_value(m, m.current),
                  _change(m), _band(m), note)
             )  # fmt: skip
-    return out
+    return failing + out
 
 
 def summary_line(comparison: Comparison) -> str:
@@ -155,7 +157,21 @@ def to_json(comparison: Comparison, *, baseline: str, current: str) -> dict:
     }
 
 
+#: each column's class: the long ones wrap (the note in full, never cut at the window's edge)
+_HTML_CLASSES = {
+    "verdict": "verdict text",
+    "cell": "cell text",
+    "metric": "text",
+    "baseline": "",
+    "current": "",
+    "change": "",
+    "band": "band",
+    "note": "note",
+}
 _HTML_CSS = """
+table.compare { width: 100%; } table.compare th { text-align: left; }
+table.compare td.cell, table.compare td.band { white-space: normal; overflow-wrap: break-word; }
+table.compare td.note { min-width: 16em; overflow-wrap: break-word; }
 tr.regressed td, tr.now-failing td { background: #fde0dc; } tr.regressed td.verdict,
 tr.now-failing td.verdict { color: #b71c1c; font-weight: bold; }
 tr.improved td.verdict, tr.now-passing td.verdict { color: #1b5e20; }
@@ -164,24 +180,29 @@ tr.not-gated td { color: #666; }
 """
 
 
+def _html_text(column: str, value: str) -> str:
+    """A cell's text, escaped; a cell's name may break after each ``/`` (it is one long word)."""
+    text = html.escape(value)
+    return text.replace("/", "/<wbr>") if column == "cell" else text
+
+
 def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: str = "") -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    head = "".join(f'<th class="{_HTML_CLASSES[c]}">{html.escape(c)}</th>' for c in COLUMNS)
     body = []
-    for c in comparison.cells:
-        for row in rows(Comparison([c], comparison.env_changes, comparison.rules_source)):
-            css = "ignored" if "(ignored:" in row[0] else row[0].replace(" ", "-")
-            cells = "".join(
-                f'<td class="{"verdict" if i == 0 else "text" if i in (1, 2) else "note" if i == 7 else ""}">'
-                f"{html.escape(v)}</td>"
-                for i, v in enumerate(row)
-            )
-            body.append(f'<tr class="{css}">{cells}</tr>')
+    for row in rows(comparison):  # the rows that fail the gate first, of every cell
+        css = "ignored" if "(ignored:" in row[0] else row[0].replace(" ", "-")
+        cells = "".join(
+            f'<td class="{_HTML_CLASSES[c]}">{_html_text(c, v)}</td>'
+            for c, v in zip(COLUMNS, row, strict=True)
+        )
+        body.append(f'<tr class="{css}">{cells}</tr>')
     env = "".join(
         f"<li>{html.escape(line)}</li>" for line in (time_rule_line(comparison), *env_lines(comparison))
     )
     status = "regression" if comparison.exit_code else "ok"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>shardbench compare</title>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<style>{CSS}{_HTML_CSS}</style></head><body>"
         f"<h1>shardbench compare: {status}</h1>"
         f"<p class='lead'>baseline <code>{html.escape(baseline)}</code><br>current "
@@ -192,7 +213,8 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
         "bytes sent on any change; step time (its ratio to ddp's in the same run, and on a "
         "dedicated runner the time itself) only beyond both the relative threshold and k x the "
         "combined noise (the band column). Regressions first.</p>"
-        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        f"<div class='scroll'><table class='compare'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
         f"{extra_html}</body></html>"
     )
 

@@ -1,22 +1,40 @@
-"""One self-contained ``index.html``: environment, charts and the table, for a set of records.
+"""One self-contained ``index.html`` for a set of records, the verdict first: a plan's budget and
+recommendation (when the run was a plan), the summary table of each strategy against ddp, then
+the environment, the charts in a grid (two per row at a desktop width) and every record.
 
 The page carries its own CSS and refers to the chart files beside it by relative name, so the
 report folder can be copied, zipped or published as it is. Every piece of text that came from a
 record is escaped: error messages hold ``<``, ``>`` and ``&`` often enough (tensor reprs, paths).
+A section with nothing to show is left out. Nothing on the page is wider than the window: wide
+tables scroll in their own box, and a chart is shown at 72% of its size at the least (its
+smallest text stays near 10 px), scrolling in its own box below that.
 """
 
 from __future__ import annotations
 
 import html
 import numbers
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from shardbench.records import Record
+from shardbench.records import FAILED_STATUSES, Record
+from shardbench.report.plan_html import plan_lead
+from shardbench.report.summary_html import summary_table
 from shardbench.report.tables import format_value
+from shardbench.studies.versus import REFERENCE
+
+#: the least a chart is scaled down to fit its column: its smallest text (``plots.SMALL``, 9 pt
+#: at 110 dpi, 13.75 px) stays near 10 px; below it, the chart scrolls in its own box
+MIN_SCALE = 0.72
+#: the narrowest column of the chart grid (px): two per row from a window of about 1330 px
+COLUMN_PX = 640
+#: a chart wider than this (px) takes a whole row: in one column it would shrink below MIN_SCALE
+WIDE_PX = COLUMN_PX / MIN_SCALE
 
 SECTIONS = {
     "peak_memory": (
@@ -58,43 +76,69 @@ CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1500px;
        padding: 0 1em; color: #222; line-height: 1.4; }
 h1 { margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
+h1, h2, p { overflow-wrap: break-word; }
 p.lead { color: #555; margin-top: 0; } p.how { color: #444; max-width: 60em; }
 figure { margin: 1em 0 2em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
-figcaption { font-size: 0.85em; color: #666; }
+figcaption { font-size: 0.85em; color: #666; overflow-wrap: anywhere; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, COLUMN_PX), 1fr));
+        gap: 1.5em; align-items: start; }
+.grid figure { margin: 0; min-width: 0; overflow-x: auto; } .grid figure.wide { grid-column: 1 / -1; }
 table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1em 0; }
 th, td { border: 1px solid #ddd; padding: 0.25em 0.5em; text-align: right; white-space: nowrap; }
-th { background: #f4f4f4; position: sticky; top: 0; } td.text { text-align: left; }
+th { background: #f4f4f4; position: sticky; top: 0; } td.text, th.text { text-align: left; }
 td.note { text-align: left; white-space: normal; min-width: 20em; }
 tr.failed td { background: #fdecea; } td.status-fail { color: #a40000; font-weight: bold; }
-.scroll { overflow-x: auto; } .empty { color: #777; font-style: italic; }
-ul.env { font-size: 0.9em; color: #333; padding-left: 1.2em; } ul.env code { color: #666; }
-"""
+.scroll { overflow: auto; max-width: 100%; } .scroll table { margin: 0; }
+.records { max-height: 75vh; border: 1px solid #ddd; } .empty { color: #777; font-style: italic; }
+table.summary { font-size: 0.9em; } table.summary tbody.group { border-top: 2px solid #999; }
+table.summary tr.reference td { background: #f7f7f7; }
+table.summary td.preset { white-space: normal; max-width: 18em; overflow-wrap: break-word; }
+span.noise { color: #666; } span.beyond { font-weight: bold; }
+table.summary tr.recommended td { background: #e6f4ea; font-weight: bold; }
+section.plan p.verdict { font-size: 1.05em; max-width: 70em; }
+dl.facts { display: flex; flex-wrap: wrap; gap: 0.5em 2.5em; margin: 0.5em 0; }
+dl.facts dt { font-size: 0.8em; color: #666; } dl.facts dd { margin: 0; font-size: 1.4em; font-weight: bold; }
+ul.env { font-size: 0.9em; color: #333; padding-left: 1.2em; overflow-wrap: anywhere; }
+ul.env code { color: #666; }
+""".replace("COLUMN_PX", f"{COLUMN_PX}px")
 
 
 def write_index(
-    records: Sequence[Record], *, frame: pd.DataFrame, charts: Mapping[str, Sequence[Path]], out_dir: Path
+    records: Sequence[Record],
+    *,
+    frame: pd.DataFrame,
+    charts: Mapping[str, Sequence[Path]],
+    out_dir: Path,
+    plan: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``out_dir/index.html``; ``charts`` maps a chart kind to its PNG and SVG files in ``out_dir``."""
+    """Write ``out_dir/index.html``; ``charts`` maps a chart kind to its PNG and SVG files in
+    ``out_dir``; ``plan``: a plan run's summary (``plan_html.read_plan``), shown first."""
     statuses = pd.Series([r.status for r in records]).value_counts().to_dict() if records else {}
     summary = ", ".join(f"{n} {s}" for s, n in statuses.items())
+    what = "plan" if plan else "report"
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        "<title>shardbench report</title>",
+        f"<title>shardbench {what}</title>",
         f"<style>{CSS}</style></head><body>",
-        "<h1>shardbench report</h1>",
+        f"<h1>shardbench {what}</h1>",
         f'<p class="lead">{len(records)} records ({_e(summary)}) from {len({r.run_id for r in records})} '
         "run(s). Built from records only.</p>",
-        "<h2>Environment</h2>",
-        _environment(records),
     ]
+    if plan:
+        parts.append(plan_lead(plan))
+    if versus := summary_table(records):
+        parts += [f"<h2>Each strategy against {_e(REFERENCE)}</h2>", versus]
+    parts += ["<h2>Environment</h2>", _environment(records)]
     for kind, (title, how) in SECTIONS.items():
         if charts.get(kind):  # a section with nothing to show is left out, not shown empty
             parts += [f"<h2>{_e(title)}</h2>", f'<p class="how">{_e(how)}</p>', _figures(charts[kind])]
     if drill := _drill_down(records):
         parts += ["<h2>Drill-down</h2>", drill]
-    parts += ["<h2>All records</h2>", '<div class="scroll">', _table(frame), "</div>", "</body></html>"]
+    if not frame.empty:
+        parts += ["<h2>All records</h2>", '<div class="scroll records">', _table(frame), "</div>"]
+    parts.append("</body></html>")
     path = out_dir / "index.html"
     path.write_text("\n".join(parts) + "\n", encoding="utf-8")
     return path
@@ -104,8 +148,22 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _png_size(path: Path) -> tuple[int, int] | None:
+    """A PNG's width and height in pixels, from its header; None for anything else."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(24)
+    except OSError:
+        return None
+    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
 def _figures(paths: Sequence[Path]) -> str:
-    """Each chart as its PNG, linking to the SVG beside it (zoomable, selectable text)."""
+    """Each chart as its PNG in the grid, linking to the SVG beside it (zoomable, selectable
+    text): at its own size where its column allows, never below ``MIN_SCALE`` of it."""
     by_stem: dict[str, dict[str, Path]] = {}
     for p in paths:
         by_stem.setdefault(p.stem, {})[p.suffix.lstrip(".")] = p
@@ -117,11 +175,17 @@ def _figures(paths: Sequence[Path]) -> str:
         links = " · ".join(
             f'<a href="{_e(p.name)}">{_e(fmt.upper())}</a>' for fmt, p in sorted(files.items())
         )
+        size, wide = "", False
+        if dims := _png_size(img):
+            width, height = dims
+            size = f' width="{width}" height="{height}" style="min-width: {int(width * MIN_SCALE)}px"'
+            wide = width > WIDE_PX
+        cls = ' class="wide"' if wide else ""
         out.append(
-            f'<figure id="{_e(stem)}"><img src="{_e(img.name)}" alt="{_e(stem)}" loading="lazy">'
+            f'<figure id="{_e(stem)}"{cls}><img src="{_e(img.name)}" alt="{_e(stem)}"{size}>'
             f"<figcaption>{_e(stem)} — {links}</figcaption></figure>"
         )
-    return "\n".join(out)
+    return '<div class="grid">' + "\n".join(out) + "</div>"
 
 
 def _environment(records: Sequence[Record]) -> str:
@@ -132,7 +196,7 @@ def _environment(records: Sequence[Record]) -> str:
         rs = [r for r in records if r.run_id == run_id]
         times = sorted({str(r.env.get("time")) for r in rs if r.env.get("time")})
         tags = {k: v for r in rs for k, v in (r.tags or {}).items()}
-        failed = sum(1 for r in rs if r.status != "ok")
+        failed = sum(1 for r in rs if r.status in FAILED_STATUSES)  # a skipped cell did not fail
         device = _join(r.device for r in rs)
         name = _join(r.env.get("device_name") for r in rs)
         facts = [
@@ -189,8 +253,6 @@ def _mixed(flags: Sequence[bool], yes: str, no: str) -> str:
 
 def _table(frame: pd.DataFrame) -> str:
     """The Markdown table's rows as HTML, failed rows highlighted."""
-    if frame.empty:
-        return '<p class="empty">(no records)</p>'
     head = "".join(f"<th>{_e(c)}</th>" for c in frame.columns)
     rows = []
     for row in frame.itertuples(index=False):
@@ -205,4 +267,4 @@ def _table(frame: pd.DataFrame) -> str:
             attr = f' class="{cls.strip()}"' if cls.strip() else ""
             cells.append(f"<td{attr}>{_e(format_value(v))}</td>")
         rows.append(('<tr class="failed">' if failed else "<tr>") + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>" + "".join(rows) + "</table>"
+    return f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"

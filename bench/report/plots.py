@@ -31,6 +31,12 @@ PART_COLORS = {
 }  # fmt: skip
 FAILED_COLOR = "firebrick"
 LOG_RANGE = 30  # bars spanning more than this ratio go on a log axis, or the small ones vanish
+DPI = 110
+#: the smallest text (ticks, legends, notes), in points: 13.75 px at ``DPI``, so still 10 px on
+#: a page that shows a chart at 72% of its size, the least the report allows (``html.py``)
+SMALL = 9
+#: a bar's number, one point smaller: it must fit above a bar among a dozen
+BAR_NUMBER = SMALL - 1
 
 
 def plot_peak_memory(records: Sequence[Record], out_dir: Path) -> list[Path]:
@@ -70,7 +76,7 @@ def save_charts(charts: Sequence[Chart], out_dir: Path) -> list[Path]:
             fig.savefig(
                 path,
                 format=fmt,
-                dpi=110,
+                dpi=DPI,
                 bbox_inches="tight",
                 metadata={"Date": None} if fmt == "svg" else {},
             )
@@ -84,8 +90,8 @@ def _number(value: float) -> str:
 
 
 def _label_inches(labels: Sequence[str]) -> float:
-    """Roughly how wide the widest tick label is at 8 pt."""
-    return 0.2 + 0.075 * max((len(line) for label in labels for line in label.splitlines()), default=0)
+    """Roughly how wide the widest tick label is at ``SMALL`` points."""
+    return 0.2 + 0.085 * max((len(line) for label in labels for line in label.splitlines()), default=0)
 
 
 def draw(chart: Chart) -> Figure:
@@ -115,15 +121,17 @@ def draw(chart: Chart) -> Figure:
     fig.text(0.01, 1 - 0.08 / height, chart.title, ha="left", va="top", fontsize=13, fontweight="bold")
     fig.text(0.01, 1 - 0.4 / height, "\n".join(subtitle), ha="left", va="top", fontsize=9, color="dimgray")
     if notes:
-        fig.text(0.01, 0.05 / height, "\n".join(notes), ha="left", va="bottom", fontsize=8, color="dimgray")
+        text = "\n".join(notes)
+        fig.text(0.01, 0.05 / height, text, ha="left", va="bottom", fontsize=SMALL, color="dimgray")
     return fig
 
 
 def _failed_bar(ax: Axes, x: float, width: float, height: float, bar: Bar, edge: str) -> None:
     """A failed cell stays in the chart: an empty hatched bar carrying its status."""
     ax.bar(x, height, width, fill=False, hatch="///", edgecolor=edge, linewidth=1.0)
-    ax.text(x, height / 2, bar.status, rotation=90, ha="center", va="center", fontsize=8, color=FAILED_COLOR,
-            fontweight="bold", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # fmt: skip
+    ax.text(x, height / 2, bar.status, rotation=90, ha="center", va="center", fontsize=SMALL,
+            color=FAILED_COLOR, fontweight="bold",
+            bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # fmt: skip
 
 
 def _failed_handle() -> Patch:
@@ -146,6 +154,11 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
     values = [b.value for b in panel.bars if b.value is not None and b.value > 0]
     top = max((b.value + (b.err or 0) for b in panel.bars if b.value is not None), default=0.0) or 1.0
     log = bool(values) and max(values) / min(values) > LOG_RANGE
+    # a number wider than its bar stands upright, or it runs into its neighbours' (about 2.5 in
+    # of the figure are the y label and the legend; a digit is about 0.6 em wide)
+    bar_in = (fig_width - 2.5) / len(groups) * width
+    widest = max((len(_number(v)) for v in values), default=0) * 0.6 * BAR_NUMBER / 72
+    upright = widest > bar_in
     for b in panel.bars:
         slot = slots[b.group]  # centred in its group: only the strategies this cell has
         x = groups.index(b.group) + width * (slot.index(b.series) - (len(slot) - 1) / 2)
@@ -155,12 +168,13 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
         ax.bar(x, b.value, width, color=strategy_color(b.series), edgecolor="white", linewidth=0.5)
         if b.err is not None:
             ax.errorbar(x, b.value, yerr=b.err, color="black", capsize=2, linewidth=0.8)
-        ax.text(x, b.value + (b.err or 0), _number(b.value), ha="center", va="bottom", fontsize=6.5)
+        ax.text(x, b.value + (b.err or 0), _number(b.value), ha="center", va="bottom", fontsize=BAR_NUMBER,
+                rotation=90 if upright else 0)  # fmt: skip
     for group, value in panel.reference.items():
         gx, half = groups.index(group), width * len(slots[group]) / 2 + 0.05
         ax.hlines(value, gx - half, gx + half, colors="black", linestyles="--", linewidth=1.2, zorder=3)
     crowded = len(groups) * _label_inches(groups) > fig_width - 3
-    ax.set_xticks(range(len(groups)), groups, fontsize=8, rotation=25 if crowded else 0,
+    ax.set_xticks(range(len(groups)), groups, fontsize=SMALL, rotation=25 if crowded else 0,
                   ha="right" if crowded else "center")  # fmt: skip
     ax.set_ylabel(panel.ylabel + (" — log scale" if log else ""))
     if log:
@@ -176,7 +190,7 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
         )
     if any(b.value is None for b in panel.bars):
         handles.append(_failed_handle())
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=SMALL, frameon=False)
 
 
 def _draw_breakdown(ax: Axes, panel: Panel) -> None:
@@ -200,14 +214,14 @@ def _draw_breakdown(ax: Axes, panel: Panel) -> None:
             _stack(ax, x, w, b.held_parts, hatch="////", alpha=0.6)
         if b.predicted is not None:
             ax.bar(x + w, b.predicted, w, fill=False, edgecolor="black", hatch="..", linewidth=1.0)
-    ax.set_xticks(xs, [b.series for b in panel.bars], fontsize=8, rotation=90)
+    ax.set_xticks(xs, [b.series for b in panel.bars], fontsize=SMALL, rotation=90)
     # The cell (preset, N, ...) once per group, under its strategies' names.
     centres: dict[str, list[float]] = {}
     for x, b in zip(xs, panel.bars, strict=True):
         centres.setdefault(b.group, []).append(x)
     groups = ax.secondary_xaxis("bottom")
-    groups.set_xticks([sum(v) / len(v) for v in centres.values()], list(centres), fontsize=9)
-    groups.tick_params(length=0, pad=8 + 5.2 * max(len(b.series) for b in panel.bars))
+    groups.set_xticks([sum(v) / len(v) for v in centres.values()], list(centres), fontsize=SMALL)
+    groups.tick_params(length=0, pad=8 + 5.9 * max(len(b.series) for b in panel.bars))
     groups.spines["bottom"].set_visible(False)
     ax.set_ylabel(panel.ylabel)
     ax.set_ylim(0, top * 1.1)
@@ -218,7 +232,7 @@ def _draw_breakdown(ax: Axes, panel: Panel) -> None:
     handles.append(Patch(fill=False, hatch="..", edgecolor="black", label="predicted model states"))
     if any(b.parts is None for b in panel.bars):
         handles.append(_failed_handle())
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=SMALL, frameon=False)
 
 
 def _stack(ax: Axes, x: float, w: float, parts: dict[str, float], **style: object) -> None:
@@ -247,7 +261,7 @@ def _draw_lines(ax: Axes, panel: Panel) -> None:
             if y is None:
                 ax.plot(x, 0, "x", color=FAILED_COLOR, markersize=9, markeredgewidth=2, clip_on=False)
                 ax.annotate(f"{line.series}: {status}", (x, 0), xytext=(4, 6), textcoords="offset points",
-                            rotation=90, fontsize=7, color=FAILED_COLOR)  # fmt: skip
+                            rotation=90, fontsize=SMALL, color=FAILED_COLOR)  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.minorticks_off()
@@ -272,4 +286,4 @@ def _draw_lines(ax: Axes, panel: Panel) -> None:
         handles.append(
             Line2D([], [], color=FAILED_COLOR, marker="x", linestyle="", label="failed (status shown)")
         )
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=SMALL, frameon=False)

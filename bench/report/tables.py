@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardbench.records import Record, first_line
+from shardbench.studies.versus import model_states
 
 MIB = 2**20
 
@@ -46,7 +47,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     for r in records:
         bd = r.mem_breakdown_bytes or {}
         held = r.model_state_bytes or {}
-        model_state = _model_state(r)
+        model_state = model_states(r)
         predicted = (r.predicted_mem_bytes or {}).get("total")
         t = r.step_time_s or {}
         row: dict[str, object] = {"run_id": r.run_id} if several_runs else {}
@@ -107,16 +108,6 @@ def _peer_estimate(r: Record) -> int | None:
     settings: DeepSpeed's), if it has one."""
     estimate = r.strategy_settings.get("peer_estimate") if isinstance(r.strategy_settings, dict) else None
     return estimate.get("model_state_bytes") if isinstance(estimate, dict) else None
-
-
-def _model_state(r: Record) -> int | None:
-    """Model states to set against the prediction: those held after a step where the record has
-    them (``model_state_bytes``), else the params + grads + optimizer of the peak breakdown."""
-    held = r.model_state_bytes
-    if held:
-        return held.get("total", sum(held.get(k, 0) for k in ("params", "grads", "optimizer")))
-    bd = r.mem_breakdown_bytes or {}
-    return sum(bd.get(k, 0) for k in ("params", "grads", "optimizer")) if bd else None
 
 
 def _note(r: Record) -> str:

@@ -16,20 +16,19 @@ from dataclasses import dataclass
 
 from shardbench.records import CellKey, Record, first_line
 from shardbench.report.chartdata import reading_order
-from shardbench.report.tables import _model_state
-from shardbench.studies.compare_rules import step_time_noise
+from shardbench.studies.versus import Versus, against_reference, group_key, model_states
 
 WIDTH = 120
 GIB, MIB = 1 << 30, 1 << 20
 
 
-def _bytes(n: int | None) -> str:
+def bytes_text(n: int | None) -> str:
     if n is None:
         return ""
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
 
 
-def _step(r: Record) -> str:
+def step_text(r: Record) -> str:
     t = r.step_time_s or {}
     if not t.get("median"):
         return ""
@@ -38,7 +37,7 @@ def _step(r: Record) -> str:
 
 
 def _states(r: Record) -> str:
-    held, predicted = _model_state(r), (r.predicted_mem_bytes or {}).get("total")
+    held, predicted = model_states(r), (r.predicted_mem_bytes or {}).get("total")
     return f"{held / predicted:.3f}" if held and predicted else ""
 
 
@@ -87,13 +86,15 @@ COLUMNS: dict[str, Column] = {
     "batch": Column("batch", lambda r: str(r.batch_size_per_rank), right=True),
     "flags": Column("flags", flags),
     "status": Column("status", lambda r: r.status),
-    "peak": Column("peak", lambda r: _bytes((r.peak_mem_bytes or {}).get("max")), right=True),
+    "peak": Column("peak", lambda r: bytes_text((r.peak_mem_bytes or {}).get("max")), right=True),
     "states/pred": Column("states/pred", _states, right=True),
-    "step": Column("step time", _step, right=True),
+    "step": Column("step time", step_text, right=True),
     "throughput": Column(
         "samples/s", lambda r: f"{r.samples_per_s:.3g}" if r.samples_per_s else "", right=True
     ),
-    "comm": Column("sent/step", lambda r: _bytes((r.comm_per_step or {}).get("sent_per_rank")), right=True),
+    "comm": Column(
+        "sent/step", lambda r: bytes_text((r.comm_per_step or {}).get("sent_per_rank")), right=True
+    ),
     "comm/pred": Column("sent/pred", _comm_vs_pred, right=True),
     "error": Column("error", lambda r: first_line(r.error, 60) if r.status != "ok" else ""),
 }
@@ -118,49 +119,45 @@ def check_columns(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _group(r: Record) -> CellKey:
-    """The cells whose strategies are set against each other: equal in all but the strategy."""
-    return CellKey.of(r)._replace(strategy="")
+def noise_note(v: Versus) -> str:
+    """What the noise rule adds to a step-time ratio: "within noise", "too few to tell from
+    noise", or "" where the difference is beyond the noise (the ratio then stands alone)."""
+    if v.within_noise:
+        return "within noise"
+    return (v.noise or "").split(": ")[-1] if v.too_few_steps else ""
 
 
 def ratio_lines(records: Sequence[Record]) -> list[str]:
     """Per group with an ok ddp cell: each other ok strategy's peak, step time and bytes sent
-    per step against it."""
-    groups: dict[tuple, list[Record]] = {}
-    for r in records:
-        if r.status == "ok" and not r.max_size:
-            groups.setdefault(_group(r), []).append(r)
+    per step against it (``studies.versus``)."""
     lines = []
-    for key, members in groups.items():
-        base = next((r for r in members if r.strategy == "ddp"), None)
-        if base is None or len(members) < 2:
-            continue
+    for group in against_reference(records):
         parts = []
-        for r in members:
-            if r.strategy == base.strategy:  # itself, or its repeats
-                continue
-            text = f"{r.strategy}: "
-            peaks = [(x.peak_mem_bytes or {}).get("max") for x in (r, base)]
-            text += f"{peaks[0] / peaks[1]:.2f}x peak" if all(peaks) else "peak unmeasured"
-            times = [(x.step_time_s or {}).get("median") for x in (r, base)]
-            if all(times):
-                noise = step_time_noise(r, base, base_label="ddp")
-                text += f", {times[0] / times[1]:.2f}x step time"
-                if noise == "within noise" or (noise or "").endswith("too few to tell from noise"):
-                    text += f" ({noise.split(': ')[-1] if noise != 'within noise' else noise})"
-            sent = [(x.comm_per_step or {}).get("sent_per_rank") for x in (r, base)]
-            if all(sent):
-                text += f", {sent[0] / sent[1]:.2f}x bytes sent"
+        for v in group.others:
+            text = f"{v.record.strategy}: "
+            text += f"{v.peak:.2f}x peak" if v.peak else "peak unmeasured"
+            if v.step_time:
+                text += f", {v.step_time:.2f}x step time"
+                if note := noise_note(v):
+                    text += f" ({note})"
+            if v.sent:
+                text += f", {v.sent:.2f}x bytes sent"
             parts.append(text)
-        how = [
-            key.precision,
-            f"b={key.batch_size}",
-            "AC" if key.activation_checkpointing else "",
-            "fake" if key.fake else "simulated" if key.simulated else "",
-        ]
-        head = f"{key.workload} {key.preset} N={key.world_size} {' '.join(h for h in how if h)} vs ddp: "
+        key = group.key
+        head = f"{key.workload} {key.preset} N={key.world_size} {group_how(key)} vs ddp: "
         lines += textwrap.wrap(head + "; ".join(parts), WIDTH, subsequent_indent="  ")
     return lines
+
+
+def group_how(key: CellKey) -> str:
+    """How a group's cells ran, beside its workload, preset and N: "fp32 b=8 AC simulated"."""
+    how = [
+        key.precision,
+        f"b={key.batch_size}",
+        "AC" if key.activation_checkpointing else "",
+        "fake" if key.fake else "simulated" if key.simulated else "",
+    ]
+    return " ".join(h for h in how if h)
 
 
 def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
@@ -205,7 +202,7 @@ def exposed_lines(records: Sequence[Record]) -> list[str]:
     groups: dict[CellKey, list[str]] = {}
     for r in records:
         if id(r) in exposed:
-            groups.setdefault(_group(r), []).append(f"{r.strategy} {exposed[id(r)].text()}")
+            groups.setdefault(group_key(r), []).append(f"{r.strategy} {exposed[id(r)].text()}")
     lines = []
     for key, parts in groups.items():
         ac = " AC" if key.activation_checkpointing else ""

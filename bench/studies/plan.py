@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shardbench.harness.config import CellConfig
 from shardbench.records import Record, first_line
@@ -48,6 +49,8 @@ PLAN_STRATEGIES = (
 UNPLANNED = "measured only on real ranks"
 #: what each sharding level adds, for the table
 LEVELS = ("none", "optim", "+grads", "+params")
+#: the plan's summary beside its records (``plan_summary``): its HTML page leads with it
+PLAN_JSON = "plan.json"
 GIB, MIB = 1 << 30, 1 << 20
 
 
@@ -337,6 +340,26 @@ def plan_markdown(rows: Sequence[PlanRow], budget: int, *, title: str, batch: in
     kernels = kernels_line(rows)
     tail = f"\n\n{kernels}" if kernels else ""
     return f"# {head}\n\n{markdown_table(columns, body)}\n\n{verdict(rows, budget, batch=batch)}{tail}\n"
+
+
+def plan_summary(
+    rows: Sequence[PlanRow], budget: int, *, title: str, batch: int | None, reserve: int | None = None
+) -> dict[str, Any]:
+    """The plan as data for its page (``plan.json`` beside the records, which the HTML report
+    leads with): the budget, the reserve kept below it (None: none), the recommendation and
+    the table, as ``plan.md`` has them."""
+    columns, body = table(rows, budget)
+    best = recommend(rows)
+    return {
+        "title": _with_unit(title, budget),
+        "budget_bytes": budget,
+        "reserve_bytes": reserve,
+        "recommended": None if best is None else best.strategy,
+        "verdict": verdict(rows, budget, batch=batch),
+        "columns": columns,
+        "rows": body,
+        "kernels": kernels_line(rows),
+    }
 
 
 def print_plan(rows: Sequence[PlanRow], budget: int, *, title: str, batch: int | None) -> None:

@@ -1,0 +1,72 @@
+"""The head of a plan's page: the budget, the reserve kept below it and the recommendation, then
+the plan's table, as ``plan`` printed them (``studies.plan.plan_summary``, kept beside the
+records as ``plan.json``). What a planner came for comes first; the charts follow."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardbench.report.summary_html import breakable
+from shardbench.studies.plan import PLAN_JSON
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def read_plan(run_dir: Path) -> dict[str, Any] | None:
+    """The plan summary a ``plan`` run left in ``run_dir``, or None (not a plan, or unreadable:
+    the report of its records is still worth writing)."""
+    path = run_dir / PLAN_JSON
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) and "budget_bytes" in plan else None
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _size(nbytes: int | None, budget: int) -> str:
+    """In the plan table's unit: GiB, or MiB under a 1 GiB budget."""
+    if not nbytes:
+        return "0"
+    unit, label = (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
+    return f"{nbytes / unit:.2f} {label}" if unit == GIB else f"{nbytes / unit:.1f} {label}"
+
+
+def plan_lead(plan: Mapping[str, Any]) -> str:
+    """The plan's section: its facts in one row, its verdict, and its table (the page's first)."""
+    budget = int(plan["budget_bytes"])
+    best = plan.get("recommended")
+    facts = [
+        ("budget per rank", _size(budget, budget)),
+        ("reserve", _size(plan.get("reserve_bytes"), budget)),
+        ("recommended", best or "nothing fits"),
+    ]
+    dl = "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in facts)
+    columns = list(plan.get("columns") or [])
+    text = [i < 2 or c == "fits" for i, c in enumerate(columns)]  # left-aligned, as in the terminal
+    head = "".join(
+        f'<th class="text">{_e(c)}</th>' if t else f"<th>{_e(c)}</th>"
+        for c, t in zip(columns, text, strict=True)
+    )
+    body = []
+    for row in plan.get("rows") or []:
+        cls = ' class="recommended"' if best and row and row[0] == best else ""
+        cells = "".join(
+            f'<td class="text">{_e(v)}</td>' if i < len(text) and text[i] else f"<td>{_e(v)}</td>"
+            for i, v in enumerate(row)
+        )
+        body.append(f"<tr{cls}>{cells}</tr>")
+    kernels = f'<p class="how">{_e(plan["kernels"])}</p>' if plan.get("kernels") else ""
+    return (
+        f'<section class="plan"><h2>{breakable(plan.get("title") or "Plan")}</h2>'
+        f'<dl class="facts">{dl}</dl><p class="verdict">{breakable(plan.get("verdict", ""))}</p>'
+        f'<div class="scroll"><table class="summary" id="plan"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>{kernels}</section>"
+    )

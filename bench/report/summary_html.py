@@ -1,0 +1,128 @@
+"""The report's first table, the verdict: per group of comparable cells, each strategy against
+ddp, as ``studies.versus`` sets them (the ratios the terminal prints, and the same noise rule).
+
+One row per strategy, ddp's first as the reference: its peak, model states, step time and bytes
+sent per step, each beside its ratio to ddp's. A step-time ratio says "within noise" where the
+noise rule cannot tell it from 1. A cell of the group that failed keeps its row, with its status.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from shardbench.records import CellKey, Record, first_line
+from shardbench.report.chartdata import reading_order
+from shardbench.report.terminal import bytes_text, group_how, noise_note, step_text
+from shardbench.studies.versus import REFERENCE, Versus, against_reference, group_key, model_states
+
+#: the leading columns, then per metric its value and its ratio to ddp's
+KEY_HEAD = ("workload", "preset", "N", "how", "strategy")
+METRICS = ("peak", "model states", "step time", "sent per step")
+
+HOW = (
+    f"Each strategy against {REFERENCE} in the same cell (workload, preset, N, precision, batch, "
+    f"real or simulated): below 1× is less memory or a faster step than {REFERENCE}'s. Peak is the "
+    "highest rank's; model states are params + grads + optimizer state after a step; a step time "
+    'is the slowest rank\'s median ± MAD, and its ratio is "within noise" when the difference is '
+    "within 3× the combined MAD (the rule compare uses); sent per step is what one rank sends in "
+    "a steady step."
+)
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def breakable(text: str) -> str:
+    """``text`` escaped, a line allowed to break after each ``:`` and ``,`` (an ``hf:`` config
+    is one long word otherwise, which would widen its column or break inside a number)."""
+    return _e(text).replace(":", ":<wbr>").replace(",", ",<wbr>")
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}×"
+
+
+def _step_ratio(v: Versus) -> str:
+    """The ratio, with what the noise rule says of it; the rule's own words in a tooltip."""
+    if v.step_time is None:
+        return "<td></td>"
+    note = noise_note(v) or ("beyond noise" if v.noise else "")
+    cls = "noise" if v.within_noise or v.too_few_steps else "beyond"
+    text = _ratio(v.step_time) + (f' <span class="{cls}">{_e(note)}</span>' if note else "")
+    return f'<td title="{_e(v.noise or "")}">{text}</td>'
+
+
+def _values(r: Record) -> list[str]:
+    """The cell's own value of each of ``METRICS``, as the terminal writes them."""
+    return [
+        bytes_text((r.peak_mem_bytes or {}).get("max")),
+        bytes_text(model_states(r)),
+        step_text(r),
+        bytes_text((r.comm_per_step or {}).get("sent_per_rank")),
+    ]
+
+
+def _ratios(v: Versus) -> list[str]:
+    return [
+        f"<td>{_ratio(v.peak)}</td>",
+        f"<td>{_ratio(v.model_states)}</td>",
+        _step_ratio(v),
+        f"<td>{_ratio(v.sent)}</td>",
+    ]
+
+
+def summary_table(records: Sequence[Record]) -> str:
+    """The table as HTML, or "" when no group has a ddp cell and another strategy. A metric no
+    cell has (step time, where every cell was planned) has no columns."""
+    records = sorted(records, key=reading_order)
+    groups = against_reference(records)
+    if not groups:
+        return ""
+    failed: dict[CellKey, list[Record]] = {}
+    for r in records:
+        if r.status != "ok" and not r.max_size:
+            failed.setdefault(group_key(r), []).append(r)
+    shown = [
+        i
+        for i in range(len(METRICS))
+        if any(_values(r)[i] for g in groups for r in (g.base, *(v.record for v in g.others)))
+    ]
+    body = []
+    for group in groups:
+        rows: list[tuple[str, str]] = []  # (the row's class, its cells)
+        base = _values(group.base)
+        own = "".join(f"<td>{base[i]}</td><td>{'1×' if base[i] else ''}</td>" for i in shown)
+        rows.append(("reference", f'<td class="text">{REFERENCE}</td>{own}'))
+        for v in group.others:
+            values, ratios = _values(v.record), _ratios(v)
+            cells = "".join(f"<td>{values[i]}</td>{ratios[i]}" for i in shown)
+            rows.append(("", f'<td class="text">{_e(v.record.strategy)}</td>{cells}'))
+        for r in failed.get(group.key, []):
+            what = f"{r.status}: {first_line(r.error, 120)}" if r.error else r.status
+            rows.append(
+                (
+                    "failed",
+                    f'<td class="text">{_e(r.strategy)}</td>'
+                    f'<td class="text status-fail" colspan="{2 * len(shown)}">{_e(what)}</td>',
+                )
+            )
+        key, span = group.key, f' rowspan="{len(rows)}"'
+        lead = (
+            f'<td class="text"{span}>{_e(key.workload)}</td>'
+            f'<td class="text preset"{span}>{breakable(key.preset)}</td>'
+            f'<td{span}>{key.world_size}</td><td class="text"{span}>{_e(group_how(key))}</td>'
+        )
+        cells = [(cls, lead + tds if i == 0 else tds) for i, (cls, tds) in enumerate(rows)]
+        body.append(
+            '<tbody class="group">'
+            + "".join(f'<tr class="{cls}">{tds}</tr>' if cls else f"<tr>{tds}</tr>" for cls, tds in cells)
+            + "</tbody>"
+        )
+    head = "".join(f'<th class="text">{_e(h)}</th>' if h != "N" else "<th>N</th>" for h in KEY_HEAD)
+    head += "".join(f"<th>{_e(METRICS[i])}</th><th>× {REFERENCE}</th>" for i in shown)
+    return (
+        f'<p class="how">{_e(HOW)}</p><div class="scroll"><table class="summary" id="summary">'
+        f"<thead><tr>{head}</tr></thead>{''.join(body)}</table></div>"
+    )

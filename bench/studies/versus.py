@@ -1,0 +1,113 @@
+"""Each strategy against ddp in the same group of cells: the ratios a reader acts on.
+
+A group is the cells equal in all but the strategy (the same workload, preset, world size,
+precision, batch, activation checkpointing and simulated/fake mode: ``CellKey`` less the
+strategy). In each group with an ok ddp cell, every other ok strategy's peak, model states, step
+time and bytes sent per step are set against ddp's; the step time with ``compare``'s noise rule
+(``step_time_noise``), so a ratio that the noise explains says so. The terminal's ratio lines and
+the HTML report's summary table both render these, so they never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardbench.records import CellKey, Record
+from shardbench.studies.compare_rules import step_time_noise
+
+#: the strategy every other one is set against: no sharding at all
+REFERENCE = "ddp"
+
+
+def model_states(r: Record) -> int | None:
+    """Model states of a cell: those held after a step where the record has them
+    (``model_state_bytes``), else the params + grads + optimizer of the peak breakdown."""
+    held = r.model_state_bytes
+    if held:
+        return held.get("total", sum(held.get(k, 0) for k in ("params", "grads", "optimizer")))
+    bd = r.mem_breakdown_bytes or {}
+    return sum(bd.get(k, 0) for k in ("params", "grads", "optimizer")) if bd else None
+
+
+def peak(r: Record) -> int | None:
+    return (r.peak_mem_bytes or {}).get("max")
+
+
+def step_time(r: Record) -> float | None:
+    return (r.step_time_s or {}).get("median")
+
+
+def sent(r: Record) -> int | None:
+    return (r.comm_per_step or {}).get("sent_per_rank")
+
+
+def _ratio(ours: float | None, base: float | None) -> float | None:
+    return ours / base if ours is not None and base else None
+
+
+@dataclass(frozen=True)
+class Versus:
+    """One strategy's cell against its group's ddp cell: ratios (None where either side has
+    no value) and the step time's noise verdict (``step_time_noise``; None without times)."""
+
+    record: Record
+    base: Record
+    peak: float | None
+    model_states: float | None
+    step_time: float | None
+    noise: str | None
+    sent: float | None
+
+    @property
+    def within_noise(self) -> bool:
+        return self.noise == "within noise"
+
+    @property
+    def too_few_steps(self) -> bool:
+        return (self.noise or "").endswith("too few to tell from noise")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group of comparable cells: its key (``strategy`` blank), ddp's cell and the others'."""
+
+    key: CellKey
+    base: Record
+    others: tuple[Versus, ...]
+
+
+def group_key(r: Record) -> CellKey:
+    """The cells whose strategies are set against each other: equal in all but the strategy."""
+    return CellKey.of(r)._replace(strategy="")
+
+
+def against_reference(records: Sequence[Record]) -> list[Group]:
+    """Per group with an ok ddp cell and another ok strategy, in the records' order: each other
+    strategy against ddp. Max-size summaries (a search's answer, not a cell) are left out, and
+    so are ddp's repeats of itself."""
+    groups: dict[CellKey, list[Record]] = {}
+    for r in records:
+        if r.status == "ok" and not r.max_size:
+            groups.setdefault(group_key(r), []).append(r)
+    out = []
+    for key, members in groups.items():
+        base = next((r for r in members if r.strategy == REFERENCE), None)
+        if base is None or len(members) < 2:
+            continue
+        others = tuple(
+            Versus(
+                record=r,
+                base=base,
+                peak=_ratio(peak(r), peak(base)),
+                model_states=_ratio(model_states(r), model_states(base)),
+                step_time=_ratio(step_time(r), step_time(base)),
+                noise=step_time_noise(r, base, base_label=REFERENCE),
+                sent=_ratio(sent(r), sent(base)),
+            )
+            for r in members
+            if r.strategy != REFERENCE
+        )
+        if others:
+            out.append(Group(key, base, others))
+    return out
