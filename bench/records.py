@@ -311,9 +311,10 @@ def capture_env(device: str) -> dict[str, Any]:
         "host": socket.gethostname(),
         "git_sha": _git_sha(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "device_name": platform.processor() or platform.machine(),
         "cpu_model": _cpu_model(),
     }
+    # on the CPU the device is the processor: its model, not only its architecture
+    env["device_name"] = env["cpu_model"] or platform.processor() or platform.machine()
     if device == "cuda" and torch.cuda.is_available():
         env["device_name"] = torch.cuda.get_device_name(0)
         env["device_count"] = torch.cuda.device_count()
