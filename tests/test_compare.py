@@ -286,7 +286,8 @@ def test_a_cpu_record_naming_its_processor_compares_with_one_naming_the_architec
 def test_the_committed_cpu_baseline_compares_with_a_record_of_this_machine() -> None:
     from shardbench.records import capture_env, read_records
 
-    baseline = [r for r in read_records([ROOT / "results/baselines/cpu/nightly-cpu.jsonl"]) if r.status == "ok"]
+    saved = read_records([ROOT / "results/baselines/cpu/nightly-cpu.jsonl"])
+    baseline = [r for r in saved if r.status == "ok"]
     env = {**baseline[0].env, "device_name": capture_env("cpu")["device_name"]}
     current = [replace(r, env=env) for r in baseline]
     assert compare_runs(baseline, current).exit_code == 0
