@@ -28,6 +28,8 @@ def smoke_run(tmp_path_factory) -> Path:
                 "smoke",
                 "--workload",
                 "transformer",
+                "--strategy",
+                "dp,ddp,zero2",  # dp named: it runs, flagged single-device
                 "--steps",
                 "3",
                 "--warmup",

@@ -53,6 +53,28 @@ def csv_list(kind: type) -> Callable[[str], tuple]:
     return parse
 
 
+def csv_choices(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """A comma-separated list whose every item is one of ``allowed`` (argparse's ``choices``
+    for a list: a wrong item is refused by the parser, naming what is allowed)."""
+    parse_list = csv_list(str)
+
+    def parse(text: str) -> tuple[str, ...]:
+        items = parse_list(text)
+        bad = [t for t in items if t not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {bad[0]!r} (choose from {', '.join(allowed)}, comma-separated)"
+            )
+        return items
+
+    return parse
+
+
+def choices_metavar(allowed: Sequence[str]) -> str:
+    """``{fp32,bf16}[,...]``: the usage line of a ``csv_choices`` option."""
+    return "{" + ",".join(allowed) + "}[,...]"
+
+
 def tag_pair(text: str) -> tuple[str, str]:
     """``key=value`` for ``--tag``: a key of letters, digits, '-', '_' or '.', any value."""
     key, sep, value = text.partition("=")
