@@ -9,6 +9,8 @@
 #   4. max-size on an emulated 16 GiB card (allocator fraction), simulated N=8, ddp vs zero2.
 # Each step has a wall-clock cap (GNU timeout signals the step's whole process group, so no rank
 # outlives it) and the steps are ordered by value, so a short lease still brings back step 1.
+# Before step 1, the CUDA context (scripts/measure_cuda_context.py): with the allocator figures of
+# every step's records, what `plan`'s reserve is derived from (scripts/derive_cuda_reserve.py).
 # With $OUT set (the device tool), everything is also packed into $OUT/gpu-check.tgz.
 # The claim has its own script (scripts/gpu-claim.sh): it takes longer.
 # Usage: bash scripts/gpu-check.sh [extra `shardbench run` flags for step 1]
@@ -33,6 +35,7 @@ trap pack EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv \
     | tee "$out/nvidia-smi.csv" || true
 sb env | tee "$out/env.json"
+python3 scripts/measure_cuda_context.py > "$out/cuda-context.json" || rm -f "$out/cuda-context.json"
 step suite 170 "${SB[@]}" run --suite gpu-check --out "$out/suite" "$@"
 pack
 plan=(--workload transformer --preset 1b --strategy ddp,zero2,fsdp2-zero2 --world-size 8
