@@ -138,6 +138,9 @@ class Record:
     note: str = ""
     strategy_settings: dict[str, Any] = field(default_factory=dict)
     step_time_s: dict[str, float] | None = None
+    #: the seconds of each timed step, in order (the slowest rank's): what ``step_time_s``
+    #: summarizes, kept so that any other statistic (``export``'s mean, stddev, extremes) is exact
+    step_times_s: list[float] | None = None
     samples_per_s: float | None = None
     peak_mem_bytes: dict[str, Any] | None = None  # {"per_rank": [...], "max": int, "source": str}
     mem_breakdown_bytes: dict[str, int] | None = None  # of the peak rank, at its peak
@@ -366,6 +369,12 @@ def _type_problem(name: str, value: Any, hint: Any) -> str | None:
             if bad is not None:
                 return f"{name}.{bad} should be a number, got {value[bad]!r:.40}"
         return None
+    if origin is list:
+        if not isinstance(value, list):
+            return f"{name} should be a list, got {type(value).__name__} {value!r:.40}"
+        if args and args[0] in (int, float) and not all(_number_or_none(v) and v is not None for v in value):
+            return f"{name} should be a list of numbers, got {value!r:.40}"
+        return None
     wanted = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}.get(hint)
     if wanted is None or isinstance(value, wanted) and not (hint in (int, float) and isinstance(value, bool)):
         return None
@@ -416,9 +425,10 @@ def capture_env(device: str) -> dict[str, Any]:
         "host": socket.gethostname(),
         "git_sha": _git_sha(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "device_name": platform.processor() or platform.machine(),
         "cpu_model": _cpu_model(),
     }
+    # on the CPU the device is the processor: its model, not only its architecture
+    env["device_name"] = env["cpu_model"] or platform.processor() or platform.machine()
     if device == "cuda" and torch.cuda.is_available():
         env["device_name"] = torch.cuda.get_device_name(0)
         env["device_count"] = torch.cuda.device_count()

@@ -13,7 +13,9 @@
 #   suite     the gpu-check suite (each workload's paper preset under ddp, transformer base dp/ddp);
 #   max-size  max-size on an emulated 16 GiB card (allocator fraction), simulated N=8.
 # Each step has a wall-clock cap (GNU timeout signals the step's whole process group, so no rank
-# outlives it) and writes its records before the next starts. With $OUT set (the device tool),
+# outlives it) and writes its records before the next starts. Before the steps, the CUDA context
+# (scripts/measure_cuda_context.py): with the allocator figures of every step's records, what
+# `plan`'s reserve is derived from (scripts/derive_cuda_reserve.py). With $OUT set (the device tool),
 # everything is also packed into $OUT/gpu-check.tgz. The claim has its own script
 # (scripts/gpu-claim.sh): it takes longer.
 # Usage: bash scripts/gpu-check.sh [STEP ...]   (default: plan own peers, about 8 minutes)
@@ -39,6 +41,7 @@ trap pack EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv \
     | tee "$out/nvidia-smi.csv" || true
 "${SB[@]}" env | tee "$out/env.json"
+python3 scripts/measure_cuda_context.py > "$out/cuda-context.json" || rm -f "$out/cuda-context.json"
 "${SB[@]}" list | tee "$out/list.txt"  # which peers the carried wheels made available
 for s in "${steps[@]}"; do
     case $s in

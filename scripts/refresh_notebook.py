@@ -4,7 +4,8 @@ it reads on GitHub; run it after changing the notebook, the sample records or th
     .venv/bin/python scripts/refresh_notebook.py
 
 Execution counts and timing metadata are cleared, so a refresh changes the file only where an
-output changed."""
+output changed. To run the notebook without changing it, use the headless command in its first
+cell (``jupyter nbconvert --execute ... --output-dir``), which writes the executed copy elsewhere."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ NOTEBOOK = ROOT / "notebooks" / "compare_strategies.ipynb"
 def execute(path: Path = NOTEBOOK) -> nbformat.NotebookNode:
     """The notebook at ``path``, executed on the committed sample records."""
     nb = nbformat.read(path, as_version=4)
-    os.environ["SHARDBENCH_RECORDS"] = "results/samples"
+    os.environ["SHARDBENCH_RECORDS"] = "results/samples"  # from ROOT, the kernel's directory
     nbclient.NotebookClient(
         nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(ROOT)}}
     ).execute()

@@ -13,6 +13,7 @@ fake world in this process for a simulated cell, or on the session's shared gloo
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -89,6 +90,6 @@ def measured_once() -> Any:
     def run_once(cell: CellConfig, *, run_id: str) -> Record:
         if cell not in measured:
             measured[cell] = run_cell_here(cell, run_id=run_id)
-        return measured[cell]
+        return replace(measured[cell], run_id=run_id)  # the run asking: its own records
 
     return run_once

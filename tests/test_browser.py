@@ -21,7 +21,9 @@ import pytest
 from shardbench.records import Record, append_record
 from shardbench.report.build import build_report
 from shardbench.report.html import MIN_SCALE
-from shardbench.studies.plan import PLAN_JSON, plan_summary, rows_from
+from shardbench.report.plan_report import PLAN_JSON, plan_json
+from shardbench.studies.plan import Plan, rows_from
+from shardbench.studies.plan_reserve import ReservePolicy
 from tests.browser import Browser, Page, find_chromium
 from tests.records import make_record
 
@@ -128,9 +130,9 @@ def plan_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
         append_record(run / "records.jsonl", r)
     budget = 20 * MIB  # ddp (20 MiB and more) does not fit; zero1 does
     rows = rows_from(records, budget, max_batch=False)
+    plan = Plan(rows=tuple(rows), budget=budget, policy=ReservePolicy(device="cpu"), batch=8)
     title = "plan: transformer tiny, N=2, fp32, budget 20MiB per rank, batch 8 (fake)"
-    summary = plan_summary(rows, budget, title=title, batch=8)
-    (run / PLAN_JSON).write_text(json.dumps(summary))
+    (run / PLAN_JSON).write_text(json.dumps(plan_json(plan, title_text=title)))
     return build_report([run], run).index_html
 
 

@@ -19,7 +19,6 @@ from shardbench.cli import main
         (["run", "--suite", "nope"], "allowed: gpu-check, nightly-cpu, nightly-gpu, smoke"),
         (["run", "--preset", "huge"], "allowed: tiny"),
         (["run", "--world-size", "0"], "world size must be >= 1"),
-        (["run", "--precision", "fp8"], "allowed: fp32, bf16"),
         (["run", "--batch-size", "0"], "batch size must be >= 1"),
     ],
 )
@@ -85,6 +84,26 @@ def test_suites_shipped_are_valid() -> None:
             get_workload(c.workload).check_preset(c.preset)
             canonical_name(c.strategy)
     assert Path("bench/suites/smoke.toml").exists()
+
+
+def test_dp_joins_the_default_suite_only_on_two_or_more_gpus() -> None:
+    """DataParallel on the CPU or one GPU is a single-device run: the default suite leaves it
+    out there, runs it on >= 2 GPUs, and a suite or a command line that names it keeps it."""
+    from shardbench.cli import build_parser, resolve_cells
+    from shardbench.harness.config import load_suite, override
+
+    smoke = load_suite("smoke")
+    assert "dp" not in smoke.strategies and smoke.multi_gpu_strategies == ("dp",)
+    assert {c.strategy for c in smoke.for_devices(8).cells()} == {"ddp", "zero2"}  # its cells: CPU
+    on_gpus = override(smoke, device="cuda")
+    assert {c.strategy for c in on_gpus.for_devices(1).cells()} == {"ddp", "zero2"}
+    assert {c.strategy for c in on_gpus.for_devices(2).cells()} == {"ddp", "zero2", "dp"}
+    named = override(smoke, strategies=("dp", "ddp")).for_devices(0)
+    assert [c.strategy for c in named.cells()][:2] == ["dp", "ddp"]
+    assert "dp" in {c.strategy for c in load_suite("gpu-check").for_devices(1).cells()}
+    if not torch.cuda.device_count() >= 2:
+        _, cells = resolve_cells(build_parser().parse_args(["run"]))
+        assert cells and "dp" not in {c.strategy for c in cells}
 
 
 def test_suite_matrices_and_overrides(tmp_path) -> None:

@@ -15,6 +15,8 @@ from shardbench.studies.compare import EnvironmentChanged, NothingInCommon, comp
 from shardbench.studies.compare_rules import RATIO_METRIC, Rule, Rules, load_rules
 from tests.records import make_record
 
+ROOT = Path(__file__).resolve().parent.parent
+
 GIB = 1 << 30
 ENV = {"torch": "2.11.0", "device_name": "x86_64"}
 
@@ -280,6 +282,26 @@ def test_cpu_model_is_checked_between_cpu_records() -> None:
     with pytest.raises(EnvironmentChanged, match="cpu_model"):
         compare_runs([rec(env={**ENV, "cpu_model": "AMD EPYC"})], [other])
     assert compare_runs([rec()], [other]).exit_code == 0  # a baseline written before the field
+
+
+def test_a_cpu_record_naming_its_processor_compares_with_one_naming_the_architecture() -> None:
+    """On the CPU ``device_name`` is the processor's model, where older records (the committed
+    baselines) hold only the architecture: the processor is compared once, as ``cpu_model``."""
+    old = rec(env={**ENV, "device_name": "x86_64", "cpu_model": "AMD EPYC"})
+    now = rec(env={**ENV, "device_name": "AMD EPYC", "cpu_model": "AMD EPYC"})
+    assert compare_runs([old], [now]).exit_code == 0
+    with pytest.raises(EnvironmentChanged, match="cpu_model"):
+        compare_runs([old], [rec(env={**ENV, "device_name": "Intel Xeon", "cpu_model": "Intel Xeon"})])
+
+
+def test_the_committed_cpu_baseline_compares_with_a_record_of_this_machine() -> None:
+    from shardbench.records import capture_env, read_records
+
+    saved = read_records([ROOT / "results/baselines/cpu/nightly-cpu.jsonl"])
+    baseline = [r for r in saved if r.status == "ok"]
+    env = {**baseline[0].env, "device_name": capture_env("cpu")["device_name"]}
+    current = [replace(r, env=env) for r in baseline]
+    assert compare_runs(baseline, current).exit_code == 0
 
 
 def test_a_resumed_cell_counts_its_last_record() -> None:

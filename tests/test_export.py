@@ -1,6 +1,7 @@
 """``shardbench export --format pytest-benchmark``: the file loads with pytest-benchmark's own
-loader and ``pytest-benchmark compare``, one benchmark per ok record with a step time; failures
-are skipped; the derived stats are labelled; bad input is exit 2."""
+loader and ``pytest-benchmark compare``, one benchmark per ok record with its per-step times,
+whose statistics are pytest-benchmark's own; failures and summary-only records are skipped; bad
+input is exit 2."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import pytest
 
 from shardbench.cli import main
 from shardbench.records import Record, append_record
-from shardbench.studies.export import to_pytest_benchmark
+from shardbench.studies.export import NO_STEP_TIMES, step_stats, to_pytest_benchmark
 from tests.records import make_record
 
 ROOT = Path(__file__).resolve().parent.parent
-STEP = {"median": 0.25, "mad": 0.01, "n": 8, "p10": 0.23, "p90": 0.3}
+#: eight steps with a slow one: the mean is not the median, the extremes not p10/p90
+TIMES = [0.25, 0.24, 0.26, 0.25, 0.23, 0.25, 0.27, 0.40]
+STEP = {"median": 0.25, "mad": 0.01, "n": 8, "p10": 0.237, "p90": 0.309}
 
 
 def _record(strategy: str, *, status: str = "ok", world_size: int = 2, **kw) -> Record:
@@ -31,6 +34,7 @@ def _record(strategy: str, *, status: str = "ok", world_size: int = 2, **kw) -> 
         steps=8,
         status=status,
         step_time_s=dict(STEP) if status == "ok" else None,
+        step_times_s=list(TIMES) if status == "ok" else None,
         peak_mem_bytes={"per_rank": [100, 90], "max": 100, "source": "tracked tensors (MemTracker)"},
         env={"host": "vm", "python": "3.11.7", "git_sha": "abc123", "time": "2026-11-30T00:51:44+0000"},
     )
@@ -42,10 +46,11 @@ def run_dir(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     for r in (
         _record("ddp"),
-        _record("zero2", step_time_s={**STEP, "median": 0.2}),
+        _record("zero2", step_times_s=[t - 0.05 for t in TIMES]),
         _record("zero2", world_size=8, simulated=True, backend="fake"),
         _record("fsdp2-zero2", status="oom", error="CUDA out of memory"),
-        _record("zero1", fake=True, step_time_s=None, note="fake: planned under FakeTensorMode"),
+        _record("zero1", fake=True, step_time_s=None, step_times_s=None, note="fake: planned"),
+        _record("zero3", step_times_s=None),  # only the summary of its step times
     ):
         append_record(run / "records.jsonl", r)
     return run
@@ -68,13 +73,13 @@ def test_export_loads_with_pytest_benchmarks_own_loader_and_compare(run_dir, tmp
     loaded = {b["name"]: b for b in storage.load_benchmarks(str(out))}
     assert sorted(loaded) == sorted(NAMES)  # the oom and the fake (no step time) are skipped
     ddp = loaded["transformer/tiny/ddp/n2/fp32/b4"]
-    assert ddp["median"] == 0.25 and ddp["rounds"] == 8 and ddp["iterations"] == 1
-    assert ddp["stddev"] == pytest.approx(1.4826 * 0.01) and ddp["iqr"] == pytest.approx(0.02)
-    assert (ddp["min"], ddp["max"]) == (0.23, 0.3)
-    stats = ddp["extra_info"]["stats"]
-    assert stats["exact"] == ["median", "rounds", "iterations"] and "p10" in stats["derived"]["min"]
-    assert ddp["extra_info"]["step_time_s"] == STEP and ddp["extra_info"]["peak_mem_bytes"]["max"] == 100
-    assert json.loads(out.read_text())["shardbench"]["skipped"][0]["status"] == "oom"
+    assert ddp["iterations"] == 1 and ddp["extra_info"]["peak_mem_bytes"]["max"] == 100
+    assert ddp["extra_info"]["step_time_s"] == STEP
+    assert ddp["mean"] == pytest.approx(sum(TIMES) / 8) and ddp["mean"] > ddp["median"] == 0.25
+    assert (ddp["min"], ddp["max"], ddp["rounds"]) == (0.23, 0.40, 8)
+    meta = json.loads(out.read_text())["shardbench"]
+    skipped = {s["name"].split("/")[2]: s["why"] for s in meta["skipped"]}
+    assert skipped == {"fsdp2-zero2": "not ok", "zero1": "no step time", "zero3": NO_STEP_TIMES}
 
     # the compare command (as a user runs it); it exits 0 even when a file fails to load, so the
     # names must be in its table and no load failure in its output
@@ -90,7 +95,7 @@ def test_export_to_stdout_and_bad_input(run_dir, tmp_path, capsys) -> None:
     assert main(["export", "--format", "pytest-benchmark", str(run_dir / "records.jsonl")]) == 0
     captured = capsys.readouterr()
     assert len(json.loads(captured.out)["benchmarks"]) == 3
-    assert "exported 3 benchmarks, skipped 2 records" in captured.err
+    assert "exported 3 benchmarks, skipped 3 records" in captured.err
 
     failed = tmp_path / "failed.jsonl"
     append_record(failed, _record("ddp", status="timeout"))
@@ -102,6 +107,32 @@ def test_export_to_stdout_and_bad_input(run_dir, tmp_path, capsys) -> None:
         assert main(["export", "--format", "pytest-benchmark", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert needle in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "times",
+    [
+        [0.5],
+        [0.2, 0.3],
+        [0.3, 0.1, 0.2],
+        TIMES,
+        TIMES[:5],
+        TIMES[:6],
+        TIMES[:7],
+        [*TIMES, 0.1, 0.9, 0.25],
+        [*TIMES, 0.1, 0.9, 0.25, 0.24, 0.26],
+    ],
+)
+def test_every_statistic_is_pytest_benchmarks_own(times) -> None:
+    from pytest_benchmark.stats import Stats
+
+    theirs = Stats()
+    for t in times:
+        theirs.update(t)
+    ours = step_stats(times)
+    assert ours.pop("iterations") == 1
+    for key, value in theirs.as_dict().items():
+        assert ours[key] == (value if isinstance(value, str) else pytest.approx(value)), key
 
 
 def test_repeats_get_their_own_names_and_two_runs_of_one_cell_are_refused() -> None:

@@ -13,9 +13,9 @@ from shardbench.cli import main
 from shardbench.harness import runner
 from shardbench.harness.config import CellConfig
 from shardbench.records import read_records
+from shardbench.report.plan_report import PLAN_JSON
 from shardbench.studies import maxsize
 from shardbench.studies.plan import (
-    PLAN_JSON,
     PLAN_STRATEGIES,
     UNPLANNED,
     planning_cells,
@@ -23,7 +23,10 @@ from shardbench.studies.plan import (
     rows_from,
     sharding_level,
 )
+from shardbench.studies.plan_reserve import CUDA_RESERVE_FILE, Reserve, policy
 from tests.cells import measured_once
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ARGS = ["--workload", "transformer", "--preset", "tiny", "--world-size", "2"]
 
@@ -177,3 +180,85 @@ def test_a_cuda_only_peer_gets_a_command_with_device_cuda() -> None:
     anywhere, cuda = text.split("; and ")
     assert "--strategy deepspeed-zero2 " in anywhere and "--device cuda --" not in anywhere
     assert "--strategy fairscale-zero3 " in cuda and cuda.split("(")[0].rstrip().endswith("--device cuda")
+
+
+def test_a_reserve_moves_the_recommendation_and_the_headroom_is_after_it(
+    in_process, tmp_path, capsys
+) -> None:
+    """ddp fits its peak alone; with a reserve beside each peak only zero2 does, and the
+    headroom shown is what is left after the peak and the reserve."""
+    peaks = {c.strategy: in_process(c, run_id="t").peak_mem_bytes["max"] for c in _cells(8, ("ddp", "zero2"))}
+    budget = peaks["ddp"] + (1 << 10)
+    reserve = budget - peaks["zero2"] - (1 << 10)  # zero2 keeps 1 KiB after it, ddp is over
+    argv = ["plan", *ARGS, "--budget", str(budget), "--strategy", "ddp,zero2"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert "recommended: ddp" in capsys.readouterr().out
+    assert main([*argv, "--reserve", str(reserve), "--out", str(tmp_path / "b")]) == 0
+    printed = capsys.readouterr().out
+    assert "recommended: zero2" in printed and "(--reserve)" in printed
+    rows = {
+        r.strategy: r
+        for r in rows_from(
+            read_records([tmp_path / "b"]), budget, max_batch=False, policy=policy("cpu", fixed=reserve)
+        )
+    }
+    assert not rows["ddp"].fits and rows["zero2"].headroom == 1 << 10
+    assert rows["zero2"].model_states and rows["zero2"].formula and rows["zero2"].record.params
+    written = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert written["recommended"] == "zero2" and written["budget_bytes"] == budget
+    assert written["rows"][1]["headroom_bytes"] == 1 << 10 and "--reserve" in written["reserve"]
+    for bad, needle in (("lots", "cannot read --reserve"), (str(budget), "leaves nothing of --budget")):
+        assert main([*argv, "--reserve", bad, "--out", str(tmp_path / "c")]) == 2
+        assert needle in capsys.readouterr().err
+
+
+def test_the_cuda_reserve_is_the_worst_measured_ratio_per_strategy() -> None:
+    from shardbench.studies.plan import PlanRow
+    from tests.records import make_record
+
+    cuda = policy("cuda")
+    assert cuda.ratios["ddp"] > 1 and cuda.worst == max(cuda.ratios.values())
+    assert cuda.of("zero3").ratio == cuda.worst  # never measured on a GPU: the worst of all
+    assert policy("cpu").of("ddp") == Reserve() and policy("cuda", fixed=5).of("ddp") == Reserve(fixed=5)
+    mib = 1 << 20
+    record = make_record(peak_mem_bytes={"max": 100 * mib})
+    assert PlanRow("ddp", record, 110 * mib).fits  # its peak alone fits
+    on_cuda = PlanRow("ddp", record, 110 * mib, reserve=cuda.of("ddp"))
+    assert not on_cuda.fits and on_cuda.reserve_bytes == cuda.of("ddp").of(100 * mib) > 10 * mib
+
+
+@pytest.mark.parametrize("reserve", [Reserve(), Reserve(fixed=1000), Reserve(fixed=7, ratio=1.1685)])
+def test_the_usable_budget_is_the_largest_peak_that_fits_with_its_reserve(reserve) -> None:
+    budget = 10_000_019
+    usable = reserve.usable(budget)
+    assert usable + reserve.of(usable) <= budget < usable + 1 + reserve.of(usable + 1) + 1
+
+
+def test_the_reserve_data_is_derived_from_the_committed_gpu_records() -> None:
+    """bench/suites/measured/cuda-reserve.toml is what scripts/derive_cuda_reserve.py writes from
+    results/gpu/: change the records and the file must be derived again."""
+    import runpy
+
+    script = runpy.run_path(str(ROOT / "scripts" / "derive_cuda_reserve.py"))
+    assert script["render"]() == CUDA_RESERVE_FILE.read_text()
+    data = script["derive"](read_records(script["sources"]()[0]))
+    ddp = data["ratio"]["ddp"]
+    assert ddp["ratio"] > 1.15 and ddp["records"] > 1  # the allocator's cache on the H200
+
+
+def test_a_long_model_config_title_breaks_only_between_its_items(capsys) -> None:
+    """An hf: preset is its config, ``key=value`` items joined by colons: the title breaks
+    between items or words, never inside a name or a number."""
+    from shardbench.report.plan_report import print_plan
+    from shardbench.studies.plan import Plan
+
+    items = ["hidden_size=2048", "intermediate_size=5632", "num_hidden_layers=22", "num_attention_heads=32"]
+    config = ":".join([*items, *items, "vocab_size=32000"])
+    heading = f"plan: hf:LlamaForCausalLM {config} (Ψ = 1.1B parameters), N=8, fp32, budget 80GiB per rank"
+    print_plan(Plan(rows=(), budget=1 << 30, policy=policy("cpu"), batch=8), title_text=heading)
+    lines = capsys.readouterr().out.splitlines()
+    title = lines[: next(i for i, line in enumerate(lines) if line.startswith("strategy"))]
+    assert len(title) > 1 and max(map(len, lines)) <= 120
+    assert "".join(title).replace(" ", "") == heading.replace(" ", "")
+    for item in config.split(":"):
+        assert any(item in line for line in title), item

@@ -9,6 +9,7 @@ import pytest
 
 from shardbench.cli import main
 from shardbench.harness.config import CellConfig
+from shardbench.metrics.timing import summarize
 from shardbench.records import read_records
 from tests.cells import tiny_cell
 
@@ -27,6 +28,8 @@ def smoke_run(tmp_path_factory) -> Path:
                 "smoke",
                 "--workload",
                 "transformer",
+                "--strategy",
+                "dp,ddp,zero2",  # dp named: it runs, flagged single-device
                 "--steps",
                 "3",
                 "--warmup",
@@ -48,6 +51,7 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
     assert len((smoke_run / "table.csv").read_text().strip().splitlines()) == 1 + len(records)
     for r in records:
         assert r.step_time_s["n"] == 3 and r.step_time_s["median"] > 0
+        assert r.step_times_s and summarize(r.step_times_s) == r.step_time_s  # each step, kept
         assert r.env["torch"] and r.peak_mem_bytes["max"] > 0
         assert (
             sum(r.mem_breakdown_bytes.values())

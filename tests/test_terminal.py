@@ -3,6 +3,8 @@ chosen), the flag legend, the ratio lines against ddp; ``--version`` and default
 
 from __future__ import annotations
 
+import argparse
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -78,3 +80,53 @@ def test_help_shows_defaults() -> None:
     assert "(default: 8)" in sub["plan"].format_help()
     assert "(default: smoke)" in sub["run"].format_help()
     assert "results/claim/<device>/" in sub["claim"].format_help()
+
+
+def _subcommands(parser, path=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield (*path, name), child
+                yield from _subcommands(child, (*path, name))
+
+
+#: options that do nothing when absent (so they have no default to show)
+OFF_WHEN_ABSENT = {"--tag", "--resume", "--ladder", "--baseline", "--rules", ("claim", "--workload")}
+
+
+def test_every_subcommand_says_what_it_is_for_and_shows_its_defaults(monkeypatch) -> None:
+    """Each subcommand, at any depth, has a description, and each option's help shows its
+    default: the value where it has one, in words ("default: the suite's") where it has none."""
+    monkeypatch.setenv("COLUMNS", "100")
+    walked = list(_subcommands(build_parser()))
+    commands = {path[0] for path, _ in walked}
+    assert commands >= {"run", "plan", "report", "nightly", "trend", "export", "list", "env"}
+    for path, parser in walked:
+        assert parser.description, f"shardbench {' '.join(path)} has no description"
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            if not action.option_strings or isinstance(action, argparse._HelpAction) or action.required:
+                continue
+            flag, default = action.option_strings[-1], action.default
+            if isinstance(default, list | tuple) and default:
+                assert ",".join(map(str, default)) in text, (path, flag)
+            elif default not in (None, False, [], ()):
+                assert f"default: {default}" in text or f"default {default}" in text, (path, flag)
+            elif action.nargs != 0 and flag not in OFF_WHEN_ABSENT and (path[0], flag) not in OFF_WHEN_ABSENT:
+                assert "default" in (action.help or ""), (path, flag, "says nothing of what absent means")
+
+
+@pytest.mark.parametrize("columns", ["80", "100", "120"])
+def test_help_never_breaks_a_name_across_lines(monkeypatch, columns) -> None:
+    monkeypatch.setenv("COLUMNS", columns)
+    for path, parser in _subcommands(build_parser()):
+        for line in parser.format_help().splitlines():
+            assert not re.search(r"\w-$", line), (path, line)
+
+
+def test_a_list_of_choices_is_refused_by_the_parser(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["run", "--precision", "fp32,fp8"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "invalid choice: 'fp8' (choose from fp32, bf16" in err
+    assert build_parser().parse_args(["run", "--precision", "fp32,bf16"]).precision == ("fp32", "bf16")

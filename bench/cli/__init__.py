@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 
@@ -33,7 +34,26 @@ __all__ = ["UsageError", "build_parser", "entry", "main", "resolve_cells"]
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Every option's help ends with its default, where it has one worth saying (not None,
-    False or an empty list) and the help does not state it already."""
+    False or an empty list) and the help does not state it already. Lines break only at spaces:
+    a name with a hyphen (``torch-zero1``, ``--max-batch``) is never split across two lines."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(
+            self._whitespace_matcher.sub(" ", text).strip(),
+            width,
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            self._whitespace_matcher.sub(" ", text).strip(),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -77,18 +97,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_trend_parser(sub)
     add_export_parser(sub)
     add_listing_parsers(sub)
-    for parser in sub.choices.values():
-        _defaults_in_help(parser)
+    _defaults_in_help(ap)
     return ap
 
 
 def _defaults_in_help(parser: argparse.ArgumentParser) -> None:
-    """Set the defaults-showing formatter on a subcommand and on its own subcommands."""
+    """Set the defaults-showing formatter on every subcommand, at any depth, and give each one
+    without a description of its own its one-line help as the description (``shardbench X
+    --help`` then says what X is for)."""
     if parser.formatter_class is argparse.HelpFormatter:
         parser.formatter_class = DefaultsHelpFormatter
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, child in action.choices.items():
+                if not child.description and helps.get(name):
+                    child.description = helps[name][0].upper() + helps[name][1:] + "."
                 _defaults_in_help(child)
 
 

@@ -32,6 +32,13 @@ def add_root_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def cuda_devices() -> int:
+    """CUDA devices on this machine (0 without CUDA): which suite strategies can run for real."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 class UsageError(ValueError):
     """A user mistake: reported in one line with exit code 2."""
 
@@ -51,6 +58,28 @@ def csv_list(kind: type) -> Callable[[str], tuple]:
             ) from None
 
     return parse
+
+
+def csv_choices(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """A comma-separated list whose every item is one of ``allowed`` (argparse's ``choices``
+    for a list: a wrong item is refused by the parser, naming what is allowed)."""
+    parse_list = csv_list(str)
+
+    def parse(text: str) -> tuple[str, ...]:
+        items = parse_list(text)
+        bad = [t for t in items if t not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {bad[0]!r} (choose from {', '.join(allowed)}, comma-separated)"
+            )
+        return items
+
+    return parse
+
+
+def choices_metavar(allowed: Sequence[str]) -> str:
+    """``{fp32,bf16}[,...]``: the usage line of a ``csv_choices`` option."""
+    return "{" + ",".join(allowed) + "}[,...]"
 
 
 def tag_pair(text: str) -> tuple[str, str]:

@@ -50,7 +50,7 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
     add_model_config_args(ms)
     ms.add_argument("--batch-size", type=int, default=8, help="per-rank batch (--vary params; default 8)")
     ms.add_argument("--precision", default="fp32", choices=PRECISIONS, help="training precision")
-    ms.add_argument("--device", default="cpu", choices=DEVICES)
+    ms.add_argument("--device", default="cpu", choices=DEVICES, help="where the probes run")
     ms.add_argument("--simulate", action="store_true", help="one process as rank 0 of each world size")
     ms.add_argument("--fake", action="store_true", help="probes under FakeTensorMode (implies --simulate)")
     ms.add_argument(

@@ -58,6 +58,7 @@ def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
+    from shardbench.cli.common import cuda_devices
     from shardbench.cli.compare import compare_or_refuse
     from shardbench.cli.execute import check_repeat, execute_run, safe_name
     from shardbench.cli.suite_searches import resolve_searches
@@ -70,7 +71,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     from shardbench.studies.compare_rules import Rules, load_rules
 
     try:
-        spec = override(load_suite(args.suite), repeat=check_repeat(args.repeat))
+        spec = override(load_suite(args.suite), repeat=check_repeat(args.repeat)).for_devices(cuda_devices())
         cells = plan_cells(spec.cells())
         baseline_name = args.baseline or spec.name
         baseline_path = find_baseline(baseline_name, device=spec.device, root=baselines_dir(args.root))

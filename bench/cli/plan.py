@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardbench.cli.common import (
     DEFAULT_RUNS_DIR,
@@ -17,6 +18,9 @@ from shardbench.cli.common import (
     require_cuda_if,
 )
 from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig
+
+if TYPE_CHECKING:
+    from shardbench.studies.plan_reserve import ReservePolicy
 
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,14 +34,18 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "sharding that fits the per-rank budget.",
     )
     p.add_argument(
-        "--workload",
-        required=True,
-        help="a built-in name, hf:<Arch>, module:factory, file.py:factory or lightning:module:LitClass",
+        "--workload", required=True, help="a built-in name, hf:<Arch>, module:factory or file.py:factory"
     )
     p.add_argument("--preset", help="the size preset (default: the workload's first)")
     add_model_config_args(p)
     p.add_argument("--world-size", type=int, required=True, help="ranks (N)")
     p.add_argument("--budget", required=True, help="memory per rank, e.g. 80GiB, 16GiB")
+    p.add_argument(
+        "--reserve",
+        help="memory per rank kept free beside the peak, e.g. 2GiB (default: 0 on the CPU; on CUDA "
+        "the allocator's cache at the worst reserved/allocated ratio measured for the strategy, plus "
+        "the CUDA context where measured: docs/measuring.md)",
+    )
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="training precision")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument("--batch-size", type=int, default=8, help="per-rank batch to plan")
@@ -53,20 +61,25 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
 
 
-def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellConfig], int]:
+def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellConfig], int, ReservePolicy]:
     """Validated cells, one per strategy that can be planned; the cells of those that cannot
-    (a peer measured only on real ranks: they get a row, not a run); the budget in bytes.
-    UsageError if anything is wrong."""
+    (a peer measured only on real ranks: they get a row, not a run); the budget in bytes; the
+    reserves. UsageError if anything is wrong."""
     from shardbench.harness.bounded import check_workload
     from shardbench.harness.validate import check_timeout, plan_cells
     from shardbench.models.registry import get_workload
-    from shardbench.studies.maxsize import parse_budget
+    from shardbench.studies.maxsize import parse_budget, parse_size
     from shardbench.studies.plan import plannable, planning_cells
+    from shardbench.studies.plan_reserve import policy
 
     if (preset := model_config_preset(args, [args.workload])) is not None:
         args.preset = preset
     try:
         budget = parse_budget(args.budget)
+        fixed = None if args.reserve is None else parse_size(args.reserve, what="--reserve", zero=True)
+        if fixed is not None and fixed >= budget:
+            raise ValueError(f"--reserve {args.reserve} leaves nothing of --budget {args.budget}")
+        reserves = policy(args.device, fixed=fixed)
         check_timeout(args.timeout)
         check_workload(args.workload, args.preset, timeout_s=args.timeout)  # one's own: bounded first
         workload = get_workload(args.workload)
@@ -88,25 +101,19 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
     except ValueError as e:
         raise UsageError(str(e)) from None
     require_cuda_if(args.device, planned=all(c.fake for c in cells))
-    return cells, unplanned, budget
+    return cells, unplanned, budget, reserves
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    cells, unplanned, budget = resolve_plan(args)
+    cells, unplanned, budget, reserves = resolve_plan(args)
     from shardbench.harness.runner import new_run_id, run_cells
     from shardbench.harness.validate import check_output_dir
     from shardbench.records import append_record, read_records
     from shardbench.report.build import write_report
+    from shardbench.report.plan_report import PLAN_JSON, plan_json, plan_markdown, print_plan, title
     from shardbench.report.tables import write_tables
     from shardbench.studies.maxsize import search
-    from shardbench.studies.plan import (
-        PLAN_JSON,
-        plan_markdown,
-        plan_summary,
-        print_plan,
-        rows_from,
-        unplanned_record,
-    )
+    from shardbench.studies.plan import Plan, rows_from, unplanned_record
 
     run_id = new_run_id("plan")
     out = args.out or DEFAULT_RUNS_DIR / run_id
@@ -119,31 +126,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
         append_record(out / "records.jsonl", unplanned_record(cell, run_id=run_id))
     interrupted = None
     if args.max_batch:
-        for cell in cells:
-            search(cell, budget=budget, vary="batch", out_dir=out, run_id=run_id)
+        for cell in cells:  # the largest batch whose peak fits with its reserve
+            usable = reserves.of(cell.strategy).usable(budget)
+            search(cell, budget=usable, vary="batch", out_dir=out, run_id=run_id)
     else:
         interrupted = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}).interrupted
     records = [r for r in read_records([out]) if r.run_id == run_id]  # not an earlier plan's in --out
-    rows = rows_from(records, budget, max_batch=args.max_batch)
     first = (cells or unplanned)[0]
-    mode = "fake" if first.fake else "simulated, real tensors"
-    title = (
-        f"plan: {first.workload} {first.preset}, N={first.world_size}, {first.precision}, "
-        f"budget {args.budget} per rank, "
-        + ("largest batch" if args.max_batch else f"batch {first.batch_size}")
-        + (", AC" if first.activation_checkpointing else "")
-        + f" ({mode})"
+    plan = Plan(
+        rows=tuple(rows_from(records, budget, max_batch=args.max_batch, policy=reserves)),
+        budget=budget,
+        policy=reserves,
+        batch=None if args.max_batch else first.batch_size,
     )
-    batch = None if args.max_batch else first.batch_size
-    (out / "plan.md").write_text(plan_markdown(rows, budget, title=title, batch=batch))
-    summary = plan_summary(rows, budget, title=title, batch=batch)
-    (out / PLAN_JSON).write_text(json.dumps(summary, indent=1) + "\n")  # the report's page leads with it
+    heading = title(plan, first, budget_text=args.budget)
+    (out / "plan.md").write_text(plan_markdown(plan, title_text=heading))
+    (out / PLAN_JSON).write_text(json.dumps(plan_json(plan, title_text=heading), indent=2) + "\n")
     write_tables(records, out)
-    print_plan(rows, budget, title=title, batch=batch)
+    print_plan(plan, title_text=heading)
     print(f"report: {write_report(out)}")
     print(f"plan: {out / 'plan.md'}; records: {out / 'records.jsonl'}")
     if interrupted is not None:
         print(f"interrupted by {interrupted}: the plan covers the cells run before it", file=sys.stderr)
         return interrupted.exit_code
-    planned = [r for r in rows if not r.unplanned]
+    planned = [r for r in plan.rows if not r.unplanned]
     return 0 if planned and all(r.record.status in ("ok", "oom") for r in planned) else 1

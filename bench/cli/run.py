@@ -10,31 +10,69 @@ from pathlib import Path
 from shardbench.cli.common import (
     UsageError,
     add_model_config_args,
+    choices_metavar,
+    csv_choices,
     csv_list,
+    cuda_devices,
     model_config_preset,
     require_cuda_if,
     tag_pair,
 )
 from shardbench.cli.execute import CELLS_FILE, check_repeat, execute_run, safe_name
-from shardbench.harness.config import DEVICES, CellConfig, SuiteSpec, load_suite, override, suite_names
+from shardbench.harness.config import (
+    DEVICES,
+    PRECISIONS,
+    CellConfig,
+    SuiteSpec,
+    load_suite,
+    override,
+    suite_names,
+)
 
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a suite (default: smoke) or the cells given by flags")
+    smoke = load_suite(DEFAULT_SUITE)
+
+    def suites(value: object) -> str:
+        """What an option defaults to: the suite's, and the default suite's value."""
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        return f"(default: the suite's; {DEFAULT_SUITE}: {shown})"
+
     run.add_argument(
-        "--suite", help=f"suite name ({', '.join(suite_names())}) or a .toml path (default: smoke)"
+        "--suite", help=f"suite name ({', '.join(suite_names())}) or a .toml path (default: {DEFAULT_SUITE})"
     )
-    run.add_argument("--workload", type=csv_list(str), help="comma-separated workloads")
-    run.add_argument("--strategy", type=csv_list(str), help="comma-separated strategies")
-    run.add_argument("--world-size", type=csv_list(int), help="comma-separated world sizes")
-    run.add_argument("--preset", type=csv_list(str), help="comma-separated size presets")
+    run.add_argument(
+        "--workload", type=csv_list(str), help=f"comma-separated workloads {suites(smoke.workloads)}"
+    )
+    multi = f"; {','.join(smoke.multi_gpu_strategies)} too on >= 2 GPUs" if smoke.multi_gpu_strategies else ""
+    run.add_argument(
+        "--strategy",
+        type=csv_list(str),
+        help=f"comma-separated strategies {suites(smoke.strategies)[:-1]}{multi})",
+    )
+    run.add_argument(
+        "--world-size", type=csv_list(int), help=f"comma-separated world sizes {suites(smoke.world_sizes)}"
+    )
+    run.add_argument(
+        "--preset", type=csv_list(str), help=f"comma-separated size presets {suites(smoke.presets)}"
+    )
     add_model_config_args(run)
-    run.add_argument("--precision", type=csv_list(str), help="fp32 and/or bf16")
-    run.add_argument("--batch-size", type=csv_list(int), help="per-rank batch size(s)")
-    run.add_argument("--steps", type=int, help="measured steps per cell")
-    run.add_argument("--warmup", type=int, help="unmeasured warm-up steps per cell")
-    run.add_argument("--device", choices=DEVICES, help="cpu or cuda (default: the suite's)")
-    run.add_argument("--timeout", type=float, help="seconds per cell before it times out")
+    run.add_argument(
+        "--precision",
+        type=csv_choices(PRECISIONS),
+        metavar=choices_metavar(PRECISIONS),
+        help=f"training precision(s), comma-separated {suites(smoke.precisions)}",
+    )
+    run.add_argument(
+        "--batch-size", type=csv_list(int), help=f"per-rank batch size(s) {suites(smoke.batch_sizes)}"
+    )
+    run.add_argument("--steps", type=int, help=f"measured steps per cell {suites(smoke.steps)}")
+    run.add_argument("--warmup", type=int, help=f"unmeasured warm-up steps per cell {suites(smoke.warmup)}")
+    run.add_argument("--device", choices=DEVICES, help=f"where the cells run {suites(smoke.device)}")
+    run.add_argument(
+        "--timeout", type=float, help=f"seconds per cell before it times out {suites(smoke.timeout_s)}"
+    )
     run.add_argument(
         "--simulate",
         action="store_true",
@@ -127,7 +165,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
             fake=args.fake,
             activation_checkpointing=args.activation_checkpointing,
             repeat=check_repeat(args.repeat),
-        )
+        ).for_devices(cuda_devices())
         cells = plan_cells(own_presets(spec.cells()) if presets is None else spec.cells())
     except ValueError as e:
         raise UsageError(str(e)) from None

@@ -139,6 +139,11 @@ class SuiteSpec:
     #: sees run-to-run noise (``run --repeat`` overrides; a matrix may set its own)
     repeat: int = 1
 
+    #: strategies the suite runs only where its cells run on two or more CUDA devices
+    #: (DataParallel: anywhere else it is a single-device run, which beside N-rank cells reads as
+    #: a slow N-rank one); ``for_devices`` adds them to ``strategies`` or leaves them out
+    multi_gpu_strategies: tuple[str, ...] = ()
+
     #: max-size searches (``[[max_size]]`` tables: ``shardbench max-size`` flags as keys, e.g.
     #: ``workload = "transformer"``, ``strategy = "ddp,zero2"``, ``budget = "16GiB"``,
     #: ``simulate = true``); ``nightly`` runs them after the cells and gates their answers
@@ -149,6 +154,20 @@ class SuiteSpec:
     #: timeout_s, simulate, fake, activation_checkpointing or repeat. Empty: the lists above
     #: are the one matrix.
     matrices: tuple[dict[str, Any], ...] = ()
+
+    def for_devices(self, cuda_devices: int) -> SuiteSpec:
+        """The suite on a machine with ``cuda_devices`` CUDA devices: ``multi_gpu_strategies``
+        join ``strategies`` (and every ``[[matrix]]`` that names its own) when its cells run on
+        two or more, and are left out otherwise."""
+        if not self.multi_gpu_strategies or self.device != "cuda" or cuda_devices < 2:
+            return replace(self, multi_gpu_strategies=())
+        extra = tuple(s for s in self.multi_gpu_strategies if s not in self.strategies)
+        matrices = tuple(
+            {**m, "strategies": (*m["strategies"], *extra)} if "strategies" in m else m for m in self.matrices
+        )
+        return replace(
+            self, strategies=(*self.strategies, *extra), matrices=matrices, multi_gpu_strategies=()
+        )
 
     def cells(self) -> list[CellConfig]:
         cells: list[CellConfig] = []
@@ -236,10 +255,12 @@ def load_suite(name_or_path: str) -> SuiteSpec:
             kwargs["max_size"] = tuple(value)
         elif key in _LIST_KEYS:
             kwargs.update(_lists({key: value}, where))
+        elif key == "multi_gpu_strategies":
+            kwargs[key] = _lists({"strategies": value}, f"{where} {key!r}")["strategies"]
         elif key in _SCALAR_KEYS:
             kwargs[key] = _scalar(key, value, where)
         else:
-            allowed = ", ".join([*_LIST_KEYS, *_SCALAR_KEYS, "matrix", "max_size"])
+            allowed = ", ".join([*_LIST_KEYS, "multi_gpu_strategies", *_SCALAR_KEYS, "matrix", "max_size"])
             raise ValueError(f"{where}: unknown key {key!r}; allowed: {allowed}")
     return SuiteSpec(name=path.stem, **kwargs)
 
@@ -293,5 +314,7 @@ def override(spec: SuiteSpec, **changes: Any) -> SuiteSpec:
     """Apply command-line overrides (None keeps the suite's value). An overridden list replaces
     that list in every ``[[matrix]]`` too: the command line wins everywhere."""
     given = {k: v for k, v in changes.items() if v is not None}
+    if "strategies" in given:  # the strategies named are the ones run, wherever that is
+        given["multi_gpu_strategies"] = ()
     matrices = tuple({k: v for k, v in m.items() if k not in given} for m in spec.matrices)
     return replace(spec, matrices=matrices, **given)

@@ -203,8 +203,10 @@ def build_record(
     if failure is not None:
         record.status, record.error, record.failure = failure
         return record
-    times = summarize(slowest_rank([r.step_times for r in results]))
+    steps = slowest_rank([r.step_times for r in results])
+    times = summarize(steps)
     record.step_time_s = times
+    record.step_times_s = steps or None
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
         record.samples_per_s = cell.batch_size * world_size / times["median"]
     _add_memory(record, cell, results)

@@ -1,6 +1,6 @@
 """The head of a plan's page: the budget, the reserve kept below it and the recommendation, then
-the plan's table, as ``plan`` printed them (``studies.plan.plan_summary``, kept beside the
-records as ``plan.json``). What a planner came for comes first; the charts follow."""
+the plan's table, as ``plan`` printed them (``plan_report.plan_json``, kept beside the records as
+``plan.json``). What a planner came for comes first; the charts follow."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from shardbench.report.plan_report import PLAN_JSON
 from shardbench.report.summary_html import breakable
-from shardbench.studies.plan import PLAN_JSON
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -43,9 +43,11 @@ def plan_lead(plan: Mapping[str, Any]) -> str:
     """The plan's section: its facts in one row, its verdict, and its table (the page's first)."""
     budget = int(plan["budget_bytes"])
     best = plan.get("recommended")
+    chosen = next((r for r in plan.get("rows") or [] if r.get("strategy") == best), None)
+    reserve = _size(chosen.get("reserve_bytes"), budget) if chosen else "per strategy (the table)"
     facts = [
         ("budget per rank", _size(budget, budget)),
-        ("reserve", _size(plan.get("reserve_bytes"), budget)),
+        ("reserve", reserve),
         ("recommended", best or "nothing fits"),
     ]
     dl = "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in facts)
@@ -56,14 +58,15 @@ def plan_lead(plan: Mapping[str, Any]) -> str:
         for c, t in zip(columns, text, strict=True)
     )
     body = []
-    for row in plan.get("rows") or []:
+    for row in plan.get("table") or []:
         cls = ' class="recommended"' if best and row and row[0] == best else ""
         cells = "".join(
             f'<td class="text">{_e(v)}</td>' if i < len(text) and text[i] else f"<td>{_e(v)}</td>"
             for i, v in enumerate(row)
         )
         body.append(f"<tr{cls}>{cells}</tr>")
-    kernels = f'<p class="how">{_e(plan["kernels"])}</p>' if plan.get("kernels") else ""
+    notes = [plan[k] for k in ("reserve", "kernels") if plan.get(k)]
+    kernels = "".join(f'<p class="how">{_e(n)}</p>' for n in notes)
     return (
         f'<section class="plan"><h2>{breakable(plan.get("title") or "Plan")}</h2>'
         f'<dl class="facts">{dl}</dl><p class="verdict">{breakable(plan.get("verdict", ""))}</p>'

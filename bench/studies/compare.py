@@ -46,8 +46,9 @@ from shardbench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
 IDENTITY = CELL_FIELDS
 #: environment facts that make two runs' numbers incomparable when they differ. The device's
 #: name is checked here rather than matched as part of a cell: under ``--allow-env-change`` the
-#: same cell on another card is still the same cell, compared and marked. ``cpu_model`` is
-#: checked between CPU records (their ``device_name`` is only the architecture).
+#: same cell on another card is still the same cell, compared and marked. Between CPU records
+#: the processor is checked as ``cpu_model``; their ``device_name`` names the same processor (or,
+#: in records written before it did, only the architecture), so it is not compared twice.
 ENV_KEYS = ("torch", "device_name", "cpu_model", "schema")
 #: peak of the highest rank; model states after a step (params + grads + optimizer); and all
 #: memory held between steps (``model_state_bytes["held"]``: model states plus what a strategy
@@ -203,6 +204,10 @@ def env_changes(baseline: Sequence[Record], current: Sequence[Record]) -> dict[s
             records = [r for r in records if r.device == "cpu"]
             if not records or all(r.env.get(key) is None for r in records):
                 return None  # no CPU records, or written before the field existed
+        elif key == "device_name":
+            records = [r for r in records if r.device != "cpu"]
+            if not records:
+                return None  # the processor: cpu_model
         got = {r.schema if key == "schema" else r.env.get(key) for r in records}
         return sorted(got, key=str)
 

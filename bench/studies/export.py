@@ -1,22 +1,13 @@
 """Records as pytest-benchmark's saved JSON: shardbench runs in the tools that read that format.
 
-One benchmark per ``ok`` record that has a step time; one round is one timed training step of
-the cell (the slowest rank's, see ``bench/metrics/timing.py``). pytest-benchmark keeps every
-sample and computes its statistics from them; a record keeps only a summary of its step times
-(median, MAD, p10, p90, n), and pytest-benchmark's loader and tables need every statistic to be a
-number. So each stat is either exact or derived from that summary, and every benchmark's
-``extra_info["stats"]`` says which, with the record's own ``step_time_s`` beside it:
-
-=========================  =====================================================================
-exact                      ``median``, ``rounds`` (= n timed steps), ``iterations`` (= 1)
-``stddev``                 1.4826 x MAD (the normal-consistent estimate of the standard deviation)
-``q1``, ``q3``, ``iqr``    median -/+ MAD, 2 x MAD (exact for a symmetric distribution)
-``mean``                   the median (the mean was not recorded); ``ops`` = 1 / mean and
-                           ``total`` = mean x rounds follow pytest-benchmark's definitions
-``min``, ``max``           p10, p90: NOT the extremes, which were not recorded
-``ld15iqr``, ``hd15iqr``   p10, p90 likewise
-outlier counts             not recorded: written as 0 (the table needs a number)
-=========================  =====================================================================
+One benchmark per ``ok`` record that has its per-step times (``Record.step_times_s``); one round
+is one timed training step of the cell (the slowest rank's, see ``bench/metrics/timing.py``),
+``iterations`` is 1. Every statistic is computed from those times as pytest-benchmark computes
+its own (``pytest_benchmark.stats.Stats``): mean, sample standard deviation, median, min, max,
+its quartiles (Wikipedia's methods 2 and 3), the Tukey fences, outlier counts, ops = rounds /
+total. A record that keeps only the summary of its step times (median, MAD, p10, p90) is skipped
+with that reason: its mean and extremes were not kept, and a median passed off as a mean is the
+one thing this export must not write.
 
 Memory (peak, breakdown, prediction), throughput and what ran go to ``extra_info``. The module
 is pure (records in, a JSON-ready dict out) and imports nothing heavy.
@@ -24,37 +15,19 @@ is pure (records in, a JSON-ready dict out) and imports nothing heavy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import statistics
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 
 from shardbench.records import Record, finite
 
-#: the normal-consistent scale of the MAD: 1.4826 x MAD estimates the standard deviation
-MAD_TO_STDDEV = 1.4826
 #: the format version written when pytest-benchmark is not installed to ask
 FALLBACK_FORMAT_VERSION = "5.1.0"
-
-STATS_PROVENANCE: dict[str, Any] = {
-    "exact": ["median", "rounds", "iterations"],
-    "derived": {
-        "stddev": "1.4826 * MAD (normal-consistent estimate)",
-        "q1": "median - MAD (exact for a symmetric distribution)",
-        "q3": "median + MAD (exact for a symmetric distribution)",
-        "iqr": "2 * MAD (exact for a symmetric distribution)",
-        "mean": "the median (the mean was not recorded)",
-        "ops": "1 / mean",
-        "total": "mean * rounds",
-        "min": "p10 (the minimum was not recorded)",
-        "max": "p90 (the maximum was not recorded)",
-        "ld15iqr": "p10 (not recorded)",
-        "hd15iqr": "p90 (not recorded)",
-        "iqr_outliers": "0 (not recorded)",
-        "stddev_outliers": "0 (not recorded)",
-        "outliers": "'0;0' (not recorded)",
-    },
-}
+#: why a record with a step-time summary but no per-step times is not exported
+NO_STEP_TIMES = "no per-step times (only their summary)"
 
 #: record fields copied into each benchmark's extra_info (what it measured, beside the time)
 EXTRA_FIELDS = (
@@ -94,33 +67,61 @@ def benchmark_name(r: Record) -> str:
 
 
 def exportable(r: Record) -> bool:
-    """An ``ok`` record with a measured step time (fake planning and failures have none). A
+    """An ``ok`` record with its per-step times (fake planning and failures have none). A
     max-size summary is a copy of its largest probe's record, not a step measurement of its own."""
-    t = r.step_time_s or {}
-    return r.status == "ok" and r.max_size is None and t.get("median") is not None and bool(t.get("n"))
+    return r.status == "ok" and r.max_size is None and bool(r.step_times_s)
 
 
-def step_stats(t: dict[str, float]) -> dict[str, Any]:
-    """pytest-benchmark's ``stats`` from a record's ``step_time_s`` (see the module docstring)."""
-    median, mad, n = float(t["median"]), float(t.get("mad") or 0.0), int(t["n"])
-    p10, p90 = t.get("p10", median), t.get("p90", median)
+def why_skipped(r: Record) -> str:
+    if r.status != "ok":
+        return "not ok"
+    if r.max_size is not None:
+        return "max-size summary"
+    return NO_STEP_TIMES if (r.step_time_s or {}).get("median") is not None else "no step time"
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    """pytest-benchmark's q1 and q3 of sorted ``xs``: method 3 for an odd count, 2 for even."""
+    n = len(xs)
+    if n == 1:
+        return xs[0], xs[0]
+    if n % 2 == 0:
+        return statistics.median(xs[: n // 2]), statistics.median(xs[n // 2 :])
+    k, q = n // 4, n % 4
+    if q == 1:
+        return 0.25 * xs[k - 1] + 0.75 * xs[k], 0.75 * xs[3 * k] + 0.25 * xs[3 * k + 1]
+    return 0.75 * xs[k] + 0.25 * xs[k + 1], 0.25 * xs[3 * k + 1] + 0.75 * xs[3 * k + 2]
+
+
+def step_stats(times: Sequence[float]) -> dict[str, Any]:
+    """pytest-benchmark's ``stats`` of one benchmark whose rounds took ``times`` seconds."""
+    data = [float(t) for t in times]
+    xs = sorted(data)
+    mean = statistics.mean(data)
+    stddev = statistics.stdev(data) if len(data) > 1 else 0.0
+    q1, q3 = _quartiles(xs)
+    iqr = q3 - q1
+    low, high = q1 - 1.5 * iqr, q3 + 1.5 * iqr
+    total = sum(data)
+    stddev_outliers = sum(t < mean - stddev or t > mean + stddev for t in data)
+    iqr_outliers = sum(t < low or t > high for t in data)
     return {
-        "min": p10,
-        "max": p90,
-        "mean": median,
-        "stddev": MAD_TO_STDDEV * mad,
-        "rounds": n,
-        "median": median,
-        "iqr": 2 * mad,
-        "q1": max(0.0, median - mad),
-        "q3": median + mad,
-        "iqr_outliers": 0,
-        "stddev_outliers": 0,
-        "outliers": "0;0",
-        "ld15iqr": p10,
-        "hd15iqr": p90,
-        "ops": 1 / median if median > 0 else 0.0,
-        "total": median * n,
+        "min": xs[0],
+        "max": xs[-1],
+        "mean": mean,
+        "stddev": stddev,
+        "rounds": len(data),
+        "median": statistics.median(data),
+        "iqr": iqr,
+        "q1": q1,
+        "q3": q3,
+        "iqr_outliers": iqr_outliers,
+        "stddev_outliers": stddev_outliers,
+        "outliers": f"{stddev_outliers};{iqr_outliers}",
+        "ld15iqr": xs[0] if len(xs) == 1 else xs[bisect_left(xs, low)],
+        "hd15iqr": xs[bisect_right(xs, high) - 1],
+        "ops": len(data) / total if total else 0,
+        "total": total,
         "iterations": 1,
     }
 
@@ -144,12 +145,11 @@ def to_benchmark(r: Record) -> dict[str, Any]:
         },
         "param": name.split("/", 1)[1],
         "extra_info": {
-            "stats": STATS_PROVENANCE,
             "step_time_s": dict(r.step_time_s or {}),
             **{k: getattr(r, k) for k in EXTRA_FIELDS},
         },
         "options": {"timer": "time.perf_counter (synchronized; slowest rank per step)", "warmup": r.warmup},
-        "stats": step_stats(r.step_time_s or {}),
+        "stats": step_stats(r.step_times_s or []),
     }
 
 
@@ -193,7 +193,9 @@ def to_pytest_benchmark(records: Iterable[Record], *, exported_at: datetime | No
     records = list(records)
     chosen = [r for r in records if exportable(r)]
     if not chosen:
-        raise ValueError(f"nothing to export: none of the {len(records)} records is ok with a step time")
+        summaries = sum(why_skipped(r) == NO_STEP_TIMES for r in records)
+        why = f"; {summaries} of them hold {NO_STEP_TIMES}" if summaries else ""
+        raise ValueError(f"nothing to export: none of the {len(records)} records is ok with step times{why}")
     seen: dict[str, str] = {}
     for r in chosen:
         name = benchmark_name(r)
@@ -223,15 +225,7 @@ def to_pytest_benchmark(records: Iterable[Record], *, exported_at: datetime | No
                 "run_ids": sorted({r.run_id for r in chosen}),
                 "exported": len(chosen),
                 "skipped": [
-                    {
-                        "name": benchmark_name(r),
-                        "status": r.status,
-                        "why": "not ok"
-                        if r.status != "ok"
-                        else "max-size summary"
-                        if r.max_size is not None
-                        else "no step time",
-                    }
+                    {"name": benchmark_name(r), "status": r.status, "why": why_skipped(r)}
                     for r in records
                     if not exportable(r)
                 ],

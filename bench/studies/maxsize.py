@@ -46,16 +46,21 @@ _UNITS |= {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
 def parse_budget(text: str) -> int:
     """Bytes from a size such as ``16GiB``, ``512MiB``, ``1.5GB`` or ``1048576``."""
+    return parse_size(text, what="memory budget")
+
+
+def parse_size(text: str, *, what: str, zero: bool = False) -> int:
+    """Bytes from a size (``parse_budget``'s forms); ``zero``: 0 is allowed."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _UNITS:
         raise ValueError(
-            f"cannot read memory budget {text!r}: give a number and a unit, e.g. 16GiB, 512MiB, "
+            f"cannot read {what} {text!r}: give a number and a unit, e.g. 16GiB, 512MiB, "
             "2GB (units: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
         )
     nbytes = int(float(m.group(1)) * _UNITS[unit])
-    if nbytes <= 0:
-        raise ValueError(f"memory budget must be positive, got {text!r}")
+    if nbytes < 0 or (nbytes == 0 and not zero):
+        raise ValueError(f"{what} must be {'zero or more' if zero else 'positive'}, got {text!r}")
     return nbytes
 
 

@@ -1,0 +1,268 @@
+"""The plan as text: its terminal table (rich, at most 120 columns), ``plan.md`` and the
+one-line verdict. Renders a ``bench/studies/plan.py`` ``Plan``; decides nothing."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from shardbench.harness.config import CellConfig
+from shardbench.records import first_line
+from shardbench.report.tables import markdown_table
+from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command
+
+GIB, MIB = 1 << 30, 1 << 20
+WIDTH = 120
+#: the plan as data beside its records (``plan_json``): its HTML page leads with it
+PLAN_JSON = "plan.json"
+
+
+def size_unit(budget: int) -> tuple[int, str]:
+    """GiB, or MiB under a 1 GiB budget: the unit of every size in the plan table."""
+    return (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
+
+
+def _size(nbytes: int | None, unit: int) -> str:
+    return "-" if nbytes is None else f"{nbytes / unit:.2f}" if unit == GIB else f"{nbytes / unit:.1f}"
+
+
+def _params(n: int | None) -> str:
+    if not n:
+        return "?"
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return str(n)
+
+
+def _step(row: PlanRow) -> str:
+    t = row.record.step_time_s or {}
+    if not t.get("median"):
+        return "-"
+    text = f"{t['median'] * 1e3:.0f} ± {(t.get('mad') or 0) * 1e3:.0f} ms"
+    if row.step_vs_ddp is not None:
+        ratio, within = row.step_vs_ddp
+        text += f" ({ratio:.2f}x{', within noise' if within else ''})"
+    return text
+
+
+def _fits(row: PlanRow) -> str:
+    if row.unplanned:
+        return UNPLANNED
+    if row.failed:
+        return f"{row.record.status}: {first_line(row.record.error, 40)}"
+    return "yes" if row.fits else "no"
+
+
+def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of the plan table, sizes in ``size_unit(budget)``: the peak, the reserve
+    kept beside it and the headroom after both; the model states held after a step beside the
+    ZeRO formula's; the peak's activations and the rest (the headers stay short so that a
+    strategy's name is never broken across lines in a 120-column terminal)."""
+    unit, _ = size_unit(plan.budget)
+    rows = plan.rows
+    searched = any(r.max_batch is not None for r in rows)
+    timed = any((r.record.step_time_s or {}).get("median") for r in rows)
+    columns = [
+        "strategy",
+        "shards",
+        "fits",
+        "peak",
+        "reserve",
+        "headroom",
+        "states",
+        "formula",
+        "activ",
+        "other",
+    ]
+    columns += ["max batch"] if searched else []
+    columns += ["step time (vs ddp)"] if timed else []
+    out = []
+    for r in rows:
+        parts = r.record.mem_breakdown_bytes or {}
+        other = None if r.unplanned or not parts else parts.get("other", 0) + parts.get("comm", 0)
+        line = [r.strategy, LEVELS[r.level], _fits(r), _size(r.peak, unit), _size(r.reserve_bytes, unit)]
+        line += [_size(r.headroom, unit), _size(r.model_states, unit), _size(r.formula, unit)]
+        line += [
+            _size(None if r.unplanned or not parts else parts.get("activations", 0), unit),
+            _size(other, unit),
+        ]
+        line += [str(r.max_batch)] if searched else []
+        line += [_step(r)] if timed else []
+        out.append(line)
+    return columns, out
+
+
+def reserve_line(plan: Plan) -> str:
+    """What the reserve is made of, where its figures come from and what it leaves out."""
+    policy = plan.policy
+    if policy.fixed is not None:
+        unit, label = size_unit(plan.budget)
+        return f"reserve: {_size(policy.fixed, unit)} {label} per rank beside each peak (--reserve)"
+    if policy.device != "cuda":
+        return "reserve: none (on the CPU nothing is held beside the tensors; --reserve SIZE sets one)"
+    measured = [
+        f"{r.strategy} {policy.ratios[r.strategy]:.4f}" for r in plan.rows if r.strategy in policy.ratios
+    ]
+    unmeasured = [r.strategy for r in plan.rows if r.strategy not in policy.ratios]
+    parts = [", ".join(measured)] if measured else []
+    if unmeasured:
+        parts.append(f"{', '.join(unmeasured)} not measured: the worst of all, {policy.worst:.4f}")
+    ratios = "; ".join(parts)
+    context = (
+        "the CUDA context is not in it (not measured yet: add it with --reserve)"
+        if policy.context is None
+        else f"plus the CUDA context, {policy.context / MIB:.0f} MiB"
+    )
+    return (
+        f"reserve: the allocator's cache at the worst reserved/allocated ratio {policy.source} ({ratios}); "
+        f"{context}. Data: bench/suites/measured/cuda-reserve.toml, docs/measuring.md"
+    )
+
+
+def verdict(plan: Plan) -> str:
+    """One line: the recommendation, the margin it kept and why, or why nothing fits."""
+    unit, label = size_unit(plan.budget)
+    budget = f"{_size(plan.budget, unit)} {label}"
+    at = f"at batch {plan.batch} per rank" if plan.batch is not None else "at batch 1 per rank"
+    best, failed, unplanned = plan.best, plan.failed, plan.unplanned
+    failed_names = ", ".join(r.strategy for r in failed)
+    broken = f" ({len(failed)} failed to run: {failed_names}; see the table)" if failed else ""
+    if unplanned:
+        broken += (
+            f"; {UNPLANNED}: {', '.join(r.strategy for r in unplanned)}, measure with: "
+            + measure_command(unplanned[0].record, [r.strategy for r in unplanned])
+        )
+    planned = [r for r in plan.rows if not r.unplanned]
+    if best is None and not planned:
+        return f"no plan: none of the strategies asked for can be planned{broken}"
+    if best is None and len(failed) == len(planned):
+        return f"no plan: every strategy failed to run ({failed_names}); see the table{broken}"
+    if best is None:
+        lowest = plan.lowest
+        least = (
+            f"; the lowest peak is {lowest.strategy}'s, {_size(lowest.peak, unit)} {label} "
+            f"(+ reserve {_size(lowest.reserve_bytes, unit)})"
+            if lowest
+            else ""
+        )
+        return (
+            f"nothing fits {at} in {budget} per rank{least}: try --activation-checkpointing, "
+            f"--precision bf16, a smaller batch or more ranks{broken}"
+        )
+    why = "the least sharding that fits" if best.level else "nothing needs sharding"
+    batch_part = f", largest batch {best.max_batch}" if best.max_batch is not None else ""
+    most = plan.largest_batch
+    if most is not None and best.max_batch and most.max_batch and most.max_batch > best.max_batch:
+        batch_part += f"; the largest batch of all is {most.strategy}'s, {most.max_batch}"
+    return (
+        f"recommended: {best.strategy} ({why}; peak {_size(best.peak, unit)} + reserve "
+        f"{_size(best.reserve_bytes, unit)} of {budget}, {_size(best.headroom, unit)} {label} headroom "
+        f"after the reserve{batch_part}){broken}"
+    )
+
+
+def kernels_line(plan: Plan) -> str | None:
+    """Which optimizer implementation and attention kernel the plan's memory assumed."""
+    planned_for, seen = plan.kernels()
+    if not seen:
+        return None
+    parts = []
+    for (optimizer, attention), strategies in seen.items():
+        who = "" if len(seen) == 1 else f" ({', '.join(strategies)})"
+        parts.append(f"optimizer {optimizer}, attention {attention}{who}")
+    where = f" ({planned_for}, with its kernels)" if planned_for else ""
+    return "kernels assumed" + where + ": " + "; ".join(parts)
+
+
+def title(plan: Plan, cell: CellConfig, *, budget_text: str) -> str:
+    """What was planned: the model and Ψ, N, precision, budget, batch and how it was planned."""
+    mode = "fake" if cell.fake else "simulated, real tensors"
+    batch = "largest batch" if plan.batch is None else f"batch {plan.batch}"
+    return (
+        f"plan: {cell.workload} {cell.preset} (Ψ = {_params(plan.params)} parameters), N={cell.world_size}, "
+        f"{cell.precision}, budget {budget_text} per rank, {batch}"
+        + (", AC" if cell.activation_checkpointing else "")
+        + f" ({mode}); sizes in {size_unit(plan.budget)[1]}"
+    )
+
+
+def wrap(text: str, width: int = WIDTH) -> list[str]:
+    """``text`` in lines of at most ``width``, broken only after a space, a comma or a colon
+    (a model config's separators): ``vocab_size=32000`` is never split inside a name or a number."""
+    lines, line = [], ""
+    for token in re.split(r"(?<=[ ,:])", text):
+        if line and len(line) + len(token.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = token.lstrip() if line.endswith(" ") else token
+        else:
+            line += token
+    return [*lines, line.rstrip()] if line.strip() else lines
+
+
+def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
+    """The plan as data for other renderers (the HTML report): the budget, the reserve, the
+    recommendation and each strategy's figures in bytes, with the lines the terminal prints."""
+    best = plan.best
+    columns, body = table(plan)
+    return {
+        "title": title_text,
+        "budget_bytes": plan.budget,
+        "kernels": kernels_line(plan),
+        "columns": columns,
+        "table": body,
+        "batch": plan.batch,
+        "params": plan.params,
+        "recommended": best.strategy if best else None,
+        "verdict": verdict(plan),
+        "reserve": reserve_line(plan),
+        "rows": [
+            {
+                "strategy": r.strategy,
+                "fits": r.fits,
+                "status": r.record.status,
+                "peak_bytes": r.peak,
+                "reserve_bytes": r.reserve_bytes,
+                "headroom_bytes": r.headroom,
+                "model_state_bytes": r.model_states,
+                "formula_bytes": r.formula,
+                "max_batch": r.max_batch,
+            }
+            for r in plan.rows
+        ],
+    }
+
+
+def plan_markdown(plan: Plan, *, title_text: str) -> str:
+    columns, body = table(plan)
+    kernels = kernels_line(plan)
+    tail = f"\n\n{kernels}" if kernels else ""
+    lines = [f"# {title_text}", markdown_table(columns, body), verdict(plan), reserve_line(plan)]
+    return "\n\n".join(lines) + f"{tail}\n"
+
+
+def print_plan(plan: Plan, *, title_text: str) -> None:
+    """The plan table on the terminal (rich, at most 120 columns; plain text without rich)."""
+    columns, body = table(plan)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(plan_markdown(plan, title_text=title_text))
+        return
+    t = Table(header_style="bold", pad_edge=False, box=None)
+    for i, c in enumerate(columns):
+        left = i < 3
+        t.add_column(c, justify="left" if left else "right", overflow="fold", no_wrap=i == 0 or not left)
+    for line in body:
+        t.add_row(*line)
+    here = Console()
+    width = min(WIDTH, here.width) if here.is_terminal else WIDTH
+    console = Console(width=width)
+    for line in wrap(title_text, width):  # above the table, wrapped here: rich would split words
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    console.print(t)
+    for text in (verdict(plan), reserve_line(plan), kernels_line(plan)):
+        if text:
+            for line in wrap(text, width):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
