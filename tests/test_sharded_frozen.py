@@ -1,7 +1,8 @@
 """Stage 3's frozen parameters (bench/strategies/sharded/frozen.py): sharded between uses,
 gathered whole with their unit in forward and in backward (an activation-checkpointed unit's
-recompute, and the gradient of a frozen unit's input, need their values), never given a
-gradient or optimizer state, and whole again in ``full_state_dict``."""
+recompute, and the gradient of a frozen unit's input, need their values), their chunk released
+while they are whole, never given a gradient or optimizer state, and whole again in
+``full_state_dict``."""
 
 from __future__ import annotations
 
@@ -108,16 +109,21 @@ def _train(rank: int, world_size: int, checkpointed: bool, prefetch: bool) -> di
     model.blocks[0].register_forward_pre_hook(
         lambda m, _: seen.append({k: v.detach().clone() for k, v in m.state_dict().items()})
     )
-    sharded_between_steps, grads = [], []
+    store = sdp.gatherer.frozen
+    sharded_between_steps, grads, root_chunks_in_step = [], [], []
     for step in range(STEPS):
         opt.zero_grad(set_to_none=True)
         x, y = _batch(step)
         n = BATCH // world_size
-        _loss(sdp, x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]).backward()
+        loss = _loss(sdp, x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n])
+        root_chunks = [store.chunks[i] for i in store.unit_buckets[0]]
+        root_chunks_in_step.append(sum(c.untyped_storage().nbytes() for c in root_chunks))
+        loss.backward()
         grads += [p.grad for p in model.parameters() if id(p) in frozen]
         opt.step()
         sharded_between_steps.append(
             all(p.untyped_storage().size() == 0 for p in model.parameters() if id(p) in frozen)
+            and all(c.untyped_storage().nbytes() == 4 * c.numel() for c in store.chunks)
         )
     frozen_chunks = sum(c.numel() for c in sdp.gatherer.frozen.chunks)
     owned = sum(pc.numel for b in opt.buckets for pc in b.pieces)
@@ -128,6 +134,7 @@ def _train(rank: int, world_size: int, checkpointed: bool, prefetch: bool) -> di
         "state": full,
         "seen": seen,
         "sharded": sharded_between_steps,
+        "root_chunks_in_step": root_chunks_in_step,
         "grads": grads,
         "frozen_chunks": frozen_chunks,
         "state_elements": (state, owned),
@@ -151,6 +158,9 @@ def test_frozen_parameters_are_sharded_and_whole_where_used(checkpointed: bool, 
         for seen in r["seen"]:
             assert all(torch.equal(v, initial[f"blocks.0.{k}"]) for k, v in seen.items())
         assert all(r["sharded"]) and all(g is None for g in r["grads"])
+        # the root stays whole from forward into backward, and meanwhile its frozen chunk is
+        # released (a copy of part of what is whole), and cut again when the root is freed
+        assert r["root_chunks_in_step"] == [0] * STEPS
         # this rank's chunk of each frozen buffer: half of them, plus at most one padding element
         # per buffer (three: the root's, and one per block)
         assert frozen_elements / 2 <= r["frozen_chunks"] <= frozen_elements / 2 + 3

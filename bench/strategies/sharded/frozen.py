@@ -10,6 +10,12 @@ chunk as a tensor of its own, and the buffers' storage is freed; the ``UnitGathe
 and frees them together with the unit's trainable buffers. Nothing else touches them: no
 gradient hook, no reduction, no step.
 
+A frozen value never changes, so while a unit is gathered its chunk is only a copy of part of
+the whole buffer: it is released once the gather completes and cut again from the buffer just
+before the buffer is freed. A unit kept whole for long (the root, from its forward to the end of
+its backward) then costs its full frozen parameters and nothing more, as if they were never
+sharded, and between uses 1/N of them.
+
 Ranks start from rank 0's values, broadcast before the chunks are cut (as the trainable
 parameters are, ``ShardedDataParallel._start_identical``): the chunks of different ranks then
 gather into one model's weights even where the ranks initialised theirs differently.
@@ -67,3 +73,18 @@ class FrozenShards:
     def buffers(self, u: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Unit ``u``'s (flat buffer, this rank's chunk) pairs."""
         return [(self.flats[i], self.chunks[i]) for i in self.unit_buckets[u]]
+
+    def release_chunks(self, u: int) -> None:
+        """Unit ``u``'s buffers are whole (its gathers completed): its chunks' storage goes."""
+        for i in self.unit_buckets[u]:
+            if self.flats[i].untyped_storage().size():
+                self.chunks[i].untyped_storage().resize_(0)
+
+    @torch.no_grad()
+    def restore_chunks(self, u: int) -> None:
+        """Unit ``u``'s buffers are about to be freed: cut its released chunks from them again."""
+        for i in self.unit_buckets[u]:
+            b, flat, chunk = self.buckets[i], self.flats[i], self.chunks[i]
+            if chunk.untyped_storage().size() == 0 and flat.untyped_storage().size():
+                chunk.untyped_storage().resize_(chunk.numel() * chunk.element_size())
+                chunk.copy_(flat[b.chunk_start : b.chunk_start + b.chunk])

@@ -177,11 +177,13 @@ class UnitGatherer:
             if wait:
                 for work in self._gathering.pop(u, []):
                     work.wait()
+                self.frozen.release_chunks(u)  # a copy of part of the whole now (frozen.py)
 
     def free(self, u: int, *, force: bool = False) -> None:
         if u in self._gathered or force:
             for work in self._gathering.pop(u, []):  # never free what a gather still writes
                 work.wait()
+            self.frozen.restore_chunks(u)
             for flat, _ in self._buffers(u):
                 flat.untyped_storage().resize_(0)
             self._gathered.discard(u)
