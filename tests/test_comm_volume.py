@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from shardbench.harness.config import CellConfig
 from shardbench.metrics.analytic import CommShape, Communication, predicted_comm
 from shardbench.metrics.comm import CollectiveCounter
 from tests.cells import run_cell_here, tiny_cell
@@ -46,15 +47,57 @@ def test_measured_volume_equals_zero_accounting(strategy: str) -> None:
     cells += [tiny_cell(strategy=strategy, world_size=n, fake=True, simulate=True) for n in (8, 64)]
     cells.append(tiny_cell(strategy=strategy, world_size=8, fake=True, simulate=True, precision="bf16"))
     for cell in cells:
-        r = run_cell_here(cell)
-        assert r.status == "ok", r.error
-        measured, predicted = r.comm_per_step, r.predicted_comm
-        where = f"{strategy} N={cell.world_size} {r.backend} {cell.precision}"
-        assert measured["sent_per_rank"] == pytest.approx(predicted["sent_per_rank"], rel=0.01), where
-        for kind, want in predicted["ops"].items():
-            assert measured["ops"][kind]["bytes"] == pytest.approx(want["bytes"], rel=0.01), (where, kind)
-        fixed = sum(v["bytes"] for k, v in measured["ops"].items() if k not in predicted["ops"])
-        assert fixed < 0.01 * sum(v["bytes"] for v in predicted["ops"].values()), where
+        _assert_measured_equals_predicted(cell)
+
+
+def _assert_measured_equals_predicted(cell) -> dict:
+    r = run_cell_here(cell)
+    assert r.status == "ok", r.error
+    measured, predicted = r.comm_per_step, r.predicted_comm
+    where = f"{cell.strategy} {cell.workload} N={cell.world_size} {r.backend} {cell.precision}"
+    assert measured["sent_per_rank"] == pytest.approx(predicted["sent_per_rank"], rel=0.01), where
+    for kind, want in predicted["ops"].items():
+        assert measured["ops"][kind]["bytes"] == pytest.approx(want["bytes"], rel=0.01), (where, kind)
+    fixed = sum(v["bytes"] for k, v in measured["ops"].items() if k not in predicted["ops"])
+    assert fixed < 0.01 * sum(v["bytes"] for v in predicted["ops"].values()), where
+    return measured
+
+
+#: the frozen stem, in bytes (fp32): sent only where parameters are sharded
+FROZEN_BYTES = 4 * (64 * 64 + 64)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_frozen_parameters_are_gathered_where_parameters_are_sharded(strategy: str) -> None:
+    """A frozen layer is never reduced; zero3 and FSDP2 shard it and gather it with its unit
+    (ours keeps the root, where the stem is, gathered from forward into backward: once a step;
+    FSDP2 gathers it again for backward, and fsdp2-zero2 once), the others keep it whole and
+    send none of it. Measured equals predicted, on gloo ranks and in the fake group."""
+    cells = [
+        CellConfig(
+            workload="tests.user_models:frozen_net",
+            preset="default",
+            strategy=strategy,
+            world_size=n,
+            batch_size=2,
+            steps=1,
+            warmup=1,
+            simulate=fake,
+            fake=fake,
+        )  # fmt: skip
+        for n, fake in ((2, False), (8, True))
+    ]
+    for cell in cells:
+        measured = _assert_measured_equals_predicted(cell)
+    gathered = measured["ops"].get("all_gather", {"bytes": 0})["bytes"]
+    trainable = 4 * (2 * (64 * 64 + 64) + 64 * 4 + 4)
+    padding = 4 * (4 * 64 + 4)  # the head's dim 0 (4) padded to N = 8: FSDP2 only
+    expected = {
+        "zero1": trainable, "zero2": trainable, "zero3": 2 * trainable - 4 * 260 + FROZEN_BYTES,
+        "fsdp2-zero2": trainable + padding + FROZEN_BYTES,
+        "fsdp2-zero3": 2 * (trainable + padding + FROZEN_BYTES),
+    }.get(strategy, 0)  # fmt: skip
+    assert gathered == pytest.approx(expected, rel=0.01), (strategy, gathered)
 
 
 def test_prediction_pads_dim0_and_keeps_the_root() -> None:
@@ -75,6 +118,28 @@ def test_prediction_pads_dim0_and_keeps_the_root() -> None:
     assert out["ops"]["all_gather"]["bytes"] == 4 * (2 * elements - 30)
     assert out["ops"]["all_reduce"]["sent_per_rank"] == round(4 * elements * 2 * 3 / 4)
     assert out["sent_per_rank"] == sum(v["sent_per_rank"] for v in out["ops"].values())
+
+
+def test_prediction_gathers_frozen_parameters_only_where_they_are_sharded() -> None:
+    """Frozen elements are never reduced; a strategy that shards them gathers them at each of
+    its gathers (padded on dim 0 where it pads), the root's kept ones once."""
+    shape = CommShape(dims=((4, 40),), root_elements=8, frozen=((3, 30), (2, 2)), root_frozen_elements=30)
+    ours = Communication(
+        gradients="reduce_scatter", gradient_bytes=4, parameters="all_gather", parameter_bytes=4,
+        gathers=2, root_kept=True, frozen_gathered=True,
+    )  # fmt: skip
+    got = predicted_comm(ours, shape, 4)["ops"]
+    assert got["reduce_scatter"]["bytes"] == 4 * 40
+    assert got["all_gather"]["bytes"] == 4 * (2 * (40 + 32) - (8 + 30))
+    fsdp = Communication(
+        gradients="reduce_scatter", gradient_bytes=4, parameters="all_gather", parameter_bytes=2,
+        gathers=2, dim0_padding=True, frozen_gathered=True,
+    )  # fmt: skip
+    assert predicted_comm(fsdp, shape, 4)["ops"]["all_gather"]["bytes"] == 2 * 2 * (40 + 40 + 4)
+    whole = Communication(
+        gradients="reduce_scatter", gradient_bytes=4, parameters="all_gather", parameter_bytes=4
+    )
+    assert predicted_comm(whole, shape, 4)["ops"]["all_gather"]["bytes"] == 4 * 40
 
 
 def _zero2_steps(rank: int, world_size: int, count: bool) -> tuple[dict | None, dict | None, dict]:

@@ -58,9 +58,11 @@ def test_each_rank_holds_its_partition_at_n4() -> None:
         assert r["grad_bytes"] <= 4 * (total / 4 * 1.01) + 4 * r["max_bucket"]
 
 
-def _full_bytes(opt: ShardedOptimizer) -> int:
-    """Bytes held now by the flat buffers, in which stage 3 gathers whole units."""
-    return sum(flat.untyped_storage().nbytes() for flat in opt.flats)
+def _full_bytes(sdp: ShardedDataParallel) -> int:
+    """Bytes held now by the flat buffers, trainable and frozen, in which stage 3 gathers whole
+    units."""
+    flats = [*sdp.optimizer.flats, *sdp.gatherer.frozen.flats]
+    return sum(flat.untyped_storage().nbytes() for flat in flats)
 
 
 def _stage3_holdings(rank: int, world_size: int, prefetch: bool) -> dict:
@@ -81,13 +83,13 @@ def _stage3_holdings(rank: int, world_size: int, prefetch: bool) -> dict:
         batch = tricky.rank_slice(tricky.global_batch(step, 4, vocab=BIG_VOCAB), rank, world_size)
         opt.zero_grad(set_to_none=True)
         loss = tricky.loss(sdp, batch, step)
-        out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))  # the root only
+        out["full_bytes"].append((_full_bytes(sdp), sdp.gathered_units()))  # the root only
         loss.backward()
-        out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))
+        out["full_bytes"].append((_full_bytes(sdp), sdp.gathered_units()))
         # no full gradient either: none held, none in a buffer or a reduction in flight
         assert sdp.idle()
         opt.step()
-        out["full_bytes"].append((_full_bytes(opt), sdp.gathered_units()))
+        out["full_bytes"].append((_full_bytes(sdp), sdp.gathered_units()))
     root = sum(b.padded * 4 for b, u in zip(opt.buckets, sdp.gatherer.unit_of_bucket, strict=True) if u == 0)
     out |= {
         "root_bytes": root,
@@ -95,6 +97,8 @@ def _stage3_holdings(rank: int, world_size: int, prefetch: bool) -> dict:
         "full_grads": sum(p.grad.numel() for p in model.parameters() if p.grad is not None),
         # each chunk is a tensor of its own: holding it keeps no whole buffer alive
         "param_bytes": sum(c.untyped_storage().nbytes() for c in opt.chunks),
+        "frozen_bytes": sum(c.untyped_storage().nbytes() for c in sdp.gatherer.frozen.chunks),
+        "frozen_grads": [p.grad for p in model.frozen.parameters()],
         "grad_bytes": sum(g.untyped_storage().nbytes() for g in sdp.memory_tensors()["grads"]),
         "state_bytes": sum(
             v.untyped_storage().nbytes()
@@ -113,7 +117,7 @@ def _stage3_holdings(rank: int, world_size: int, prefetch: bool) -> dict:
     sdp.eval()
     with torch.no_grad():
         logits = sdp(batch["tokens"], True)
-    out["after_eval"] = (_full_bytes(opt), sdp.gathered_units())
+    out["after_eval"] = (_full_bytes(sdp), sdp.gathered_units())
     plain = tricky.build(BIG_VOCAB)
     plain.load_state_dict(full)
     with torch.no_grad():
@@ -133,14 +137,17 @@ def test_stage3_each_rank_holds_only_its_chunks_at_n4(prefetch: bool) -> None:
     total = sum(p.numel() for p in tricky.build(BIG_VOCAB).parameters() if p.requires_grad)
     ranks = run_in_world(_stage3_holdings, n, prefetch)
     assert sum(r["owned"] for r in ranks) == total  # every element owned exactly once
+    frozen = sum(p.numel() for p in tricky.build(BIG_VOCAB).frozen.parameters())
     for r in ranks:
-        assert r["units"] == 4  # root (the tied embedding/head weight), body, branch, head
+        assert r["units"] == 5  # root (the tied embedding/head weight), frozen, body, branch, head
         forward, backward, step = r["full_bytes"][:3]
         assert forward == (r["root_bytes"], [""]) and backward == step == (0, [])
         assert r["full_bytes"][3:] == [forward, backward, step] * 2  # with or without the branch
         assert r["most_gathered"] == (3 if prefetch else 2)
         assert r["full_grads"] == 0
         assert r["param_bytes"] == r["grad_bytes"] == 4 * r["chunks"]
+        # the frozen layer: its chunk only (one bucket, padded to N), and never a gradient
+        assert r["frozen_bytes"] == 4 * -(-frozen // n) and r["frozen_grads"] == [None, None]
         assert r["state_bytes"] == 8 * r["owned"]
         # balanced to the element: total/N plus under N padding elements per bucket
         assert r["owned"] <= r["chunks"] < total / n + r["buckets"]

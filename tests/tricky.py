@@ -39,8 +39,9 @@ def build(vocab: int = VOCAB) -> TrickyNet:
 
 def child_units(model: nn.Module):
     """A stage-3 unit policy making every child a unit: the tied embedding and head fall in two
-    units (so their weight is gathered by the root, which encloses both), the frozen layer is a
-    unit with nothing to shard, and the branch a unit unused on odd steps."""
+    units (so their weight is gathered by the root, which encloses both), the frozen layer a
+    unit of frozen parameters only (gathered for its forward, and for its backward, which
+    needs its weight for its input's gradient), and the branch a unit unused on odd steps."""
     children = {id(m) for m in model.children()}
     return lambda module: id(module) in children
 

@@ -40,7 +40,14 @@ def predict_comm(
     if comm is None or backend == "none" or shape is None:
         return None
     dims = tuple((int(d), int(n)) for d, n in shape["dims"])
-    return predicted_comm(comm, CommShape(dims=dims, root_elements=shape["root_elements"]), world_size)
+    frozen = tuple((int(d), int(n)) for d, n in shape.get("frozen_dims", ()))
+    comm_shape = CommShape(
+        dims=dims,
+        root_elements=shape["root_elements"],
+        frozen=frozen,
+        root_frozen_elements=shape.get("root_frozen_elements", 0),
+    )
+    return predicted_comm(comm, comm_shape, world_size)
 
 
 def comm_shape_of(cell: CellConfig) -> dict[str, Any] | None:
@@ -53,13 +60,19 @@ def comm_shape_of(cell: CellConfig) -> dict[str, Any] | None:
         shape = comm_shape(cell.workload, cell.preset)
     except Exception:  # noqa: BLE001 - a prediction that cannot be made leaves the record without one
         return None
-    return {"dims": [list(d) for d in shape.dims], "root_elements": shape.root_elements}
+    return {
+        "dims": [list(d) for d in shape.dims],
+        "root_elements": shape.root_elements,
+        "frozen_dims": [list(d) for d in shape.frozen],
+        "root_frozen_elements": shape.root_frozen_elements,
+    }
 
 
 @functools.cache
 def comm_shape(workload_name: str, preset: str) -> CommShape:
-    """The trainable parameters' shapes and the root unit's elements (the parameters no unit of
-    ``Workload.shard_units``, or zero3's default policy, claims), from a meta build."""
+    """The trainable and the frozen parameters' shapes and the root unit's elements of each
+    (the parameters no unit of ``Workload.shard_units``, or zero3's default policy, claims), from
+    a meta build."""
     import torch
 
     from shardbench.models.registry import get_workload
@@ -69,13 +82,20 @@ def comm_shape(workload_name: str, preset: str) -> CommShape:
     with torch.device("meta"):
         model = workload.build(preset)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    frozen = [p for p in model.parameters() if not p.requires_grad]
     named = workload.shard_units(model)
     ids = {id(u) for u in named or ()}
     policy = None if named is None else (lambda module: id(module) in ids)
-    root = find_units(model, policy, trainable)[0]
+    root = find_units(model, policy, trainable, frozen)[0]
+
+    def dims(params: list[Any]) -> tuple[tuple[int, int], ...]:
+        return tuple((p.shape[0] if p.dim() else 1, p.numel()) for p in params)
+
     return CommShape(
-        dims=tuple((p.shape[0] if p.dim() else 1, p.numel()) for p in trainable),
+        dims=dims(trainable),
         root_elements=sum(p.numel() for p in root.params),
+        frozen=dims(frozen),
+        root_frozen_elements=sum(p.numel() for p in root.frozen),
     )
 
 

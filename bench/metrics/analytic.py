@@ -148,7 +148,13 @@ def predicted_model_state_bytes(
 # What a rank sends per step, by ZeRO's accounting (section 7 of the paper): with Psi parameters,
 # DDP all-reduces the gradients (2 Psi elements sent per rank by a ring, times (N-1)/N); ZeRO-1
 # and ZeRO-2 reduce-scatter them and all-gather the updated parameters (Psi + Psi: the same 2 Psi);
-# ZeRO-3 gathers the parameters in forward and again in backward (3 Psi, 1.5x). The element size
+# ZeRO-3 gathers the parameters in forward and again in backward (3 Psi, 1.5x). Frozen parameters
+# (no gradient) are never reduced; where parameters are sharded (zero3, FSDP2) they are sharded
+# and gathered with their unit like the trainable ones, elsewhere they stay whole on every rank
+# and are never sent. The prediction counts a frozen parameter's unit as gathered again for
+# backward like any other, which holds wherever a gradient passes through the unit (any unit
+# holding a trainable parameter or coming after one); a unit of frozen parameters only, run
+# before any trainable one, has no backward and is gathered once. The element size
 # is what each strategy really communicates (``Communication``), and the prediction is per
 # operator kind so it can be set against what ``bench/metrics/comm.py`` counts. What it leaves
 # out, and the measurement shows as it is: buffers broadcast each forward (DDP's
@@ -187,26 +193,45 @@ class Communication:
     #: the root unit stays gathered from forward into backward (ours), so backward does not
     #: gather it again
     root_kept: bool = False
+    #: frozen parameters are sharded too and gathered with their unit at each of its gathers
+    #: (zero3, FSDP2); otherwise they stay whole on every rank and are never sent
+    frozen_gathered: bool = False
     #: each parameter is sharded on dim 0, padded to a multiple of N (FSDP2's ``Shard(0)``),
     #: rather than packed into flat buckets
     dim0_padding: bool = False
 
 
+def _padded(dims: tuple[tuple[int, int], ...], world_size: int) -> int:
+    return sum(-(-d // world_size) * world_size * (n // d) if d else n for d, n in dims)
+
+
 @dataclass(frozen=True)
 class CommShape:
-    """What the communication prediction needs of a model: its trainable parameters' shapes
-    (dim 0 and element count each) and the elements of zero3's root unit."""
+    """What the communication prediction needs of a model: its trainable and its frozen
+    parameters' shapes (dim 0 and element count each), and the elements of each kind in zero3's
+    root unit."""
 
     dims: tuple[tuple[int, int], ...]  # (dim 0, numel) per trainable parameter
     root_elements: int = 0
+    frozen: tuple[tuple[int, int], ...] = ()  # (dim 0, numel) per frozen parameter
+    root_frozen_elements: int = 0
 
     @property
     def elements(self) -> int:
         return sum(n for _, n in self.dims)
 
+    @property
+    def frozen_elements(self) -> int:
+        return sum(n for _, n in self.frozen)
+
     def padded(self, world_size: int) -> int:
-        """Elements once each parameter's dim 0 is padded to a multiple of ``world_size``."""
-        return sum(-(-d // world_size) * world_size * (n // d) if d else n for d, n in self.dims)
+        """Trainable elements once each parameter's dim 0 is padded to a multiple of
+        ``world_size``."""
+        return _padded(self.dims, world_size)
+
+    def frozen_padded(self, world_size: int) -> int:
+        """The same for the frozen parameters."""
+        return _padded(self.frozen, world_size)
 
 
 def predicted_comm(comm: Communication, shape: CommShape, world_size: int) -> dict[str, Any]:
@@ -218,8 +243,12 @@ def predicted_comm(comm: Communication, shape: CommShape, world_size: int) -> di
         gradients = comm.gradients_from[1]
     volumes: dict[str, int] = {gradients: elements * comm.gradient_bytes}
     if comm.parameters is not None:
-        kept = shape.root_elements if comm.root_kept and comm.gathers > 1 else 0
-        gathered = comm.gathers * elements - kept
+        sharded, root = elements, shape.root_elements
+        if comm.frozen_gathered:
+            sharded += shape.frozen_padded(world_size) if comm.dim0_padding else shape.frozen_elements
+            root += shape.root_frozen_elements
+        kept = root if comm.root_kept and comm.gathers > 1 else 0
+        gathered = comm.gathers * sharded - kept
         volumes[comm.parameters] = volumes.get(comm.parameters, 0) + gathered * comm.parameter_bytes
     ops = {
         kind: {"bytes": size, "sent_per_rank": round(size * RING[kind](world_size))}

@@ -68,9 +68,10 @@ class FSDP2Strategy(Strategy):
         }
 
     def communication(self, precision: str, backend: str) -> Communication:
-        """Per unit: an all-gather of its parameters (bf16 under the bf16 policy) before forward,
-        again before backward when resharded after forward, and a reduce-scatter of its fp32
-        gradients; each parameter sharded on dim 0, padded to a multiple of N."""
+        """Per unit: an all-gather of its parameters, frozen ones included (bf16 under the bf16
+        policy), before forward, again before backward when resharded after forward, and a
+        reduce-scatter of its fp32 gradients; each parameter sharded on dim 0, padded to a
+        multiple of N."""
         return Communication(
             gradients="reduce_scatter",
             gradient_bytes=4,
@@ -78,6 +79,7 @@ class FSDP2Strategy(Strategy):
             parameter_bytes=2 if precision == "bf16" else 4,
             gathers=2 if self.reshard_after_forward else 1,
             dim0_padding=True,
+            frozen_gathered=True,
         )
 
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:

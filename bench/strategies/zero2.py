@@ -28,8 +28,8 @@ class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
     def communication(self, precision: str, backend: str) -> Communication:
         """Gradients reduce-scattered (on gloo all-reduced in place, or from ``GLOO_REDUCE_FROM``
         ranks on each chunk reduced to its owner: ``default_collective``), then the updated
-        parameters all-gathered; zero3 gathers each unit in forward and again in backward, but
-        the root, which stays gathered in between."""
+        parameters all-gathered; zero3 gathers each unit, its frozen parameters included, in
+        forward and again in backward, but the root, which stays gathered in between."""
         size = element_bytes(precision)
         gloo = backend == "gloo"
         return Communication(
@@ -40,6 +40,7 @@ class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
             parameter_bytes=size,
             gathers=2 if self.stage == 3 else 1,
             root_kept=self.stage == 3,
+            frozen_gathered=self.stage == 3,
         )
 
     def settings(self) -> dict[str, Any]:

@@ -11,13 +11,16 @@
   sharded too: each *unit* (``unit``: a callable ``module -> bool``; default: every child of an
   ``nn.ModuleList``/``nn.Sequential`` holding parameters, and the root for the rest) is gathered
   just before its forward and again before its backward, and freed after each (``gatherer.py``,
-  ``units.py``); ``full_state_dict()`` consolidates the model (a collective). The ``zero3``
-  strategy.
+  ``units.py``); frozen parameters (``requires_grad=False``) are sharded and gathered with their
+  unit too, with no gradient and no optimizer state (``frozen.py``); ``full_state_dict()``
+  consolidates the model (a collective). The ``zero3`` strategy.
 
 How it is put together: ``ShardedDataParallel`` (``data_parallel.py``) composes a
 ``GradientReducer`` (``reducer.py``, every stage) and, for stage 3, a ``UnitGatherer``
 (``gatherer.py``). The optimizer knows the wrapper only through ``attach`` (the reducer becomes
-its ``GradientSource``) and, for stage 3, ``shard_parameters`` (it keeps only its chunks).
+its ``GradientSource``) and, for stage 3, ``shard_parameters`` (it keeps only its chunks). The
+optimizer owns only what it optimizes: stage 3's frozen parameters are kept, as chunks, by the
+gatherer (``FrozenShards``), and stages 1 and 2 leave them whole in the module.
 
 What lives where, per rank, with Psi parameters and N ranks (fp32 AdamW):
 
@@ -26,6 +29,7 @@ What lives where, per rank, with Psi parameters and N ranks (fp32 AdamW):
 =================  ===========================  ===========================  ===========================
 parameters         full (4 Psi), flat buckets   full (4 Psi), flat buckets   own chunk (4 Psi / N); a
                                                                              unit whole while it runs
+                                                                             (frozen ones included)
 gradients          full (4 Psi, buckets)        own chunk (4 Psi / N)        own chunk (4 Psi / N)
 optimizer state    own chunk (8 Psi / N)        own chunk (8 Psi / N)        own chunk (8 Psi / N)
 in flight (comm)   the buckets are the grads    <= 2 reduce buckets +        one unit reducing, one

@@ -4,7 +4,10 @@
   by bucket, each rank keeping its own chunk's. Stage 1 keeps the full gradient buffers (as DDP
   keeps its buckets), stages 2 and 3 only the reduced chunks;
 - a ``UnitGatherer`` (``gatherer.py``), stage 3 only: parameters sharded too, each unit gathered
-  just before its forward and again before its backward, and freed after each.
+  just before its forward and again before its backward, and freed after each. Frozen
+  parameters (``requires_grad=False``, read when the module is wrapped) are sharded and
+  gathered with their unit as well; they take no gradient, no reduction and no optimizer
+  state. Stages 1 and 2 keep every parameter whole, frozen ones included.
 
 The wrapper wires them to the autograd engine and to the ``ShardedOptimizer`` that packed the
 module's parameters into flat buckets (``optimizer.attach``: the reducer becomes the optimizer's
@@ -108,7 +111,10 @@ class ShardedDataParallel(nn.Module):
         units = None
         if stage == 3:
             units = find_units(
-                module, None if unit is _UNSET else unit, [p for b in opt.buckets for p in b.params]
+                module,
+                None if unit is _UNSET else unit,
+                [p for b in opt.buckets for p in b.params],
+                frozen=[p for p in module.parameters() if not p.requires_grad],
             )
             opt.shard_parameters([u.params for u in units])
         self.reducer = GradientReducer(
@@ -193,11 +199,12 @@ class ShardedDataParallel(nn.Module):
 
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
         """Tensors held now, by category: the gradients a rank keeps, and (stage 3) its
-        parameter chunks ("params": the parameters it keeps; gathered flat buffers are the
-        module's parameters' storage, which the memory tracker already counts as parameters)."""
+        parameter chunks, trainable and frozen ("params": the parameters it keeps; gathered flat
+        buffers are the module's parameters' storage, which the memory tracker already counts as
+        parameters)."""
         tensors = self.reducer.memory_tensors()
         if self.gatherer is not None:
-            tensors["params"] = list(self.optimizer.chunks)
+            tensors["params"] = [*self.optimizer.chunks, *self.gatherer.frozen.chunks]
         return tensors
 
     @torch.no_grad()
@@ -214,7 +221,7 @@ class ShardedDataParallel(nn.Module):
         gathered = set(self.gatherer.gathered_units())
         for u in self.gatherer.units:
             self.gatherer.gather(u.index)
-            for p in u.params:
+            for p in (*u.params, *u.frozen):
                 value = p.detach().clone()
                 for name in names.get(id(p), []):
                     state[name] = value
@@ -290,10 +297,13 @@ class ShardedDataParallel(nn.Module):
 
     def _reduce_unit(self, u: int) -> None:
         assert self.gatherer is not None
+        own = self.gatherer.unit_buckets[u]
+        if not own:  # all frozen: nothing to reduce, and the reduction in flight may go on
+            return
         # The previous unit's reduction completes first: its buffer goes before this one's comes.
         self.reducer.drain()
         buckets = self.optimizer.buckets
-        for bi in self.gatherer.unit_buckets[u]:
+        for bi in own:
             self._reduce_bucket_now(buckets[bi])
 
     def _reduce_bucket_now(self, bucket: Any) -> None:

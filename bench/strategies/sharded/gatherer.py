@@ -1,9 +1,13 @@
 """``UnitGatherer``: stage 3's parameters, whole only while their unit runs.
 
-Each unit's parameters live in flat buffers (one per param group, ``ShardedOptimizer.
-shard_parameters``) whose *storage* is resized to zero between uses, while the buffers keep
-their metadata: parameters, and the views autograd saved of them for backward, stay valid
-objects and regain their values when the storage is refilled (FSDP's own technique).
+Each unit's parameters live in flat buffers (the trainable ones one per param group,
+``ShardedOptimizer.shard_parameters``; the frozen ones, which the optimizer never sees, one per
+dtype in a ``FrozenShards`` the gatherer keeps, ``frozen.py``) whose *storage* is resized to
+zero between uses, while the buffers keep their metadata: parameters, and the views autograd
+saved of them for backward, stay valid objects and regain their values when the storage is
+refilled (FSDP's own technique). A unit's frozen buffers are gathered and freed exactly when its
+trainable ones are: a frozen weight is needed in forward, in backward for its inputs' gradients,
+and in an activation-checkpointed unit's recompute.
 
 A unit's life in a step:
 
@@ -39,7 +43,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardbench.strategies.sharded.optimizer import ShardedOptimizer
+from shardbench.strategies.sharded.frozen import FrozenShards
+from shardbench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
 from shardbench.strategies.sharded.prefetch import UnitOrder
 from shardbench.strategies.sharded.profiling import profiled
 from shardbench.strategies.sharded.units import Unit
@@ -75,8 +80,8 @@ def _needs_grad(t: torch.Tensor) -> bool:
 
 
 class UnitGatherer:
-    """Gathers and frees ``units``' parameters around their forward and backward (see the
-    module docstring). ``backward_started`` is called at the first gradient that reaches a
+    """Gathers and frees ``units``' parameters, trainable and frozen, around their forward and
+    backward (see the module docstring). ``backward_started`` is called at the first gradient that reaches a
     unit's output in a backward pass, ``unit_backward_done(u)`` when unit ``u``'s is over (it
     has been freed)."""
 
@@ -103,6 +108,15 @@ class UnitGatherer:
         self.unit_buckets: list[list[int]] = [[] for _ in units]
         for bi, u in enumerate(self.unit_of_bucket):
             self.unit_buckets[u].append(bi)
+        #: the units' frozen parameters: no business of the optimizer, which owns only what it
+        #: optimizes, but sharded, gathered and freed here with their unit's
+        self.frozen = FrozenShards(
+            units,
+            world_size=self.world_size,
+            rank=optimizer.rank,
+            process_group=self.process_group,
+            src=global_rank(self.process_group, 0),
+        )
         self._order = UnitOrder()
         self._gathered: set[int] = set()  # units whose flat buffers hold their parameters
         self._gathering: dict[int, list[Any]] = {}  # unit -> its gathers not yet waited for
@@ -134,15 +148,19 @@ class UnitGatherer:
             self.free(u)
 
     # ----- gather and free ---------------------------------------------------------------------
+    def _buffers(self, u: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Unit ``u``'s (flat buffer, this rank's chunk) pairs: trainable, then frozen."""
+        opt = self.optimizer
+        trainable = [(opt.flats[bi], opt.chunks[bi]) for bi in self.unit_buckets[u]]
+        return trainable + self.frozen.buffers(u)
+
     @torch.no_grad()
     def gather(self, u: int, *, wait: bool = True) -> None:
         """Gather unit ``u`` (idempotent); ``wait=False`` only starts it (a prefetch)."""
-        opt = self.optimizer
         with profiled("shardbench::zero3::gather"):
             if u not in self._gathered:
                 works = []
-                for bi in self.unit_buckets[u]:
-                    flat, chunk = opt.flats[bi], opt.chunks[bi]
+                for flat, chunk in self._buffers(u):
                     with _preserve_version(flat):
                         flat.untyped_storage().resize_(flat.numel() * flat.element_size())
                         if self.world_size > 1:
@@ -159,13 +177,15 @@ class UnitGatherer:
             if wait:
                 for work in self._gathering.pop(u, []):
                     work.wait()
+                self.frozen.release_chunks(u)  # a copy of part of the whole now (frozen.py)
 
     def free(self, u: int, *, force: bool = False) -> None:
         if u in self._gathered or force:
             for work in self._gathering.pop(u, []):  # never free what a gather still writes
                 work.wait()
-            for bi in self.unit_buckets[u]:
-                self.optimizer.flats[bi].untyped_storage().resize_(0)
+            self.frozen.restore_chunks(u)
+            for flat, _ in self._buffers(u):
+                flat.untyped_storage().resize_(0)
             self._gathered.discard(u)
             self._prefetched.discard(u)
 

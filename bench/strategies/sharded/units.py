@@ -5,16 +5,20 @@ freed right after, as FSDP's wrapping policy decides. The root module is always 
 parameters no other unit claims; it stays gathered from the start of forward to the end of its
 backward (as FSDP keeps its root), since backward begins with it.
 
-The one idea: every trainable parameter is gathered by exactly one unit, the lowest common
-ancestor (in the unit tree) of every unit whose modules use it. A weight tied between two units
-(an input embedding and the output head) therefore lives in a unit that encloses both, which is
-gathered whenever either runs: gathered once, its gradient reduced once. Units may nest (a unit
-inside another is gathered inside its parent's forward, when the parent is already gathered).
+The one idea: every parameter is gathered by exactly one unit, the lowest common ancestor (in
+the unit tree) of every unit whose modules use it. A weight tied between two units (an input
+embedding and the output head) therefore lives in a unit that encloses both, which is gathered
+whenever either runs: gathered once, its gradient reduced once. Units may nest (a unit inside
+another is gathered inside its parent's forward, when the parent is already gathered).
+
+The rule is the same for a frozen parameter (``requires_grad=False``): it is sharded and
+gathered with its unit like a trainable one, and only its bookkeeping differs (no gradient, no
+optimizer state), so a unit lists the two apart: ``params`` (the optimizer's) and ``frozen``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -26,13 +30,15 @@ UnitPolicy = Callable[[nn.Module], bool]
 
 @dataclass
 class Unit:
-    """A module gathered as a whole; ``params`` are the trainable parameters it gathers."""
+    """A module gathered as a whole; ``params`` are the trainable parameters it gathers,
+    ``frozen`` those it gathers that take no gradient."""
 
     index: int
     name: str  # "" for the root
     module: nn.Module
     parent: int | None  # index of the enclosing unit; None for the root
     params: list[nn.Parameter] = field(default_factory=list)
+    frozen: list[nn.Parameter] = field(default_factory=list)
 
     @property
     def is_root(self) -> bool:
@@ -45,16 +51,22 @@ def default_unit_policy(root: nn.Module) -> UnitPolicy:
     return lambda module: id(module) in chosen
 
 
-def find_units(root: nn.Module, policy: UnitPolicy | None, sharded: list[nn.Parameter]) -> list[Unit]:
+def find_units(
+    root: nn.Module,
+    policy: UnitPolicy | None,
+    sharded: list[nn.Parameter],
+    frozen: Sequence[nn.Parameter] = (),
+) -> list[Unit]:
     """The units of ``root`` under ``policy`` (None: ``default_unit_policy``), root first; each
-    holds the parameters of ``sharded`` it gathers (see the module docstring). Units left
-    without parameters (their weights all frozen, or all tied into an enclosing unit) are
-    dropped: there is nothing to gather for them."""
+    holds the parameters of ``sharded`` (in ``params``) and of ``frozen`` (in ``frozen``) it
+    gathers (see the module docstring). Units left without parameters (all tied into an
+    enclosing unit) are dropped: there is nothing to gather for them."""
     is_unit = policy if policy is not None else default_unit_policy(root)
     units = [Unit(0, "", root, None)]
     unit_of_module: dict[int, int] = {id(root): 0}
     users: dict[int, set[int]] = {}  # id(param) -> units whose modules register it
-    wanted = {id(p) for p in sharded}
+    frozen_ids = {id(p) for p in frozen}
+    wanted = {id(p) for p in sharded} | frozen_ids
 
     def visit(module: nn.Module, prefix: str, unit: int) -> None:
         for p in module._parameters.values():
@@ -74,7 +86,7 @@ def find_units(root: nn.Module, policy: UnitPolicy | None, sharded: list[nn.Para
             visit(child, path, inner)
 
     visit(root, "", 0)
-    missing = [p for p in sharded if id(p) not in users]
+    missing = [p for p in (*sharded, *frozen) if id(p) not in users]
     if missing:
         raise ValueError(
             f"{len(missing)} parameter(s) to shard (first of shape {tuple(missing[0].shape)}) are not "
@@ -87,12 +99,12 @@ def find_units(root: nn.Module, policy: UnitPolicy | None, sharded: list[nn.Para
             chain.append(parent)
         return chain
 
-    for p in sharded:
+    for p in (*sharded, *frozen):
         chains = [ancestors(u) for u in sorted(users[id(p)])]
         common = set(chains[0]).intersection(*chains[1:])
         owner = next(u for u in chains[0] if u in common)  # the lowest common ancestor
-        units[owner].params.append(p)
-    kept = [u for u in units if u.params or u.is_root]
+        (units[owner].frozen if id(p) in frozen_ids else units[owner].params).append(p)
+    kept = [u for u in units if u.params or u.frozen or u.is_root]
     renumber = {u.index: i for i, u in enumerate(kept)}
     for u in kept:
         parent = u.parent
