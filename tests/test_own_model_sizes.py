@@ -68,17 +68,22 @@ def test_claim_takes_your_own_model(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     """Resolution only (the claim's pipeline has its own tests): your workload replaces the
     spec's, at its --model-config shape and --batch-size, searched over its depth family, into a
     directory of its own."""
+    from shardbench.report import claim_report
     from shardbench.studies import claim as claim_study
 
     seen = {}
 
     def fake_claim(spec, *, out_dir, workloads, resume):
         seen.update(spec=spec, out=out_dir, workloads=workloads)
-        (out_dir / "report.md").parent.mkdir(parents=True, exist_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return claim_study.ClaimRun(results=[], wall_s=0.0, resumed=False)
+
+    def fake_report(spec, results, out_dir, wall_s, *, resumed=False):
         (out_dir / "report.md").write_text("ok")
-        return out_dir / "report.md", []
+        return out_dir / "report.md"
 
     monkeypatch.setattr(claim_study, "claim", fake_claim)
+    monkeypatch.setattr(claim_report, "write_claim_report", fake_report)
     monkeypatch.chdir(tmp_path)
     argv = ["claim", "--spec", "tiny", "--workload", f"transformer,{SIZED}", "--model-config", "width=8"]
     assert main([*argv, "--batch-size", "3"]) == 0
