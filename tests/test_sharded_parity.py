@@ -232,3 +232,46 @@ def test_add_param_group() -> None:
     for st in run_in_world(_add_group_later, 2):
         diff, where = max_rel_diff(st, ref)
         assert diff < 1e-6, f"{where} off by {diff:.2e}"
+
+
+class _Buffers(torch.nn.Module):
+    """Buffers of five dtypes and odd sizes (a 0-dim int64 step count among them), different
+    on each rank, beside one parameter."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(3))
+        g = torch.Generator().manual_seed(rank)
+        self.register_buffer("mean", torch.randn(3, generator=g))
+        self.register_buffer("flags", torch.rand(5, generator=g) > 0.5)
+        self.register_buffer("steps", torch.tensor(rank + 7))
+        self.register_buffer("fp16", torch.randn(7, generator=g).half())
+        self.register_buffer("wide", torch.randn(1, 2, generator=g, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.weight).sum()
+
+
+def _buffers_after_forward(rank: int, world_size: int) -> tuple[dict[str, torch.Tensor], int]:
+    model = _Buffers(rank)
+    sdp = ShardedDataParallel(model, ShardedOptimizer(model.parameters(), optim=torch.optim.AdamW))
+    calls, broadcast = [], torch.distributed.broadcast
+    torch.distributed.broadcast = lambda *a, **k: calls.append(a) or broadcast(*a, **k)
+    try:
+        sdp(torch.ones(3))
+    finally:
+        torch.distributed.broadcast = broadcast
+    sdp.close()
+    return dict(model.named_buffers()), len(calls)
+
+
+def test_buffers_reach_every_rank_bitwise_in_one_broadcast() -> None:
+    """Rank 0's buffers, every dtype, on every rank after a forward, in one collective (each is
+    a gloo round trip)."""
+    ref = dict(_Buffers(0).named_buffers())
+    for buffers, calls in run_in_world(_buffers_after_forward, 2):
+        assert calls == 1
+        assert buffers.keys() == ref.keys()
+        for name, value in buffers.items():
+            assert value.dtype == ref[name].dtype and value.shape == ref[name].shape, name
+            assert torch.equal(value, ref[name]), name

@@ -238,20 +238,25 @@ class ShardedDataParallel(nn.Module):
     @torch.no_grad()
     def _broadcast_buffers(self) -> None:
         """Rank 0's buffers (norm statistics) to every rank, as DDP does before each forward:
-        one broadcast per dtype and device, not one per buffer. A ResNet's batch norms hold
-        three buffers each, and each gloo broadcast is a round trip."""
-        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        one broadcast per device, not one per buffer nor per dtype. A ResNet's batch norms hold
+        three buffers each, two dtypes (running statistics and an int64 step count), and each
+        gloo broadcast is a round trip; a broadcast only copies bits, so the buffers travel as
+        their bytes, widest elements first (each then starts at a multiple of its own size, which
+        viewing the bytes back as its dtype needs)."""
+        groups: dict[torch.device, list[torch.Tensor]] = {}
         for buf in self.module.buffers():
-            groups.setdefault((buf.dtype, buf.device), []).append(buf)
+            groups.setdefault(buf.device, []).append(buf)
         for bufs in groups.values():
             if len(bufs) == 1:
                 dist.broadcast(bufs[0], src=self._src, group=self.process_group)
                 continue
-            flat = torch.cat([b.reshape(-1) for b in bufs])
+            bufs.sort(key=lambda b: -b.element_size())  # stable: registration order within a size
+            flat = torch.cat([b.reshape(-1).view(torch.uint8) for b in bufs])
             dist.broadcast(flat, src=self._src, group=self.process_group)
             if dist.get_rank() != self._src:
-                for b, value in zip(bufs, flat.split([b.numel() for b in bufs]), strict=True):
-                    b.copy_(value.view_as(b))
+                sizes = [b.numel() * b.element_size() for b in bufs]
+                for b, value in zip(bufs, flat.split(sizes), strict=True):
+                    b.copy_(value.view(b.dtype).view_as(b))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
