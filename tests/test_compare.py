@@ -233,6 +233,38 @@ def test_baseline_save_then_compare_by_name(tmp_path: Path, monkeypatch: pytest.
     assert "no baseline named 'nightly-y'" in capsys.readouterr().err
 
 
+def test_a_baseline_of_two_machines_judges_each_against_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """``baseline save --add`` keeps another machine's records beside this one's; ``compare``
+    reads the records of the current side's machine, never a mixture of both."""
+    monkeypatch.setenv("SHARDBENCH_HOME", str(tmp_path))
+
+    def on(cpu: str, peak: int, run: str) -> Record:
+        env = {**ENV, "cpu_model": cpu, "device_name": cpu}
+        return rec(
+            name="nightly-x", env=env, run_id=run, peak_mem_bytes={"max": peak, "per_rank": [peak] * 2}
+        )
+
+    epyc = write_run(tmp_path / "epyc", [on("AMD EPYC", GIB, "e")])
+    xeon = write_run(tmp_path / "xeon", [on("Intel Xeon", 2 * GIB, "x")])
+    assert main(["baseline", "save", str(epyc), "--as", "nightly-x"]) == 0
+    assert main(["baseline", "save", str(xeon), "--as", "nightly-x"]) == 2
+    assert "--add" in capsys.readouterr().err
+    assert main(["baseline", "save", str(xeon), "--as", "nightly-x", "--add"]) == 0
+    assert main(["baseline", "save", str(xeon), "--as", "nightly-x", "--add"]) == 0  # replaces its own
+    saved = tmp_path / "baselines" / "cpu" / "nightly-x.jsonl"
+    manifest = json.loads(saved.with_suffix(".manifest.json").read_text())
+    assert [m["run_ids"] for m in manifest["machines"]] == [["e"], ["x"]] and manifest["records"] == 2
+    for cpu, peak, code in [("AMD EPYC", GIB, 0), ("Intel Xeon", 2 * GIB, 0), ("AMD EPYC", 2 * GIB, 1)]:
+        now = write_run(tmp_path / f"now-{cpu}-{peak}", [on(cpu, peak, "n")])
+        assert main(["compare", "nightly-x", str(now), "--out", str(tmp_path / "cmp")]) == code, (cpu, peak)
+    arm = write_run(tmp_path / "arm", [on("Ampere Altra", GIB, "a")])
+    capsys.readouterr()
+    assert main(["compare", "nightly-x", str(arm)]) == 2  # no such machine: the last one added differs
+    assert "cpu_model: ['Intel Xeon'] -> ['Ampere Altra']" in capsys.readouterr().err
+
+
 def summary(fit: int | None, **over: object) -> Record:
     """A max-size search's summary record: the largest fit's params (None: nothing fitted)."""
     info = {"vary": "params", "budget_bytes": 16 * GIB, "largest_fit": {"params": fit} if fit else None}

@@ -27,7 +27,13 @@ def add_baseline_parser(sub: argparse._SubParsersAction) -> None:
         "give the time rule their run-to-run spread as noise",
     )
     save.add_argument("--as", dest="name", required=True, help="the baseline's name, e.g. nightly-cpu")
-    save.add_argument("--force", action="store_true", help="replace an existing baseline of that name")
+    save.add_argument("--force", action="store_true", help="replace an existing baseline of that name, whole")
+    save.add_argument(
+        "--add",
+        action="store_true",
+        help="add to an existing baseline: keep its records of other machines (processor, torch), "
+        "replace this machine's; compare and nightly read the records of the machine they run on",
+    )
     save.add_argument("--strict", action="store_true", help="refuse a line that is not a record (exit 2)")
     add_root_argument(save)
 
@@ -37,7 +43,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     try:
         root = baselines_dir(args.root)
-        dest = save_baseline(args.run, args.name, root=root, force=args.force, strict=args.strict)
+        dest = save_baseline(
+            args.run, args.name, root=root, force=args.force, add=args.add, strict=args.strict
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # a full disk, a read-only folder: the old baseline is left as it was

@@ -94,14 +94,15 @@ def tag_pair(text: str) -> tuple[str, str]:
 
 def require_env_of(baseline: list, device: str, label: str, *, allow: bool) -> None:
     """Refuse, before anything runs, to measure against ``baseline`` on a machine whose torch,
-    device or record schema differ from its records' (compare would refuse afterwards)."""
+    device or record schema differ from its records' (compare would refuse afterwards); of a
+    baseline holding several machines, the records of this one are checked."""
     from types import SimpleNamespace
 
     from shardbench.records import SCHEMA, capture_env
-    from shardbench.studies.compare import ENV_KEYS, env_changes
+    from shardbench.studies.machines import ENV_KEYS, env_changes, for_machine
 
     here = SimpleNamespace(env=capture_env(device), schema=SCHEMA, device=device)  # shaped like a record
-    changed = env_changes(baseline, [here])  # type: ignore[list-item]
+    changed = env_changes(for_machine(baseline, [here]), [here])
     if changed and not allow:
         listed = "; ".join(f"{k}: {b} there, {c} here" for k, (b, c) in changed.items())
         raise UsageError(

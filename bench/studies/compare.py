@@ -41,15 +41,10 @@ from shardbench.studies.compare_ratios import (
     ratio_band,
 )
 from shardbench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
+from shardbench.studies.machines import env_changes, for_machine
 
 #: what makes two records the same cell (the device's name comes from the record's env)
 IDENTITY = CELL_FIELDS
-#: environment facts that make two runs' numbers incomparable when they differ. The device's
-#: name is checked here rather than matched as part of a cell: under ``--allow-env-change`` the
-#: same cell on another card is still the same cell, compared and marked. Between CPU records
-#: the processor is checked as ``cpu_model``; their ``device_name`` names the same processor (or,
-#: in records written before it did, only the architecture), so it is not compared twice.
-ENV_KEYS = ("torch", "device_name", "cpu_model", "schema")
 #: peak of the highest rank; model states after a step (params + grads + optimizer); and all
 #: memory held between steps (``model_state_bytes["held"]``: model states plus what a strategy
 #: keeps beside them, e.g. DDP's gradient buckets), which catches a persistent extra buffer that
@@ -196,29 +191,6 @@ class NothingInCommon(ValueError):
     """The two sides share no cell: every row would be new or missing, and nothing compared."""
 
 
-def env_changes(baseline: Sequence[Record], current: Sequence[Record]) -> dict[str, tuple[list, list]]:
-    """{key: (baseline values, current values)} for each ``ENV_KEYS`` fact that differs."""
-
-    def values(records: Sequence[Record], key: str) -> list[Any] | None:
-        if key == "cpu_model":
-            records = [r for r in records if r.device == "cpu"]
-            if not records or all(r.env.get(key) is None for r in records):
-                return None  # no CPU records, or written before the field existed
-        elif key == "device_name":
-            records = [r for r in records if r.device != "cpu"]
-            if not records:
-                return None  # the processor: cpu_model
-        got = {r.schema if key == "schema" else r.env.get(key) for r in records}
-        return sorted(got, key=str)
-
-    out = {}
-    for key in ENV_KEYS:
-        b, c = values(baseline, key), values(current, key)
-        if b is not None and c is not None and b != c:
-            out[key] = (b, c)
-    return out
-
-
 def compare_runs(
     baseline: Sequence[Record],
     current: Sequence[Record],
@@ -229,12 +201,14 @@ def compare_runs(
 ) -> Comparison:
     """Every cell of either side with its verdict and per-metric deltas, regressions first.
 
+    A baseline of several machines is read as the one of ``current``'s (``machines.for_machine``).
     Raises ``EnvironmentChanged`` when torch, the device or the record schema differ between
     the sides, unless ``allow_env_change`` (then every row carries a note saying so), and
     ``NothingInCommon`` when no cell is on both sides (the wrong baseline, most likely).
     ``missing_fails``: a baseline cell absent now is a regression (``nightly``: the suite is
     fixed, so a missing cell is a lost measurement, not a suite edit)."""
     rules = rules or Rules()
+    baseline = for_machine(baseline, current)
     changes = env_changes(baseline, current)
     if changes and not allow_env_change:
         listed = "; ".join(f"{k}: {b} -> {c}" for k, (b, c) in changes.items())
