@@ -126,3 +126,53 @@ def test_gloo_reduces_to_owners_from_four_ranks() -> None:
         "reduce",
     ]
     assert {default_collective(b, n) for b in ("nccl", "fake") for n in (2, 8)} == {"reduce_scatter"}
+
+
+class _TwoHeads(nn.Module):
+    """``a`` used by every rank, ``b`` by rank 0 only, ``c`` by none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, rank: int) -> torch.Tensor:
+        y = self.a(x)
+        return (self.b(y) if rank == 0 else y).sum()
+
+
+def _count_all_reduces(rank: int, world_size: int) -> tuple[int, list[bool]]:
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = _TwoHeads()
+    opt = ShardedOptimizer(model.parameters(), optim=torch.optim.AdamW, bucket_cap_mb=1e-4)
+    ddp = ShardedDataParallel(model, opt, stage=2)
+    calls = []
+    real = dist.all_reduce
+
+    def counting(tensor: torch.Tensor, *args, **kwargs):
+        calls.append(tensor.numel())
+        return real(tensor, *args, **kwargs)
+
+    dist.all_reduce = counting
+    try:
+        ddp(torch.ones(2, 4), rank).backward()
+    finally:
+        dist.all_reduce = real
+    reducer = ddp.reducer
+    used = [reducer.received_gradient(b.index, i) for b in opt.buckets for i in range(len(b.params))]
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for b in opt.buckets for p in b.params]
+    ddp.close()
+    return len(calls) - len(opt.buckets), [u for n, u in sorted(zip(order, used, strict=True))]
+
+
+def test_zero2_on_gloo_sends_the_used_flags_inside_its_last_bucket() -> None:
+    """At N=2 on gloo zero2 all-reduces its buckets; the "received a gradient" flags ride in the
+    last one, so a step issues one all-reduce per bucket and none more, and a parameter one rank
+    used is still stepped on every rank while one no rank used is not."""
+    from tests.dist import run_in_world
+
+    for extra, used in run_in_world(_count_all_reduces, 2):
+        assert extra == 0
+        assert used == [True, True, True, True, False, False]  # a.bias, a.weight, b.*, c.*

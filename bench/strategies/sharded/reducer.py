@@ -115,6 +115,7 @@ class GradientReducer:
         collective: str,
         max_in_flight: int = MAX_IN_FLIGHT,
         label: str = "zero2",
+        fold_flags: bool = False,
     ) -> None:
         if keep not in KEEPS:
             raise ValueError(f"keep must be one of {', '.join(KEEPS)}, got {keep!r}")
@@ -148,6 +149,15 @@ class GradientReducer:
         #: gradient is reduced in place rather than copied into a second buffer
         self._in_place = [len(b.params) == 1 and b.padded == b.numel for b in self.buckets]
         self._used_here = bytearray(slots)  # parameters that added a gradient since the last agree()
+        #: the bucket whose all-reduce carries the used-gradient flags (-1: none; ``folds_flags``)
+        self.fold_bucket = (
+            len(self.buckets) - 1
+            if fold_flags and keep == "shards" and collective == "all_reduce" and world_size > 1
+            else -1
+        )
+        if self.fold_bucket >= 0:
+            self._in_place[self.fold_bucket] = False  # its buffer needs room for the flags
+        self._folded: Agreement | None = None  # the flags launched with the fold bucket
         self._globally_used: set[int] | None = None  # ... on any rank, since zero_grad
         self._device = self.buckets[0].params[0].device if self.buckets else torch.device("cpu")
         #: the global rank that owns chunk r (``reduce``'s destination)
@@ -230,15 +240,28 @@ class GradientReducer:
             self._filling[bi] = buf
         return buf
 
+    @property
+    def folds_flags(self) -> bool:
+        """Whether the used-gradient flags travel in the last bucket's all-reduce, rather than
+        in an all-reduce of their own: on gloo each collective is a round trip, and a step of
+        small buckets (a ResNet's norms, an LSTM's gates) spends a measurable share of its time
+        on that one. The last bucket is then launched only once backward is over (every flag
+        known), which is when its last gradient arrives anyway."""
+        return self.fold_bucket >= 0
+
+    def _size(self, bucket: Bucket) -> int:
+        """Elements of ``bucket``'s buffer: its padded chunks, and the flags if it carries them."""
+        return bucket.padded + (len(self._used_here) if bucket.index == self.fold_bucket else 0)
+
     def _empty(self, bucket: Bucket) -> torch.Tensor:
         first = bucket.params[0]
-        buf = torch.empty(bucket.padded, dtype=first.dtype, device=first.device)
+        buf = torch.empty(self._size(bucket), dtype=first.dtype, device=first.device)
         self._observe(buf, "comm")
         return buf
 
     def _zeros(self, bucket: Bucket, category: str) -> torch.Tensor:
         first = bucket.params[0]
-        buf = torch.zeros(bucket.padded, dtype=first.dtype, device=first.device)
+        buf = torch.zeros(self._size(bucket), dtype=first.dtype, device=first.device)
         self._observe(buf, category)
         return buf
 
@@ -260,9 +283,9 @@ class GradientReducer:
                 if not done:
                     view.zero_()
         if bucket.padded > bucket.numel:
-            buf[bucket.numel :].zero_()
+            buf[bucket.numel : bucket.padded].zero_()
         if self.world_size > 1:
-            buf.mul_(self._scale)
+            buf[: bucket.padded].mul_(self._scale)
         return buf
 
     # ----- reducing ----------------------------------------------------------------------------
@@ -275,6 +298,12 @@ class GradientReducer:
             self._complete_oldest()
         buf = self._buffer(bucket) if self.keep == "full" else self._take_filled(bucket)
         work, out = None, None
+        flags = None
+        if bucket.index == self.fold_bucket:  # the flags ride along, summed (any rank's 1 stays > 0)
+            local = list(self._used_here)
+            flags = buf[bucket.padded :]
+            flags.copy_(torch.tensor(local, dtype=flags.dtype, device=flags.device))
+            self._used_here = bytearray(len(self._used_here))
         if self.world_size > 1:
             with profiled(f"shardbench::{self.label}::reduce"):
                 if self.collective == "all_reduce":
@@ -295,6 +324,8 @@ class GradientReducer:
                     kept = self.keep == "shards" and self._shards[bucket.index] is None
                     self._observe(out, "grads" if kept else "comm")
                     work = dist.reduce_scatter_tensor(out, buf, group=self.process_group, async_op=True)
+        if flags is not None:
+            self._folded = Agreement(work, flags, local, len(local))
         self._in_flight.append((work, bucket, buf, out))
 
     def release_finished(self) -> None:
@@ -337,7 +368,11 @@ class GradientReducer:
         them exactly as a single process would), and the maximum over ranks of each of
         ``extra`` (flags the caller wants agreed). One small all-reduce, queued behind the
         buckets' reductions rather than after waiting for them: on gloo each wait-then-issue is
-        a round trip of its own. ``agreed`` finishes it."""
+        a round trip of its own (where the flags ride in the last bucket's all-reduce,
+        ``folds_flags``, that one is the agreement). ``agreed`` finishes it."""
+        if self._folded is not None and not extra:
+            agreement, self._folded = self._folded, None
+            return agreement
         local = [*self._used_here, *extra]
         flags = torch.tensor(local, dtype=torch.int32, device=self._device)
         work = None
