@@ -86,13 +86,24 @@ def summary_line(comparison: Comparison) -> str:
         if not c.regressed
     )
     others = ", ".join(f"{rest[v]} {v}" for v in (*VERDICTS, "ignored") if rest[v])
+    slower = comparison.strategy_regressions
+    across = "; " + ", ".join(f"{s.strategy}'s step time vs ddp over all its cells" for s in slower)
     if bad:
         total = sum(bad.values())
         kinds = ", ".join(f"{bad[v]} {v}" for v in VERDICTS if bad[v])
-        head = f"REGRESSION: {total} of {n} cells ({kinds})"
+        head = f"REGRESSION: {total} of {n} cells ({kinds}){across if slower else ''}"
+    elif slower:
+        head = f"REGRESSION: {across[2:]}; no cell regressed alone ({n} cells)"
     else:
         head = f"no regression in {n} cells"
     return f"{head}; the others: {others or 'none'}; rules: {comparison.rules_source}"
+
+
+def strategy_lines(comparison: Comparison, *, only_regressions: bool = False) -> list[str]:
+    """Each strategy's step-time ratio to ddp over all its cells (``compare_strategy``)."""
+    return [
+        f"{s.verdict}: {s.describe()}" for s in comparison.strategies if s.regressed or not only_regressions
+    ]
 
 
 def time_rule_line(comparison: Comparison) -> str:
@@ -116,6 +127,8 @@ def env_lines(comparison: Comparison) -> list[str]:
 def to_text(comparison: Comparison) -> str:
     """What ``compare`` prints: the summary and, when there are any, the regressions."""
     lines = [summary_line(comparison), time_rule_line(comparison), *env_lines(comparison)]
+    wide = strategy_lines(comparison, only_regressions=True)
+    lines += [f"strategy-wide step time vs ddp: {line}" for line in wide]
     regressions = rows(comparison, only_regressions=True)
     if regressions:
         lines.append(markdown_table(COLUMNS, regressions))
@@ -130,6 +143,11 @@ def to_markdown(comparison: Comparison, *, baseline: str, current: str) -> str:
         f"- {time_rule_line(comparison)}",
         *(f"- {line}" for line in env_lines(comparison)),
     ]
+    if comparison.strategies:
+        parts += [
+            "### Each strategy's step time vs ddp, over all its cells",
+            "\n".join(f"- {line}" for line in strategy_lines(comparison)),
+        ]
     regressions = rows(comparison, only_regressions=True)
     if regressions:
         parts += ["### Regressions", markdown_table(COLUMNS, regressions)]
@@ -153,6 +171,7 @@ def to_json(comparison: Comparison, *, baseline: str, current: str) -> dict:
         "rules": comparison.rules_source,
         "dedicated": comparison.dedicated,
         "env_changes": {k: {"baseline": b, "current": c} for k, (b, c) in comparison.env_changes.items()},
+        "strategies": [{**asdict(s), "regressed": s.regressed} for s in comparison.strategies],
         "cells": [cell(c) for c in comparison.cells],
     }
 
@@ -200,6 +219,10 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
         f"<li>{html.escape(line)}</li>" for line in (time_rule_line(comparison), *env_lines(comparison))
     )
     status = "regression" if comparison.exit_code else "ok"
+    wide = "".join(
+        f"<li class='{'regressed' if line.startswith('regressed') else ''}'>{html.escape(line)}</li>"
+        for line in strategy_lines(comparison)
+    )
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>shardbench compare</title>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
@@ -209,10 +232,13 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
         f"<code>{html.escape(current)}</code></p>"
         f"<p><b>{html.escape(summary_line(comparison))}</b></p>"
         f"{f'<ul>{env}</ul>' if env else ''}"
+        f"{f'<h2>Each strategy vs ddp, over all its cells</h2><ul>{wide}</ul>' if wide else ''}"
         "<p class='how'>Memory regresses beyond max(tolerance %, tolerance MiB) of the baseline, "
         "bytes sent on any change; step time (its ratio to ddp's in the same run, and on a "
         "dedicated runner the time itself) only beyond both the relative threshold and k x the "
-        "combined noise (the band column). Regressions first.</p>"
+        "combined noise (the band column); each strategy's ratio is also judged over all its "
+        "cells at once, where noise averages out and a slowdown in every workload does not. "
+        "Regressions first.</p>"
         f"<div class='scroll'><table class='compare'><thead><tr>{head}</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
         f"{extra_html}</body></html>"

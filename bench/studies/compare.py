@@ -38,9 +38,11 @@ from shardbench.studies.compare_ratios import (
     Ratio,
     cell_ratios,
     pair_spread,
+    pooled_error,
     ratio_band,
 )
 from shardbench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
+from shardbench.studies.compare_strategy import CellChange, StrategyDelta, strategy_deltas
 from shardbench.studies.machines import env_changes, for_machine
 
 #: what makes two records the same cell (the device's name comes from the record's env)
@@ -126,6 +128,8 @@ class MetricDelta:
     low: float | None = None
     high: float | None = None
     note: str = ""
+    #: the change's standard error, in the metric's unit (the step-time ratio's; else None)
+    error: float | None = None
 
     @property
     def change_pct(self) -> float | None:
@@ -166,14 +170,20 @@ class Comparison:
     unmatched_rules: list[str] = field(default_factory=list)
     #: the rules declare the runner dedicated: absolute step time is gated too
     dedicated: bool = False
+    #: each strategy's step-time ratio to ddp over all its cells of a device (``compare_strategy``)
+    strategies: list[StrategyDelta] = field(default_factory=list)
 
     @property
     def regressions(self) -> list[CellDelta]:
         return [c for c in self.cells if c.regressed]
 
     @property
+    def strategy_regressions(self) -> list[StrategyDelta]:
+        return [s for s in self.strategies if s.regressed]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.regressions else 0
+        return 1 if self.regressions or self.strategy_regressions else 0
 
     def counts(self) -> dict[str, int]:
         """Cells per verdict; a regression a rule ignores counts as ``ignored``, not regressed."""
@@ -225,11 +235,13 @@ def compare_runs(
     spread = pair_spread(
         side.ratio for sides in (base_cells, cur_cells) for side in sides.values() if side.ratio is not None
     )
-    cells = []
+    cells, changes_of_ratios = [], []
     for key in sorted(set(base_cells) | set(cur_cells), key=str):
         fields = dict(zip(IDENTITY, key, strict=True))
         thresholds = rules.thresholds_for(fields)
         delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), thresholds, spread=spread)
+        if not rules.ignored_reason(fields, {RATIO_METRIC}):
+            changes_of_ratios += _ratio_changes(delta, thresholds)
         delta.missing_fails = missing_fails
         regressed = {m.metric for m in delta.metrics if m.verdict == "regressed"}
         delta.ignored = rules.ignored_reason(fields, regressed if delta.verdict == "regressed" else None)
@@ -245,7 +257,25 @@ def compare_runs(
         rules_source=rules.source,
         unmatched_rules=rules.unmatched(every),
         dedicated=rules.dedicated,
+        strategies=strategy_deltas(changes_of_ratios),
     )
+
+
+def _ratio_changes(delta: CellDelta, t: Thresholds) -> list[CellChange]:
+    """The cell's step-time ratio change, for the strategy-wide test (none without one)."""
+    return [
+        CellChange(
+            strategy=delta.identity["strategy"],
+            device=delta.identity["device"],
+            cell=delta.cell,
+            log_change=math.log(m.current / m.baseline),
+            error=m.error / m.baseline,
+            pct=t.time_pct,
+            k=t.k_mad,
+        )
+        for m in delta.metrics
+        if m.metric == RATIO_METRIC and m.error is not None and m.baseline and m.current
+    ]
 
 
 def _by_cell(records: Sequence[Record]) -> dict[tuple, Side]:
@@ -446,6 +476,7 @@ def _ratio_delta(base: Side, cur: Side, t: Thresholds, *, spread: float) -> Metr
             f"band +/-{bound:.3f}x ({which}; {t.time_pct:g}% = {relative:.3f}x, noise {noise:.3f}x); "
             f"{b.pairs} pair(s) with {REFERENCE} in the baseline, {c.pairs} now"
         ),
+        error=pooled_error(b, c, spread=spread) * b.value,
     )
 
 

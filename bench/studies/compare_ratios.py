@@ -33,7 +33,16 @@ from shardbench.studies.compare_rules import RATIO_METRIC
 
 #: the strategy every other one's step time is divided by
 REFERENCE = "ddp"
-__all__ = ["RATIO_METRIC", "REFERENCE", "Ratio", "cell_ratios", "group_of", "pair_spread", "ratio_band"]
+__all__ = [
+    "RATIO_METRIC",
+    "REFERENCE",
+    "Ratio",
+    "cell_ratios",
+    "group_of",
+    "pair_spread",
+    "pooled_error",
+    "ratio_band",
+]
 #: MAD -> standard deviation of a normal sample
 _MAD_TO_SD = 1.4826
 #: standard deviation -> standard error of a median, times sqrt(n)
@@ -130,6 +139,20 @@ def ratio_band(
     noise = k * max(pairs, runs)
     relative = pct / 100.0 * base.value
     return max(relative, noise), relative, noise
+
+
+def pooled_error(base: Ratio, cur: Ratio, *, spread: float) -> float:
+    """The standard error of ``cur``'s change from ``base``, relative to ``base``, from the
+    comparison's pooled pair spread alone (with the steps' own errors where those are larger,
+    and the spread between the baseline's runs): what a combination of many cells needs, since
+    one side's own spread, from two or three pairs, is an estimate too noisy to take the larger
+    of cell by cell (``ratio_band`` does, for one cell's own verdict)."""
+    errors = statistics.median((*base.errors, *cur.errors)) / base.value
+    per_pair = max(spread, errors)
+    pairs = _SD_TO_MEDIAN_SE * per_pair * math.hypot(1 / math.sqrt(base.pairs), 1 / math.sqrt(cur.pairs))
+    b, c = base.per_run(), cur.per_run()
+    runs = _pooled_sd(b, c) / base.value * math.hypot(1 / math.sqrt(len(b)), 1 / math.sqrt(len(c)))
+    return max(pairs, runs)
 
 
 def _sd(deviations: list[float]) -> float:
