@@ -107,6 +107,8 @@ class Side:
     steps: int = 0
     #: memory differed between repeats of the same cell (it should not; the larger is used)
     memory_varied: tuple[str, ...] = ()
+    #: by how much: the largest less the smallest, per memory metric that varied
+    memory_spread: dict[str, int] = field(default_factory=dict)
     #: a max-size summary's answer: (metric, largest that fitted; 0 when nothing did)
     max_size: tuple[str, int] | None = None
     #: bytes sent per rank per step (the largest, if repeats differed: they should not)
@@ -306,12 +308,13 @@ def _side(records: list[Record]) -> Side:
         status = next((s for s in failed if s != "oom"), "ok")
         return Side(status, len(records), {}, max_size=(metric, min(fits)))
     memory: dict[str, int | None] = {}
-    varied = []
+    varied, spread = [], {}
     for metric in MEMORY_METRICS:
         values = {_memory(r, metric) for r in records} - {None}
         memory[metric] = max(values) if values else None
         if len(values) > 1:
             varied.append(metric)
+            spread[metric] = max(values) - min(values)
     sent = {s for r in records if (s := (r.comm_per_step or {}).get("sent_per_rank")) is not None}
     comm = max(sent) if sent else None
     if len(sent) > 1:
@@ -320,7 +323,12 @@ def _side(records: list[Record]) -> Side:
     timed = [t for t in timed if t.get("median") is not None]
     if not timed:
         return Side(
-            failed[0] if failed else "ok", len(records), memory, memory_varied=tuple(varied), comm=comm
+            failed[0] if failed else "ok",
+            len(records),
+            memory,
+            memory_varied=tuple(varied),
+            memory_spread=spread,
+            comm=comm,
         )
     medians = [t["median"] for t in timed]
     noise = statistics.median(t.get("mad") or 0.0 for t in timed)
@@ -335,6 +343,7 @@ def _side(records: list[Record]) -> Side:
         noise_s=noise,
         steps=min(int(t.get("n") or 0) for t in timed),
         memory_varied=tuple(varied),
+        memory_spread=spread,
         comm=comm,
         timed=len(timed),
     )
@@ -385,7 +394,7 @@ def _compare_cell(
         if side.memory_varied:
             delta.notes.append(f"{name}: {', '.join(side.memory_varied)} differed between repeats")
     delta.metrics = [
-        _memory_delta(m, base.memory[m], cur.memory[m], t)
+        _memory_delta(m, base.memory[m], cur.memory[m], t, spread=base.memory_spread.get(m, 0))
         for m in MEMORY_METRICS
         if base.memory[m] is not None or cur.memory[m] is not None
     ]
@@ -403,10 +412,17 @@ def _compare_cell(
     return delta
 
 
-def _memory_delta(metric: str, base: int | None, cur: int | None, t: Thresholds) -> MetricDelta:
+def _memory_delta(
+    metric: str, base: int | None, cur: int | None, t: Thresholds, *, spread: int = 0
+) -> MetricDelta:
+    """``base``: the largest of the baseline's repeats; ``spread``: how far they varied, which
+    widens the tolerance (memory of a deterministic strategy never varies)."""
     if base is None or cur is None:
         return MetricDelta(metric, "bytes", base, cur, "unchanged", note="not measured on both sides")
-    tolerance = max(t.memory_pct / 100.0 * base, t.memory_bytes)
+    tolerance = max(t.memory_pct / 100.0 * base, t.memory_bytes, spread)
+    note = (
+        f"tolerance: the baseline's repeats varied by {spread:,} B" if spread and tolerance == spread else ""
+    )
     return MetricDelta(
         metric,
         "bytes",
@@ -415,6 +431,7 @@ def _memory_delta(metric: str, base: int | None, cur: int | None, t: Thresholds)
         _verdict(cur - base, tolerance),
         low=base - tolerance,
         high=base + tolerance,
+        note=note,
     )
 
 

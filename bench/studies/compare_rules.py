@@ -4,7 +4,8 @@ A rules file (``compare --rules FILE``; a nightly suite's ``bench/suites/rules/<
 
     [memory]
     tolerance_pct = 0.5       # a memory metric regressed when it grew by more than
-    tolerance_mib = 1.0       # max(tolerance_pct % of the baseline, tolerance_mib MiB)
+    tolerance_mib = 1.0       # max(tolerance_pct % of the baseline, tolerance_mib MiB); without
+                              # it the floor is the cell's default (``_memory_floor``)
 
     [time]
     cpu_pct = 15              # step time (its ratio to ddp's in the run; on a dedicated runner
@@ -69,6 +70,13 @@ OVERRIDE_KEYS = {
 #: how much slower a step may be before it regresses (also beyond the noise), per device: a CUDA
 #: step is steadier than a CPU one
 TIME_PCT = {"cpu": 15.0, "cuda": 5.0}
+#: the least a memory metric may grow by before it regresses: on the CPU, for a strategy whose
+#: tracked memory is the same to the byte run after run (``StrategyCard.exact_memory``), a
+#: small floor, so a few-percent regression of a tiny cell is seen; 1 MiB otherwise (CUDA's
+#: allocator rounds to blocks; some peers free buffers asynchronously). A cell whose memory
+#: varied between the baseline's repeats is allowed that spread too (``compare._memory_delta``).
+EXACT_MEMORY_FLOOR = {"cpu": 64 * 1024.0}
+MEMORY_FLOOR = float(MIB)
 
 
 @dataclass(frozen=True)
@@ -117,7 +125,8 @@ class Rules:
     device, and the file's overrides and ignores."""
 
     memory_pct: float = Thresholds.memory_pct
-    memory_bytes: float = Thresholds.memory_bytes
+    #: the floor for every cell (a rules file's ``tolerance_mib``); None: ``_memory_floor``'s
+    memory_bytes: float | None = None
     time_pct: dict[str, float] = field(default_factory=lambda: dict(TIME_PCT))
     k_mad: float = Thresholds.k_mad
     min_steps: int = Thresholds.min_steps
@@ -131,7 +140,7 @@ class Rules:
     def thresholds_for(self, cell: dict[str, Any]) -> Thresholds:
         t = Thresholds(
             memory_pct=self.memory_pct,
-            memory_bytes=self.memory_bytes,
+            memory_bytes=_memory_floor(cell) if self.memory_bytes is None else self.memory_bytes,
             time_pct=self.time_pct.get(cell.get("device", "cpu"), self.time_pct["cpu"]),
             k_mad=self.k_mad,
             min_steps=self.min_steps,
@@ -169,6 +178,17 @@ class Rules:
         return ""
 
 
+def _memory_floor(cell: dict[str, Any]) -> float:
+    """The default memory floor of ``cell`` (``EXACT_MEMORY_FLOOR``, ``MEMORY_FLOOR``)."""
+    from shardbench.strategies.registry import strategy_card
+
+    try:
+        exact = strategy_card(str(cell.get("strategy"))).exact_memory
+    except ValueError:
+        exact = False  # a strategy this install does not know (an old record): the wider floor
+    return EXACT_MEMORY_FLOOR.get(str(cell.get("device")), MEMORY_FLOOR) if exact else MEMORY_FLOOR
+
+
 def load_rules(path: Path) -> Rules:
     """Read and validate a rules file; ``ValueError`` names the file, the key and what is allowed."""
     try:
@@ -190,7 +210,11 @@ def load_rules(path: Path) -> Rules:
         raise ValueError(f"{where} [time]: dedicated must be true or false, got {dedicated!r}")
     return Rules(
         memory_pct=_number(memory, "tolerance_pct", defaults.memory_pct, f"{where} [memory]"),
-        memory_bytes=MIB * _number(memory, "tolerance_mib", defaults.memory_bytes / MIB, f"{where} [memory]"),
+        memory_bytes=(
+            MIB * _number(memory, "tolerance_mib", 0.0, f"{where} [memory]")
+            if "tolerance_mib" in memory
+            else None
+        ),
         time_pct={
             d: _number(time, f"{d}_pct", defaults.time_pct[d], f"{where} [time]") for d in ("cpu", "cuda")
         },
