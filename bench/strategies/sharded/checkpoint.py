@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from shardbench.strategies.sharded.layout import whole_shape
+
 #: (parameter index, lo, hi, state of that piece or None)
 OwnedState = tuple[int, int, int, dict[str, Any] | None]
 
@@ -45,14 +47,14 @@ def assemble_full_state(param_groups: list[dict[str, Any]], payloads: list[Any] 
                 for k, v in st.items():
                     if torch.is_tensor(v) and v.dim() > 0:
                         if k not in full:
-                            full[k] = torch.zeros(params[idx].numel(), dtype=v.dtype)
+                            full[k] = torch.zeros(whole_shape(params[idx]).numel(), dtype=v.dtype)
                         full[k][lo:hi] = v
                     else:
                         full.setdefault(k, v)
     for idx, full in state.items():
         for k, v in full.items():
             if torch.is_tensor(v) and v.dim() > 0:
-                full[k] = v.view(params[idx].shape)
+                full[k] = v.view(whole_shape(params[idx]))
     groups, start = [], 0
     for g in param_groups:
         groups.append({**hyperparameters(g), "params": list(range(start, start + len(g["params"])))})

@@ -49,6 +49,7 @@ DDP-style, and the next synchronised backward reduces their sum.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -56,9 +57,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardbench.strategies.sharded.broadcast import broadcast_coalesced
 from shardbench.strategies.sharded.gatherer import UnitGatherer
 from shardbench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
 from shardbench.strategies.sharded.profiling import profiled
+from shardbench.strategies.sharded.reads import StageThreeReads
 from shardbench.strategies.sharded.reducer import MAX_IN_FLIGHT, GradientReducer, default_collective
 from shardbench.strategies.sharded.units import UnitPolicy, find_units
 from shardbench.strategies.sharded.weak import weakly
@@ -110,26 +113,46 @@ class ShardedDataParallel(nn.Module):
         self.process_group = opt.process_group  # None: the default group, never held
         self.world_size = opt.world_size
         self._src = global_rank(self.process_group, 0)
+        self._unit_policy = None if unit is _UNSET else unit
+        self._prefetch = True if prefetch is _UNSET else prefetch
+        self._collective = gradient_collective or default_collective(
+            dist.get_backend(self.process_group), self.world_size
+        )
+        self._sync = True
+        self._callback_queued = False
+        #: the optimizer's step count at the last synchronised backward: gradients held since
+        #: then and not stepped are being accumulated
+        self._backward_at_step = -1
         self._start_identical()  # while the parameters are still whole on every rank
-        units = None
-        if stage == 3:
-            units = find_units(
-                module,
-                None if unit is _UNSET else unit,
-                [p for b in opt.buckets for p in b.params],
-                frozen=[p for p in module.parameters() if not p.requires_grad],
-            )
+        units = self._find_units() if stage == 3 else None
+        if units is not None:
             opt.shard_parameters([u.params for u in units])
+        self._build(units)
+        self._reads = StageThreeReads(self) if stage == 3 else None
+
+    def _find_units(self) -> list[Any]:
+        """Stage 3's units over the optimizer's trainable parameters (the buckets'), and the
+        module's frozen parameters, sharded with them."""
+        return find_units(
+            self.module,
+            self._unit_policy,
+            [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad],
+            frozen=[p for p in self.module.parameters() if not p.requires_grad],
+        )
+
+    def _build(self, units: list[Any] | None) -> None:
+        """The parts over the optimizer's current buckets: the reducer, and the gatherer (stage 3)
+        or the gradient hooks (stages 1-2)."""
+        opt = self.optimizer
         self.reducer = GradientReducer(
             opt.buckets,
             world_size=self.world_size,
             process_group=self.process_group,
-            keep="full" if stage == 1 else "shards",
-            collective=gradient_collective
-            or default_collective(dist.get_backend(self.process_group), self.world_size),
-            max_in_flight=STAGE3_IN_FLIGHT if stage == 3 else MAX_IN_FLIGHT,
+            keep="full" if self.stage == 1 else "shards",
+            collective=self._collective,
+            max_in_flight=STAGE3_IN_FLIGHT if self.stage == 3 else MAX_IN_FLIGHT,
             label=self.label,
-            fold_flags=stage == 2,
+            fold_flags=self.stage == 2,
         )
         opt.attach(self.reducer)
         self.gatherer: UnitGatherer | None = None
@@ -138,7 +161,7 @@ class ShardedDataParallel(nn.Module):
             self.gatherer = UnitGatherer(
                 units,
                 opt,
-                prefetch=True if prefetch is _UNSET else prefetch,
+                prefetch=self._prefetch,
                 backward_started=weakly(self._queue_finish),
                 unit_backward_done=weakly(self._unit_backward_done),
             )
@@ -151,28 +174,73 @@ class ShardedDataParallel(nn.Module):
         self._pending = [len(b.params) for b in opt.buckets]  # stages 1-2: gradients still to come
         self._ready: set[int] = set()  # complete buckets, not launched yet
         self._next = 0  # the next bucket to launch, in bucket order
-        self._sync = True
-        self._callback_queued = False
+        self._module_params = list(self.module.parameters())
+        self._layout = self._layout_key()
 
-    def _start_identical(self) -> None:
-        """Start from identical weights, as DDP does: rank 0's, broadcast."""
-        if self.world_size > 1:
-            with torch.no_grad():
-                for flat in self.optimizer.flats:
-                    dist.broadcast(flat, src=self._src, group=self.process_group)
+    # ----- trainability and param groups changing between steps -------------------------------
+    def _layout_key(self) -> tuple[Any, ...]:
+        return (self.optimizer.layout_key(), tuple(p.requires_grad for p in self._module_params))
 
-    def close(self) -> None:
-        """End of training, before ``dist.destroy_process_group``: wait for any reduction still
-        in flight (a backward that raised leaves its launched buckets so), remove the hooks and
-        detach from the optimizer. The wrapper reduces nothing afterwards."""
+    def _relayout_if_changed(self) -> None:
+        """Once per forward: if a ``requires_grad`` flipped or a param group was added since the
+        buckets were laid out, lay them out again before this forward, as a DDP built now would
+        be: a newly trainable parameter is reduced and stepped from this step on, a newly frozen
+        one gets no gradient, its gradient shard goes and its optimizer state leaves the step
+        (parked, 1/N per rank, so unfreezing it again resumes it as a plain optimizer would),
+        and every other parameter keeps its state. A collective (every rank changed the same
+        parameters); stage 3 holds the module whole on each rank while it re-cuts the shards."""
+        if self._layout_key() == self._layout:
+            return
+        held = [p for p in self._module_params if p.grad is not None]
+        if held or (self.reducer.holds_gradients() and self._backward_at_step == self.optimizer.steps_taken):
+            raise RuntimeError(
+                "ShardedDataParallel: requires_grad or the optimizer's param groups changed while "
+                "gradients are being accumulated (a backward since the last optimizer step); change "
+                "them between steps, after optimizer.step()"
+            )
+        with profiled(f"shardbench::{self.label}::relayout"):
+            carried = self.optimizer.carry_state()
+            self._take_apart()
+            if self.gatherer is not None:
+                self.gatherer.unshard()
+            units = self._find_units() if self.stage == 3 else None
+            self.optimizer.relayout(carried, None if units is None else [u.params for u in units])
+            self._build(units)
+
+    def _take_apart(self) -> None:
+        """Wait for any reduction, remove the gradient hooks and detach from the optimizer."""
         self.reducer.drain()
         self._callback_queued = False
         for handle in self._hook_handles:
             handle.remove()
         self._hook_handles.clear()
+        self.optimizer.detach(self.reducer)
+
+    def _start_identical(self) -> None:
+        """Start from identical weights, as DDP does: rank 0's, broadcast. The flat buckets hold
+        the optimizer's trainable parameters; everything else the module holds (frozen
+        parameters, parameters no optimizer group lists, buffers) travels coalesced, one
+        collective per device: a rank that initialised its own frozen embedding would
+        otherwise train a different model from the others, with no error."""
+        if self.world_size > 1:
+            with torch.no_grad():
+                for flat in self.optimizer.flats:
+                    dist.broadcast(flat, src=self._src, group=self.process_group)
+                in_flats = {id(p) for b in self.optimizer.buckets for p in b.params}
+                rest = [p for p in self.module.parameters() if id(p) not in in_flats]
+                broadcast_coalesced(
+                    [*rest, *self.module.buffers()], src=self._src, group=self.process_group
+                )
+
+    def close(self) -> None:
+        """End of training, before ``dist.destroy_process_group``: wait for any reduction still
+        in flight (a backward that raised leaves its launched buckets so), remove the hooks and
+        detach from the optimizer. The wrapper reduces nothing afterwards."""
+        self._take_apart()
         if self.gatherer is not None:
             self.gatherer.close()
-        self.optimizer.detach(self.reducer)
+        if self._reads is not None:
+            self._reads.close()
 
     # ----- what the caller sees ----------------------------------------------------------------
     @property
@@ -216,9 +284,10 @@ class ShardedDataParallel(nn.Module):
         """The module's state dict with whole parameters, on every rank (a collective under stage
         3: call it on every rank; units are gathered one at a time, so beside the result a rank
         holds at most one unit's full parameters)."""
-        state = self.module.state_dict()
-        if self.gatherer is None:
-            return state
+        if self.gatherer is None or self._reads is None:
+            return self.module.state_dict()
+        with self._reads.values_whole():
+            state = self.module.state_dict()
         names: dict[int, list[str]] = {}
         for name, p in self.module.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), []).append(name)
@@ -233,34 +302,53 @@ class ShardedDataParallel(nn.Module):
                 self.gatherer.free(u.index)
         return state
 
+    def state_dict(
+        self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
+    ) -> Any:
+        """As ``nn.Module.state_dict`` (keys under ``module.``); at stage 3 the values are whole,
+        gathered unit by unit (``full_state_dict``): a collective, call it on every rank."""
+        if self._reads is None or self._reads.whole:
+            return super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        out: Any = destination if destination is not None else OrderedDict()
+        for key, value in self.full_state_dict().items():
+            out[f"{prefix}module.{key}"] = value
+        return out
+
+    @contextlib.contextmanager
+    def summon_full_params(self) -> Iterator[None]:
+        """Every parameter whole for the block (stage 3 gathers every unit; stages 1-2 keep them
+        whole anyway), as FSDP's context of that name: a collective, every rank enters it, and
+        each rank then holds the whole model's parameters. What the block writes into them
+        (loaded or averaged weights) is kept when it ends; nothing is freed inside it, forward
+        passes included."""
+        if self.gatherer is None or self._reads is None:
+            yield
+            return
+        with self.gatherer.pinned(), self._reads.values_whole():
+            yield
+
+    def module_hooks(self) -> list[Callable[..., Any]]:
+        """The hooks this wrapper put on the module's submodules."""
+        return list(self.gatherer.hook_fns) if self.gatherer is not None else []
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        raise RuntimeError(
+            "copy.deepcopy(ShardedDataParallel): the wrapper holds process-group state and cannot be "
+            "copied; copy the wrapped module (`wrapper.module`; at stage 3 inside "
+            "`with wrapper.summon_full_params():`, a collective)"
+        )
+
     # ----- forward -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._relayout_if_changed()
         if self.broadcast_buffers and self.world_size > 1:
             self._broadcast_buffers()
         return self.module(*args, **kwargs)
 
-    @torch.no_grad()
     def _broadcast_buffers(self) -> None:
-        """Rank 0's buffers (norm statistics) to every rank, as DDP does before each forward:
-        one broadcast per device, not one per buffer nor per dtype. A ResNet's batch norms hold
-        three buffers each, two dtypes (running statistics and an int64 step count), and each
-        gloo broadcast is a round trip; a broadcast only copies bits, so the buffers travel as
-        their bytes, widest elements first (each then starts at a multiple of its own size, which
-        viewing the bytes back as its dtype needs)."""
-        groups: dict[torch.device, list[torch.Tensor]] = {}
-        for buf in self.module.buffers():
-            groups.setdefault(buf.device, []).append(buf)
-        for bufs in groups.values():
-            if len(bufs) == 1:
-                dist.broadcast(bufs[0], src=self._src, group=self.process_group)
-                continue
-            bufs.sort(key=lambda b: -b.element_size())  # stable: registration order within a size
-            flat = torch.cat([b.reshape(-1).view(torch.uint8) for b in bufs])
-            dist.broadcast(flat, src=self._src, group=self.process_group)
-            if dist.get_rank() != self._src:
-                sizes = [b.numel() * b.element_size() for b in bufs]
-                for b, value in zip(bufs, flat.split(sizes), strict=True):
-                    b.copy_(value.view(b.dtype).view_as(b))
+        """Rank 0's buffers (norm statistics) to every rank, as DDP does before each forward: one
+        broadcast per device, not one per buffer nor per dtype (``broadcast.py``)."""
+        broadcast_coalesced(self.module.buffers(), src=self._src, group=self.process_group)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -341,6 +429,8 @@ class ShardedDataParallel(nn.Module):
                 agreement = self.reducer.start_agreeing()
                 self.reducer.drain()
                 self.reducer.agreed(agreement)
+        if self._sync:
+            self._backward_at_step = self.optimizer.steps_taken
         self._pending = [len(b.params) for b in self.optimizer.buckets]
         self._ready.clear()
         self._next = 0

@@ -16,15 +16,14 @@ before the buffer is freed. A unit kept whole for long (the root, from its forwa
 its backward) then costs its full frozen parameters and nothing more, as if they were never
 sharded, and between uses 1/N of them.
 
-Ranks start from rank 0's values, broadcast before the chunks are cut (as the trainable
-parameters are, ``ShardedDataParallel._start_identical``): the chunks of different ranks then
-gather into one model's weights even where the ranks initialised theirs differently.
+Ranks start from rank 0's values, which ``ShardedDataParallel._start_identical`` broadcasts
+before the chunks are cut: the chunks of different ranks then gather into one model's weights
+even where the ranks initialised theirs differently.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from shardbench.strategies.sharded.layout import Bucket, build_buckets, flatten_into_buckets
 from shardbench.strategies.sharded.units import Unit
@@ -32,17 +31,9 @@ from shardbench.strategies.sharded.units import Unit
 
 class FrozenShards:
     """The frozen parameters of ``units``, this rank's chunk of each unit's flat buffers kept
-    (see the module docstring); ``src`` is the global rank whose values every rank starts from."""
+    (see the module docstring)."""
 
-    def __init__(
-        self,
-        units: list[Unit],
-        *,
-        world_size: int,
-        rank: int,
-        process_group: dist.ProcessGroup | None,
-        src: int,
-    ) -> None:
+    def __init__(self, units: list[Unit], *, world_size: int, rank: int) -> None:
         self.buckets: list[Bucket] = []
         self.flats: list[torch.Tensor] = []  # the frozen parameters are views of these
         self.chunks: list[torch.Tensor] = []  # this rank's chunk of each, a tensor of its own
@@ -61,8 +52,6 @@ class FrozenShards:
             for b in buckets:
                 # one bucket at a time: the model is never held twice over
                 (flat,) = flatten_into_buckets([b])
-                if world_size > 1:
-                    dist.broadcast(flat, src=src, group=process_group)
                 chunk = flat[b.chunk_start : b.chunk_start + b.chunk].clone()
                 flat.untyped_storage().resize_(0)
                 self.unit_buckets[u.index].append(len(self.buckets))

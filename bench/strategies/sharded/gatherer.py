@@ -36,7 +36,7 @@ must issue in the same order.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,7 +44,8 @@ import torch.distributed as dist
 from torch import nn
 
 from shardbench.strategies.sharded.frozen import FrozenShards
-from shardbench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
+from shardbench.strategies.sharded.layout import remember_whole_shape
+from shardbench.strategies.sharded.optimizer import ShardedOptimizer
 from shardbench.strategies.sharded.prefetch import UnitOrder
 from shardbench.strategies.sharded.profiling import profiled
 from shardbench.strategies.sharded.units import Unit
@@ -73,6 +74,10 @@ class _BackwardOver(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         ctx.done()
         return (None, *grads)
+
+
+def _places(bucket: Any, flat: torch.Tensor) -> list[tuple[nn.Parameter, torch.Tensor, int, torch.Size]]:
+    return [(p, flat, off, p.shape) for p, off in zip(bucket.params, bucket.offsets, strict=True)]
 
 
 def _needs_grad(t: torch.Tensor) -> bool:
@@ -110,13 +115,21 @@ class UnitGatherer:
             self.unit_buckets[u].append(bi)
         #: the units' frozen parameters: no business of the optimizer, which owns only what it
         #: optimizes, but sharded, gathered and freed here with their unit's
-        self.frozen = FrozenShards(
-            units,
-            world_size=self.world_size,
-            rank=optimizer.rank,
-            process_group=self.process_group,
-            src=global_rank(self.process_group, 0),
-        )
+        self.frozen = FrozenShards(units, world_size=self.world_size, rank=optimizer.rank)
+        #: per unit, each parameter it gathers with the flat buffer it lives in, its offset
+        #: there and its shape: what it is pointed back at once its buffer holds values again
+        self._places: list[list[tuple[nn.Parameter, torch.Tensor, int, torch.Size]]] = [[] for _ in units]
+        for bi, u in enumerate(self.unit_of_bucket):
+            self._places[u] += _places(optimizer.buckets[bi], optimizer.flats[bi])
+        for u in units:
+            for i in self.frozen.unit_buckets[u.index]:
+                self._places[u.index] += _places(self.frozen.buckets[i], self.frozen.flats[i])
+        for places in self._places:
+            for p, _, _, shape in places:
+                remember_whole_shape(p, shape)
+        self._empty: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        #: while set (``pinned``), every unit stays gathered: nothing is freed
+        self._pinned = False
         self._order = UnitOrder()
         self._gathered: set[int] = set()  # units whose flat buffers hold their parameters
         self._gathering: dict[int, list[Any]] = {}  # unit -> its gathers not yet waited for
@@ -129,16 +142,16 @@ class UnitGatherer:
         self._root_depth = 0
         for u in units:
             self.free(u.index, force=True)
-        self._hooks = [
-            handle
-            for u in units
-            for handle in (
-                u.module.register_forward_pre_hook(
-                    weakly(self._pre_forward, u.index), prepend=True, with_kwargs=True
-                ),
-                u.module.register_forward_hook(weakly(self._post_forward, u.index)),
-            )
-        ]
+        #: the forward hooks on the units' modules (a deep copy of the module strips them)
+        self.hook_fns: list[Callable[..., Any]] = []
+        self._hooks = []
+        for u in units:
+            pre, post = weakly(self._pre_forward, u.index), weakly(self._post_forward, u.index)
+            self.hook_fns += [pre, post]
+            self._hooks += [
+                u.module.register_forward_pre_hook(pre, prepend=True, with_kwargs=True),
+                u.module.register_forward_hook(post),
+            ]
 
     def close(self) -> None:
         for handle in self._hooks:
@@ -146,6 +159,19 @@ class UnitGatherer:
         self._hooks.clear()
         for u in list(self._gathered):
             self.free(u)
+
+    @torch.no_grad()
+    def unshard(self) -> None:
+        """Close, leaving every parameter whole in storage of its own (a collective): for laying
+        the module out again. Unit by unit, but the module ends whole on every rank."""
+        self.close()
+        for u in self.units:
+            self.gather(u.index)
+            for p, _, _, _ in self._places[u.index]:
+                p.data = p.detach().clone()
+            self._gathered.discard(u.index)
+            for flat, _ in self._buffers(u.index):
+                flat.untyped_storage().resize_(0)
 
     # ----- gather and free ---------------------------------------------------------------------
     def _buffers(self, u: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -178,16 +204,67 @@ class UnitGatherer:
                 for work in self._gathering.pop(u, []):
                     work.wait()
                 self.frozen.release_chunks(u)  # a copy of part of the whole now (frozen.py)
+                for p, flat, offset, shape in self._places[u]:
+                    p.data = flat[offset : offset + shape.numel()].view(shape)
 
     def free(self, u: int, *, force: bool = False) -> None:
+        if self._pinned and not force:
+            return
         if u in self._gathered or force:
             for work in self._gathering.pop(u, []):  # never free what a gather still writes
                 work.wait()
             self.frozen.restore_chunks(u)
+            # Between uses a parameter is an empty tensor, never its full shape over a storage
+            # of zero bytes: any read of it by user code (a sum, a state dict, a deep copy) is
+            # then safe, where one past the end of a freed storage kills the process. Autograd
+            # saved the parameter itself, not its data: it sees the full view again once the
+            # unit is gathered for its backward.
+            for p, _, _, _ in self._places[u]:
+                p.data = self._empty_like(p)
             for flat, _ in self._buffers(u):
                 flat.untyped_storage().resize_(0)
             self._gathered.discard(u)
             self._prefetched.discard(u)
+
+    def _empty_like(self, p: torch.Tensor) -> torch.Tensor:
+        key = (p.dtype, p.device)
+        if key not in self._empty:
+            self._empty[key] = torch.empty(0, dtype=p.dtype, device=p.device)
+        return self._empty[key]
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Every unit gathered, and kept so (forward passes inside free nothing), until the end
+        of the block; then those not gathered before are freed. A collective: every rank enters
+        it. What the block wrote into the parameters is kept: the trainable chunks and their
+        fp32 masters are re-read from the whole buffers where they differ (frozen chunks are
+        cut again from them when freed)."""
+        if self._pinned:
+            yield
+            return
+        before = set(self._gathered)
+        for u in self.units:
+            self.gather(u.index)
+        self._pinned = True
+        try:
+            yield
+        finally:
+            self._pinned = False
+            self._write_back()
+            for u in self.units:
+                if u.index not in before:
+                    self.free(u.index)
+
+    @torch.no_grad()
+    def _write_back(self) -> None:
+        opt = self.optimizer
+        for bi, b in enumerate(opt.buckets):
+            whole = opt.flats[bi][b.chunk_start : b.chunk_start + b.chunk]
+            if not torch.equal(whole, opt.chunks[bi]):
+                opt.chunks[bi].copy_(whole)
+                master = opt.masters[bi]
+                if master is not None:
+                    master.copy_(whole)
 
     def _use(self, u: int) -> None:
         """Unit ``u`` is about to run: a prefetch that guessed another unit is freed (so at most

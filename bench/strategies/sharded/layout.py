@@ -19,10 +19,27 @@ rank's chunk.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+#: stage 3's parameters while their unit is freed are empty tensors (``gatherer.py``); their
+#: whole shape is kept here, for what needs it between steps (state dicts), by id(parameter)
+#: for as long as the parameter lives (a tensor cannot key a dict: its == is elementwise)
+_WHOLE_SHAPES: dict[int, torch.Size] = {}
+
+
+def whole_shape(p: torch.Tensor) -> torch.Size:
+    """``p``'s shape as the model defines it, also while stage 3 keeps it empty."""
+    return _WHOLE_SHAPES.get(id(p), p.shape)
+
+
+def remember_whole_shape(p: torch.Tensor, shape: torch.Size) -> None:
+    if id(p) not in _WHOLE_SHAPES:
+        weakref.finalize(p, _WHOLE_SHAPES.pop, id(p), None)
+    _WHOLE_SHAPES[id(p)] = shape
 
 
 @dataclass(frozen=True)

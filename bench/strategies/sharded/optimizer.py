@@ -46,7 +46,7 @@ from shardbench.strategies.sharded.checkpoint import (
     slice_state,
     state_pieces,
 )
-from shardbench.strategies.sharded.layout import Bucket, build_buckets, flatten_into_buckets
+from shardbench.strategies.sharded.layout import Bucket, build_buckets, flatten_into_buckets, whole_shape
 from shardbench.strategies.sharded.profiling import profiled
 
 #: optimizers whose update of each element depends only on that element's gradient and state.
@@ -63,6 +63,9 @@ ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
     torch.optim.Rprop,
 )
 
+
+#: the state entry under which ``carry_state`` moves a shard's fp32 master weights
+MASTER_KEY = "shardbench.master"
 
 #: the first bucket's cap, DDP's (``_DEFAULT_FIRST_BUCKET_BYTES``): the gradients that come first
 #: are reduced early, overlapping the rest of backward
@@ -172,10 +175,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._grads_ready = False
         self._consolidated: dict[str, Any] | None = None
         self._stateful = False  # stepped or loaded a state dict: the layout is now fixed
+        #: the optimizer state of parameters in a group that are frozen now (``requires_grad``
+        #: False): out of the step and the buckets, kept as this rank's even slice (1/N) so that
+        #: unfreezing resumes it as a plain optimizer would. id(param) -> (param, lo, hi, state)
+        self._parked: dict[int, tuple[nn.Parameter, int, int, dict[str, Any]]] = {}
+        #: steps taken (a wrapper tells from it whether gradients it holds were stepped)
+        self.steps_taken = 0
         self._ready = False
         super().__init__(params, optim_kwargs)
         self._ready = True
         self._shard_groups(list(range(len(self.param_groups))))
+        self._layout = self.layout_key()
 
     def shard_parameters(self, units: Sequence[Sequence[nn.Parameter]]) -> None:
         """Stage 3: re-pack the buckets one per unit (and param group) and keep only this rank's
@@ -246,14 +256,113 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ----- building the shards ---------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if getattr(self, "_source", None) is not None:
-            raise RuntimeError(
-                "add_param_group after ShardedDataParallel wrapped the model: its "
-                "gradient hooks cover only the existing buckets; add groups before wrapping"
-            )
+        """Add a group, as on any optimizer (a fine-tuning callback adds the backbone it
+        unfreezes). Unattached, its trainable parameters become shards at once; once a
+        ``ShardedDataParallel`` relies on the buckets, the group is laid out, with buckets (and
+        stage 3 units) of its own, at the wrapper's next forward (``relayout``)."""
         super().add_param_group(param_group)
-        if self._ready:
+        if self._ready and self._source is None:
             self._shard_groups([len(self.param_groups) - 1])
+            self._layout = self.layout_key()
+
+    # ----- changing the layout between steps ---------------------------------------------------
+    def layout_key(self) -> tuple[Any, ...]:
+        """What the buckets were built from: the groups and which of their parameters train. A
+        change of either (a ``requires_grad`` flipped, a group added) calls for ``relayout``."""
+        trains = tuple(p.requires_grad for g in self.param_groups for p in g["params"])
+        return (len(self.param_groups), trains)
+
+    def layout_stale(self) -> bool:
+        return self._layout != self.layout_key()
+
+    def carry_state(self) -> dict[int, dict[str, Any]]:
+        """Every parameter's whole optimizer state (and fp32 master weights), on every rank: what
+        ``relayout`` cuts again for the new layout. A collective; each rank briefly holds the
+        optimizer's whole state, on the CPU."""
+        payload = state_pieces(self._owned_state(masters=True))
+        gathered: list[Any] = [None] * self.world_size
+        if self.world_size > 1:
+            dist.all_gather_object(gathered, payload, group=self.process_group)
+        else:
+            gathered = [payload]
+        return assemble_full_state(self.param_groups, gathered)["state"]
+
+    def relayout(
+        self, carried: dict[int, dict[str, Any]], units: Sequence[Sequence[nn.Parameter]] | None = None
+    ) -> None:
+        """Re-pack every group's trainable parameters (each whole, in its own storage or a
+        bucket's) into new buckets, one set per unit where ``units`` is given (stage 3), and
+        give each new piece its part of ``carried`` (``carry_state``, taken before the
+        parameters moved): every parameter that trained before and trains now keeps its state,
+        a newly trainable one starts as a plain optimizer would start it, and a newly frozen
+        one leaves the step, its state parked. Only a wrapper that detached from this optimizer
+        calls it (``ShardedDataParallel``), or ``step`` when none is attached."""
+        training = {id(p) for g in self.param_groups for p in g["params"] if p.requires_grad}
+        with torch.no_grad():
+            for b in self.buckets:  # a parameter that leaves the buckets must not pin its old buffer
+                for p in b.params:
+                    if id(p) not in training and p.untyped_storage().size():
+                        p.data = p.detach().clone()
+        self.buckets, self.flats, self.chunks, self._masters, self._shards = [], [], [], [], []
+        self._bucket_group = []
+        self.local = None
+        self._parked = {}
+        self._grads_ready = False
+        self._consolidated = None
+        unit_of = None
+        if units is not None:
+            unit_of = {id(p): u for u, params in enumerate(units) for p in params}
+        self.parameters_sharded = units is not None
+        self._shard_groups(list(range(len(self.param_groups))), unit_of=unit_of)
+        self._place_state(carried)
+        self._layout = self.layout_key()
+
+    def _owned_state(self, *, masters: bool = False) -> list[tuple[int, int, int, dict[str, Any] | None]]:
+        """(parameter index, lo, hi, state) of every piece this rank keeps state for: its shards,
+        and the parked slices of frozen parameters; with ``masters``, each shard's fp32 master
+        weights ride along as the state entry ``MASTER_KEY``."""
+        assert self.local is not None
+        index = self._param_index()
+        owned: list[tuple[int, int, int, dict[str, Any] | None]] = []
+        for b, shards, master in zip(self.buckets, self._shards, self._masters, strict=True):
+            for pc, shard in zip(b.pieces, shards, strict=True):
+                st = self.local.state.get(shard)
+                if masters and master is not None:
+                    st = {**(st or {}), MASTER_KEY: master[pc.chunk_offset : pc.chunk_offset + pc.numel]}
+                owned.append((index[id(b.params[pc.param_index])], pc.lo, pc.hi, st))
+        owned += [(index[i], lo, hi, st) for i, (_, lo, hi, st) in self._parked.items() if i in index]
+        return owned
+
+    @torch.no_grad()
+    def _place_state(self, full: dict[int, dict[str, Any]]) -> None:
+        """Give each shard its slice of ``full`` (plain-format state by parameter index), and
+        park the state of parameters that are in a group but frozen."""
+        assert self.local is not None
+        params = [p for g in self.param_groups for p in g["params"]]
+        index = {id(p): i for i, p in enumerate(params)}
+        for b, shards, master in zip(self.buckets, self._shards, self._masters, strict=True):
+            for pc, shard in zip(b.pieces, shards, strict=True):
+                st = full.get(index[id(b.params[pc.param_index])])
+                self.local.state.pop(shard, None)
+                if st is None:
+                    continue
+                piece = slice_state(st, pc.lo, pc.hi, shard.device)
+                kept = piece.pop(MASTER_KEY, None)
+                if kept is not None and master is not None:
+                    master[pc.chunk_offset : pc.chunk_offset + pc.numel].copy_(kept)
+                if piece:
+                    self.local.state[shard] = piece
+        self._parked = {}
+        for i, p in enumerate(params):
+            st = full.get(i)
+            if p.requires_grad or not st:
+                continue
+            numel = whole_shape(p).numel()
+            per = -(-numel // self.world_size)
+            lo, hi = min(numel, self.rank * per), min(numel, (self.rank + 1) * per)
+            st = {k: v for k, v in st.items() if k != MASTER_KEY}
+            if st and (lo < hi or self.rank == 0):
+                self._parked[id(p)] = (p, lo, hi, slice_state(st, lo, hi, p.device))
 
     def _group_buckets(self, trainable: list[nn.Parameter], unit_of: dict[int, int] | None) -> list[Bucket]:
         """Buckets of one group's trainable parameters: by the size cap, or one per unit."""
@@ -372,15 +481,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         assert self.local is not None
+        if self.layout_stale() and self._source is None:
+            self.relayout(self.carry_state())
+        # (attached, a change since the forward is laid out at the next forward: this step
+        # updates what this backward computed gradients for, as a plain optimizer would)
         self._stateful = True
+        self.steps_taken += 1
         # A gradient source's 16-bit gradients are converted for the step one bucket at a time,
         # each copy freed once its bucket is updated, unless something (clipping) already
         # prepared them all: then the step uses those.
         source = None if self._grads_ready else self._attached()
         if source is None:
             self.prepare_grads()
-        for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
-            local_group.update(hyperparameters(group))
+        for group, local_group in zip(self.param_groups, self.local.param_groups, strict=False):
+            local_group.update(hyperparameters(group))  # (a group added since: not laid out yet)
         # Bucket by bucket: update this rank's pieces of a bucket, then start gathering that
         # bucket while the next one is updated (the wrapped optimizer skips pieces whose
         # gradient is None, so each step() call touches one bucket's pieces only).
@@ -481,6 +595,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if s.grad is not None:
                     s.grad.clamp_(-clip_value, clip_value)
 
+    @property
+    def masters(self) -> list[torch.Tensor | None]:
+        """Per bucket, this rank's fp32 master copy of its chunk (low-precision parameters), or
+        None where the chunk itself is what the optimizer updates."""
+        return self._masters
+
     def refresh_master_weights(self) -> None:
         """Re-read fp32 master copies from the (low-precision) parameters, e.g. after loading a
         model checkpoint into them."""
@@ -501,14 +621,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gather the full optimizer state on rank ``to`` (a collective: call on every rank)."""
-        assert self.local is not None
-        index = self._param_index()
-        owned = [
-            (index[id(b.params[pc.param_index])], pc.lo, pc.hi, self.local.state.get(shard))
-            for b, shards in zip(self.buckets, self._shards, strict=True)
-            for pc, shard in zip(b.pieces, shards, strict=True)
-        ]
-        payload = state_pieces(owned)
+        payload = state_pieces(self._owned_state())
         gathered: list[Any] | None = [None] * self.world_size if self.rank == to else None
         if self.world_size > 1:
             dist.gather_object(
@@ -539,15 +652,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError("state dict parameter groups do not match this optimizer's groups")
         for g, saved in zip(self.param_groups, groups, strict=True):
             g.update({k: v for k, v in saved.items() if k != "params"})
-        index = self._param_index()
-        saved_state = {int(k): v for k, v in state_dict["state"].items()}
-        for b, shards in zip(self.buckets, self._shards, strict=True):
-            for pc, shard in zip(b.pieces, shards, strict=True):
-                st = saved_state.get(index[id(b.params[pc.param_index])])
-                if st is None:
-                    self.local.state.pop(shard, None)
-                else:
-                    self.local.state[shard] = slice_state(st, pc.lo, pc.hi, shard.device)
+        self._place_state({int(k): v for k, v in state_dict["state"].items()})
         for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
             local_group.update(hyperparameters(group))
         self.refresh_master_weights()

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from shardbench.strategies.sharded.fake import is_fake
-from shardbench.strategies.sharded.layout import Bucket
+from shardbench.strategies.sharded.layout import Bucket, whole_shape
 from shardbench.strategies.sharded.profiling import profiled
 
 #: buckets whose reduction may be in flight at once before another launch waits for the oldest
@@ -80,12 +80,14 @@ class _Each:
 def _views_like(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Views of ``flat``, one per parameter in order, each shaped like it: one call into torch's
     C++ (``unflatten_dense_tensors``) rather than one ``view`` per parameter from Python, which
-    took as long as copying the gradients in, with a thousand small tensors."""
+    took as long as copying the gradients in, with a thousand small tensors. (Stage 3's
+    parameters of a freed unit are empty: their whole shapes come from the layout.)"""
+    shapes = [whole_shape(p) for p in params]
     unflatten = getattr(getattr(torch._C, "_nn", None), "unflatten_dense_tensors", None)
-    if unflatten is not None:
+    if unflatten is not None and all(p.shape == s for p, s in zip(params, shapes, strict=True)):
         return list(unflatten(flat, list(params)))
-    views = flat.split([p.numel() for p in params])
-    return [v.view(p.shape) for v, p in zip(views, params, strict=True)]
+    views = flat.split([s.numel() for s in shapes])
+    return [v.view(s) for v, s in zip(views, shapes, strict=True)]
 
 
 @dataclass
@@ -424,6 +426,10 @@ class GradientReducer:
             self._globally_used = None
 
     # ----- state -------------------------------------------------------------------------------
+    def holds_gradients(self) -> bool:
+        """Gradients were reduced since the optimizer's last ``zero_grad(set_to_none=True)``."""
+        return self._globally_used is not None
+
     def idle(self) -> bool:
         """No bucket buffer being filled and no reduction in flight (true between steps)."""
         return not self._filling and not self._in_flight and not self._views
