@@ -12,10 +12,10 @@ from __future__ import annotations
 from torch import nn
 
 
-def repeated_blocks(root: nn.Module) -> list[nn.Module]:
+def repeated_blocks(root: nn.Module, *, frozen_too: bool = False) -> list[nn.Module]:
     """Every child of an ``nn.ModuleList`` or ``nn.Sequential`` (a repeated block: a
-    transformer layer, a ResNet block) that holds trainable parameters, outermost only, in
-    module order.
+    transformer layer, a ResNet block) that holds trainable parameters (``frozen_too``: any
+    parameters), outermost only, in module order.
 
     Outermost only: a block's own small Sequential (a ResNet downsample's conv and norm) would
     be gathered inside its block's forward, when the block is already gathered, so making it a
@@ -28,7 +28,8 @@ def repeated_blocks(root: nn.Module) -> list[nn.Module]:
             # a ModuleList/ModuleDict has no forward of its own (no hook would ever fire on it):
             # its children are the blocks
             callable_block = not isinstance(child, nn.ModuleList | nn.ModuleDict)
-            if containers and callable_block and any(p.requires_grad for p in child.parameters()):
+            held = [p for p in child.parameters() if frozen_too or p.requires_grad]
+            if containers and callable_block and held:
                 found.append(child)
             else:
                 visit(child)

@@ -163,3 +163,39 @@ class NoDataLit(ExampleOnlyLit):
 class TwoOptimizersLit(ExampleOnlyLit):
     def configure_optimizers(self) -> Any:
         return [torch.optim.SGD(self.net[0].parameters(), lr=0.1), torch.optim.SGD(self.net[2].parameters())]
+
+
+class FinetuneLit(pl.LightningModule):
+    """A ``backbone`` (what ``BackboneFinetuning`` freezes, then unfreezes and adds as a param
+    group; its layers are stage 3's units) and a head, the one part in the optimizer at first.
+    Train it with ``use_distributed_sampler=False``, every rank reading every sample: ``ddp``
+    never averages a parameter unfrozen after it wrapped the model (its ranks drift apart), so
+    only on the same data does it train what a single process would, and the strategies can be
+    compared on every parameter."""
+
+    def __init__(self, width: int = 8, samples: int = 8) -> None:
+        super().__init__()
+        self.samples = samples
+        layers = [nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh()]
+        self.backbone = nn.Sequential(*layers)
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+        return {"optimizer": opt, "lr_scheduler": sched}
+
+    def train_dataloader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(self.samples, self.backbone[0].in_features, generator=g)
+        y = torch.randn(self.samples, 2, generator=g)
+        return DataLoader(TensorDataset(x, y), batch_size=2)

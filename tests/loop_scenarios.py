@@ -15,8 +15,12 @@ from torch import nn
 from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
 
 VOCAB, DIM, TOKENS, PER_RANK, STEPS = 16, 8, 3, 4, 6
+#: SGD with momentum: a step proportional to the gradient, so a wrong average shows (Adam's
+#: update is blind to the gradient's scale), and state (the momentum) that must survive
+OPTIMIZER, HYPER = torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.1}
 #: the clip norm of each step: every norm type in turn
 NORMS = (2.0, 1.0, math.inf)
+CLIP = 1e6
 
 
 class Block(nn.Module):
@@ -84,14 +88,14 @@ def _loss(model: nn.Module, tokens: torch.Tensor, target: torch.Tensor) -> torch
 
 def train_reference(world_size: int, *, live_group: bool) -> dict[str, torch.Tensor]:
     model = Net(seed=0)
-    opt = torch.optim.AdamW(groups(model, live_group=live_group), lr=1e-2, weight_decay=0.1)
+    opt = OPTIMIZER(groups(model, live_group=live_group), **HYPER)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     for step in range(STEPS):
         tokens, target = batch(step, world_size)
         opt.zero_grad(set_to_none=True)
         _loss(model, tokens, target).backward()
         trainable = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        torch.nn.utils.clip_grad_norm_(trainable, 0.5, norm_type=NORMS[step % 3])
+        torch.nn.utils.clip_grad_norm_(trainable, CLIP, norm_type=NORMS[step % 3])
         opt.step()
         sched.step()
         change_trainability(model, opt, step, live_group=live_group)
@@ -108,9 +112,7 @@ def train_sharded(
     """Rank ``rank``'s model after ``STEPS`` steps, whole. Each rank initialises its own weights
     (seed = rank): the wrapper must start every rank from rank 0's, the frozen embedding too."""
     model = Net(seed=rank)
-    opt = ShardedOptimizer(
-        groups(model, live_group=live_group), optim=torch.optim.AdamW, lr=1e-2, weight_decay=0.1
-    )
+    opt = ShardedOptimizer(groups(model, live_group=live_group), optim=OPTIMIZER, **HYPER)
     wrapped = wrap(model, opt, stage)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     rows = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
@@ -128,7 +130,7 @@ def train_sharded(
             (_loss(wrapped, tokens[half:], target[half:]) / 2).backward()
         else:
             _loss(wrapped, tokens, target).backward()
-        opt.clip_grad_norm_(0.5, norm_type=NORMS[step % 3])
+        opt.clip_grad_norm_(CLIP, norm_type=NORMS[step % 3])
         if step == 2:  # a closure, as FairScale's OSS supports
             opt.step(closure=lambda: 0.0)
         else:

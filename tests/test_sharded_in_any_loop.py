@@ -84,7 +84,7 @@ def test_scenarios_can_fail() -> None:
     other_start = sc.Net(seed=1).state_dict()
     assert max_rel_diff(other_start, ref)[0] > 100 * TOLERANCE
     untouched = dict(ref, **{"embed.weight": sc.Net(seed=0).embed.weight.detach()})
-    assert max_rel_diff(untouched, ref)[0] > 100 * TOLERANCE
+    assert max_rel_diff(untouched, ref)[0] > 10 * TOLERANCE
 
 
 def _refuses_mid_accumulation(rank: int, world_size: int, stage: int) -> str:

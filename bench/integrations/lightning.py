@@ -33,6 +33,11 @@ updates stay fp32; autocast runs the forward in bf16) and ``"bf16-true"`` (bf16 
 gradients; each rank keeps fp32 master weights for its own shard only). ``"16-mixed"`` is refused:
 its gradient scaler unscales ``param.grad``, which a sharded gradient does not fill.
 
+Trainability may change between steps, as Lightning's ``BackboneFinetuning`` changes it: a
+``requires_grad`` flipped or a param group added (``optimizer.add_param_group``) is laid out at the
+next forward (``ShardedDataParallel``), each unchanged parameter keeping its optimizer state.
+Stock callbacks that read every parameter's value: ``lightning_callbacks.py``.
+
 While gradients are sharded, ``param.grad`` is None between backward and the optimizer step
 (the gradients live in the reducer's buffers): a hook that reads ``param.grad`` there (gradient
 norm logging) sees nothing.
@@ -68,6 +73,7 @@ except ModuleNotFoundError as e:
     ) from None
 
 from shardbench.blocks import repeated_blocks
+from shardbench.integrations.lightning_callbacks import gather_around_hooks, refuse_unsupported
 from shardbench.strategies.sharded import ELEMENTWISE_OPTIMIZERS, ShardedDataParallel, ShardedOptimizer
 from shardbench.strategies.sharded.data_parallel import STAGES
 
@@ -143,6 +149,7 @@ class ShardbenchStrategy(DDPStrategy):
         self._wrapper: ShardedDataParallel | None = None
         self._clipping_on: Precision | None = None
         self._failed = False
+        self._undo_callbacks: Callable[[], None] | None = None
 
     @property
     def name(self) -> str:
@@ -181,10 +188,15 @@ class ShardbenchStrategy(DDPStrategy):
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         if fitting:
+            if self.stage == 3:
+                refuse_unsupported(trainer.callbacks, self.name)
             # the optimizers first: ShardedOptimizer moves the parameters into the flat
             # buckets the wrapper then reduces gradients in
             self.setup_optimizers(trainer)
             self.model = self._setup_model(self.model)
+            if self.stage == 3 and self._wrapper is not None:
+                summon = self._wrapper.summon_full_params
+                self._undo_callbacks = gather_around_hooks(trainer.callbacks, summon)
         else:  # nothing to reduce: the module runs whole on every rank, from rank 0's weights
             _sync_module_states(self.model)
         self._clip_through_optimizer()
@@ -239,18 +251,17 @@ class ShardbenchStrategy(DDPStrategy):
     def _check_units(self, model: nn.Module) -> None:
         """Stage 3 with no unit but the root would keep every parameter gathered through the
         whole step: no saving over stage 2, so it is refused."""
+        # (frozen blocks count: a fine-tuning callback may unfreeze them, and the units are
+        # found again when it does)
         if self.unit is None:
-            found = bool(repeated_blocks(model))
+            found = bool(repeated_blocks(model, frozen_too=True))
         else:
-            found = any(
-                m is not model and self.unit(m) and any(p.requires_grad for p in m.parameters())
-                for m in model.modules()
-            )
+            found = any(m is not model and self.unit(m) and any(m.parameters()) for m in model.modules())
         if not found:
             where = (
-                "no nn.ModuleList/nn.Sequential child holding trainable parameters"
+                "no nn.ModuleList/nn.Sequential child holding parameters"
                 if self.unit is None
-                else ("no submodule with trainable parameters matches `unit`")
+                else ("no submodule with parameters matches `unit`")
             )
             raise MisconfigurationException(
                 f"`Trainer(strategy={self.name!r})` found no units to gather in {type(model).__name__}: "
@@ -324,6 +335,9 @@ class ShardbenchStrategy(DDPStrategy):
         super().on_exception(exception)
 
     def teardown(self) -> None:
+        if self._undo_callbacks is not None:
+            self._undo_callbacks()
+            self._undo_callbacks = None
         if self._wrapper is not None:
             if self.stage == 3 and not self._failed:
                 _unshard(self.lightning_module, self._wrapper.full_state_dict())

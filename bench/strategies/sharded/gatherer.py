@@ -124,10 +124,14 @@ class UnitGatherer:
         for u in units:
             for i in self.frozen.unit_buckets[u.index]:
                 self._places[u.index] += _places(self.frozen.buckets[i], self.frozen.flats[i])
+        #: what each parameter is between uses: empty, and of a shape (0, k) of its own, so
+        #: that no two of them compare equal (``torch.equal``: a fine-tuning callback skips a
+        #: parameter equal to one the optimizer already has)
+        self._empty: dict[int, torch.Tensor] = {}
         for places in self._places:
             for p, _, _, shape in places:
                 remember_whole_shape(p, shape)
-        self._empty: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+                self._empty[id(p)] = torch.empty((0, len(self._empty) + 1), dtype=p.dtype, device=p.device)
         #: while set (``pinned``), every unit stays gathered: nothing is freed
         self._pinned = False
         self._order = UnitOrder()
@@ -220,17 +224,11 @@ class UnitGatherer:
             # saved the parameter itself, not its data: it sees the full view again once the
             # unit is gathered for its backward.
             for p, _, _, _ in self._places[u]:
-                p.data = self._empty_like(p)
+                p.data = self._empty[id(p)]
             for flat, _ in self._buffers(u):
                 flat.untyped_storage().resize_(0)
             self._gathered.discard(u)
             self._prefetched.discard(u)
-
-    def _empty_like(self, p: torch.Tensor) -> torch.Tensor:
-        key = (p.dtype, p.device)
-        if key not in self._empty:
-            self._empty[key] = torch.empty(0, dtype=p.dtype, device=p.device)
-        return self._empty[key]
 
     @contextlib.contextmanager
     def pinned(self) -> Iterator[None]:

@@ -250,9 +250,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     @classmethod
     def from_optimizer(cls, template: torch.optim.Optimizer, **kwargs: Any) -> ShardedOptimizer:
-        """Shard an already-built (still stateless) optimizer: same class, groups, hyperparameters."""
+        """Shard an already-built (still stateless) optimizer: same class, groups, hyperparameters,
+        and its defaults, which a group added later (``add_param_group``) is completed from."""
         groups = [dict(g) for g in template.param_groups]
-        return cls(groups, optim=type(template), **kwargs)
+        sharded = cls(groups, optim=type(template), **kwargs)
+        sharded._template_defaults = dict(template.defaults)
+        sharded.defaults = {**sharded.defaults, **sharded._template_defaults}
+        return sharded
 
     # ----- building the shards ---------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -353,9 +357,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if piece:
                     self.local.state[shard] = piece
         self._parked = {}
+        laid_out = {id(p) for b in self.buckets for p in b.params}
         for i, p in enumerate(params):
             st = full.get(i)
-            if p.requires_grad or not st:
+            if id(p) in laid_out or not st:  # (a trainable one not laid out yet waits here too)
                 continue
             numel = whole_shape(p).numel()
             per = -(-numel // self.world_size)
@@ -418,7 +423,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.local is None:
             self.local = self._optim_cls(local_groups, **self._optim_kwargs)
             self.state = self.local.state  # type: ignore[assignment]
-            self.defaults = dict(self.local.defaults)
+            self.defaults = {**self.local.defaults, **getattr(self, "_template_defaults", {})}
         else:
             for g in local_groups:
                 self.local.add_param_group(g)
@@ -653,7 +658,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for g, saved in zip(self.param_groups, groups, strict=True):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._place_state({int(k): v for k, v in state_dict["state"].items()})
-        for group, local_group in zip(self.param_groups, self.local.param_groups, strict=True):
+        for group, local_group in zip(self.param_groups, self.local.param_groups, strict=False):
             local_group.update(hyperparameters(group))
         self.refresh_master_weights()
         self._consolidated = None
