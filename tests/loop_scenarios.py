@@ -140,3 +140,53 @@ def train_sharded(
     state = wrapped.full_state_dict()
     wrapped.close()
     return state
+
+
+class OddNet(nn.Module):
+    """Parameters FairScale's suites single out: a 1-element one (fewer elements than ranks), a
+    float64 one beside the float32 ones (a bucket per dtype), and a frozen integer one."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = nn.Linear(DIM, 2)
+        self.scale = nn.Parameter(torch.ones(1))
+        self.shift = nn.Parameter(torch.randn(2, dtype=torch.float64))
+        self.counts = nn.Parameter(torch.arange(3) + seed, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.linear(x) * self.scale).double() + self.shift + self.counts.sum()
+
+
+def odd_batch(step: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(2000 + step)
+    rows = PER_RANK * world_size
+    return torch.randn(rows, DIM, generator=g), torch.randn(rows, 2, generator=g, dtype=torch.float64)
+
+
+def train_odd_reference(world_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    model = OddNet(seed=seed)
+    opt = OPTIMIZER(model.parameters(), **HYPER)
+    for step in range(3):
+        x, y = odd_batch(step, world_size)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def train_odd_sharded(rank: int, world_size: int, stage: int, group: object, members: list[int]) -> dict:
+    """``OddNet`` trained by the ranks ``members`` of the world, over their process group."""
+    model = OddNet(seed=rank)
+    opt = ShardedOptimizer(model.parameters(), optim=OPTIMIZER, process_group=group, **HYPER)
+    wrapped = ShardedDataParallel(model, opt, stage=stage)
+    me = members.index(rank)
+    rows = slice(me * PER_RANK, (me + 1) * PER_RANK)
+    for step in range(3):
+        x, y = (t[rows] for t in odd_batch(step, len(members)))
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(wrapped(x), y).backward()
+        opt.step()
+    state = wrapped.full_state_dict()
+    wrapped.close()
+    return state

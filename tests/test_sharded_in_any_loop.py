@@ -184,3 +184,30 @@ def test_stage3_reads_between_steps_are_safe() -> None:
         assert out["clone_hooks"] == 0
         assert torch.equal(out["after_write"], torch.full((2,), 0.25))
         assert out["trained_on"] == out["trained_on"]  # finite: the loop trains on after the reads
+
+
+def _odd_in_subgroups(rank: int, world_size: int) -> dict:
+    """Ranks [0, 2] and [1, 3] of 4 each train as a world of their own, at every stage."""
+    import torch.distributed as dist
+
+    pairs = [[0, 2], [1, 3]]
+    groups = [dist.new_group(p) for p in pairs]  # (every rank creates every group)
+    mine = next(i for i, p in enumerate(pairs) if rank in p)
+    out = {s: sc.train_odd_sharded(rank, world_size, s, groups[mine], pairs[mine]) for s in (1, 2, 3)}
+    for g in groups:
+        dist.destroy_process_group(g)
+    return out
+
+
+def test_sub_groups_one_element_and_mixed_dtype_parameters() -> None:
+    """Two sub-groups of a world of 4, each training OddNet as a world of 2 (a 1-element
+    parameter, float64 beside float32, a frozen integer one), at every stage: each rank ends
+    where one process training on its pair's global batch from its pair's first rank's weights
+    (each rank seeds its own) ends."""
+    refs = [sc.train_odd_reference(2, seed=first) for first in (0, 1)]
+    for rank, by_stage in enumerate(run_in_world(_odd_in_subgroups, 4, timeout_s=180)):
+        ref = refs[rank % 2]
+        for stage, state in by_stage.items():
+            assert state["shift"].dtype == torch.float64 and state["counts"].dtype == torch.int64
+            diff, where = max_rel_diff(state, ref)
+            assert diff < TOLERANCE, f"stage {stage} rank {rank}: {where} off by {diff:.2e}"

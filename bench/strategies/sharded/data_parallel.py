@@ -231,6 +231,7 @@ class ShardedDataParallel(nn.Module):
                 broadcast_coalesced(
                     [*rest, *self.module.buffers()], src=self._src, group=self.process_group
                 )
+            self.optimizer.refresh_master_weights()  # (16-bit parameters: masters of rank 0's values)
 
     def close(self) -> None:
         """End of training, before ``dist.destroy_process_group``: wait for any reduction still

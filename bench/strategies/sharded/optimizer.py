@@ -404,7 +404,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 # parameters move out) and one new one, not a second copy of the model
                 (flat,) = flatten_into_buckets([b])
                 chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
-                low_precision = flat.is_floating_point() and flat.dtype != torch.float32
+                # fp32 masters for 16-bit parameters only: a float64 one is its own master
+                low_precision = flat.is_floating_point() and flat.element_size() < 4
                 if self.parameters_sharded:
                     chunk = chunk.clone()
                 master = chunk.detach().float() if low_precision else None
