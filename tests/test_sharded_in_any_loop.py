@@ -144,6 +144,15 @@ def _reads(rank: int, world_size: int) -> dict:
         out["deepcopy_wrapper"] = str(e)
     out["wrapper_state_dict"] = wrapped.state_dict()
     out["full"] = wrapped.full_state_dict()
+    try:
+        model.load_state_dict(out["full"])
+        out["inner_load"] = ""
+    except RuntimeError as e:
+        out["inner_load"] = str(e)
+    fresh = {k: v + 1 if v.is_floating_point() else v for k, v in out["wrapper_state_dict"].items()}
+    wrapped.load_state_dict(fresh)  # whole values into the shards, and back
+    out["loaded"] = wrapped.full_state_dict()
+    wrapped.load_state_dict(out["wrapper_state_dict"])
     with wrapped.summon_full_params():
         out["summoned_sum"] = float(sum(p.detach().double().sum() for p in model.parameters()))
         out["inner_state_dict"] = model.state_dict()
@@ -168,7 +177,9 @@ def test_stage3_reads_between_steps_are_safe() -> None:
     """Each read runs in a rank process: one killed by a signal fails the world call."""
     for out in run_in_world(_reads, 2):
         assert out["covered_mid_step"] and out["covered"] and out["covered_after"] and out["covered_inside"]
-        for name in ("state_dict", "deepcopy"):
+        for k, v in out["full"].items():
+            assert torch.equal(out["loaded"][k], v + 1 if v.is_floating_point() else v), k
+        for name in ("state_dict", "deepcopy", "inner_load"):
             assert "summon_full_params" in out[name] and "full_state_dict" in out[name], out[name]
             assert "\n" not in out[name]
         assert "summon_full_params" in out["deepcopy_wrapper"]

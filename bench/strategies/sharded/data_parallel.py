@@ -315,6 +315,15 @@ class ShardedDataParallel(nn.Module):
             out[f"{prefix}module.{key}"] = value
         return out
 
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """As ``nn.Module.load_state_dict`` (keys under ``module.``); at stage 3 the whole values
+        are loaded into every unit gathered, and each rank keeps its shards of them: a
+        collective, call it on every rank."""
+        with self.summon_full_params():
+            result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self.optimizer.refresh_master_weights()
+        return result
+
     @contextlib.contextmanager
     def summon_full_params(self) -> Iterator[None]:
         """Every parameter whole for the block (stage 3 gathers every unit; stages 1-2 keep them

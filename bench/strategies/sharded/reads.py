@@ -10,8 +10,10 @@ sees a value. The ways to the values, each a collective (every rank calls it):
   block ends.
 
 The wrapped module's own ``state_dict()`` and ``copy.deepcopy`` would hand out empty tensors as if
-they were the model, so outside that block they refuse, in one line naming the ways above; inside
-it they give whole values (a deep copy without the wrapper's hooks: a plain, usable module).
+they were the model (and its ``load_state_dict`` would find no room for the values), so outside
+that block they refuse, in one line naming the ways above; inside it they work on whole values
+(a deep copy without the wrapper's hooks: a plain, usable module). The wrapper's own
+``load_state_dict`` loads whole values into the shards (a collective).
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ SHARDED = (
 
 #: where ``nn.Module`` keeps hooks, by handle id (a deep copy strips ours from them), and the
 #: per-hook flags kept under the same ids
-_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_state_dict_pre_hooks", "_state_dict_hooks")
+_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_state_dict_pre_hooks",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+)
 _HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 
 
@@ -59,10 +67,19 @@ class StageThreeReads:
         def after(module: nn.Module, state: dict[str, Any], prefix: str, meta: Any) -> None:
             _own_storage(module, state, prefix)
 
-        self._hook_fns = (before, after)
+        def before_load(module: nn.Module, *args: Any) -> None:
+            reads = ref()
+            if reads is not None and not reads.whole:
+                raise RuntimeError(
+                    f"load_state_dict(): {SHARDED}; load into the wrapper (wrapper.load_state_dict, "
+                    "keys under 'module.') or inside that block"
+                )
+
+        self._hook_fns = (before, after, before_load)
         self._handles = [
             module.register_state_dict_pre_hook(before),
             module.register_state_dict_post_hook(after),
+            module.register_load_state_dict_pre_hook(before_load),
         ]
         self._copier = self._deepcopy
         module.__dict__["__deepcopy__"] = self._copier  # copy.deepcopy looks on the instance
