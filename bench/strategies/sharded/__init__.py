@@ -15,6 +15,13 @@
   unit too, with no gradient and no optimizer state (``frozen.py``); ``full_state_dict()``
   consolidates the model (a collective). The ``zero3`` strategy.
 
+In anyone's loop: wrapping starts every rank from rank 0's parameters (frozen ones included) and
+buffers (``broadcast.py``); a ``requires_grad`` flipped or a group added with
+``add_param_group`` between steps is laid out again at the next forward, optimizer state kept
+(``ShardedDataParallel._relayout_if_changed``, ``ShardedOptimizer.relayout``); between uses a
+stage-3 parameter is an empty tensor, and its values are read through ``full_state_dict()``, the
+wrapper's ``state_dict()`` or ``summon_full_params()`` (``reads.py``).
+
 How it is put together: ``ShardedDataParallel`` (``data_parallel.py``) composes a
 ``GradientReducer`` (``reducer.py``, every stage) and, for stage 3, a ``UnitGatherer``
 (``gatherer.py``). The optimizer knows the wrapper only through ``attach`` (the reducer becomes
