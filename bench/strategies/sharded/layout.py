@@ -99,13 +99,8 @@ def build_buckets(
 ) -> list[Bucket]:
     """Pack ``params`` (trainable, distinct) into buckets; one dtype and device per bucket.
     ``first_cap_numel`` caps the first bucket (the last layers, whose gradients come first)
-    below the others, as DDP's first bucket is: its reduction then starts early in backward,
-    overlapping the rest, also when the whole model would fit one bucket. Each later bucket
-    is then capped by what the buckets before it hold (up to ``cap_numel``): a bucket's buffer
-    is allocated at its first gradient, and at the start of backward, where every activation
-    is still alive, a large one would raise the step's peak; by the time a bucket fills,
-    backward has freed the activations of the layers it has passed, and the buckets before it
-    are reduced."""
+    below the others, as DDP's 1 MiB first bucket does: its reduction then starts early in
+    backward, overlapping the rest, also when the whole model would fit one bucket."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"bad rank {rank} for world size {world_size}")
     if cap_numel < 1:
@@ -113,11 +108,9 @@ def build_buckets(
     buckets: list[Bucket] = []
     current: list[nn.Parameter] = []
     current_numel = 0
-    packed = 0  # elements in the buckets closed so far
 
     def close() -> None:
-        nonlocal current_numel, packed
-        packed += current_numel
+        nonlocal current_numel
         current_numel = 0
         if not current:
             return
@@ -133,7 +126,7 @@ def build_buckets(
 
     for p in reversed(params):
         same_kind = not current or (p.dtype == current[0].dtype and p.device == current[0].device)
-        cap = cap_numel if first_cap_numel is None else min(cap_numel, max(first_cap_numel, packed))
+        cap = min(first_cap_numel, cap_numel) if first_cap_numel is not None and not buckets else cap_numel
         if current and (not same_kind or current_numel + p.numel() > cap):
             close()
         current.append(p)

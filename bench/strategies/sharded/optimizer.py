@@ -69,7 +69,7 @@ MASTER_KEY = "shardbench.master"
 
 #: the first bucket's cap, DDP's (``_DEFAULT_FIRST_BUCKET_BYTES``): the gradients that come first
 #: are reduced early, overlapping the rest of backward
-FIRST_BUCKET_BYTES = 2**16
+FIRST_BUCKET_BYTES = 2**20
 
 
 def check_elementwise(optim: type, assume_elementwise: bool) -> None:
