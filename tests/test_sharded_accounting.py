@@ -185,20 +185,3 @@ def test_refuses_optimizers_that_are_not_elementwise() -> None:
     with pytest.raises(ValueError, match="LAMB.*Allowed: SGD, Adam, AdamW"):
         ShardedOptimizer([nn.Parameter(torch.ones(2))], optim=LAMB)
 
-
-def test_buckets_grow_from_a_small_first_one() -> None:
-    """In backward order: the first bucket holds at most the first cap (or one parameter
-    larger than it), each later one at most what the buckets before it hold (or one larger
-    parameter), up to the cap; every parameter is in exactly one."""
-    params = [nn.Parameter(torch.zeros(n)) for n in (2000, 5, 300, 7, *[10] * 20, 64, 8)]
-    buckets = build_buckets(params, world_size=2, rank=0, cap_numel=1000, first_cap_numel=16)
-    assert [id(p) for b in buckets for p in b.params] == [id(p) for p in reversed(params)]
-    packed = 0
-    for b in buckets:
-        limit = min(1000, max(16, packed))
-        assert b.numel <= limit or len(b.params) == 1, (b.numel, limit)
-        packed += b.numel
-    sizes = [b.numel for b in buckets]
-    assert sizes[0] <= 16 and sizes[-1] == 2000  # (larger than the cap: a bucket of its own)
-    fixed = [b.numel for b in build_buckets(params, world_size=2, rank=0, cap_numel=1000)]
-    assert sizes[:4] == [8, 64, 70, 137] and fixed == [584, 2000]
