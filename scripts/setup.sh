@@ -11,14 +11,22 @@ fi
 stamp=.venv/.shardbench-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "setup: installing shardbench and its pinned stack into .venv (first time: several minutes)" >&2
+    echo "setup: installing shardbench and its pinned stack into .venv (first time: about a minute)" >&2
     # This machine's pip config lists local mirrors that lack most packages; pip warns about each.
     pip() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" \
         2> >(grep -v "is ignored: it is neither" >&2); }
-    # DeepSpeed (the 'peers' extra) builds from its sdist in this environment (build isolation
-    # would fetch a second torch), so the build tools come first and nothing is isolated.
-    pip setuptools wheel ninja
-    pip --no-build-isolation -e '.[dev,peers,lightning]'
+    # uv resolves and installs the pinned stack in well under a minute where pip takes about
+    # five. It reads no pip configuration and installs from the package registry; when it cannot
+    # (no uv, no registry), pip does the same install with this machine's configuration.
+    # DeepSpeed (the 'peers' extra) builds from its sdist (build isolation would fetch a second
+    # torch), so the build tools come first and nothing is isolated.
+    uv() { .venv/bin/python -m uv pip install --quiet --python .venv/bin/python "$@"; }
+    if ! { pip uv 2>/dev/null && uv setuptools wheel ninja &&
+           uv --no-build-isolation -e '.[dev,peers,lightning]'; }; then
+        echo "setup: uv could not install; installing with pip instead (several minutes)" >&2
+        pip setuptools wheel ninja
+        pip --no-build-isolation -e '.[dev,peers,lightning]'
+    fi
     # DeepSpeed JIT-builds its CPU shared-memory comm op at first use (~30 s, then cached under
     # ~/.cache/torch_extensions): built here, so a first test or cell does not pay for it.
     .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null 2>&1 ||

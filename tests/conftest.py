@@ -2,15 +2,30 @@
 two cores from thrashing."""
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
+import shardbench
 from shardbench.harness.config import CellConfig
 from tests import cells
 from tests.dist import close_shared_worlds
 
 torch.set_num_threads(1)
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests test this checkout: an editable install made from another checkout would import
+    *its* shardbench here, and every result would describe the wrong code without a sign."""
+    imported = Path(shardbench.__file__).resolve()
+    if not imported.is_relative_to(REPOSITORY):
+        raise pytest.UsageError(
+            f"shardbench is imported from {imported.parent}, not from the checkout under test "
+            f"({REPOSITORY}): run 'bash scripts/setup.sh' in this checkout and use its .venv"
+        )
 
 
 @pytest.fixture
