@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from shardbench.harness.config import CellConfig
+from shardbench.harness.config import CellConfig, make_cell
 from shardbench.records import Record
 from shardbench.studies.compare_rules import step_time_noise
 from shardbench.studies.plan_reserve import Reserve, ReservePolicy
@@ -65,40 +66,12 @@ def sharding_level(strategy: str) -> int:
     return int(s.optimizer_state or s.whole_parameters) + int(s.gradients) + int(s.parameters)
 
 
-def planning_cells(
-    *,
-    workload: str,
-    preset: str,
-    world_size: int,
-    precision: str,
-    batch_size: int,
-    activation_checkpointing: bool,
-    device: str,
-    fake: bool,
-    timeout_s: float,
-    strategies: Sequence[str] = PLAN_STRATEGIES,
-) -> list[CellConfig]:
-    """One cell per strategy: one simulated rank, one warm-up and one measured step (memory is
-    what a plan needs; the peak is reached within the first steps)."""
-    return [
-        CellConfig(
-            workload=workload,
-            preset=preset,
-            strategy=s,
-            world_size=world_size,
-            precision=precision,
-            batch_size=batch_size,
-            steps=1,
-            warmup=1,
-            device=device,
-            timeout_s=timeout_s,
-            suite="plan",
-            simulate=True,
-            fake=fake,
-            activation_checkpointing=activation_checkpointing,
-        )
-        for s in strategies
-    ]
+def planning_cells(*, strategies: Sequence[str] = PLAN_STRATEGIES, **fields: Any) -> list[CellConfig]:
+    """One cell per strategy of ``fields`` (CellConfig fields): one simulated rank, one warm-up
+    and one measured step (memory is what a plan needs; the peak is reached within the first
+    steps)."""
+    planned = {"steps": 1, "warmup": 1, "suite": "plan", "simulate": True}
+    return [make_cell(**{**fields, **planned, "strategy": s}) for s in strategies]
 
 
 def plannable(strategy: str) -> bool:
