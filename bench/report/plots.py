@@ -22,7 +22,8 @@ from matplotlib.patches import Patch
 from shardbench.records import Record
 from shardbench.report import charts as C
 from shardbench.report.chartdata import Bar, Chart, Panel
-from shardbench.report.styles import REFERENCE_STRATEGY, legend_label, strategy_color
+from shardbench.report.styles import legend_label, strategy_color
+from shardbench.studies.reference import REFERENCE
 
 FORMATS = ("png", "svg")
 PART_COLORS = {
@@ -186,7 +187,7 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
     handles: list[Artist] = [Patch(color=strategy_color(s), label=legend_label(s, s)) for s in series]
     if panel.reference:
         handles.append(
-            Line2D([], [], color="black", linestyle="--", label=f"{REFERENCE_STRATEGY} (reference)")
+            Line2D([], [], color="black", linestyle="--", label=f"{REFERENCE} (reference)")
         )
     if any(b.value is None for b in panel.bars):
         handles.append(_failed_handle())

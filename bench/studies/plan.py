@@ -34,6 +34,7 @@ from shardbench.harness.config import CellConfig, make_cell
 from shardbench.records import Record
 from shardbench.studies.compare_rules import step_time_noise
 from shardbench.studies.plan_reserve import Reserve, ReservePolicy
+from shardbench.studies.reference import REFERENCE, step_time_ratio
 
 #: every strategy a user would choose between, least sharding first
 PLAN_STRATEGIES = (
@@ -269,18 +270,15 @@ def rows_from(
             rows.append(PlanRow(r.strategy, r, budget, reserve=reserve))
     order = {s: i for i, s in enumerate(PLAN_STRATEGIES)}
     rows.sort(key=lambda row: order.get(row.strategy, len(order)))
-    base = next((r for r in rows if r.strategy == "ddp" and r.record.status == "ok"), None)
+    base = next((r for r in rows if r.strategy == REFERENCE and r.record.status == "ok"), None)
     return [replace(r, step_vs_ddp=_against(r, base)) for r in rows]
 
 
 def _against(row: PlanRow, base: PlanRow | None) -> tuple[float, bool] | None:
-    mine, theirs = (row.record.step_time_s or {}).get("median"), None
-    if base is not None and base is not row:
-        theirs = (base.record.step_time_s or {}).get("median")
-    if not mine or not theirs or base is None:
+    if base is None or base is row or not (ratio := step_time_ratio(row.record, base.record)):
         return None
-    noise = step_time_noise(row.record, base.record, base_label="ddp")
-    return mine / theirs, noise == "within noise"
+    noise = step_time_noise(row.record, base.record, base_label=REFERENCE)
+    return ratio, noise == "within noise"
 
 
 def recommend(rows: Sequence[PlanRow]) -> PlanRow | None:
