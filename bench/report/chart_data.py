@@ -1,7 +1,7 @@
-"""The five report charts as data: which records go in, and what value each bar or point takes.
+"""The six report charts as data: which records go in, and what value each bar or point takes.
 
 One function per chart, each returning a list of ``Chart`` (one per workload or comparison group;
-empty when the records hold nothing for it). ``plots.py`` draws them; tests assert on them.
+empty when the records hold nothing for it). ``chart_drawing.py`` draws them; tests assert on them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from shardbench.records import Record
-from shardbench.report.chartdata import (
+from shardbench.report.chart_types import (
     GIB,
     Bar,
     Chart,

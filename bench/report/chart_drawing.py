@@ -1,4 +1,4 @@
-"""Charts from records, written as PNG and SVG: what `charts.py` decided, drawn with matplotlib.
+"""Charts from records, written as PNG and SVG: what `chart_data.py` decided, drawn with matplotlib.
 
 Figures are built on the Agg canvas directly (``Figure`` + ``FigureCanvasAgg``), never through
 ``pyplot``: no global figure registry to leak in a long report run, and no backend switch that
@@ -20,8 +20,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from shardbench.records import Record
-from shardbench.report import charts as C
-from shardbench.report.chartdata import Bar, Chart, Panel
+from shardbench.report import chart_data as C
+from shardbench.report.chart_types import Bar, Chart, Panel
 from shardbench.report.styles import legend_label, strategy_color
 from shardbench.studies.reference import REFERENCE
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardbench.records import CellKey, Record, first_line
-from shardbench.report.chartdata import reading_order
+from shardbench.report.chart_types import reading_order
 from shardbench.studies.versus import Versus, against_reference, group_key, model_states
 
 WIDTH = 120
@@ -195,8 +195,8 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
 
 def exposed_lines(records: Sequence[Record]) -> list[str]:
     """Per real-rank group whose cells have simulated twins: each strategy's exposed
-    communication, the share of its step that compute did not hide (bench/studies/exposed.py)."""
-    from shardbench.studies.exposed import exposed_comm
+    communication, the share of its step that compute did not hide (bench/studies/exposed_comm.py)."""
+    from shardbench.studies.exposed_comm import exposed_comm
 
     exposed = exposed_comm(records)
     groups: dict[CellKey, list[str]] = {}
