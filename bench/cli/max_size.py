@@ -13,7 +13,7 @@ from shardbench.cli.common import (
     model_config_preset,
     require_cuda_if,
 )
-from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, cell_fields, make_cell
+from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, fields_from_flags, make_cell
 
 DEFAULT_RESOLUTION = 0.03  # = shardbench.studies.maxsize's (a test checks), here to keep --help light
 PROBES_PER_SEARCH = 16  # about what a 3% search of a family takes, for the disk-space check
@@ -101,7 +101,7 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
         workload.check_preset(preset)
         if args.fake:
             workload.check_plannable()
-        given = cell_fields(args)
+        given = fields_from_flags(args)
         cells = [
             make_cell(**{**given, "preset": preset, "strategy": s, "world_size": n})
             for s in args.strategy

@@ -17,7 +17,7 @@ from shardbench.cli.common import (
     model_config_preset,
     require_cuda_if,
 )
-from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, cell_fields
+from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, fields_from_flags
 
 if TYPE_CHECKING:
     from shardbench.studies.plan_reserve import ReservePolicy
@@ -84,7 +84,7 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
         check_workload(args.workload, args.preset, timeout_s=args.timeout)  # one's own: bounded first
         workload = get_workload(args.workload)
         preset = args.preset or next(iter(workload.presets))
-        fields = cell_fields(args)
+        fields = fields_from_flags(args)
         strategies = fields.pop("strategy")
         fields.update(preset=preset, fake=not workload.not_plannable)
         if args.max_batch:

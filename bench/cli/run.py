@@ -25,7 +25,7 @@ from shardbench.harness.config import (
     PRECISIONS,
     CellConfig,
     SuiteSpec,
-    cell_fields,
+    fields_from_flags,
     load_suite,
     override,
     suite_names,
@@ -152,7 +152,7 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
     preset = model_config_preset(args, args.workload)
     presets = (preset,) if preset is not None else args.preset
     try:
-        changes = suite_overrides({**cell_fields(args), "preset": presets})
+        changes = suite_overrides({**fields_from_flags(args), "preset": presets})
         spec = override(
             load_suite(args.suite or DEFAULT_SUITE), **changes, repeat=check_repeat(args.repeat)
         ).for_devices(cuda_devices())

@@ -237,7 +237,7 @@ FLAG_FIELDS = {
 }
 
 
-def cell_fields(args: Any) -> dict[str, Any]:
+def fields_from_flags(args: Any) -> dict[str, Any]:
     """The CellConfig fields set by the flags ``args`` has (``FLAG_FIELDS``); a flag the
     command does not take is left out."""
     return {field: getattr(args, flag) for flag, field in FLAG_FIELDS.items() if hasattr(args, flag)}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from shardbench.records import CellKey, Record, first_line
 from shardbench.report.chart_types import reading_order
+from shardbench.studies.reference import REFERENCE
 from shardbench.studies.versus import Versus, against_reference, group_key, model_states
 
 WIDTH = 120
@@ -144,7 +145,7 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
                 text += f", {v.sent:.2f}x bytes sent"
             parts.append(text)
         key = group.key
-        head = f"{key.workload} {key.preset} N={key.world_size} {group_how(key)} vs ddp: "
+        head = f"{key.workload} {key.preset} N={key.world_size} {group_how(key)} vs {REFERENCE}: "
         lines += textwrap.wrap(head + "; ".join(parts), WIDTH, subsequent_indent="  ")
     return lines
 
