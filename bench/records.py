@@ -173,7 +173,7 @@ class Record:
     #: (``bench/metrics/analytic.predicted_comm``)
     predicted_comm: dict[str, Any] | None = None
     #: ``--trace`` on CUDA: the traced step's NCCL kernel time, the part compute kernels
-    #: overlapped, the exposed rest and its fraction of the step (``bench/studies/exposed.py``)
+    #: overlapped, the exposed rest and its fraction of the step (``bench/studies/exposed_comm.py``)
     comm_overlap: dict[str, float] | None = None
     #: torch's intra-op threads per rank (the host's cores shared among its ranks; a simulated
     #: rank gets what a real rank of its world would)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -145,6 +146,20 @@ class Workload(ABC):
         with torch.device("meta"):
             model = self.build(preset)
         return sum(p.numel() for p in model.parameters())
+
+
+class BuiltinWorkload(Workload):
+    """A built-in workload: its presets live in a torch-free module of ``models/presets/``
+    (``PRESETS``, ``LADDER`` and ``param_count(shape)``), so its size is counted from a preset's
+    shape alone, with no build and no import of the model's code (the size ladder of
+    ``shardbench list`` and a max-size search count many shapes)."""
+
+    #: the workload's module in ``shardbench.models.presets``
+    shapes: ModuleType
+
+    def param_count(self, preset: str) -> int:
+        self.check_preset(preset)
+        return self.shapes.param_count(self.presets[preset])
 
 
 def concat_inputs(chunks: list[Inputs]) -> Inputs:

@@ -40,6 +40,7 @@ from torch import nn
 
 from shardbench.blocks import repeated_blocks
 from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.forward_inputs import check_forward_takes
 from shardbench.models.presets.config_string import (
     DEFAULT_PRESET,
     KeywordPresets,
@@ -226,7 +227,14 @@ class ModuleWorkload(Workload):
         meta device, before any cell runs: a mistake is one line, not a failed cell per rank)."""
         self.keywords(preset)  # names the keyword that is wrong, and the allowed ones
         super().check_preset(preset)
-        self._meta_model(preset)
+        self.check_inputs(preset, self._meta_model(preset))
+
+    def check_inputs(self, preset: str, model: nn.Module) -> None:
+        """The declared inputs fit the model's ``forward`` by name (``loss`` calls
+        ``model(**inputs)``); inputs made by a function are known only once it runs."""
+        declared = self.spec_for(preset).inputs
+        if not callable(declared):
+            check_forward_takes(model, declared, workload=self.name)
 
     def check_checkpointable(self) -> None:
         """The model has blocks to recompute (a meta build, as ``check_preset``)."""

@@ -17,7 +17,7 @@ import torchaudio
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.base import BuiltinWorkload, Inputs, batch_generator
 from shardbench.models.presets import deepspeech2 as presets_module
 from shardbench.models.presets.deepspeech2 import CHARS, FREQ_BINS
 
@@ -93,20 +93,16 @@ class DeepSpeech2(nn.Module):
         return F.log_softmax(x.float(), dim=-1), lengths
 
 
-class DeepSpeech2Workload(Workload):
+class DeepSpeech2Workload(BuiltinWorkload):
     name = "deepspeech2"
     lr = 3e-4
+    shapes = presets_module
     presets = presets_module.PRESETS
     ladder = presets_module.LADDER
     not_plannable = (
         "its clips have random lengths and pack_padded_sequence sizes the LSTM's work from their "
         "values, which fake tensors do not have; use --simulate (real memory, one process)"
     )
-
-    def param_count(self, preset: str) -> int:
-        """From the preset's shape alone (``shardbench.models.presets.deepspeech2``): no build, no import."""
-        self.check_preset(preset)
-        return presets_module.param_count(self.presets[preset])
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         self.check_preset(preset)

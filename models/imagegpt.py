@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.base import BuiltinWorkload, Inputs, batch_generator
 from shardbench.models.presets import imagegpt as presets_module
 from shardbench.models.presets.imagegpt import CLUSTERS
 
@@ -23,9 +23,10 @@ if TYPE_CHECKING:  # transformers takes seconds to import: only building a model
     from transformers import ImageGPTConfig
 
 
-class ImageGPTWorkload(Workload):
+class ImageGPTWorkload(BuiltinWorkload):
     name = "imagegpt"
     lr = 1e-4
+    shapes = presets_module
     presets = presets_module.PRESETS
     ladder = presets_module.LADDER
 
@@ -45,11 +46,6 @@ class ImageGPTWorkload(Workload):
             **p,
         )
         return config, side
-
-    def param_count(self, preset: str) -> int:
-        """From the preset's shape alone (``shardbench.models.presets.imagegpt``): no build, no import."""
-        self.check_preset(preset)
-        return presets_module.param_count(self.presets[preset])
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         from transformers import ImageGPTForCausalImageModeling

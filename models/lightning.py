@@ -90,6 +90,10 @@ class LightningWorkload(ModuleWorkload):
         self._source(preset)
         self._optimizer(self._meta_model(preset))
 
+    def check_inputs(self, preset: str, model: nn.Module) -> None:
+        """Nothing to match: a batch goes to ``training_step`` whole, not to ``forward`` by name
+        (``_source`` checks what a batch is made from)."""
+
     # ----- the optimizer -----------------------------------------------------------------------
     def optimizer_factory(self) -> Callable[[nn.Module], torch.optim.Optimizer]:
         return self._optimizer

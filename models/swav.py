@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.base import BuiltinWorkload, Inputs, batch_generator
 from shardbench.models.presets import swav as presets_module
 
 
@@ -114,17 +114,13 @@ def sinkhorn(scores: torch.Tensor, *, epsilon: float = 0.05, iterations: int = 3
     return (q * batch).t()
 
 
-class SwAVWorkload(Workload):
+class SwAVWorkload(BuiltinWorkload):
     name = "swav"
     lr = 1e-4
+    shapes = presets_module
     presets = presets_module.PRESETS
     ladder = presets_module.LADDER
     temperature = 0.1
-
-    def param_count(self, preset: str) -> int:
-        """From the preset's shape alone (``shardbench.models.presets.swav``): no build, no import."""
-        self.check_preset(preset)
-        return presets_module.param_count(self.presets[preset])
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         self.check_preset(preset)

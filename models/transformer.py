@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardbench.models.base import Inputs, Workload, batch_generator
+from shardbench.models.base import BuiltinWorkload, Inputs, batch_generator
 from shardbench.models.presets import transformer as presets_module
 
 if TYPE_CHECKING:  # transformers takes seconds to import: only building a model needs it
@@ -38,9 +38,10 @@ class BertClassifier(nn.Module):
         return self.head(self.drop(pooled))
 
 
-class TransformerWorkload(Workload):
+class TransformerWorkload(BuiltinWorkload):
     name = "transformer"
     lr = 2e-5
+    shapes = presets_module
     presets = presets_module.PRESETS
     ladder = presets_module.LADDER
 
@@ -53,11 +54,6 @@ class TransformerWorkload(Workload):
         if not dropout:
             p.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         return BertConfig(**p), extra
-
-    def param_count(self, preset: str) -> int:
-        """From the preset's shape alone (``shardbench.models.presets.transformer``): no build, no import."""
-        self.check_preset(preset)
-        return presets_module.param_count(self.presets[preset])
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         config, extra = self._config(preset, dropout)

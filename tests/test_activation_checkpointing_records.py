@@ -17,7 +17,7 @@ from shardbench.harness.config import load_suite
 from shardbench.harness.validate import plan_cells
 from shardbench.models.base import Workload
 from shardbench.records import parse_record
-from shardbench.report.chartdata import group_labels, series_labels
+from shardbench.report.chart_types import group_labels, series_labels
 from shardbench.report.tables import records_to_frame
 from shardbench.studies.compare import NothingInCommon, compare_runs
 from shardbench.studies.export import benchmark_name

@@ -1,4 +1,4 @@
-"""Exposed communication (``bench/metrics/exposed.py``) and the communication chart, on records
+"""Exposed communication (``bench/metrics/kernel_overlap.py``) and the communication chart, on records
 and traces made by hand: a real cell against its simulated twin (with the noise rule), NCCL
 kernels against compute kernels in a profiler trace, and the bytes-per-rank chart's lines."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from shardbench.metrics.exposed import trace_overlap
-from shardbench.report.charts import comm_scaling_charts
+from shardbench.metrics.kernel_overlap import trace_overlap
+from shardbench.report.chart_data import comm_scaling_charts
 from shardbench.report.tables import records_to_frame
 from shardbench.report.terminal import ratio_lines, terminal_table
-from shardbench.studies.exposed import exposed_comm
+from shardbench.studies.exposed_comm import exposed_comm
 from tests.records import make_record
 
 

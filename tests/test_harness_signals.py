@@ -186,7 +186,8 @@ def test_the_fork_server_ignores_a_terminals_ctrl_c_from_its_first_import() -> N
 
     env = {**os.environ, LAUNCHER_PID: str(os.getpid())}  # as the launcher starts its server
     script = (
-        "import signal, shardbench.harness.guardian; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+        "import signal, shardbench.harness.fork_server_guard; "
+        "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr

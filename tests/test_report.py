@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 
 from shardbench.records import Record, read_records
-from shardbench.report import plots
+from shardbench.report import chart_drawing
 from shardbench.report.build import build_report
-from shardbench.report.chartdata import GIB, MIB
-from shardbench.report.charts import (
+from shardbench.report.chart_data import (
     ALL_CHARTS,
     breakdown_charts,
     max_size_charts,
@@ -32,6 +31,7 @@ from shardbench.report.charts import (
     peak_memory_charts,
     step_time_charts,
 )
+from shardbench.report.chart_types import GIB, MIB
 from shardbench.report.styles import FALLBACK_COLORS, legend_label, strategy_color, strategy_key
 from shardbench.report.tables import markdown_table, records_to_frame, write_tables
 
@@ -41,11 +41,11 @@ pytestmark = pytest.mark.xdist_group("test_report")
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "results" / "samples"
 PLOTS = (
-    plots.plot_peak_memory,
-    plots.plot_breakdown,
-    plots.plot_step_time,
-    plots.plot_max_size,
-    plots.plot_memory_scaling,
+    chart_drawing.plot_peak_memory,
+    chart_drawing.plot_breakdown,
+    chart_drawing.plot_step_time,
+    chart_drawing.plot_max_size,
+    chart_drawing.plot_memory_scaling,
 )
 
 
@@ -138,7 +138,7 @@ def test_strategy_the_registry_does_not_know_still_renders(tmp_path: Path, sampl
     charts = peak_memory_charts(old)
     assert any(b.series == "ddp_v0" for b in _bars(charts))
     assert not any(c.panels[0].reference for c in charts), "no reference line without the reference strategy"
-    assert plots.plot_peak_memory(old, tmp_path)
+    assert chart_drawing.plot_peak_memory(old, tmp_path)
 
 
 def test_markdown_table_from_rows() -> None:
@@ -151,7 +151,7 @@ def test_failed_cell_alone_is_shown_not_dropped(tmp_path: Path, samples: list[Re
     for build in (peak_memory_charts, breakdown_charts, step_time_charts):
         bars = _bars(build(failed))
         assert bars and all(b.value is None and b.status == "timeout" for b in bars), build.__name__
-    written = plots.plot_peak_memory(failed, tmp_path)
+    written = chart_drawing.plot_peak_memory(failed, tmp_path)
     assert sorted(p.suffix for p in written) == [".png", ".svg"] and all(p.is_file() for p in written)
 
 
@@ -177,7 +177,7 @@ def test_ok_record_without_measurements_is_no_data(tmp_path: Path, samples: list
     )
     assert [b.status for b in _bars(step_time_charts([r]))] in (["no data"], ["no data", "no data"])
     assert _bars(peak_memory_charts([r])) == [] and _bars(breakdown_charts([r])) == []
-    assert sum(len(v) for v in plots.plot_all([r], tmp_path).values()) > 0
+    assert sum(len(v) for v in chart_drawing.plot_all([r], tmp_path).values()) > 0
 
 
 def test_bars_carry_the_recorded_values(samples: list[Record]) -> None:
@@ -260,7 +260,7 @@ def test_max_size_chart_from_summary_records(tmp_path: Path, samples: list[Recor
     )
     assert lines["ddp"].y == (110.0, None) and lines["ddp"].status == ("ok", "nothing fits")
     assert "16 GiB" in chart.title
-    assert [p.suffix for p in plots.plot_max_size(summaries, tmp_path)] == [".png", ".svg"]
+    assert [p.suffix for p in chart_drawing.plot_max_size(summaries, tmp_path)] == [".png", ".svg"]
     frame = records_to_frame(summaries)
     assert list(frame.note) == [s.note for s in summaries]  # the search's answer line
     # summaries describe searches, not cells: no bar or point of their own in the cell charts

@@ -14,7 +14,7 @@ import pytest
 from shardbench.cli import INTERNAL_ERROR, main
 from shardbench.paths import atomic_write_text, inside, path_component
 from shardbench.records import read_records
-from shardbench.report.chartdata import slug
+from shardbench.report.chart_types import slug
 from shardbench.studies.baselines import manifest_path, save_baseline
 from shardbench.studies.history import append_history
 from tests.records import make_record

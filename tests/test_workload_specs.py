@@ -180,6 +180,24 @@ def test_bad_specs_exit_2_in_one_line(argv, needle, tmp_path, capsys) -> None:
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["run", "--strategy", "ddp", "--world-size", "1"], ["plan", "--world-size", "2", "--budget", "1GiB"]],
+)
+def test_inputs_forward_does_not_take_are_refused_before_anything_runs(command, tmp_path, capsys) -> None:
+    """``ModelSpec(inputs={"x": ...})`` around an ``nn.Sequential`` (``forward(input)``) would
+    fail every cell at its first step; it is one line naming what ``forward`` takes, exit 2."""
+    out = tmp_path / "out"
+    name, *flags = command
+    argv = [name, "--workload", "tests.user_models:wrong_inputs", *flags, "--out", str(out)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"shardbench {name}: error: workload 'tests.user_models:wrong_inputs': the ModelSpec inputs (x) do "
+        "not fit Sequential.forward, which has no parameter 'x'; by name, forward takes input"
+    ]
+    assert not out.exists()
+
+
 def test_a_relative_file_resolves_against_the_callers_directory(tmp_path, monkeypatch) -> None:
     """An exec'd (CUDA) rank starts in the project root: the launcher passes the command's
     directory (SHARDBENCH_CALLER_CWD), and a relative file spec is found from there."""

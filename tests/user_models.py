@@ -118,3 +118,8 @@ class FrozenNet(nn.Module):
 
 def frozen_net() -> ModelSpec:
     return ModelSpec(build=FrozenNet, inputs={"x": Input((64,)), "labels": Input((), high=4)})
+
+
+def wrong_inputs() -> ModelSpec:
+    """An input named ``x`` for an ``nn.Sequential``, whose ``forward`` takes ``input``."""
+    return ModelSpec(build=lambda: nn.Sequential(nn.Linear(4, 2)), inputs={"x": Input((4,))})

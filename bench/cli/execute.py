@@ -43,7 +43,7 @@ def with_drill_down_dir(cell: CellConfig, out: Path) -> CellConfig:
     (unchanged when it asks for none)."""
     if not (cell.memory_snapshot or cell.trace):
         return cell
-    from shardbench.report.chartdata import slug
+    from shardbench.report.chart_types import slug
 
     flags = ["sim" if cell.simulate and not cell.fake else "", "fake" if cell.fake else ""]
     flags += [cell.device, "ac" if cell.activation_checkpointing else ""]

@@ -13,7 +13,7 @@ from shardbench.cli.common import (
     model_config_preset,
     require_cuda_if,
 )
-from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig
+from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, fields_from_flags, make_cell
 
 DEFAULT_RESOLUTION = 0.03  # = shardbench.studies.maxsize's (a test checks), here to keep --help light
 PROBES_PER_SEARCH = 16  # about what a 3% search of a family takes, for the disk-space check
@@ -101,27 +101,12 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
         workload.check_preset(preset)
         if args.fake:
             workload.check_plannable()
-        simulate = args.simulate or args.fake
-        cells = []
-        for s in args.strategy:
-            for n in args.world_size:
-                cells.append(
-                    CellConfig(
-                        workload=args.workload,
-                        preset=preset,
-                        strategy=s,
-                        world_size=n,
-                        precision=args.precision,
-                        batch_size=args.batch_size,
-                        steps=args.steps,
-                        warmup=args.warmup,
-                        device=args.device,
-                        timeout_s=args.timeout,
-                        simulate=simulate,
-                        fake=args.fake,
-                        activation_checkpointing=args.activation_checkpointing,
-                    )
-                )
+        given = fields_from_flags(args)
+        cells = [
+            make_cell(**{**given, "preset": preset, "strategy": s, "world_size": n})
+            for s in args.strategy
+            for n in args.world_size
+        ]
         cells = plan_cells(cells)
     except ValueError as e:
         raise UsageError(str(e)) from None

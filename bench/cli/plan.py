@@ -17,7 +17,7 @@ from shardbench.cli.common import (
     model_config_preset,
     require_cuda_if,
 )
-from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig
+from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, fields_from_flags
 
 if TYPE_CHECKING:
     from shardbench.studies.plan_reserve import ReservePolicy
@@ -84,18 +84,12 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
         check_workload(args.workload, args.preset, timeout_s=args.timeout)  # one's own: bounded first
         workload = get_workload(args.workload)
         preset = args.preset or next(iter(workload.presets))
-        cells = planning_cells(
-            workload=args.workload,
-            preset=preset,
-            world_size=args.world_size,
-            precision=args.precision,
-            batch_size=1 if args.max_batch else args.batch_size,
-            activation_checkpointing=args.activation_checkpointing,
-            device=args.device,
-            fake=not workload.not_plannable,
-            timeout_s=args.timeout,
-            strategies=args.strategy,
-        )
+        fields = fields_from_flags(args)
+        strategies = fields.pop("strategy")
+        fields.update(preset=preset, fake=not workload.not_plannable)
+        if args.max_batch:
+            fields["batch_size"] = 1
+        cells = planning_cells(**fields, strategies=strategies)
         unplanned = [c for c in cells if not plannable(c.strategy)]
         cells = plan_cells([c for c in cells if plannable(c.strategy)]) if len(unplanned) < len(cells) else []
     except ValueError as e:

@@ -21,12 +21,15 @@ from shardbench.cli.common import (
 from shardbench.cli.execute import CELLS_FILE, check_repeat, execute_run, safe_name
 from shardbench.harness.config import (
     DEVICES,
+    FLAG_FIELDS,
     PRECISIONS,
     CellConfig,
     SuiteSpec,
+    fields_from_flags,
     load_suite,
     override,
     suite_names,
+    suite_overrides,
 )
 
 
@@ -149,22 +152,9 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
     preset = model_config_preset(args, args.workload)
     presets = (preset,) if preset is not None else args.preset
     try:
+        changes = suite_overrides({**fields_from_flags(args), "preset": presets})
         spec = override(
-            load_suite(args.suite or DEFAULT_SUITE),
-            workloads=args.workload,
-            strategies=args.strategy,
-            world_sizes=args.world_size,
-            presets=presets,
-            precisions=args.precision,
-            batch_sizes=args.batch_size,
-            steps=args.steps,
-            warmup=args.warmup,
-            device=args.device,
-            timeout_s=args.timeout,
-            simulate=args.simulate,
-            fake=args.fake,
-            activation_checkpointing=args.activation_checkpointing,
-            repeat=check_repeat(args.repeat),
+            load_suite(args.suite or DEFAULT_SUITE), **changes, repeat=check_repeat(args.repeat)
         ).for_devices(cuda_devices())
         cells = plan_cells(own_presets(spec.cells()) if presets is None else spec.cells())
     except ValueError as e:
@@ -223,27 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 DEFAULT_SUITE = "smoke"
 #: the flags that choose a run's cells: ``--resume`` without any of them continues the run's own
-CELL_FLAGS = (
-    "suite",
-    "workload",
-    "strategy",
-    "world_size",
-    "preset",
-    "precision",
-    "batch_size",
-    "steps",
-    "warmup",
-    "device",
-    "timeout",
-    "simulate",
-    "fake",
-    "activation_checkpointing",
-    "repeat",
-    "model_config",
-    "seq_len",
-    "memory_snapshot",
-    "trace",
-)
+CELL_FLAGS = ("suite", *FLAG_FIELDS, "repeat", "model_config", "seq_len", "memory_snapshot", "trace")
 
 
 #: where a run keeps the cells it was started with (what ``--resume`` continues)

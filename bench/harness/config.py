@@ -174,22 +174,12 @@ class SuiteSpec:
         for matrix in self.matrices or ({},):
             lists = {key: matrix.get(key, getattr(self, key)) for key in _LIST_KEYS}
             at = {key: matrix.get(key, getattr(self, key)) for key in _MATRIX_SCALARS}
-            for w, p, s, n, pr, b in itertools.product(*(lists[k] for k in _LIST_KEYS)):
-                cell = CellConfig(
-                    workload=w,
-                    preset=p,
-                    strategy=s,
-                    world_size=n,
-                    precision=pr,
-                    batch_size=b,
-                    steps=at["steps"],
-                    warmup=at["warmup"],
+            for values in itertools.product(*(lists[k] for k in _LIST_KEYS)):
+                cell = make_cell(
+                    **dict(zip(_LIST_FIELDS, values, strict=True)),
+                    **{key: at[key] for key in _MATRIX_SCALARS if key != "repeat"},
                     device=self.device,
-                    timeout_s=at["timeout_s"],
                     suite=self.name,
-                    simulate=at["simulate"] or at["fake"],
-                    fake=at["fake"],
-                    activation_checkpointing=at["activation_checkpointing"],
                 )
                 # a --fake cell measures no time and its memory is deterministic: once is enough
                 for i in range(1 if cell.fake else at["repeat"]):
@@ -222,6 +212,48 @@ _SCALAR_KEYS = {
 
 #: settings a ``[[matrix]]`` may set for its own cells
 _MATRIX_SCALARS = ("steps", "warmup", "timeout_s", "simulate", "fake", "activation_checkpointing", "repeat")
+
+#: the CellConfig field each list of ``_LIST_KEYS`` varies, in the same order
+_LIST_FIELDS = ("workload", "preset", "strategy", "world_size", "precision", "batch_size")
+_SUITE_LIST = dict(zip(_LIST_FIELDS, _LIST_KEYS, strict=True))
+
+#: command-line flag (argparse's name for it) -> the CellConfig field it sets. Every command
+#: that builds cells from flags (run, max-size, plan) reads them through this one table, so a
+#: flag means the same field everywhere.
+FLAG_FIELDS = {
+    "workload": "workload",
+    "preset": "preset",
+    "strategy": "strategy",
+    "world_size": "world_size",
+    "precision": "precision",
+    "batch_size": "batch_size",
+    "steps": "steps",
+    "warmup": "warmup",
+    "device": "device",
+    "timeout": "timeout_s",
+    "simulate": "simulate",
+    "fake": "fake",
+    "activation_checkpointing": "activation_checkpointing",
+}
+
+
+def fields_from_flags(args: Any) -> dict[str, Any]:
+    """The CellConfig fields set by the flags ``args`` has (``FLAG_FIELDS``); a flag the
+    command does not take is left out."""
+    return {field: getattr(args, flag) for flag, field in FLAG_FIELDS.items() if hasattr(args, flag)}
+
+
+def suite_overrides(fields: dict[str, Any]) -> dict[str, Any]:
+    """Cell fields as the ``SuiteSpec`` keys ``override`` takes: a field a suite varies
+    (``workload``) names its list (``workloads``), whose value the flag replaces."""
+    return {_SUITE_LIST.get(field, field): value for field, value in fields.items()}
+
+
+def make_cell(**fields: Any) -> CellConfig:
+    """A cell from its fields, with the one rule between them: ``fake`` implies ``simulate``
+    (a planned cell is a simulated rank that allocates nothing)."""
+    simulate = bool(fields.get("simulate")) or bool(fields.get("fake"))
+    return CellConfig(**{**fields, "simulate": simulate})
 
 
 def suite_names() -> list[str]:

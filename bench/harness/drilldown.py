@@ -77,7 +77,7 @@ def trace_one_step(
     cell: CellConfig, device: torch.device, rank: int, step: Callable[[], Any], out: dict[str, str]
 ) -> dict[str, float] | None:
     """Run ``step`` once under ``torch.profiler`` and export its Chrome trace; on CUDA, return
-    how much of its NCCL kernels' time compute kernels hid (``bench/metrics/exposed.py``)."""
+    how much of its NCCL kernels' time compute kernels hid (``bench/metrics/kernel_overlap.py``)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -94,6 +94,6 @@ def trace_one_step(
         return None
     import json
 
-    from shardbench.metrics.exposed import trace_overlap
+    from shardbench.metrics.kernel_overlap import trace_overlap
 
     return trace_overlap(json.loads(path.read_text()))

@@ -4,12 +4,14 @@ Every file a launcher keeps while cells run (each cell's directory, multiprocess
 socket) lives in one private directory per launcher process, made short on purpose: a Unix
 socket path must fit 108 bytes, whatever ``TMPDIR`` is (``private_dir``).
 
-The fork server, which forks the CPU ranks, imports this module first (``PRELOAD``). There it
-starts a thread that waits on the launcher's pid (a pidfd: it becomes readable when the process
+The fork server, which forks the CPU ranks, can only be given modules to import: it imports
+``fork_server_guard`` first (``PRELOAD``), which calls ``guard_launcher_child``. That starts a
+thread that waits on the launcher's pid (a pidfd: it becomes readable when the process
 is gone, with no pid-reuse race); when the launcher dies, the server removes the private
 directory and exits, and the ranks it forked, whose parent-death signal is tied to it, are killed
 by the kernel. Exec'd (CUDA) ranks are the launcher's own children: their parent-death signal is
-tied to the launcher, and they wait on it the same way to remove their cell's directory first.
+tied to the launcher, and the worker calls ``guard_launcher_child`` as it starts, so they wait on
+it the same way. Importing this module does nothing.
 
 A launcher that exits normally removes its private directory at exit; a directory whose
 launcher died without its guardian (an older version, a kernel without pidfds) is removed by
@@ -125,18 +127,15 @@ def guard(remove: Path | None, then: str) -> None:
     threading.Thread(target=watch, name="shardbench-guardian", daemon=True).start()
 
 
-def _in_fork_server() -> None:
-    """At import in the fork server (the launcher's child): guard the private directory, and
-    ignore SIGINT. A terminal's Ctrl-C reaches the launcher's whole process group, the server
-    included, which multiprocessing protects from it only once its preload imports are done:
-    a Ctrl-C during them would print a KeyboardInterrupt traceback over the launcher's own
-    "interrupted" line. The launcher handles the interrupt and stops the server itself."""
+def guard_launcher_child() -> None:
+    """In a process the launcher started itself (its fork server, an exec'd rank): guard the
+    private directory, and ignore SIGINT. A terminal's Ctrl-C reaches the launcher's whole
+    process group, this process included; the fork server is protected from it by
+    multiprocessing only once its preload imports are done, so a Ctrl-C during them would print
+    a KeyboardInterrupt traceback over the launcher's own "interrupted" line. The launcher
+    handles the interrupt and stops its children itself. Does nothing in any other process."""
     launcher = os.environ.get(LAUNCHER_PID)
     if launcher and int(launcher) == os.getppid():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         private = os.environ.get(PRIVATE_DIR)
         guard(Path(private) if private else None, then="exit")
-
-
-if os.environ.get(LAUNCHER_PID) and __name__ != "__main__":
-    _in_fork_server()

@@ -69,7 +69,7 @@ def _tail(path: Path, chars: int = 4000) -> str:
 #: imported once in the fork server, so ranks start warm: the worker (torch, the strategies) and
 #: each workload's library; a module that is not installed is skipped by the server
 PRELOAD = [
-    "shardbench.harness.guardian",  # first: the server ends with its launcher (see guardian.py)
+    "shardbench.harness.fork_server_guard",  # first: the server ends with its launcher
     "shardbench.harness.worker",
     "shardbench.models.transformer",
     "shardbench.models.imagegpt",

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardbench.harness import drilldown, guardian  # noqa: F401 - an exec'd rank dies with its launcher
 from shardbench.harness.config import CellConfig, threads_per_rank
 from shardbench.harness.faults import Fault, faults_from_env
+from shardbench.harness.guardian import guard_launcher_child
 from shardbench.harness.phases import (
     CellSteps,
     Diverged,
@@ -115,7 +115,7 @@ def run_rank(
     """Run one cell on this rank; return its measurements (raises on failure)."""
     # a simulated rank computes with the threads a real rank of its world would get on this host
     # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
-    # twin real cells are set against (bench/studies/exposed.py)
+    # twin real cells are set against (bench/studies/exposed_comm.py)
     torch.set_num_threads(threads_per_rank(world_size if cell.simulate else local_world_size))
     if cell.device == "cuda" and not planned_off_device(cell):
         torch.cuda.set_device(local_rank)
@@ -345,4 +345,5 @@ def _torchrun_finish(
 
 
 if __name__ == "__main__":
+    guard_launcher_child()  # an exec'd rank ends with its launcher, and leaves Ctrl-C to it
     sys.exit(main())

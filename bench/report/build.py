@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shardbench.records import Record, load_records, records_files
+from shardbench.report.chart_drawing import plot_all
 from shardbench.report.html import write_index
 from shardbench.report.plan_html import read_plan
-from shardbench.report.plots import plot_all
 from shardbench.report.tables import records_to_frame, write_tables
 
 

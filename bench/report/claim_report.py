@@ -102,10 +102,10 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
     peaked = (BASELINE, OURS, *spec.further, *spec.peers)
     sized = (BASELINE, OURS, *spec.further)
     head = ["workload", "AC", "preset", "params (M)", *(f"{s} peak GiB" for s in peaked)]
-    head += [f"{s}/ddp peak" for s in (OURS, *spec.further)]
+    head += [f"{s}/{BASELINE} peak" for s in (OURS, *spec.further)]
     head += [f"{s} max params (M)" for s in sized]
-    head += [f"{s}/ddp max-size" for s in (OURS, *spec.further)]
-    head += ["zero2/ddp step time"]
+    head += [f"{s}/{BASELINE} max-size" for s in (OURS, *spec.further)]
+    head += [f"{OURS}/{BASELINE} step time"]
     rows = []
     for r in results:
         base = r.memory.get(BASELINE)
@@ -143,7 +143,7 @@ def _real_table(results: list[WorkloadResult]) -> str:
     """Per workload and strategy measured on real ranks: peak, its ratio to ddp's, the model
     states held after a step against the ZeRO formula."""
     gib = 2**30
-    head = ["workload", "AC", "N", "strategy", "peak GiB", "/ddp peak", "model states / formula"]
+    head = ["workload", "AC", "N", "strategy", "peak GiB", f"/{BASELINE} peak", "model states / formula"]
     rows = []
     for r in results:
         for s, rec in r.real_memory.items():

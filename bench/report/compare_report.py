@@ -13,6 +13,7 @@ from pathlib import Path
 from shardbench.report.html import CSS
 from shardbench.report.tables import markdown_table
 from shardbench.studies.compare import COMM_METRIC, VERDICTS, CellDelta, Comparison, MetricDelta
+from shardbench.studies.reference import REFERENCE
 
 COLUMNS = ("verdict", "cell", "metric", "baseline", "current", "change", "band", "note")
 
@@ -87,7 +88,7 @@ def summary_line(comparison: Comparison) -> str:
     )
     others = ", ".join(f"{rest[v]} {v}" for v in (*VERDICTS, "ignored") if rest[v])
     slower = comparison.strategy_regressions
-    across = "; " + ", ".join(f"{s.strategy}'s step time vs ddp over all its cells" for s in slower)
+    across = "; " + ", ".join(f"{s.strategy}'s step time vs {REFERENCE} over all its cells" for s in slower)
     if bad:
         total = sum(bad.values())
         kinds = ", ".join(f"{bad[v]} {v}" for v in VERDICTS if bad[v])
@@ -110,11 +111,11 @@ def time_rule_line(comparison: Comparison) -> str:
     """How step time was gated: on a shared runner, only the ratios within a run are."""
     if comparison.dedicated:
         return (
-            "step time: gated as each strategy's ratio to ddp within its run, and as time itself "
+            f"step time: gated as each strategy's ratio to {REFERENCE} within its run, and as time itself "
             "(dedicated runner, where each side has enough repeats)"
         )
     return (
-        "step time: gated as each strategy's ratio to ddp within its run; the time itself is "
+        f"step time: gated as each strategy's ratio to {REFERENCE} within its run; the time itself is "
         "reported, not gated (shared runner)"
     )
 
@@ -128,7 +129,7 @@ def to_text(comparison: Comparison) -> str:
     """What ``compare`` prints: the summary and, when there are any, the regressions."""
     lines = [summary_line(comparison), time_rule_line(comparison), *env_lines(comparison)]
     wide = strategy_lines(comparison, only_regressions=True)
-    lines += [f"strategy-wide step time vs ddp: {line}" for line in wide]
+    lines += [f"strategy-wide step time vs {REFERENCE}: {line}" for line in wide]
     regressions = rows(comparison, only_regressions=True)
     if regressions:
         lines.append(markdown_table(COLUMNS, regressions))
@@ -145,7 +146,7 @@ def to_markdown(comparison: Comparison, *, baseline: str, current: str) -> str:
     ]
     if comparison.strategies:
         parts += [
-            "### Each strategy's step time vs ddp, over all its cells",
+            f"### Each strategy's step time vs {REFERENCE}, over all its cells",
             "\n".join(f"- {line}" for line in strategy_lines(comparison)),
         ]
     regressions = rows(comparison, only_regressions=True)
@@ -232,9 +233,9 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
         f"<code>{html.escape(current)}</code></p>"
         f"<p><b>{html.escape(summary_line(comparison))}</b></p>"
         f"{f'<ul>{env}</ul>' if env else ''}"
-        f"{f'<h2>Each strategy vs ddp, over all its cells</h2><ul>{wide}</ul>' if wide else ''}"
+        f"{f'<h2>Each strategy vs {REFERENCE}, over all its cells</h2><ul>{wide}</ul>' if wide else ''}"
         "<p class='how'>Memory regresses beyond max(tolerance %, tolerance MiB) of the baseline, "
-        "bytes sent on any change; step time (its ratio to ddp's in the same run, and on a "
+        f"bytes sent on any change; step time (its ratio to {REFERENCE}'s in the same run, and on a "
         "dedicated runner the time itself) only beyond both the relative threshold and k x the "
         "combined noise (the band column); each strategy's ratio is also judged over all its "
         "cells at once, where noise averages out and a slowdown in every workload does not. "

@@ -26,7 +26,7 @@ from shardbench.records import FAILED_STATUSES, Record
 from shardbench.report.plan_html import plan_lead
 from shardbench.report.summary_html import summary_table
 from shardbench.report.tables import format_value
-from shardbench.studies.versus import REFERENCE
+from shardbench.studies.reference import REFERENCE
 
 #: the least a chart is scaled down to fit its column: its smallest text (``plots.SMALL``, 9 pt
 #: at 110 dpi, 13.75 px) stays near 10 px; below it, the chart scrolls in its own box

@@ -10,6 +10,7 @@ from shardbench.harness.config import CellConfig
 from shardbench.records import first_line
 from shardbench.report.tables import markdown_table
 from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command
+from shardbench.studies.reference import REFERENCE
 
 GIB, MIB = 1 << 30, 1 << 20
 WIDTH = 120
@@ -76,7 +77,7 @@ def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
         "other",
     ]
     columns += ["max batch"] if searched else []
-    columns += ["step time (vs ddp)"] if timed else []
+    columns += [f"step time (vs {REFERENCE})"] if timed else []
     out = []
     for r in rows:
         parts = r.record.mem_breakdown_bytes or {}

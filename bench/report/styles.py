@@ -8,15 +8,11 @@ colour derived from its name, so the same name keeps the same colour from report
 
 from __future__ import annotations
 
-from shardbench.strategies.registry import display_of, reference_strategy
+from shardbench.strategies.registry import display_of
 
 #: colours for names the registry does not know; none of them is a declared strategy's
 FALLBACK_COLORS = ("#756bb1", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 _UNKNOWN_ORDER = 1_000_000  # after every declared strategy
-
-#: the unsharded baseline every memory saving is measured against (its value is the dashed line)
-REFERENCE_STRATEGY = reference_strategy()
-
 
 def strategy_key(name: str) -> tuple[int, str]:
     """Sort key: the declared order, unknown names last (alphabetically)."""

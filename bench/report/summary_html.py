@@ -12,9 +12,10 @@ import html
 from collections.abc import Sequence
 
 from shardbench.records import CellKey, Record, first_line
-from shardbench.report.chartdata import reading_order
+from shardbench.report.chart_types import reading_order
 from shardbench.report.terminal import bytes_text, group_how, noise_note, step_text
-from shardbench.studies.versus import REFERENCE, Versus, against_reference, group_key, model_states
+from shardbench.studies.reference import REFERENCE
+from shardbench.studies.versus import Versus, against_reference, group_key, model_states
 
 #: the leading columns, then per metric its value and its ratio to ddp's
 KEY_HEAD = ("workload", "preset", "N", "how", "strategy")

@@ -31,8 +31,8 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     recomputed, so its memory and time are not the plain cell's), and ``peer_estimate_MiB`` once
     any record carries a peer's own estimate of its model states (DeepSpeed's estimators).
     """
-    from shardbench.report.chartdata import reading_order
-    from shardbench.studies.exposed import exposed_comm
+    from shardbench.report.chart_types import reading_order
+    from shardbench.studies.exposed_comm import exposed_comm
 
     records = sorted(records, key=reading_order)
     exposed = exposed_comm(records)  # the charts' order: one order for legend and rows
@@ -84,7 +84,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 # ZeRO's accounting for the same step (bench/metrics/analytic.py) and the ratio
                 "pred_comm_MiB": _mib(sent_pred := (r.predicted_comm or {}).get("sent_per_rank")),
                 "comm_vs_pred": sent / sent_pred if sent is not None and sent_pred else None,
-                # the share of the real step communication added (bench/studies/exposed.py)
+                # the share of the real step communication added (bench/studies/exposed_comm.py)
                 "exposed_comm": exposed[id(r)].fraction if id(r) in exposed else None,
                 "exposed_comm_trace": (r.comm_overlap or {}).get("exposed_fraction"),
                 "pred_model_state_MiB": _mib(predicted),

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardbench.records import CellKey, Record, first_line
-from shardbench.report.chartdata import reading_order
+from shardbench.report.chart_types import reading_order
+from shardbench.studies.reference import REFERENCE
 from shardbench.studies.versus import Versus, against_reference, group_key, model_states
 
 WIDTH = 120
@@ -144,7 +145,7 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
                 text += f", {v.sent:.2f}x bytes sent"
             parts.append(text)
         key = group.key
-        head = f"{key.workload} {key.preset} N={key.world_size} {group_how(key)} vs ddp: "
+        head = f"{key.workload} {key.preset} N={key.world_size} {group_how(key)} vs {REFERENCE}: "
         lines += textwrap.wrap(head + "; ".join(parts), WIDTH, subsequent_indent="  ")
     return lines
 
@@ -195,8 +196,8 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
 
 def exposed_lines(records: Sequence[Record]) -> list[str]:
     """Per real-rank group whose cells have simulated twins: each strategy's exposed
-    communication, the share of its step that compute did not hide (bench/studies/exposed.py)."""
-    from shardbench.studies.exposed import exposed_comm
+    communication, the share of its step that compute did not hide (bench/studies/exposed_comm.py)."""
+    from shardbench.studies.exposed_comm import exposed_comm
 
     exposed = exposed_comm(records)
     groups: dict[CellKey, list[str]] = {}

@@ -11,7 +11,7 @@ value: red and labelled with the status where the cell became failing, grey wher
 failing or missing. Baseline and band are drawn as steps centred on each night, so a baseline
 refresh shows as a step on the night it happened and a single night still has a visible band.
 
-Drawn on the Agg canvas directly, never through ``pyplot``, like ``bench/report/plots.py``.
+Drawn on the Agg canvas directly, never through ``pyplot``, like ``bench/report/chart_drawing.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from shardbench.report.chartdata import slug
+from shardbench.report.chart_types import slug
 from shardbench.report.trend_html import write_page
 from shardbench.studies.trend import Series, display_unit, read_history, series
 

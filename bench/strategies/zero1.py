@@ -24,18 +24,14 @@ from shardbench.metrics.analytic import Communication
 from shardbench.strategies.base import OptimizerFactory, RankContext
 from shardbench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 from shardbench.strategies.sharded import ShardedDataParallel
-from shardbench.strategies.sharded_optimizer import element_bytes
-from shardbench.strategies.zero2 import Zero2Strategy
+from shardbench.strategies.sharded.reducer import MAX_IN_FLIGHT
+from shardbench.strategies.sharded_optimizer_strategy import ShardedOptimizerStrategy, element_bytes
 
 #: the backends on which zero1 keeps DDP's all-reduce (measured faster there)
 DDP_BACKENDS = ("gloo",)
 
 
-class Zero1Strategy(Zero2Strategy, card="zero1"):
-    """zero2's strategy at stage 1: the same optimizer, teardown and memory accounting."""
-
-    stage = 1
-
+class Zero1Strategy(ShardedOptimizerStrategy, card="zero1"):
     def communication(self, precision: str, backend: str) -> Communication:
         """Gradients reduce-scattered (all-reduced by DDP on gloo), then the updated parameters
         all-gathered, both in the parameters' dtype."""
@@ -46,7 +42,7 @@ class Zero1Strategy(Zero2Strategy, card="zero1"):
         )
 
     def settings(self) -> dict[str, Any]:
-        settings = {k: v for k, v in super().settings().items() if k != "gradient_reduction"}
+        settings = {**super().settings(), "max_buckets_in_flight": MAX_IN_FLIGHT, "broadcast_buffers": True}
         if self.model is not None:
             return {**settings, "gradient_reduction": self.model.reducer.collective}
         return {**settings, "gradient_reduction": "DDP all_reduce (gloo)", "ddp": dict(DDP_SETTINGS)}

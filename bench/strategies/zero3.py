@@ -15,45 +15,47 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardbench.metrics.analytic import Communication
 from shardbench.strategies.base import OptimizerFactory, RankContext
 from shardbench.strategies.sharded import ShardedDataParallel
 from shardbench.strategies.sharded.data_parallel import STAGE3_IN_FLIGHT
 from shardbench.strategies.sharded.units import UnitPolicy
-from shardbench.strategies.zero2 import Zero2Strategy
+from shardbench.strategies.sharded_optimizer_strategy import ShardedOptimizerStrategy, reduced_then_gathered
 
 DEFAULT_UNITS = "each parameterised child of an nn.ModuleList/nn.Sequential, then the root"
 
 
-class Zero3Strategy(Zero2Strategy, card="zero3"):
-    """zero2's strategy with stage 3: the same optimizer, teardown and memory accounting."""
-
-    stage = 3
-
+class Zero3Strategy(ShardedOptimizerStrategy, card="zero3"):
     def __init__(self) -> None:
         super().__init__()
         self.units = DEFAULT_UNITS
 
+    def communication(self, precision: str, backend: str) -> Communication:
+        """As zero2's, but each unit is gathered in forward and again in backward (its frozen
+        parameters too), except the root, which stays gathered in between."""
+        return reduced_then_gathered(precision, backend, gathers=2, root_kept=True, frozen_gathered=True)
+
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """As zero2's, with the workload's units (``Workload.shard_units``) where it names them."""
+        """The default units, or the workload's (``Workload.shard_units``) where it names them."""
         policy: UnitPolicy | None = None
         if ctx.shard_units is not None:
             chosen = {id(m) for m in ctx.shard_units}
             policy = lambda module: id(module) in chosen  # noqa: E731
             self.units = "the workload's units (Workload.shard_units), then the root"
         optimizer = self.build_optimizer(model, optimizer_factory, ctx)
-        self.model = ShardedDataParallel(model, optimizer, stage=self.stage, unit=policy)
+        self.model = ShardedDataParallel(model, optimizer, stage=3, unit=policy)
         return self.model, optimizer
 
     def settings(self) -> dict[str, Any]:
         units = getattr(self.model, "units", None)
-        cap = "bucket_cap_mb"  # buckets follow units here, whatever their size
         return {
-            **{k: v for k, v in super().settings().items() if k != cap},
             "partition": "one flat buffer per unit and param group, element-balanced",
+            "max_buckets_in_flight": STAGE3_IN_FLIGHT,
+            "gradient_reduction": self.gradient_reduction(),
+            "broadcast_buffers": True,
             "units": self.units,
             "unit_count": len(units) if units is not None else None,
             "prefetch": "one unit ahead in forward and backward; at most two units whole besides the root",
-            "max_buckets_in_flight": STAGE3_IN_FLIGHT,
         }

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from shardbench.harness.config import CellConfig
+from shardbench.harness.config import CellConfig, make_cell
 from shardbench.harness.launch import run_cell
 from shardbench.models.registry import get_workload
 from shardbench.records import Record, append_record, read_records
@@ -57,7 +56,7 @@ def run_claim(
             continue
         res = WorkloadResult(w)
         have = (measured or {}).get(w.label) or WorkloadResult(w)
-        base = CellConfig(
+        base = make_cell(
             workload=w.name,
             preset=w.preset,
             strategy=BASELINE,
@@ -83,23 +82,23 @@ def run_claim(
             return r
 
         for s in (BASELINE, OURS, *spec.further, *spec.peers):
-            res.memory[s] = record(_with(base, strategy=s), have.memory)
+            res.memory[s] = record(replace(base, strategy=s), have.memory)
         if spec.timing_world_size:
             for s in (BASELINE, OURS):
-                real = _with(base, strategy=s, world_size=spec.timing_world_size, simulate=False)
-                res.timing[s] = record(_with(real, steps=spec.steps, track_memory=False), have.timing)
+                real = replace(base, strategy=s, world_size=spec.timing_world_size, simulate=False)
+                res.timing[s] = record(replace(real, steps=spec.steps, track_memory=False), have.timing)
         else:
             res.timing = {s: res.memory[s] for s in (BASELINE, OURS)}
         if spec.real_peers and spec.timing_world_size:
             for s in (BASELINE, OURS, *spec.real_peers):
-                real = _with(base, strategy=s, world_size=spec.timing_world_size, simulate=False, steps=1)
+                real = replace(base, strategy=s, world_size=spec.timing_world_size, simulate=False, steps=1)
                 res.real_memory[s] = record(real, have.real_memory)
         plannable = not get_workload(w.name).not_plannable and spec.device == "cpu"
         for s in (BASELINE, OURS, *spec.further):
             if (kept := have.max_size.get(s)) is not None and kept.status == "ok":
                 res.max_size[s] = kept
                 continue
-            probe = _with(base, strategy=s, fake=plannable, steps=1)
+            probe = replace(base, strategy=s, fake=plannable, steps=1)
             res.max_size[s] = search(
                 probe,
                 known={w.preset: res.memory[s]},
@@ -112,10 +111,6 @@ def run_claim(
             )
         results.append(res)
     return results
-
-
-def _with(cell: CellConfig, **changes: Any) -> CellConfig:
-    return CellConfig(**{**cell.to_json(), **changes})
 
 
 @dataclass(frozen=True)

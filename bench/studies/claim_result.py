@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from shardbench.records import Record, first_line
 from shardbench.studies.claim_specs import ClaimSpec, ClaimWorkload
 from shardbench.studies.compare_rules import step_time_noise
+from shardbench.studies.reference import REFERENCE, step_time_ratio
 
-OURS, BASELINE = "zero2", "ddp"
+#: the strategy the claim is about, and the one it is set against (the catalog's reference)
+OURS, BASELINE = "zero2", REFERENCE
 MEMORY_THRESHOLD, SIZE_THRESHOLD = 0.5, 2.0
 
 
@@ -55,10 +57,10 @@ class WorkloadResult:
             n = r.world_size
             ratio = self.real_peak_ratio(peer)
             if ratio is None:
-                why = first_line(r.error, 100) if r.status != "ok" else "ddp's cell failed"
+                why = first_line(r.error, 100) if r.status != "ok" else f"{BASELINE}'s cell failed"
                 out.append((peer, None, f"not measured at real N={n}: {r.status}, {why}"))
                 continue
-            text = f"peak = {ratio:.2f}x ddp at real N={n}"
+            text = f"peak = {ratio:.2f}x {BASELINE} at real N={n}"
             if (mine := self.real_peak_ratio(OURS)) is not None:
                 text += f" (ours, zero2: {mine:.2f}x)"
             floor = _model_state_floor(r, base)
@@ -120,8 +122,10 @@ class WorkloadResult:
         return None
 
     def time_ratio(self) -> float | None:
-        t = {s: (r.step_time_s or {}).get("median") for s, r in self.timing.items() if r.status == "ok"}
-        return t[OURS] / t[BASELINE] if t.get(OURS) and t.get(BASELINE) else None
+        ours, base = self.timing.get(OURS), self.timing.get(BASELINE)
+        if ours is None or base is None or ours.status != "ok" or base.status != "ok":
+            return None
+        return step_time_ratio(ours, base) or None
 
     def time_noise(self) -> str | None:
         """Whether zero2's step time differs from DDP's by more than the noise, by the rule
@@ -140,12 +144,14 @@ class WorkloadResult:
         holds = (mem is not None and mem <= MEMORY_THRESHOLD) or by_size is True
         parts = []
         if mem is not None:
-            parts.append(f"zero2 peak = {mem:.2f}x ddp")
+            parts.append(f"{OURS} peak = {mem:.2f}x {BASELINE}")
         if size is not None:
             bounds = f" (between {ratio_text(lower)} and {ratio_text(upper)}: the searches' brackets"
             if by_size is None:
                 bounds += f", which straddle {SIZE_THRESHOLD:g}x: undecided at this resolution"
-            parts.append(f"largest trainable = {size:.2f}x ddp{bounds + ')' if lower or upper else ''}")
+            parts.append(
+                f"largest trainable = {size:.2f}x {BASELINE}{bounds + ')' if lower or upper else ''}"
+            )
         elif failed := [r for r in self.max_size.values() if r.status not in ("ok", "oom")]:
             parts.append(
                 "largest trainable: search failed ("
@@ -156,7 +162,9 @@ class WorkloadResult:
             parts.append("largest trainable: no boundary found in the sizes searched")
         t = self.time_ratio()
         parts.append(
-            f"step time {t:.2f}x ddp ({self.time_noise()})" if t is not None else "step time not measured"
+            f"step time {t:.2f}x {BASELINE} ({self.time_noise()})"
+            if t is not None
+            else "step time not measured"
         )
         text = "; ".join(parts)
         if not holds:

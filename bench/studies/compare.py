@@ -34,7 +34,6 @@ from typing import Any
 from shardbench.records import CellKey, Record
 from shardbench.studies.compare_ratios import (
     RATIO_METRIC,
-    REFERENCE,
     Ratio,
     cell_ratios,
     pair_spread,
@@ -44,6 +43,7 @@ from shardbench.studies.compare_ratios import (
 from shardbench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
 from shardbench.studies.compare_strategy import CellChange, StrategyDelta, strategy_deltas
 from shardbench.studies.machines import env_changes, for_machine
+from shardbench.studies.reference import REFERENCE
 
 #: what makes two records the same cell (the device's name comes from the record's env)
 IDENTITY = CELL_FIELDS

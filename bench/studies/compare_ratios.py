@@ -30,12 +30,10 @@ from typing import Any
 
 from shardbench.records import CellKey, Record
 from shardbench.studies.compare_rules import RATIO_METRIC
+from shardbench.studies.reference import REFERENCE, step_time_ratio
 
-#: the strategy every other one's step time is divided by
-REFERENCE = "ddp"
 __all__ = [
     "RATIO_METRIC",
-    "REFERENCE",
     "Ratio",
     "cell_ratios",
     "group_of",
@@ -103,11 +101,15 @@ def cell_ratios(cells: Mapping[CellKey, Sequence[Record]]) -> dict[CellKey, Rati
         ours, theirs = _timed(records), _timed(ref)
         pairs = [(ours[p], theirs[p]) for p in ours if p in theirs]
         if pairs:
+            ratios = tuple(step_time_ratio(a, b) or 0.0 for a, b in pairs)  # (_timed: both timed)
             out[key] = Ratio(
                 runs=tuple(p[0] for p in ours if p in theirs),
-                ratios=tuple(a["median"] / b["median"] for a, b in pairs),
-                errors=tuple(a["median"] / b["median"] * math.hypot(_se(a), _se(b)) for a, b in pairs),
-                steps=min(int(t.get("n") or 0) for pair in pairs for t in pair),
+                ratios=ratios,
+                errors=tuple(
+                    r * math.hypot(_se(a.step_time_s), _se(b.step_time_s))
+                    for r, (a, b) in zip(ratios, pairs, strict=True)
+                ),
+                steps=min(int(r.step_time_s.get("n") or 0) for pair in pairs for r in pair),
             )
     return out
 
@@ -168,10 +170,10 @@ def _pooled_sd(*sides: list[float]) -> float:
     return math.sqrt(squares / freedom) if freedom > 0 else 0.0
 
 
-def _timed(records: Sequence[Record]) -> dict[tuple[str, int], dict[str, Any]]:
-    """{(run, repeat): step time} of the ok, timed records."""
+def _timed(records: Sequence[Record]) -> dict[tuple[str, int], Record]:
+    """{(run, repeat): record} of the ok, timed records."""
     return {
-        (r.run_id, r.repeat): r.step_time_s
+        (r.run_id, r.repeat): r
         for r in records
         if r.status == "ok" and r.step_time_s and r.step_time_s.get("median")
     }

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from shardbench.harness.config import CellConfig
+from shardbench.harness.config import CellConfig, make_cell
 from shardbench.records import Record
 from shardbench.studies.compare_rules import step_time_noise
 from shardbench.studies.plan_reserve import Reserve, ReservePolicy
+from shardbench.studies.reference import REFERENCE, step_time_ratio
 
 #: every strategy a user would choose between, least sharding first
 PLAN_STRATEGIES = (
@@ -65,40 +67,12 @@ def sharding_level(strategy: str) -> int:
     return int(s.optimizer_state or s.whole_parameters) + int(s.gradients) + int(s.parameters)
 
 
-def planning_cells(
-    *,
-    workload: str,
-    preset: str,
-    world_size: int,
-    precision: str,
-    batch_size: int,
-    activation_checkpointing: bool,
-    device: str,
-    fake: bool,
-    timeout_s: float,
-    strategies: Sequence[str] = PLAN_STRATEGIES,
-) -> list[CellConfig]:
-    """One cell per strategy: one simulated rank, one warm-up and one measured step (memory is
-    what a plan needs; the peak is reached within the first steps)."""
-    return [
-        CellConfig(
-            workload=workload,
-            preset=preset,
-            strategy=s,
-            world_size=world_size,
-            precision=precision,
-            batch_size=batch_size,
-            steps=1,
-            warmup=1,
-            device=device,
-            timeout_s=timeout_s,
-            suite="plan",
-            simulate=True,
-            fake=fake,
-            activation_checkpointing=activation_checkpointing,
-        )
-        for s in strategies
-    ]
+def planning_cells(*, strategies: Sequence[str] = PLAN_STRATEGIES, **fields: Any) -> list[CellConfig]:
+    """One cell per strategy of ``fields`` (CellConfig fields): one simulated rank, one warm-up
+    and one measured step (memory is what a plan needs; the peak is reached within the first
+    steps)."""
+    planned = {"steps": 1, "warmup": 1, "suite": "plan", "simulate": True}
+    return [make_cell(**{**fields, **planned, "strategy": s}) for s in strategies]
 
 
 def plannable(strategy: str) -> bool:
@@ -296,18 +270,15 @@ def rows_from(
             rows.append(PlanRow(r.strategy, r, budget, reserve=reserve))
     order = {s: i for i, s in enumerate(PLAN_STRATEGIES)}
     rows.sort(key=lambda row: order.get(row.strategy, len(order)))
-    base = next((r for r in rows if r.strategy == "ddp" and r.record.status == "ok"), None)
+    base = next((r for r in rows if r.strategy == REFERENCE and r.record.status == "ok"), None)
     return [replace(r, step_vs_ddp=_against(r, base)) for r in rows]
 
 
 def _against(row: PlanRow, base: PlanRow | None) -> tuple[float, bool] | None:
-    mine, theirs = (row.record.step_time_s or {}).get("median"), None
-    if base is not None and base is not row:
-        theirs = (base.record.step_time_s or {}).get("median")
-    if not mine or not theirs or base is None:
+    if base is None or base is row or not (ratio := step_time_ratio(row.record, base.record)):
         return None
-    noise = step_time_noise(row.record, base.record, base_label="ddp")
-    return mine / theirs, noise == "within noise"
+    noise = step_time_noise(row.record, base.record, base_label=REFERENCE)
+    return ratio, noise == "within noise"
 
 
 def recommend(rows: Sequence[PlanRow]) -> PlanRow | None:

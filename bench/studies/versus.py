@@ -15,9 +15,7 @@ from dataclasses import dataclass
 
 from shardbench.records import CellKey, Record
 from shardbench.studies.compare_rules import step_time_noise
-
-#: the strategy every other one is set against: no sharding at all
-REFERENCE = "ddp"
+from shardbench.studies.reference import REFERENCE, step_time_ratio
 
 
 def model_states(r: Record) -> int | None:
@@ -32,10 +30,6 @@ def model_states(r: Record) -> int | None:
 
 def peak(r: Record) -> int | None:
     return (r.peak_mem_bytes or {}).get("max")
-
-
-def step_time(r: Record) -> float | None:
-    return (r.step_time_s or {}).get("median")
 
 
 def sent(r: Record) -> int | None:
@@ -101,7 +95,7 @@ def against_reference(records: Sequence[Record]) -> list[Group]:
                 base=base,
                 peak=_ratio(peak(r), peak(base)),
                 model_states=_ratio(model_states(r), model_states(base)),
-                step_time=_ratio(step_time(r), step_time(base)),
+                step_time=step_time_ratio(r, base),
                 noise=step_time_noise(r, base, base_label=REFERENCE),
                 sent=_ratio(sent(r), sent(base)),
             )

@@ -1,4 +1,5 @@
-"""What each chart shows, as plain values: the layer between records and matplotlib.
+"""The types a chart is made of (``Bar``, ``Line``, ``Panel``, ``Chart``) and the helpers that
+label and order them: the plain values between records and matplotlib.
 
 Plots are drawn from these values and tests assert on them, so "is the failed cell in the chart?"
 is a question about a list, not about pixels. Everything here is pure (records in, values out) and

@@ -2,7 +2,7 @@
 
 On CUDA the profiler trace of a step says how much of the NCCL kernels' time ran while no
 compute kernel did (``trace_overlap``); the step-time route (a real cell against its simulated
-twin) is ``shardbench.studies.exposed``.
+twin) is ``shardbench.studies.exposed_comm``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ is the fraction of the real step that communication added. It is a difference of
 each with its MAD, so when the difference is within their combined noise (``compare``'s rule,
 ``step_time_noise``) it is reported as within noise rather than as a fraction. On CUDA the
 profiler trace of one step says the same from the kernels themselves
-(``shardbench.metrics.exposed.trace_overlap``).
+(``shardbench.metrics.kernel_overlap.trace_overlap``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The five report charts as data: which records go in, and what value each bar or point takes.
+"""The six report charts as data: which records go in, and what value each bar or point takes.
 
 One function per chart, each returning a list of ``Chart`` (one per workload or comparison group;
-empty when the records hold nothing for it). ``plots.py`` draws them; tests assert on them.
+empty when the records hold nothing for it). ``chart_drawing.py`` draws them; tests assert on them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from shardbench.records import Record
-from shardbench.report.chartdata import (
+from shardbench.report.chart_types import (
     GIB,
     Bar,
     Chart,
@@ -27,7 +27,8 @@ from shardbench.report.chartdata import (
     status_of,
     subtitle,
 )
-from shardbench.report.styles import REFERENCE_STRATEGY, strategy_key
+from shardbench.report.styles import strategy_key
+from shardbench.studies.reference import REFERENCE
 
 BREAKDOWN_PARTS = ("params", "grads", "optimizer", "activations", "comm", "other")
 #: the model states held after a step, stacked beside the peak's breakdown
@@ -82,7 +83,7 @@ def _peak_panel(recs: Sequence[Record], title: str = "") -> Panel:
         peak = _peak(r)
         value = None if peak is None else peak / scale
         bars.append(Bar(group, r.strategy, value, status_of(r, value)))
-        if r.strategy == REFERENCE_STRATEGY and value is not None:
+        if r.strategy == REFERENCE and value is not None:
             reference[group] = value
     return Panel(ylabel=f"peak memory per rank ({unit})", bars=tuple(bars), reference=reference, title=title)
 

@@ -1,4 +1,4 @@
-"""Charts from records, written as PNG and SVG: what `charts.py` decided, drawn with matplotlib.
+"""Charts from records, written as PNG and SVG: what `chart_data.py` decided, drawn with matplotlib.
 
 Figures are built on the Agg canvas directly (``Figure`` + ``FigureCanvasAgg``), never through
 ``pyplot``: no global figure registry to leak in a long report run, and no backend switch that
@@ -20,9 +20,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from shardbench.records import Record
-from shardbench.report import charts as C
-from shardbench.report.chartdata import Bar, Chart, Panel
-from shardbench.report.styles import REFERENCE_STRATEGY, legend_label, strategy_color
+from shardbench.report import chart_data as C
+from shardbench.report.chart_types import Bar, Chart, Panel
+from shardbench.report.styles import legend_label, strategy_color
+from shardbench.studies.reference import REFERENCE
 
 FORMATS = ("png", "svg")
 PART_COLORS = {
@@ -186,7 +187,7 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
     handles: list[Artist] = [Patch(color=strategy_color(s), label=legend_label(s, s)) for s in series]
     if panel.reference:
         handles.append(
-            Line2D([], [], color="black", linestyle="--", label=f"{REFERENCE_STRATEGY} (reference)")
+            Line2D([], [], color="black", linestyle="--", label=f"{REFERENCE} (reference)")
         )
     if any(b.value is None for b in panel.bars):
         handles.append(_failed_handle())

@@ -1,8 +1,12 @@
-"""What our two ZeRO strategies (zero1, zero2) share: building our ShardedOptimizer from the
-workload's optimizer, bf16 handling, and declaring its memory (fp32 master weights)."""
+"""What our three ZeRO strategies (zero1, zero2, zero3) share: building our ShardedOptimizer
+from the workload's optimizer, bf16 handling, declaring its memory (fp32 master weights), and
+holding the ShardedDataParallel that wraps the model (closed at teardown, its buffers declared).
+Each stage's strategy is its own small class over these parts: it chooses how the model is
+wrapped and what a step sends (``zero1.py``, ``zero2.py``, ``zero3.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -10,27 +14,31 @@ from torch import nn
 
 from shardbench.metrics.analytic import Communication
 from shardbench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
-from shardbench.strategies.sharded import ShardedOptimizer
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from shardbench.strategies.sharded.reducer import GLOO_REDUCE_FROM
+
+#: how gradients are reduced, as a record states it before a wrapper has chosen (the collective
+#: follows the backend and the world size: ``ShardedDataParallel``'s reducer)
+DEFAULT_REDUCTION = f"on gloo all_reduce, from {GLOO_REDUCE_FROM} ranks reduce to owners; else reduce_scatter"
 
 
 class ShardedOptimizerStrategy(Strategy):
-    """Base of the strategies built on our ShardedOptimizer; subclasses add the model wrapper."""
+    """Base of the strategies built on our ShardedOptimizer: the optimizer, and the
+    ShardedDataParallel a subclass wraps the model in (``self.model``; None where it keeps
+    another wrapper, as zero1 keeps DDP on gloo)."""
 
     bucket_cap_mb = 25.0
 
     def __init__(self) -> None:
         self.optimizer: ShardedOptimizer | None = None
+        self.model: ShardedDataParallel | None = None
 
     def settings(self) -> dict[str, Any]:
         return {"bucket_cap_mb": self.bucket_cap_mb, "partition": "flat buckets, element-balanced"}
 
-    def communication(self, precision: str, backend: str) -> Communication:
-        """zero1: DDP all-reduces the gradients, the optimizer all-gathers the updated parameters,
-        both in the parameters' dtype (bf16 parameters and gradients in a bf16 run)."""
-        size = element_bytes(precision)
-        return Communication(
-            gradients="all_reduce", gradient_bytes=size, parameters="all_gather", parameter_bytes=size
-        )
+    def gradient_reduction(self) -> str:
+        """The collective the wrapper reduces gradients with (``DEFAULT_REDUCTION`` before one)."""
+        return self.model.reducer.collective if self.model is not None else DEFAULT_REDUCTION
 
     def model_state_precision(self, precision: str) -> str:
         return precision  # bf16 parameters and gradients, fp32 master weights (2+2+12)
@@ -60,13 +68,44 @@ class ShardedOptimizerStrategy(Strategy):
         )
         return self.optimizer
 
+    def observe_memory(self, observer: Callable[[torch.Tensor, str], None] | None) -> None:
+        if self.model is not None:
+            self.model.memory_observer = observer
+
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
-        return self.optimizer.memory_tensors() if self.optimizer is not None else {}
+        optimizer_tensors = self.optimizer.memory_tensors() if self.optimizer is not None else {}
+        model_tensors = self.model.memory_tensors() if self.model is not None else {}
+        return {**optimizer_tensors, **model_tensors}
 
     def teardown(self) -> None:
-        """Drop the optimizer: the worker destroys the process group next (our objects never
-        hold the default group, but a caller-provided one they do)."""
+        """Finish any reduction in flight and remove the gradient hooks, then drop the wrapper
+        and the optimizer: the worker destroys the process group next (our objects never hold
+        the default group, but a caller-provided one they do)."""
+        if self.model is not None:
+            self.model.close()
+            self.model = None
         self.optimizer = None
+
+
+def reduced_then_gathered(
+    precision: str, backend: str, *, gathers: int = 1, root_kept: bool = False, frozen_gathered: bool = False
+) -> Communication:
+    """What a ShardedDataParallel step sends: gradients reduce-scattered (on gloo all-reduced in
+    place, or from ``GLOO_REDUCE_FROM`` ranks on each chunk reduced to its owner:
+    ``default_collective``), then the parameters all-gathered, ``gathers`` times a step, both in
+    the parameters' dtype (bf16 parameters and gradients in a bf16 run)."""
+    size = element_bytes(precision)
+    gloo = backend == "gloo"
+    return Communication(
+        gradients="all_reduce" if gloo else "reduce_scatter",
+        gradients_from=(GLOO_REDUCE_FROM, "reduce") if gloo else None,
+        gradient_bytes=size,
+        parameters="all_gather",
+        parameter_bytes=size,
+        gathers=gathers,
+        root_kept=root_kept,
+        frozen_gathered=frozen_gathered,
+    )
 
 
 def element_bytes(precision: str) -> int:
