@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from shardbench.metrics import shape_propagation
+
 CATEGORIES = ("params", "grads", "optimizer", "activations", "comm", "other")
 
 # MemTracker's reference types -> our categories.
@@ -130,7 +132,15 @@ class _GlobalPeakTracker:
                     return
                 base._pre_fw_hook(self, module, inputs)
 
+            def __torch_dispatch__(
+                self: Any, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+            ) -> Any:
+                if shape_propagation.running():  # DTensor's metadata, not the rank's memory
+                    return func(*args, **(kwargs or {}))
+                return base.__torch_dispatch__(self, func, types, args, kwargs)
+
             methods = {
+                "__torch_dispatch__": __torch_dispatch__,
                 "_pre_fw_hook": _pre_fw_hook,
                 "_update_peak_stats": _update_peak_stats,
                 "_update_and_maybe_create_winfos": _update_and_maybe_create_winfos,
@@ -274,6 +284,8 @@ class MemoryProbe:
         self._warnings.__enter__()
         self._format = warnings.formatwarning
         warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
+        self._propagation = shape_propagation.untracked()
+        self._propagation.__enter__()
         self._tracker.__enter__()
         return self
 
@@ -281,6 +293,7 @@ class MemoryProbe:
         try:
             self._tracker.__exit__(*exc)
         finally:
+            self._propagation.__exit__(*exc)
             warnings.formatwarning = self._format
             self._warnings.__exit__(*exc)
 
