@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from shardbench.metrics.memory import MemoryProbe
+from tests.tracked_steps import tracked_peak
 
 STEPS = 2
 
@@ -56,16 +56,13 @@ class Twice(nn.Module):
 def _measure(model: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], params: nn.Module) -> tuple:
     torch.manual_seed(0)
     opt = torch.optim.AdamW(params.parameters(), lr=1e-3)
-    inputs = [torch.randn(8, 16) for _ in range(STEPS)]
-    probe = MemoryProbe(torch.device("cpu"), [model, opt, inputs])
-    with probe:
-        for i, x in enumerate(inputs):
-            if i:
-                probe.next_step()
-            opt.zero_grad(set_to_none=True)
-            run(x).square().mean().backward()
-            opt.step()
-    return probe.peak()
+
+    def step(x: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        run(x).square().mean().backward()
+        opt.step()
+
+    return tracked_peak([model, opt], [torch.randn(8, 16) for _ in range(STEPS)], step)
 
 
 def _reference(*, checkpointed: bool = False) -> tuple:

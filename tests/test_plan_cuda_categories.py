@@ -77,8 +77,8 @@ def test_a_fake_step_over_dtensor_parameters_books_what_real_tensors_hold(foreac
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from shardbench.metrics.memory import MemoryProbe
     from tests.dist import fake_world
+    from tests.tracked_steps import tracked_peak
 
     def peak(mesh: object, fake: bool) -> tuple[int, dict[str, int]]:
         with FakeTensorMode() if fake else contextlib.nullcontext():
@@ -90,15 +90,13 @@ def test_a_fake_step_over_dtensor_parameters_books_what_real_tensors_hold(foreac
             inputs = [torch.randn(4, 64) for _ in range(2)]
             model(inputs[0]).sum().backward()
             opt.step()  # optimizer state exists before tracking, as after the harness's first step
-            probe = MemoryProbe(torch.device("cpu"), [model, opt, inputs])
-            with probe:
-                for i, x in enumerate(inputs):
-                    if i:
-                        probe.next_step()
-                    opt.zero_grad(set_to_none=True)
-                    model(x).sum().backward()
-                    opt.step()
-            return probe.peak()
+
+            def step(x: torch.Tensor) -> None:
+                opt.zero_grad(set_to_none=True)
+                model(x).sum().backward()
+                opt.step()
+
+            return tracked_peak([model, opt], inputs, step)
 
     with fake_world(8):
         mesh = init_device_mesh("cpu", (8,))
