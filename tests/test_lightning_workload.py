@@ -1,5 +1,5 @@
 """``--workload lightning:...`` (``models/lightning.py``): a LightningModule measured by
-``shardbench run`` under ddp, zero2 and zero3 and planned by ``shardbench plan``, batches as
+``shardbench run`` under ddp, zero2, zero3 and FSDP2 and planned by ``shardbench plan``, batches as
 its dataloader or its example input makes them, and each bad spec one line and exit 2."""
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ def _typed(record) -> None:
 
 def test_run_measures_a_lightning_module_under_every_strategy(tmp_path: Path, here: None) -> None:
     out = tmp_path / "run"
-    argv = ["run", *GPT, *TINY, "--strategy", "ddp,zero2,zero3", "--world-size", "2", "--batch-size", "2"]
+    strategies = ["ddp", "zero2", "zero3", "fsdp2-zero2", "fsdp2-zero3"]
+    argv = ["run", *GPT, *TINY, "--strategy", ",".join(strategies), "--world-size", "2", "--batch-size", "2"]
     assert main([*argv, "--steps", "2", "--warmup", "1", "--out", str(out)]) == 0
     records = {r.strategy: r for r in read_records([out])}
-    assert set(records) == {"ddp", "zero2", "zero3"}
+    assert set(records) == set(strategies)
     for r in records.values():
         assert r.status == "ok", r.error
         assert r.workload == "lightning:examples/lightning_gpt.py:GPTLit" and r.world_size == 2

@@ -25,10 +25,13 @@ typed by the tracker as it sees them, not as comm.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+from shardbench.metrics import shape_propagation
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "comm", "other")
 
@@ -117,13 +120,48 @@ class _GlobalPeakTracker:
                             handles[param] = (_NO_HOOK, _NO_HOOK)
                 return base._track_module_params_and_buffers(self, module, install_grad_hooks)
 
+            def _pre_fw_hook(self: Any, module: Any, inputs: Any) -> None:
+                # a forward that runs again within one step: the root called from inside itself
+                # (Lightning's wrapper forward runs training_step, which calls self(...)), or
+                # called twice (two views of a batch). The stock tracker takes any second
+                # forward of the root for the next iteration and refuses it; the probe ends
+                # every step itself (next_step), so here it is one more call, tracked as the
+                # stock tracker tracks a shared submodule's second call
+                if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                    _track_forward_again(self, module, inputs)
+                    return
+                base._pre_fw_hook(self, module, inputs)
+
+            def __torch_dispatch__(
+                self: Any, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+            ) -> Any:
+                if shape_propagation.running():  # DTensor's metadata, not the rank's memory
+                    return func(*args, **(kwargs or {}))
+                return base.__torch_dispatch__(self, func, types, args, kwargs)
+
             methods = {
+                "__torch_dispatch__": __torch_dispatch__,
+                "_pre_fw_hook": _pre_fw_hook,
                 "_update_peak_stats": _update_peak_stats,
                 "_update_and_maybe_create_winfos": _update_and_maybe_create_winfos,
                 "_track_module_params_and_buffers": _track_module_params_and_buffers,
             }
             cls._cache[base] = type("GlobalPeakMemTracker", (base,), methods)
         return cls._cache[base]
+
+
+def _track_forward_again(tracker: Any, module: Any, inputs: Any) -> None:
+    """The stock tracker's bookkeeping for a module's forward run again in the same step: its
+    inputs, and a fresh local peak and forward snapshot for the per-module table."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, _ModState
+
+    stats = tracker.memory_tracking[module]
+    stats.mod_fqn = tracker._mod_tracker.get_known_fqn(module)
+    stats.input_mem = tracker._track_inputs_or_outputs(inputs)
+    snapshot = tracker.get_tracker_snapshot()
+    stats.local_peak = {dev: dev_snap[_TOTAL_KEY] for dev, dev_snap in snapshot.items()}
+    stats.snapshots.setdefault(_ModState.PEAK_FW, []).append(snapshot)
+    stats.snapshots.setdefault(_ModState.PRE_FW, []).append(copy.deepcopy(snapshot))
 
 
 class _NoHook:
@@ -239,11 +277,25 @@ class MemoryProbe:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+        # a module called from inside its own forward is tracked (see _pre_fw_hook), but torch's
+        # module tracker warns at each such call that its hierarchy "may be messed up", and
+        # swaps the process's warning format while doing so: both are kept to the probe
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        self._format = warnings.formatwarning
+        warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
+        self._propagation = shape_propagation.untracked()
+        self._propagation.__enter__()
         self._tracker.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._tracker.__exit__(*exc)
+        try:
+            self._tracker.__exit__(*exc)
+        finally:
+            self._propagation.__exit__(*exc)
+            warnings.formatwarning = self._format
+            self._warnings.__exit__(*exc)
 
     @property
     def tracker(self) -> Any:
