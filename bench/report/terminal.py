@@ -17,15 +17,13 @@ from dataclasses import dataclass
 from shardbench.records import CellKey, Record, first_line
 from shardbench.report.chartdata import reading_order
 from shardbench.studies.versus import Versus, against_reference, group_key, model_states
+from shardbench.units import size_text
 
 WIDTH = 120
-GIB, MIB = 1 << 30, 1 << 20
 
 
 def bytes_text(n: int | None) -> str:
-    if n is None:
-        return ""
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+    return "" if n is None else size_text(n)
 
 
 def step_text(r: Record) -> str:
