@@ -119,6 +119,17 @@ class WorkloadResult:
             return False
         return None
 
+    def outcome(self, world_size: int) -> str:
+        """The verdict as docs/claim.md words it: "holds", "does not hold", "undecided" (the
+        memory test fails and the size test is unresolved: its brackets straddle 2x, no
+        boundary was found in the sizes searched, or a search failed) or "not measured"."""
+        holds, _ = self.verdict(world_size)
+        if holds is None:
+            return "not measured"
+        if holds:
+            return "holds"
+        return "undecided" if self.size_decides() is None else "does not hold"
+
     def time_ratio(self) -> float | None:
         t = {s: (r.step_time_s or {}).get("median") for s, r in self.timing.items() if r.status == "ok"}
         return t[OURS] / t[BASELINE] if t.get(OURS) and t.get(BASELINE) else None
