@@ -26,7 +26,8 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     (``params_MiB`` ... ``other_MiB``) and the model states held after the step (``held_*``).
 
     Merged runs get a leading ``run_id`` column (two runs may measure the same cell; the row must
-    say which); a ``fake`` column appears once any record was planned under FakeTensorMode, and
+    say which); a ``repeat`` column once any cell was repeated (``run --repeat``: which repeat a
+    row is, from 0); a ``fake`` column appears once any record was planned under FakeTensorMode, and
     an ``AC`` column once any record ran with activation checkpointing (its activations are
     recomputed, so its memory and time are not the plain cell's), and ``peer_estimate_MiB`` once
     any record carries a peer's own estimate of its model states (DeepSpeed's estimators).
@@ -41,6 +42,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     optional = {
         "fake": any(r.fake for r in records),
         "AC": any(r.activation_checkpointing for r in records),
+        "repeat": any(r.repeat for r in records),
         "peer_estimate_MiB": any(_peer_estimate(r) for r in records),
         "model_state_vs_peer_estimate": any(_peer_estimate(r) for r in records),
     }
@@ -57,6 +59,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "preset": r.preset,
                 "params_M": r.params / 1e6,
                 "strategy": r.strategy,
+                "repeat": r.repeat,
                 "world_size": r.world_size,
                 "simulated": r.simulated,
                 "fake": r.fake,

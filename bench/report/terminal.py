@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from shardbench.records import CellKey, Record, first_line
 from shardbench.report.chartdata import reading_order
-from shardbench.studies.versus import Versus, against_reference, group_key, model_states
+from shardbench.studies.versus import Versus, against_reference, group_key, model_states, repeated
 from shardbench.units import size_text
 
 WIDTH = 120
@@ -83,6 +83,7 @@ COLUMNS: dict[str, Column] = {
     "precision": Column("prec", lambda r: r.precision),
     "batch": Column("batch", lambda r: str(r.batch_size_per_rank), right=True),
     "flags": Column("flags", flags),
+    "repeat": Column("repeat", lambda r: str(r.repeat), right=True),
     "status": Column("status", lambda r: r.status),
     "peak": Column("peak", lambda r: bytes_text((r.peak_mem_bytes or {}).get("max")), right=True),
     "states/pred": Column("states/pred", _states, right=True),
@@ -142,18 +143,20 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
                 text += f", {v.sent:.2f}x bytes sent"
             parts.append(text)
         key = group.key
-        head = f"{key.workload} {key.preset} N={key.world_size} {group_how(key)} vs ddp: "
+        head = f"{key.workload} {key.preset} N={key.world_size} {group_how(key, group.repeat)} vs ddp: "
         lines += textwrap.wrap(head + "; ".join(parts), WIDTH, subsequent_indent="  ")
     return lines
 
 
-def group_how(key: CellKey) -> str:
-    """How a group's cells ran, beside its workload, preset and N: "fp32 b=8 AC simulated"."""
+def group_how(key: CellKey, repeat: int | None = None) -> str:
+    """How a group's cells ran, beside its workload, preset and N: "fp32 b=8 AC simulated", and
+    which repeat where the cells were repeated ("repeat 1")."""
     how = [
         key.precision,
         f"b={key.batch_size}",
         "AC" if key.activation_checkpointing else "",
         "fake" if key.fake else "simulated" if key.simulated else "",
+        "" if repeat is None else f"repeat {repeat}",
     ]
     return " ".join(h for h in how if h)
 
@@ -163,6 +166,8 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     the legend of the flags that occur and the ratio lines."""
     records = sorted(records, key=reading_order)  # as table.md and the charts list them
     cols = [COLUMNS[c] for c in columns]
+    if repeated(records) and "repeat" not in columns:  # which repeat a row is, beside its strategy
+        cols.insert(columns.index("strategy") + 1 if "strategy" in columns else 0, COLUMNS["repeat"])
     if any(r.status != "ok" for r in records) and "error" not in columns:
         cols.append(COLUMNS["error"])
     rows = [[c.value(r) for c in cols] for r in records]
