@@ -3,14 +3,13 @@ one-line verdict. Renders a ``bench/studies/plan.py`` ``Plan``; decides nothing.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from shardbench.harness.config import CellConfig
-from shardbench.records import first_line
-from shardbench.report.tables import markdown_table
+from shardbench.report.tables import error_file, markdown_table
 from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command
 from shardbench.units import in_unit, params_text, size_unit
+from shardbench.wording import first_sentence, wrap
 
 MIB = 1 << 20
 WIDTH = 120
@@ -33,7 +32,7 @@ def _fits(row: PlanRow) -> str:
     if row.unplanned:
         return UNPLANNED
     if row.failed:
-        return f"{row.record.status}: {first_line(row.record.error, 40)}"
+        return f"{row.record.status}: {first_sentence(row.record.error)}"
     return "yes" if row.fits else "no"
 
 
@@ -70,7 +69,7 @@ def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
             in_unit(None if r.unplanned or not parts else parts.get("activations", 0), unit),
             in_unit(other, unit),
         ]
-        line += [str(r.max_batch)] if searched else []
+        line += ["-" if r.max_batch is None else str(r.max_batch)] if searched else []
         line += [_step(r)] if timed else []
         out.append(line)
     return columns, out
@@ -170,19 +169,6 @@ def title(plan: Plan, cell: CellConfig, *, budget_text: str) -> str:
     )
 
 
-def wrap(text: str, width: int = WIDTH) -> list[str]:
-    """``text`` in lines of at most ``width``, broken only after a space, a comma or a colon
-    (a model config's separators): ``vocab_size=32000`` is never split inside a name or a number."""
-    lines, line = [], ""
-    for token in re.split(r"(?<=[ ,:])", text):
-        if line and len(line) + len(token.rstrip()) > width:
-            lines.append(line.rstrip())
-            line = token.lstrip() if line.endswith(" ") else token
-        else:
-            line += token
-    return [*lines, line.rstrip()] if line.strip() else lines
-
-
 def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
     """The plan as data for other renderers (the HTML report): the budget, the reserve, the
     recommendation and each strategy's figures in bytes, with the lines the terminal prints."""
@@ -217,7 +203,13 @@ def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
 
 
 def plan_markdown(plan: Plan, *, title_text: str) -> str:
+    """``plan.md``: the table (a failed row links its whole error, kept beside the records),
+    the verdict, the reserve and the kernels assumed."""
     columns, body = table(plan)
+    fits = columns.index("fits")
+    for row, line in zip(plan.rows, body, strict=True):
+        if row.failed and (name := error_file(row.record)):
+            line[fits] += f" ([traceback]({name}))"
     kernels = kernels_line(plan)
     tail = f"\n\n{kernels}" if kernels else ""
     lines = [f"# {title_text}", markdown_table(columns, body), verdict(plan), reserve_line(plan)]

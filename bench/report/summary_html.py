@@ -11,10 +11,12 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from shardbench.records import CellKey, Record, first_line
+from shardbench.records import CellKey, Record
 from shardbench.report.chartdata import reading_order
+from shardbench.report.tables import error_file
 from shardbench.report.terminal import bytes_text, group_how, noise_note, step_text
 from shardbench.studies.versus import REFERENCE, Versus, against_reference, group_key, model_states, repeated
+from shardbench.wording import first_sentence
 
 #: the leading columns, then per metric its value and its ratio to ddp's
 KEY_HEAD = ("workload", "preset", "N", "how", "strategy")
@@ -101,12 +103,13 @@ def summary_table(records: Sequence[Record]) -> str:
             cells = "".join(f"<td>{values[i]}</td>{ratios[i]}" for i in shown)
             rows.append(("", f'<td class="text">{_e(v.record.strategy)}</td>{cells}'))
         for r in failed.get((group.key, group.repeat), []):
-            what = f"{r.status}: {first_line(r.error, 120)}" if r.error else r.status
+            what = f"{r.status}: {first_sentence(r.error)}" if r.error else r.status
+            link = f' (<a href="{_e(name)}">traceback</a>)' if (name := error_file(r)) else ""
             rows.append(
                 (
                     "failed",
                     f'<td class="text">{_e(r.strategy)}</td>'
-                    f'<td class="text status-fail" colspan="{2 * len(shown)}">{_e(what)}</td>',
+                    f'<td class="text status-fail" colspan="{2 * len(shown)}">{_e(what)}{link}</td>',
                 )
             )
         key, span = group.key, f' rowspan="{len(rows)}"'
