@@ -34,6 +34,7 @@ from typing import Any
 
 from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
+from shardbench.harness.result import slow_start
 from shardbench.records import Record, append_record, first_line
 from shardbench.units import apart, params_text, size_text
 
@@ -488,9 +489,10 @@ def _line(i: int, cell: CellConfig, p: Probe, budget: int) -> str:
     verdict = "fits" if p.fits else ("does not fit" if r.status == "ok" else f"does not fit ({r.status})")
     peak_text, budget_text = apart(size_text, p.peak, budget)
     peak = f"peak {peak_text}" if p.peak is not None else first_line(r.error, 80)
+    slow = slow_start(r.startup_s)
     return (
         f"[probe {i}] {what} {cell.strategy} N={r.world_size}: {verdict} - {peak} vs budget "
-        f"{budget_text} ({r.wall_s or 0:.0f}s)"
+        f"{budget_text} ({r.wall_s or 0:.0f}s)" + (f"; {slow}" if slow else "")
     )
 
 
