@@ -31,7 +31,8 @@ def size_text(nbytes: int | float | None, *, extra: int = 0) -> str:
     unknown."""
     if nbytes is None:
         return "?"
-    unit, label = next(((u, name) for u, name in _UNITS if abs(nbytes) >= u), (1, "B"))
+    # from 1000 of a unit up, the next unit keeps the figures to three (0.996 GiB, not 1020 MiB)
+    unit, label = next(((u, name) for u, name in _UNITS if abs(nbytes) >= u * 1000 / 1024), (1, "B"))
     if unit == 1:
         return f"{nbytes:.0f} B"
     return f"{_figures(nbytes / unit, 3 + extra)} {label}"

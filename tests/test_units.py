@@ -13,7 +13,7 @@ from shardbench.units import MIB, apart, params_text, size_text
 @pytest.mark.parametrize(
     ("nbytes", "text"),
     [(8 * MIB, "8.00 MiB"), (133.1 * MIB, "133 MiB"), (99.96 * MIB, "100 MiB"), (1.364 * 2**30, "1.36 GiB"),
-     (512 * 1024, "512 KiB"), (300, "300 B")],
+     (1020 * MIB, "0.996 GiB"), (512 * 1024, "512 KiB"), (300, "300 B")],
 )  # fmt: skip
 def test_a_size_keeps_three_significant_figures(nbytes, text) -> None:
     assert size_text(nbytes) == text
