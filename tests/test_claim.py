@@ -153,6 +153,15 @@ def test_claim_gate_flags_a_claim_that_stopped_holding() -> None:
     assert changes["transformer"].regressed and not changes["imagegpt"].regressed
     assert changes["transformer"].moved.startswith("zero2/ddp peak 0.40x -> 0.60x")
     assert "transformer: holds -> does not hold - REGRESSED" in gate_section("b", list(changes.values()))
+    # searched, but without a boundary: the size test is unresolved, and the gate says so
+    searches = [
+        replace(_record(s, 1, {}, 1.0), workload="transformer", preset="tiny", suite="claim-tiny",
+                world_size=n, max_size={"largest_fit": {"params": 100}, "smallest_fail": None})
+        for s in ("ddp", "zero2")
+    ]  # fmt: skip
+    now = results_from_records(spec, [*memory("transformer", 60), *searches])
+    (change,) = compare_claims(spec, baseline, now)
+    assert "transformer: holds -> undecided - REGRESSED" in gate_section("b", [change])
 
 
 def test_claim_results_keep_checkpointed_cells_apart() -> None:

@@ -187,5 +187,6 @@ def gate_section(name: str, changes: Sequence[ClaimChange]) -> str:
     lines = [f"## Against baseline `{name}`", ""]
     for c in changes:
         flag = " - REGRESSED" if c.regressed else ""
-        lines.append(f"- {c.workload}: {word[c.held_before]} -> {word[c.holds_now]}{flag} ({c.moved})")
+        before, now = c.before or word[c.held_before], c.now or word[c.holds_now]
+        lines.append(f"- {c.workload}: {before} -> {now}{flag} ({c.moved})")
     return "\n".join(lines) + "\n"

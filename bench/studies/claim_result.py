@@ -121,14 +121,15 @@ class WorkloadResult:
 
     def outcome(self, world_size: int) -> str:
         """The verdict as docs/claim.md words it: "holds", "does not hold", "undecided" (the
-        memory test fails and the size test is unresolved: its brackets straddle 2x, no
-        boundary was found in the sizes searched, or a search failed) or "not measured"."""
+        memory test fails and the size test, searched, is unresolved: its brackets straddle 2x,
+        no boundary was found in the sizes searched, or a search failed) or "not measured"."""
         holds, _ = self.verdict(world_size)
         if holds is None:
             return "not measured"
         if holds:
             return "holds"
-        return "undecided" if self.size_decides() is None else "does not hold"
+        searched = all(s in self.max_size for s in (OURS, BASELINE))
+        return "undecided" if searched and self.size_decides() is None else "does not hold"
 
     def time_ratio(self) -> float | None:
         t = {s: (r.step_time_s or {}).get("median") for s, r in self.timing.items() if r.status == "ok"}
