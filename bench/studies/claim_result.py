@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shardbench.records import Record, first_line
+from shardbench.records import Record
 from shardbench.studies.claim_specs import ClaimSpec, ClaimWorkload
 from shardbench.studies.compare_rules import step_time_noise
+from shardbench.wording import first_sentence
 
 OURS, BASELINE = "zero2", "ddp"
 MEMORY_THRESHOLD, SIZE_THRESHOLD = 0.5, 2.0
@@ -55,7 +56,7 @@ class WorkloadResult:
             n = r.world_size
             ratio = self.real_peak_ratio(peer)
             if ratio is None:
-                why = first_line(r.error, 100) if r.status != "ok" else "ddp's cell failed"
+                why = first_sentence(r.error) if r.status != "ok" else "ddp's cell failed"
                 out.append((peer, None, f"not measured at real N={n}: {r.status}, {why}"))
                 continue
             text = f"peak = {ratio:.2f}x ddp at real N={n}"
@@ -161,7 +162,7 @@ class WorkloadResult:
         elif failed := [r for r in self.max_size.values() if r.status not in ("ok", "oom")]:
             parts.append(
                 "largest trainable: search failed ("
-                + "; ".join(f"{r.strategy}: {first_line(r.error, 100)}" for r in failed)
+                + "; ".join(f"{r.strategy}: {first_sentence(r.error)}" for r in failed)
                 + ")"
             )
         else:
@@ -201,7 +202,7 @@ class WorkloadResult:
 
     def _failures(self) -> str:
         bad = [r for r in [*self.memory.values(), *self.max_size.values()] if r.status != "ok"]
-        return "; ".join(f"{r.strategy}: {r.status} {first_line(r.error, 80)}" for r in bad) or "no records"
+        return "; ".join(f"{r.strategy}: {r.status} {first_sentence(r.error)}" for r in bad) or "no records"
 
 
 def _model_state_floor(peer: Record, base: Record | None) -> float | None:

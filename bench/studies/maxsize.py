@@ -35,8 +35,9 @@ from typing import Any
 from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
 from shardbench.harness.result import slow_start
-from shardbench.records import Record, append_record, first_line
+from shardbench.records import Record, append_record
 from shardbench.units import apart, params_text, size_text
+from shardbench.wording import first_sentence
 
 VARY = ("params", "batch")
 #: a params search stops when the largest fit and the smallest non-fit are this close (3%)
@@ -296,7 +297,7 @@ def _failed_summary(
     }
     r = failed.record
     what = f"{r.preset} b={r.batch_size_per_rank}"
-    error = f"search stopped: probe {what} ended {r.status}: {first_line(r.error) or 'no error text'}"
+    error = f"search stopped: probe {what} ended {r.status}: {first_sentence(r.error) or 'no error text'}"
     head = f"max-size {base.workload} {base.strategy} N={base.world_size} budget {size_text(budget)}"
     return replace(
         r,
@@ -459,7 +460,7 @@ def _summary(
     status = "ok" if largest else "oom"
     error = None
     if not largest:
-        error = f"nothing fits in {size_text(budget)}: {first_line(source.record.error) or 'over budget'}"
+        error = f"nothing fits in {size_text(budget)}: {first_sentence(source.record.error) or 'over budget'}"
     return replace(
         source.record,
         suite="max-size",
@@ -488,7 +489,7 @@ def _line(i: int, cell: CellConfig, p: Probe, budget: int) -> str:
     what = f"{r.workload}/{r.preset} ({params_text(r.params)} params) b={r.batch_size_per_rank}"
     verdict = "fits" if p.fits else ("does not fit" if r.status == "ok" else f"does not fit ({r.status})")
     peak_text, budget_text = apart(size_text, p.peak, budget)
-    peak = f"peak {peak_text}" if p.peak is not None else first_line(r.error, 80)
+    peak = f"peak {peak_text}" if p.peak is not None else first_sentence(r.error)
     slow = slow_start(r.startup_s)
     return (
         f"[probe {i}] {what} {cell.strategy} N={r.world_size}: {verdict} - {peak} vs budget "
