@@ -296,6 +296,12 @@ def slow_start(startup: dict[str, float | None] | None) -> str | None:
     )
 
 
+def with_slow_start(line: str, record: Record) -> str:
+    """A cell's progress line, with its slow start after it where it had one."""
+    slow = slow_start(record.startup_s)
+    return f"{line}; {slow}" if slow else line
+
+
 def _note(
     cell: CellConfig, plan: WorldPlan, ok: list[RankResult], startup: dict[str, float | None] | None = None
 ) -> str:

@@ -26,7 +26,7 @@ from types import FrameType
 
 from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
-from shardbench.harness.result import build_record, slow_start
+from shardbench.harness.result import build_record, with_slow_start
 from shardbench.records import CellKey, Record, append_record, read_records
 from shardbench.wording import wrap
 
@@ -176,9 +176,7 @@ def _interrupted_record(cell: CellConfig, e: Interrupted, *, run_id: str, wall_s
 def done_line(cell: CellConfig, record: Record) -> str:
     """What the terminal says of a finished cell: its status and wall time, and a slow start
     where there was one (``harness.result.slow_start``)."""
-    line = f"{_label(cell)}: {record.status} ({record.wall_s or 0:.1f}s)"
-    slow = slow_start(record.startup_s)
-    return f"{line}; {slow}" if slow else line
+    return with_slow_start(f"{_label(cell)}: {record.status} ({record.wall_s or 0:.1f}s)", record)
 
 
 def _label(cell: CellConfig) -> str:

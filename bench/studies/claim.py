@@ -25,6 +25,7 @@ from typing import Any
 
 from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
+from shardbench.harness.result import with_slow_start
 from shardbench.models.registry import get_workload
 from shardbench.records import Record, append_record, read_records
 from shardbench.studies.claim_result import (
@@ -79,7 +80,7 @@ def run_claim(
             r = run_cell(cell, run_id=run_id)
             append_record(out_dir / "records.jsonl", r)
             label = f"{cell.workload}/{cell.preset} {cell.strategy} N={r.world_size}"
-            progress(f"{label}: {r.status} ({r.wall_s:.0f}s)")
+            progress(with_slow_start(f"{label}: {r.status} ({r.wall_s:.0f}s)", r))
             return r
 
         for s in (BASELINE, OURS, *spec.further, *spec.peers):

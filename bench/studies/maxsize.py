@@ -34,7 +34,7 @@ from typing import Any
 
 from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
-from shardbench.harness.result import slow_start
+from shardbench.harness.result import with_slow_start
 from shardbench.records import Record, append_record
 from shardbench.units import apart, params_text, size_text
 from shardbench.wording import first_sentence
@@ -490,10 +490,10 @@ def _line(i: int, cell: CellConfig, p: Probe, budget: int) -> str:
     verdict = "fits" if p.fits else ("does not fit" if r.status == "ok" else f"does not fit ({r.status})")
     peak_text, budget_text = apart(size_text, p.peak, budget)
     peak = f"peak {peak_text}" if p.peak is not None else first_sentence(r.error)
-    slow = slow_start(r.startup_s)
-    return (
+    return with_slow_start(
         f"[probe {i}] {what} {cell.strategy} N={r.world_size}: {verdict} - {peak} vs budget "
-        f"{budget_text} ({r.wall_s or 0:.0f}s)" + (f"; {slow}" if slow else "")
+        f"{budget_text} ({r.wall_s or 0:.0f}s)",
+        r,
     )
 
 
