@@ -10,6 +10,7 @@ a name or a number.
 from __future__ import annotations
 
 import re
+import shutil
 
 #: where a word too long for a line may break: after these (a model config's separators, a path's)
 _SEPARATORS = re.compile(r"(?<=[,:;/])")
@@ -68,6 +69,13 @@ def wrap(text: str, width: int = 120, *, indent: str = "") -> list[str]:
             else:
                 line += glue + piece
     return [*lines, line] if line else lines
+
+
+def print_wrapped(text: str, width: int = 120) -> None:
+    """Print ``text`` wrapped at the terminal's width (at most ``width``), the lines after the
+    first indented: a terminal left to wrap a long line breaks it inside a word."""
+    columns = min(width, shutil.get_terminal_size((width, 24)).columns)
+    print("\n".join(wrap(text, columns, indent="  ")), flush=True)
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:

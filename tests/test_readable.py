@@ -162,3 +162,15 @@ def test_env_names_every_package_a_record_can_name(capsys) -> None:
             assert version == metadata.version(name)
         except metadata.PackageNotFoundError:
             assert version == "not installed"
+
+
+def test_a_long_line_is_printed_wrapped_at_the_terminals_width(monkeypatch, capsys) -> None:
+    """max-size's and claim's lines are longer than a terminal: printed as they are, the
+    terminal would break them inside a word."""
+    from shardbench.wording import print_wrapped
+
+    monkeypatch.setenv("COLUMNS", "60")
+    print_wrapped(COMMAND)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 1 and max(map(len, lines)) <= 60
+    assert _joined(lines) == COMMAND

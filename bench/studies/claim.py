@@ -37,6 +37,7 @@ from shardbench.studies.claim_result import (
 )
 from shardbench.studies.claim_specs import ClaimSpec
 from shardbench.studies.maxsize import parse_budget, search
+from shardbench.wording import print_wrapped
 
 
 def run_claim(
@@ -45,7 +46,7 @@ def run_claim(
     out_dir: Path,
     run_id: str,
     workloads: tuple[str, ...] | None = None,
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] = print_wrapped,
     measured: dict[str, WorkloadResult] | None = None,
 ) -> list[WorkloadResult]:
     """Measure every workload of ``spec``; records go to ``out_dir/records.jsonl`` as they come.

@@ -37,7 +37,7 @@ from shardbench.harness.launch import run_cell
 from shardbench.harness.result import with_slow_start
 from shardbench.records import Record, append_record
 from shardbench.units import apart, params_text, size_text
-from shardbench.wording import first_sentence
+from shardbench.wording import first_sentence, print_wrapped
 
 VARY = ("params", "batch")
 #: a params search stops when the largest fit and the smallest non-fit are this close (3%)
@@ -108,7 +108,7 @@ def search(
     resolution: float = DEFAULT_RESOLUTION,
     out_dir: Path,
     run_id: str,
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] = print_wrapped,
     known: dict[str, Record] | None = None,
 ) -> Record:
     """Run the search for one cell (its preset or batch size is what varies); append every
