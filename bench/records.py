@@ -178,6 +178,10 @@ class Record:
     #: torch's intra-op threads per rank (the host's cores shared among its ranks; a simulated
     #: rank gets what a real rank of its world would)
     threads_per_rank: int | None = None
+    #: the slowest rank's seconds before its first step (``setup``: imports, process group,
+    #: model, strategy; DeepSpeed builds its ops here) and of its first warm-up step
+    #: (``first_step``: a cold cache); the timed steps exclude both (``harness.result.slow_start``)
+    startup_s: dict[str, float | None] | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:
@@ -412,6 +416,25 @@ def _cpu_model() -> str | None:
     return None
 
 
+#: the libraries a record can name beside torch: the peers' (their versions also in a cell's
+#: strategy settings), Lightning's and the one that builds ``hf:`` models
+PACKAGES = ("deepspeed", "fairscale", "lightning", "transformers")
+
+
+def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str]:
+    """Each package's installed version, "not installed" where it is absent; read from the
+    installed metadata, so nothing is imported (DeepSpeed's import alone takes seconds)."""
+    from importlib import metadata
+
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
 def capture_env(device: str) -> dict[str, Any]:
     """Versions and hardware the numbers depend on."""
     import torch
@@ -426,6 +449,7 @@ def capture_env(device: str) -> dict[str, Any]:
         "git_sha": _git_sha(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cpu_model": _cpu_model(),
+        "packages": package_versions(),
     }
     # on the CPU the device is the processor: its model, not only its architecture
     env["device_name"] = env["cpu_model"] or platform.processor() or platform.machine()

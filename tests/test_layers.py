@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("integrations",),
     ("strategies",),
     ("metrics", "models"),
-    ("", "records", "paths", "tensors", "blocks"),
+    ("", "records", "paths", "tensors", "blocks", "units", "wording"),
 )
 
 

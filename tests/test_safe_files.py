@@ -304,6 +304,6 @@ def test_resume_continues_the_runs_own_cells_without_its_flags(tmp_path: Path, c
     run = _run(tmp_path / "r", [_line(strategy="ddp", requested_world_size=2, batch_size_per_rank=8)])
     (run / CELLS_FILE).write_text(json.dumps({"suite": "smoke", "cells": [cell.to_json()]}))
     assert main(["run", "--resume", str(run)]) == 0
-    assert "1 of 1 cells already ok" in capsys.readouterr().err
+    assert "1 of 1 cell already ok" in capsys.readouterr().err
     assert main(["run", "--resume", str(run), "--strategy", "zero2"]) == 2
     assert "continues that run's 1 cells; the flags given make a different set" in capsys.readouterr().err

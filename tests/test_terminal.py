@@ -8,10 +8,12 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from shardbench.cli import build_parser, main
 from shardbench.records import read_records
+from shardbench.report.tables import write_tables
 from shardbench.report.terminal import COLUMNS, WIDTH, check_columns, flags, ratio_lines, terminal_table
 
 SAMPLES = Path(__file__).resolve().parents[1] / "results" / "samples"
@@ -61,6 +63,29 @@ def test_ratio_lines_against_ddp(records) -> None:
     assert "vs ddp: zero2: 0.50x peak" in line
     if ddp.step_time_s:
         assert "1.00x step time" in line
+
+
+def test_repeats_say_which_repeat_a_row_is(records, tmp_path) -> None:
+    """run --repeat 2: the table, table.md, table.csv and the ratio lines say which repeat each
+    row is, and each repeat of a strategy is set against ddp's repeat of the same round."""
+    ddp = next(r for r in records if r.status == "ok" and r.strategy == "ddp")
+    peak = ddp.peak_mem_bytes["max"]
+    cells = [
+        replace(ddp, repeat=i, strategy=s, peak_mem_bytes={**ddp.peak_mem_bytes, "max": peak // d})
+        for i, d in ((0, 2), (1, 4))
+        for s, d in (("ddp", 1), ("zero2", d))
+    ]
+    text = terminal_table(cells)
+    header, *rows = text.splitlines()[:5]
+    assert header.split()[:4] == ["workload", "preset", "strategy", "repeat"]
+    assert [row.split()[2:4] for row in rows] == [["ddp", "0"], ["ddp", "1"], ["zero2", "0"], ["zero2", "1"]]
+    lines = ratio_lines(cells)
+    assert [("repeat 0" in line, "repeat 1" in line) for line in lines] == [(True, False), (False, True)]
+    assert "zero2: 0.50x peak" in lines[0] and "zero2: 0.25x peak" in lines[1]
+    write_tables(cells, tmp_path)
+    assert "| strategy | repeat |" in (tmp_path / "table.md").read_text()
+    assert list(pd.read_csv(tmp_path / "table.csv")["repeat"]) == [0, 1, 0, 1]
+    assert "repeat" not in terminal_table([ddp]).splitlines()[0]  # one repeat: no column
 
 
 def test_run_columns_flag_is_validated(tmp_path, capsys) -> None:

@@ -18,6 +18,7 @@ from shardbench.cli.common import DEFAULT_RUNS_DIR, UsageError
 from shardbench.cli.suite_searches import SuiteSearch, run_searches
 from shardbench.harness.config import CellConfig
 from shardbench.paths import path_component
+from shardbench.wording import count
 
 #: ``--repeat`` beyond this is a typo, not a measurement plan
 MAX_REPEAT = 100
@@ -77,7 +78,7 @@ def execute_run(
     from shardbench.harness.validate import check_output_dir
     from shardbench.records import RecordWriteError, read_records
     from shardbench.report.build import write_report
-    from shardbench.report.tables import write_tables
+    from shardbench.report.tables import ERRORS_DIR, error_file, write_tables
 
     run_id = new_run_id(name)
     if resume is not None:  # the run goes on as it was: its id, its name and its tags
@@ -107,7 +108,8 @@ def execute_run(
         )
     if skip:
         print(
-            f"resume: {len(skip & {c.key() for c in cells})} of {len(cells)} cells already ok in {out}; "
+            f"resume: {len(skip & {c.key() for c in cells})} of {count(len(cells), 'cell')} already ok "
+            f"in {out}; "
             "running the rest",
             file=sys.stderr,
         )
@@ -135,7 +137,9 @@ def execute_run(
     records = outcome.records
     ok = sum(r.status == "ok" for r in records)
     skipped = f", {outcome.skipped} skipped (already ok)" if outcome.skipped else ""
-    print(f"{len(records)} cells run, {ok} ok{skipped}; records: {out / 'records.jsonl'}")
+    print(f"{count(len(records), 'cell')} run, {ok} ok{skipped}; records: {out / 'records.jsonl'}")
+    if any(error_file(r) for r in records):
+        print(f"each failed cell's whole error (its traceback): {out / ERRORS_DIR}/")
     if outcome.interrupted is not None:
         again = f"shardbench run --resume {out}" + ("" if suite is not None else " (and the same flags)")
         print(f"interrupted by {outcome.interrupted}; resume with: {again}", file=sys.stderr)

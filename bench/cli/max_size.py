@@ -122,6 +122,7 @@ def cmd_max_size(args: argparse.Namespace) -> int:
     from shardbench.report.build import write_report
     from shardbench.report.tables import write_tables
     from shardbench.studies.maxsize import search
+    from shardbench.wording import print_wrapped
 
     run_id = new_run_id("max-size")
     out = args.out or DEFAULT_RUNS_DIR / run_id
@@ -144,6 +145,6 @@ def cmd_max_size(args: argparse.Namespace) -> int:
     write_tables(read_records([out]), out)
     print(f"report: {write_report(out)}")
     for s in summaries:
-        print(s.note)
+        print_wrapped(s.note)
     print(f"records: {out / 'records.jsonl'}")
     return 0

@@ -105,7 +105,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from shardbench.records import append_record, read_records
     from shardbench.report.build import write_report
     from shardbench.report.plan_report import PLAN_JSON, plan_json, plan_markdown, print_plan, title
-    from shardbench.report.tables import write_tables
+    from shardbench.report.tables import ERRORS_DIR, error_file, write_tables
     from shardbench.studies.maxsize import search
     from shardbench.studies.plan import Plan, rows_from, unplanned_record
 
@@ -140,6 +140,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print_plan(plan, title_text=heading)
     print(f"report: {write_report(out)}")
     print(f"plan: {out / 'plan.md'}; records: {out / 'records.jsonl'}")
+    if any(error_file(r.record) for r in plan.rows):
+        print(f"each failed cell's whole error (its traceback): {out / ERRORS_DIR}/")
     if interrupted is not None:
         print(f"interrupted by {interrupted}: the plan covers the cells run before it", file=sys.stderr)
         return interrupted.exit_code

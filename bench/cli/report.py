@@ -25,6 +25,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from shardbench.harness.validate import check_output_dir
     from shardbench.records import read_records, records_files
     from shardbench.report.build import build_report
+    from shardbench.wording import count
 
     try:
         inputs = records_files(args.runs)
@@ -40,5 +41,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     for w in caught:
         if issubclass(w.category, UserWarning) and "not a record" in str(w.message):
             print(f"shardbench report: warning: {w.message}", file=sys.stderr)
-    print(f"{result.records} records, {len(result.charts)} chart files; open {result.index_html}")
+    charts = count(len(result.charts), "chart file")
+    print(f"{count(result.records, 'record')}, {charts}; open {result.index_html}")
     return 0

@@ -27,6 +27,7 @@ def cmd_trend(args: argparse.Namespace) -> int:
     from shardbench.paths import inside, path_component
     from shardbench.report.trend_charts import write_trend
     from shardbench.studies.trend import alarms, last_night, night_of, read_history
+    from shardbench.wording import count
 
     path: Path = args.history
     try:
@@ -47,6 +48,7 @@ def cmd_trend(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     nights = len({night_of(line) for line in history})
     found = alarms(last_night(history))
-    print(f"{nights} night(s), {len({line['cell'] for line in history})} cell(s); last night: "
-          f"{len(found)} regression(s) or newly failing cell(s); open {page}")  # fmt: skip
+    cells = count(len({line["cell"] for line in history}), "cell")
+    news = count(len(found), "regression or newly failing cell", "regressions or newly failing cells")
+    print(f"{count(nights, 'night')}, {cells}; last night: {news}; open {page}")
     return 0

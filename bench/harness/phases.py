@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,8 @@ class Timing:
     step_times: list[float] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)
     cuda_allocator: dict[str, Any] | None = None
+    #: seconds the first warm-up step took (a kernel or op built just in time, a cold cache)
+    first_step_s: float | None = None
 
 
 def time_steps(steps: CellSteps) -> Timing:
@@ -123,8 +126,11 @@ def time_steps(steps: CellSteps) -> Timing:
     values), so warm-up is skipped too: the memory phase's tracked steps include the first
     (optimizer state created) and a steady one, which is all it needs."""
     cell, out = steps.cell, Timing()
-    for _ in range(0 if cell.fake else cell.warmup):
-        steps.run(steps.batch())
+    for i in range(0 if cell.fake else cell.warmup):
+        started = time.perf_counter()
+        steps.run(steps.batch())  # (its loss is read back: on CUDA the step has finished)
+        if i == 0:
+            out.first_step_s = time.perf_counter() - started
     reset_cuda_peaks(steps.device)
     for _ in range(0 if cell.fake else cell.steps):
         loss, seconds = steps.run(steps.batch(), timing=True)

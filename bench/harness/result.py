@@ -68,6 +68,9 @@ class RankResult:
     #: (``comm_shape_of``; built here, where the workload's imports are already paid, so the
     #: launcher never imports a model library just to predict)
     comm_shape: dict[str, Any] | None = None
+    #: seconds before the first step (``setup``: imports, process group, model, strategy) and
+    #: of the first warm-up step (``first_step``): what a slow start is made of
+    startup_s: dict[str, float | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return finite(asdict(self))
@@ -178,7 +181,8 @@ def build_record(
         simulated=plan.simulated,
         backend=_backend(cell, plan),
         status="ok",
-        note=_note(cell, plan, ok),
+        note=_note(cell, plan, ok, startup := _startup(results)),
+        startup_s=startup,
         strategy_settings=ok[0].settings if ok else strategy.settings(),
         predicted_mem_bytes=predict(
             cell, world_size, num_params, ok[0].num_trainable if ok and ok[0].num_params else None
@@ -261,8 +265,47 @@ def _artifacts(cell: CellConfig, results: list[RankResult]) -> dict[str, str] | 
 FAKE_NOTE = "fake: planned under FakeTensorMode, nothing allocated, no step time"
 
 
-def _note(cell: CellConfig, plan: WorldPlan, ok: list[RankResult]) -> str:
-    parts = [plan.note]
+#: seconds past which a cell's setup or first step is a slow start, said on the terminal and in
+#: the record's note: the cell's wall time is then not what its steps cost
+SLOW_START_S = 10.0
+_PHASES = {"setup": "setup (imports, process group, model, strategy)", "first_step": "the first warm-up step"}
+
+
+def _startup(results: list[RankResult]) -> dict[str, float | None] | None:
+    """The slowest rank's setup and first step (``RankResult.startup_s``), None where no rank
+    measured them."""
+    measured = [r.startup_s for r in results if r.startup_s]
+    if not measured:
+        return None
+    return {k: max((m[k] for m in measured if m.get(k) is not None), default=None) for k in _PHASES}
+
+
+def slow_start(startup: dict[str, float | None] | None) -> str | None:
+    """What took a cell's start past ``SLOW_START_S``, or None: "slow start: setup (...) took
+    55 s (...)" (DeepSpeed building an op just in time, a first import, a cold cache)."""
+    slow = [
+        f"{_PHASES[k]} took {v:.0f} s"
+        for k, v in (startup or {}).items()
+        if k in _PHASES and v is not None and v > SLOW_START_S
+    ]
+    if not slow:
+        return None
+    return (
+        f"slow start: {', '.join(slow)} (an op built just in time, e.g. DeepSpeed's, a first import "
+        "or a cold cache; the timed steps exclude it)"
+    )
+
+
+def with_slow_start(line: str, record: Record) -> str:
+    """A cell's progress line, with its slow start after it where it had one."""
+    slow = slow_start(record.startup_s)
+    return f"{line}; {slow}" if slow else line
+
+
+def _note(
+    cell: CellConfig, plan: WorldPlan, ok: list[RankResult], startup: dict[str, float | None] | None = None
+) -> str:
+    parts = [plan.note, slow_start(startup)]
     if cell.fake:
         parts.append(FAKE_NOTE)
         planned = ok[0].settings.get("planned") if ok else None

@@ -26,8 +26,9 @@ from types import FrameType
 
 from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
-from shardbench.harness.result import build_record
+from shardbench.harness.result import build_record, with_slow_start
 from shardbench.records import CellKey, Record, append_record, read_records
+from shardbench.wording import wrap
 
 _RUN_IDS = itertools.count()
 
@@ -154,7 +155,7 @@ def run_cells(
                         f"shardbench: after the record: {type(e).__name__}: {e}; the run goes on",
                         file=sys.stderr,
                     )
-            progress.done(f"{_label(cell)}: {record.status} ({record.wall_s or 0:.1f}s)")
+            progress.done(done_line(cell, record))
             if interrupts.pending is not None:
                 outcome.interrupted = interrupts.pending
                 break
@@ -170,6 +171,12 @@ def _interrupted_record(cell: CellConfig, e: Interrupted, *, run_id: str, wall_s
         for r in range(plan.processes)
     ]
     return build_record(cell, plan, results, run_id=run_id, wall_s=wall_s, processes=plan.processes)
+
+
+def done_line(cell: CellConfig, record: Record) -> str:
+    """What the terminal says of a finished cell: its status and wall time, and a slow start
+    where there was one (``harness.result.slow_start``)."""
+    return with_slow_start(f"{_label(cell)}: {record.status} ({record.wall_s or 0:.1f}s)", record)
 
 
 def _label(cell: CellConfig) -> str:
@@ -199,14 +206,18 @@ class _PlainProgress:
         print(f"[{self.count}/{self.total}] {message}", file=sys.stderr, flush=True)
 
 
+#: the progress bar's width, fixed so that a cell's label keeps the rest of the line
+BAR_WIDTH = 24
+
+
 class _RichProgress(_PlainProgress):
     def __enter__(self) -> _RichProgress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            TextColumn("{task.description}", markup=False, style="bold"),
+            BarColumn(bar_width=BAR_WIDTH),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=Console(file=sys.stderr),
@@ -219,7 +230,10 @@ class _RichProgress(_PlainProgress):
         self._bar.__exit__(*exc)
 
     def start(self, label: str) -> None:
-        self._bar.update(self._task, description=label)
+        # wrapped here at word and argument boundaries: cut to the bar's room, rich would end
+        # a long label (an hf: preset) in "fs…", losing the strategy's name
+        room = max(20, self._bar.console.width - BAR_WIDTH - 20)  # the count and the time
+        self._bar.update(self._task, description="\n".join(wrap(label, room)))
 
     def done(self, message: str) -> None:
         self._bar.console.print(message)

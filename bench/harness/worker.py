@@ -113,6 +113,7 @@ def run_rank(
     fault: Fault | None = None,
 ) -> RankResult:
     """Run one cell on this rank; return its measurements (raises on failure)."""
+    started = time.perf_counter()  # setup: the strategy's imports and set-up, the model's build
     # a simulated rank computes with the threads a real rank of its world would get on this host
     # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
     # twin real cells are set against (bench/studies/exposed_comm.py)
@@ -154,7 +155,9 @@ def run_rank(
         fake_tensor_mode() if cell.fake else contextlib.nullcontext(),
         CudaAttention() if planned_off_device(cell) else contextlib.nullcontext(),
     ):
-        return _train_and_measure(cell, strategy, workload, ctx, rank=rank, processes=processes, fault=fault)
+        return _train_and_measure(
+            cell, strategy, workload, ctx, rank=rank, processes=processes, fault=fault, started=started
+        )
 
 
 def build_model(workload: Any, cell: CellConfig, device: torch.device) -> torch.nn.Module:
@@ -185,6 +188,7 @@ def _train_and_measure(
     rank: int,
     processes: int,
     fault: Fault | None,
+    started: float,
 ) -> RankResult:
     """Build and wrap the model, then run the phases (``phases.py``) and assemble the result."""
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
@@ -198,6 +202,7 @@ def _train_and_measure(
     if cell.fake:  # FakeTensors would make torch fall back to its loop: pin what the device runs
         optimizer_factory = pinned_factory(optimizer_factory, cell.device)
     model, optimizer = strategy.setup(model, optimizer_factory, ctx)
+    setup_s = time.perf_counter() - started
     model.train()
     per_process = 1 if cell.simulate else ctx.world_size // processes
     steps = CellSteps(
@@ -237,6 +242,7 @@ def _train_and_measure(
         num_params=num_params,
         num_trainable=num_trainable,
         step_times=timing.step_times,
+        startup_s={"setup": setup_s, "first_step": timing.first_step_s},
         losses=timing.losses,
         tracked_peak=memory.peak,
         breakdown=memory.breakdown,

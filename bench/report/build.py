@@ -62,7 +62,7 @@ def build_report(paths: Sequence[Path | str], out_dir: Path) -> ReportResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_tables(records, out_dir)
     charts = plot_all(records, out_dir)
-    frame = records_to_frame(records)
+    frame = records_to_frame(records, tracebacks=True)  # written beside it by write_tables
     index = write_index(records, frame=frame, charts=charts, out_dir=out_dir, plan=plan)
     return ReportResult(
         table_md=out_dir / "table.md",

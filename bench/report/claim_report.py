@@ -20,6 +20,8 @@ from shardbench.studies.claim_result import (
     ratio_text,
 )
 from shardbench.studies.claim_specs import ClaimSpec
+from shardbench.studies.maxsize import parse_budget
+from shardbench.units import in_unit, size_unit
 
 
 def write_claim_report(
@@ -57,10 +59,11 @@ def write_claim_report(
         "",
     ]
     for r in results:
-        holds, text = r.verdict(spec.world_size)
+        _, text = r.verdict(spec.world_size)
         w = r.workload
         ac = ", activation checkpointing" if w.activation_checkpointing else ""
-        lines.append(f"- **{w.label}** ({w.preset}, batch {w.batch_size}{ac}): {_WORD[holds]} - {text}")
+        word = r.outcome(spec.world_size).upper()
+        lines.append(f"- **{w.label}** ({w.preset}, batch {w.batch_size}{ac}): {word} - {text}")
         for peer, peer_holds, peer_text in r.peer_verdicts():
             lines.append(f"  - {_PEER_LABELS.get(peer, peer)}: {_WORD[peer_holds]} - {peer_text}")
     lines += ["", "## Measurements", "", _table(spec, results), ""]
@@ -98,10 +101,10 @@ def _how(spec: ClaimSpec, wall_s: float | None, resumed: bool) -> str:
 def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
     """One row per workload variant: peaks, zero2's ratios (the verdict's), then each further
     stage's ratios (how far sharding goes); "-" where a cell was not measured."""
-    gib = 2**30
+    unit, label = size_unit(parse_budget(spec.budget))  # as the plan table: MiB under 1 GiB
     peaked = (BASELINE, OURS, *spec.further, *spec.peers)
     sized = (BASELINE, OURS, *spec.further)
-    head = ["workload", "AC", "preset", "params (M)", *(f"{s} peak GiB" for s in peaked)]
+    head = ["workload", "AC", "preset", "params (M)", *(f"{s} peak {label}" for s in peaked)]
     head += [f"{s}/{BASELINE} peak" for s in (OURS, *spec.further)]
     head += [f"{s} max params (M)" for s in sized]
     head += [f"{s}/{BASELINE} max-size" for s in (OURS, *spec.further)]
@@ -115,7 +118,7 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
                 "yes" if r.workload.activation_checkpointing else "no",
                 r.workload.preset,
                 f"{base.params / 1e6:.1f}" if base else "",
-                *[_peak_cell(r, s, gib) for s in peaked],
+                *[_peak_cell(r, s, unit) for s in peaked],
                 *[ratio_text(r.peak_ratio(s)) if s in r.memory else "-" for s in (OURS, *spec.further)],
                 *[_fit_cell(r, s) for s in sized],
                 *[ratio_text(r.size_ratio(s)[0]) if s in r.max_size else "-" for s in (OURS, *spec.further)],
@@ -142,8 +145,9 @@ _PEERS_NOTE = (
 def _real_table(results: list[WorkloadResult]) -> str:
     """Per workload and strategy measured on real ranks: peak, its ratio to ddp's, the model
     states held after a step against the ZeRO formula."""
-    gib = 2**30
-    head = ["workload", "AC", "N", "strategy", "peak GiB", f"/{BASELINE} peak", "model states / formula"]
+    peaks = [p for r in results for s in r.real_memory if (p := r.real_peak(s))]
+    unit, label = size_unit(max(peaks, default=0))
+    head = ["workload", "AC", "N", "strategy", f"peak {label}", f"/{BASELINE} peak", "model states / formula"]
     rows = []
     for r in results:
         for s, rec in r.real_memory.items():
@@ -156,7 +160,7 @@ def _real_table(results: list[WorkloadResult]) -> str:
                     "yes" if r.workload.activation_checkpointing else "no",
                     str(rec.world_size),
                     s,
-                    f"{peak / gib:.3f}" if peak else rec.status,
+                    in_unit(peak, unit, extra=1) if peak else rec.status,
                     ratio_text(r.real_peak_ratio(s)),
                     ratio_text(held / pred if held and pred else None),
                 ]
@@ -164,11 +168,11 @@ def _real_table(results: list[WorkloadResult]) -> str:
     return markdown_table(head, rows)
 
 
-def _peak_cell(r: WorkloadResult, strategy: str, gib: int) -> str:
+def _peak_cell(r: WorkloadResult, strategy: str, unit: int) -> str:
     if strategy not in r.memory:
         return "-"
     peak = r.peak(strategy)
-    return f"{peak / gib:.3f}" if peak else "failed"
+    return in_unit(peak, unit, extra=1) if peak else "failed"
 
 
 def _fit_cell(r: WorkloadResult, strategy: str) -> str:
@@ -183,5 +187,6 @@ def gate_section(name: str, changes: Sequence[ClaimChange]) -> str:
     lines = [f"## Against baseline `{name}`", ""]
     for c in changes:
         flag = " - REGRESSED" if c.regressed else ""
-        lines.append(f"- {c.workload}: {word[c.held_before]} -> {word[c.holds_now]}{flag} ({c.moved})")
+        before, now = c.before or word[c.held_before], c.now or word[c.holds_now]
+        lines.append(f"- {c.workload}: {before} -> {now}{flag} ({c.moved})")
     return "\n".join(lines) + "\n"

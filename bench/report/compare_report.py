@@ -14,6 +14,7 @@ from shardbench.report.html import CSS
 from shardbench.report.tables import markdown_table
 from shardbench.studies.compare import COMM_METRIC, VERDICTS, CellDelta, Comparison, MetricDelta
 from shardbench.studies.reference import REFERENCE
+from shardbench.wording import count
 
 COLUMNS = ("verdict", "cell", "metric", "baseline", "current", "change", "band", "note")
 
@@ -92,11 +93,11 @@ def summary_line(comparison: Comparison) -> str:
     if bad:
         total = sum(bad.values())
         kinds = ", ".join(f"{bad[v]} {v}" for v in VERDICTS if bad[v])
-        head = f"REGRESSION: {total} of {n} cells ({kinds}){across if slower else ''}"
+        head = f"REGRESSION: {total} of {count(n, 'cell')} ({kinds}){across if slower else ''}"
     elif slower:
-        head = f"REGRESSION: {across[2:]}; no cell regressed alone ({n} cells)"
+        head = f"REGRESSION: {across[2:]}; no cell regressed alone ({count(n, 'cell')})"
     else:
-        head = f"no regression in {n} cells"
+        head = f"no regression in {count(n, 'cell')}"
     return f"{head}; the others: {others or 'none'}; rules: {comparison.rules_source}"
 
 

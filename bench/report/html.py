@@ -27,6 +27,7 @@ from shardbench.report.plan_html import plan_lead
 from shardbench.report.summary_html import summary_table
 from shardbench.report.tables import format_value
 from shardbench.studies.reference import REFERENCE
+from shardbench.wording import count
 
 #: the least a chart is scaled down to fit its column: its smallest text (``plots.SMALL``, 9 pt
 #: at 110 dpi, 13.75 px) stays near 10 px; below it, the chart scrolls in its own box
@@ -123,8 +124,8 @@ def write_index(
         f"<title>shardbench {what}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>shardbench {what}</h1>",
-        f'<p class="lead">{len(records)} records ({_e(summary)}) from {len({r.run_id for r in records})} '
-        "run(s). Built from records only.</p>",
+        f'<p class="lead">{count(len(records), "record")} ({_e(summary)}) from '
+        f"{count(len({r.run_id for r in records}), 'run')}. Built from records only.</p>",
     ]
     if plan:
         parts.append(plan_lead(plan))
@@ -200,7 +201,7 @@ def _environment(records: Sequence[Record]) -> str:
         device = _join(r.device for r in rs)
         name = _join(r.env.get("device_name") for r in rs)
         facts = [
-            f"{len(rs)} cells" + (f", {failed} failed" if failed else ""),
+            count(len(rs), "cell") + (f", {failed} failed" if failed else ""),
             f"{device} ({name})" if name else device,
             _join(r.precision for r in rs),
             _mixed([r.simulated for r in rs], "simulated", "real ranks"),
@@ -252,7 +253,7 @@ def _mixed(flags: Sequence[bool], yes: str, no: str) -> str:
 
 
 def _table(frame: pd.DataFrame) -> str:
-    """The Markdown table's rows as HTML, failed rows highlighted."""
+    """The Markdown table's rows as HTML, failed rows highlighted, each linking its traceback."""
     head = "".join(f"<th>{_e(c)}</th>" for c in frame.columns)
     rows = []
     for row in frame.itertuples(index=False):
@@ -265,6 +266,9 @@ def _table(frame: pd.DataFrame) -> str:
             if col == "status" and failed:
                 cls += " status-fail"
             attr = f' class="{cls.strip()}"' if cls.strip() else ""
-            cells.append(f"<td{attr}>{_e(format_value(v))}</td>")
+            text = _e(format_value(v))
+            if col == "traceback" and text:  # the failed cell's whole error, beside the report
+                text = f'<a href="{text}">{text}</a>'
+            cells.append(f"<td{attr}>{text}</td>")
         rows.append(('<tr class="failed">' if failed else "<tr>") + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"

@@ -12,8 +12,7 @@ from typing import Any
 
 from shardbench.report.plan_report import PLAN_JSON
 from shardbench.report.summary_html import breakable
-
-GIB, MIB = 1 << 30, 1 << 20
+from shardbench.units import in_unit, size_unit
 
 
 def read_plan(run_dir: Path) -> dict[str, Any] | None:
@@ -35,8 +34,8 @@ def _size(nbytes: int | None, budget: int) -> str:
     """In the plan table's unit: GiB, or MiB under a 1 GiB budget."""
     if not nbytes:
         return "0"
-    unit, label = (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
-    return f"{nbytes / unit:.2f} {label}" if unit == GIB else f"{nbytes / unit:.1f} {label}"
+    unit, label = size_unit(budget)
+    return f"{in_unit(nbytes, unit)} {label}"
 
 
 def plan_lead(plan: Mapping[str, Any]) -> str:

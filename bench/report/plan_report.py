@@ -3,37 +3,19 @@ one-line verdict. Renders a ``bench/studies/plan.py`` ``Plan``; decides nothing.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from shardbench.harness.config import CellConfig
-from shardbench.records import first_line
-from shardbench.report.tables import markdown_table
+from shardbench.report.tables import error_file, markdown_table
 from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command
 from shardbench.studies.reference import REFERENCE
+from shardbench.units import in_unit, params_text, size_unit
+from shardbench.wording import first_sentence, wrap
 
-GIB, MIB = 1 << 30, 1 << 20
+MIB = 1 << 20
 WIDTH = 120
 #: the plan as data beside its records (``plan_json``): its HTML page leads with it
 PLAN_JSON = "plan.json"
-
-
-def size_unit(budget: int) -> tuple[int, str]:
-    """GiB, or MiB under a 1 GiB budget: the unit of every size in the plan table."""
-    return (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
-
-
-def _size(nbytes: int | None, unit: int) -> str:
-    return "-" if nbytes is None else f"{nbytes / unit:.2f}" if unit == GIB else f"{nbytes / unit:.1f}"
-
-
-def _params(n: int | None) -> str:
-    if not n:
-        return "?"
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.3g}{suffix}"
-    return str(n)
 
 
 def _step(row: PlanRow) -> str:
@@ -51,7 +33,7 @@ def _fits(row: PlanRow) -> str:
     if row.unplanned:
         return UNPLANNED
     if row.failed:
-        return f"{row.record.status}: {first_line(row.record.error, 40)}"
+        return f"{row.record.status}: {first_sentence(row.record.error)}"
     return "yes" if row.fits else "no"
 
 
@@ -82,13 +64,13 @@ def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
     for r in rows:
         parts = r.record.mem_breakdown_bytes or {}
         other = None if r.unplanned or not parts else parts.get("other", 0) + parts.get("comm", 0)
-        line = [r.strategy, LEVELS[r.level], _fits(r), _size(r.peak, unit), _size(r.reserve_bytes, unit)]
-        line += [_size(r.headroom, unit), _size(r.model_states, unit), _size(r.formula, unit)]
+        line = [r.strategy, LEVELS[r.level], _fits(r), in_unit(r.peak, unit), in_unit(r.reserve_bytes, unit)]
+        line += [in_unit(r.headroom, unit), in_unit(r.model_states, unit), in_unit(r.formula, unit)]
         line += [
-            _size(None if r.unplanned or not parts else parts.get("activations", 0), unit),
-            _size(other, unit),
+            in_unit(None if r.unplanned or not parts else parts.get("activations", 0), unit),
+            in_unit(other, unit),
         ]
-        line += [str(r.max_batch)] if searched else []
+        line += ["-" if r.max_batch is None else str(r.max_batch)] if searched else []
         line += [_step(r)] if timed else []
         out.append(line)
     return columns, out
@@ -99,7 +81,7 @@ def reserve_line(plan: Plan) -> str:
     policy = plan.policy
     if policy.fixed is not None:
         unit, label = size_unit(plan.budget)
-        return f"reserve: {_size(policy.fixed, unit)} {label} per rank beside each peak (--reserve)"
+        return f"reserve: {in_unit(policy.fixed, unit)} {label} per rank beside each peak (--reserve)"
     if policy.device != "cuda":
         return "reserve: none (on the CPU nothing is held beside the tensors; --reserve SIZE sets one)"
     measured = [
@@ -124,7 +106,7 @@ def reserve_line(plan: Plan) -> str:
 def verdict(plan: Plan) -> str:
     """One line: the recommendation, the margin it kept and why, or why nothing fits."""
     unit, label = size_unit(plan.budget)
-    budget = f"{_size(plan.budget, unit)} {label}"
+    budget = f"{in_unit(plan.budget, unit)} {label}"
     at = f"at batch {plan.batch} per rank" if plan.batch is not None else "at batch 1 per rank"
     best, failed, unplanned = plan.best, plan.failed, plan.unplanned
     failed_names = ", ".join(r.strategy for r in failed)
@@ -142,8 +124,8 @@ def verdict(plan: Plan) -> str:
     if best is None:
         lowest = plan.lowest
         least = (
-            f"; the lowest peak is {lowest.strategy}'s, {_size(lowest.peak, unit)} {label} "
-            f"(+ reserve {_size(lowest.reserve_bytes, unit)})"
+            f"; the lowest peak is {lowest.strategy}'s, {in_unit(lowest.peak, unit)} {label} "
+            f"(+ reserve {in_unit(lowest.reserve_bytes, unit)})"
             if lowest
             else ""
         )
@@ -157,8 +139,8 @@ def verdict(plan: Plan) -> str:
     if most is not None and best.max_batch and most.max_batch and most.max_batch > best.max_batch:
         batch_part += f"; the largest batch of all is {most.strategy}'s, {most.max_batch}"
     return (
-        f"recommended: {best.strategy} ({why}; peak {_size(best.peak, unit)} + reserve "
-        f"{_size(best.reserve_bytes, unit)} of {budget}, {_size(best.headroom, unit)} {label} headroom "
+        f"recommended: {best.strategy} ({why}; peak {in_unit(best.peak, unit)} + reserve "
+        f"{in_unit(best.reserve_bytes, unit)} of {budget}, {in_unit(best.headroom, unit)} {label} headroom "
         f"after the reserve{batch_part}){broken}"
     )
 
@@ -181,24 +163,11 @@ def title(plan: Plan, cell: CellConfig, *, budget_text: str) -> str:
     mode = "fake" if cell.fake else "simulated, real tensors"
     batch = "largest batch" if plan.batch is None else f"batch {plan.batch}"
     return (
-        f"plan: {cell.workload} {cell.preset} (Ψ = {_params(plan.params)} parameters), N={cell.world_size}, "
-        f"{cell.precision}, budget {budget_text} per rank, {batch}"
+        f"plan: {cell.workload} {cell.preset} (Ψ = {params_text(plan.params)} parameters), "
+        f"N={cell.world_size}, {cell.precision}, budget {budget_text} per rank, {batch}"
         + (", AC" if cell.activation_checkpointing else "")
         + f" ({mode}); sizes in {size_unit(plan.budget)[1]}"
     )
-
-
-def wrap(text: str, width: int = WIDTH) -> list[str]:
-    """``text`` in lines of at most ``width``, broken only after a space, a comma or a colon
-    (a model config's separators): ``vocab_size=32000`` is never split inside a name or a number."""
-    lines, line = [], ""
-    for token in re.split(r"(?<=[ ,:])", text):
-        if line and len(line) + len(token.rstrip()) > width:
-            lines.append(line.rstrip())
-            line = token.lstrip() if line.endswith(" ") else token
-        else:
-            line += token
-    return [*lines, line.rstrip()] if line.strip() else lines
 
 
 def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
@@ -235,7 +204,13 @@ def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
 
 
 def plan_markdown(plan: Plan, *, title_text: str) -> str:
+    """``plan.md``: the table (a failed row links its whole error, kept beside the records),
+    the verdict, the reserve and the kernels assumed."""
     columns, body = table(plan)
+    fits = columns.index("fits")
+    for row, line in zip(plan.rows, body, strict=True):
+        if row.failed and (name := error_file(row.record)):
+            line[fits] += f" ([traceback]({name}))"
     kernels = kernels_line(plan)
     tail = f"\n\n{kernels}" if kernels else ""
     lines = [f"# {title_text}", markdown_table(columns, body), verdict(plan), reserve_line(plan)]

@@ -11,11 +11,13 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from shardbench.records import CellKey, Record, first_line
+from shardbench.records import CellKey, Record
 from shardbench.report.chart_types import reading_order
+from shardbench.report.tables import error_file
 from shardbench.report.terminal import bytes_text, group_how, noise_note, step_text
 from shardbench.studies.reference import REFERENCE
-from shardbench.studies.versus import Versus, against_reference, group_key, model_states
+from shardbench.studies.versus import Versus, against_reference, group_key, model_states, repeated
+from shardbench.wording import first_sentence
 
 #: the leading columns, then per metric its value and its ratio to ddp's
 KEY_HEAD = ("workload", "preset", "N", "how", "strategy")
@@ -81,10 +83,11 @@ def summary_table(records: Sequence[Record]) -> str:
     groups = against_reference(records)
     if not groups:
         return ""
-    failed: dict[CellKey, list[Record]] = {}
+    by_repeat = repeated(records)
+    failed: dict[tuple[CellKey, int | None], list[Record]] = {}
     for r in records:
         if r.status != "ok" and not r.max_size:
-            failed.setdefault(group_key(r), []).append(r)
+            failed.setdefault((group_key(r), r.repeat if by_repeat else None), []).append(r)
     shown = [
         i
         for i in range(len(METRICS))
@@ -100,20 +103,21 @@ def summary_table(records: Sequence[Record]) -> str:
             values, ratios = _values(v.record), _ratios(v)
             cells = "".join(f"<td>{values[i]}</td>{ratios[i]}" for i in shown)
             rows.append(("", f'<td class="text">{_e(v.record.strategy)}</td>{cells}'))
-        for r in failed.get(group.key, []):
-            what = f"{r.status}: {first_line(r.error, 120)}" if r.error else r.status
+        for r in failed.get((group.key, group.repeat), []):
+            what = f"{r.status}: {first_sentence(r.error)}" if r.error else r.status
+            link = f' (<a href="{_e(name)}">traceback</a>)' if (name := error_file(r)) else ""
             rows.append(
                 (
                     "failed",
                     f'<td class="text">{_e(r.strategy)}</td>'
-                    f'<td class="text status-fail" colspan="{2 * len(shown)}">{_e(what)}</td>',
+                    f'<td class="text status-fail" colspan="{2 * len(shown)}">{_e(what)}{link}</td>',
                 )
             )
         key, span = group.key, f' rowspan="{len(rows)}"'
         lead = (
             f'<td class="text"{span}>{_e(key.workload)}</td>'
             f'<td class="text preset"{span}>{breakable(key.preset)}</td>'
-            f'<td{span}>{key.world_size}</td><td class="text"{span}>{_e(group_how(key))}</td>'
+            f'<td{span}>{key.world_size}</td><td class="text"{span}>{_e(group_how(key, group.repeat))}</td>'
         )
         cells = [(cls, lead + tds if i == 0 else tds) for i, (cls, tds) in enumerate(rows)]
         body.append(

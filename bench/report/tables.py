@@ -6,13 +6,16 @@ cells stay in the table with their status; they are never dropped.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from shardbench.records import Record, first_line
+from shardbench.paths import path_component
+from shardbench.records import Record
 from shardbench.studies.versus import model_states
+from shardbench.wording import first_sentence
 
 MIB = 2**20
 
@@ -21,15 +24,18 @@ def _mib(nbytes: int | None) -> float | None:
     return None if nbytes is None else nbytes / MIB
 
 
-def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
+def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> pd.DataFrame:
     """Flatten records into one row per cell (memory in MiB, time in ms): the peak's breakdown
     (``params_MiB`` ... ``other_MiB``) and the model states held after the step (``held_*``).
 
     Merged runs get a leading ``run_id`` column (two runs may measure the same cell; the row must
-    say which); a ``fake`` column appears once any record was planned under FakeTensorMode, and
+    say which); a ``repeat`` column once any cell was repeated (``run --repeat``: which repeat a
+    row is, from 0); a ``fake`` column appears once any record was planned under FakeTensorMode, and
     an ``AC`` column once any record ran with activation checkpointing (its activations are
     recomputed, so its memory and time are not the plain cell's), and ``peer_estimate_MiB`` once
     any record carries a peer's own estimate of its model states (DeepSpeed's estimators).
+    With ``tracebacks`` (a table written beside its ``errors/``), a ``traceback`` column once any
+    cell failed: the file that holds its whole error.
     """
     from shardbench.report.chart_types import reading_order
     from shardbench.studies.exposed_comm import exposed_comm
@@ -41,6 +47,8 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
     optional = {
         "fake": any(r.fake for r in records),
         "AC": any(r.activation_checkpointing for r in records),
+        "repeat": any(r.repeat for r in records),
+        "traceback": tracebacks and any(error_file(r) for r in records),
         "peer_estimate_MiB": any(_peer_estimate(r) for r in records),
         "model_state_vs_peer_estimate": any(_peer_estimate(r) for r in records),
     }
@@ -57,6 +65,7 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 "preset": r.preset,
                 "params_M": r.params / 1e6,
                 "strategy": r.strategy,
+                "repeat": r.repeat,
                 "world_size": r.world_size,
                 "simulated": r.simulated,
                 "fake": r.fake,
@@ -95,6 +104,8 @@ def records_to_frame(records: Sequence[Record]) -> pd.DataFrame:
                 if model_state and estimate
                 else None,
                 "note": _note(r),
+                # the failed cell's whole error, beside the table (write_error_files)
+                "traceback": error_file(r),
             }
         )
         rows.append(row)
@@ -111,7 +122,34 @@ def _peer_estimate(r: Record) -> int | None:
 
 
 def _note(r: Record) -> str:
-    return first_line(r.error) if r.status != "ok" else r.note  # max-size summaries: the answer
+    return first_sentence(r.error) if r.status != "ok" else r.note  # max-size summaries: the answer
+
+
+#: the folder beside the records that holds each failed cell's whole error (its traceback)
+ERRORS_DIR = "errors"
+
+
+def error_file(r: Record) -> str | None:
+    """Where ``r``'s whole error is kept, relative to the table (``errors/<cell>.txt``); None
+    for a cell without one. The name says the cell; its hash tells apart two records of one
+    cell (another run, a repeat, a max-size answer and its probe)."""
+    if r.status == "ok" or not r.error:
+        return None
+    cell = f"{r.workload}-{r.preset}-{r.strategy}-N{r.world_size}-{r.precision}-b{r.batch_size_per_rank}"
+    identity = (r.run_id, r.suite, cell, r.simulated, r.fake, r.activation_checkpointing, r.repeat)
+    digest = hashlib.sha1(repr(identity).encode()).hexdigest()[:8]
+    name = path_component(cell, separators="replace", limit=80)
+    return f"{ERRORS_DIR}/{name}-{digest}.txt"
+
+
+def write_error_files(records: Sequence[Record], out_dir: Path) -> None:
+    """Each failed cell's whole error (the exception and every rank's traceback) in its
+    ``error_file``: the tables show its first sentence and link here."""
+    for r in records:
+        if (name := error_file(r)) is not None:
+            path = out_dir / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(r.error.rstrip("\n") + "\n")
 
 
 def format_value(value: object) -> str:
@@ -145,9 +183,10 @@ def to_markdown(frame: pd.DataFrame) -> str:
 
 def write_tables(records: Sequence[Record], out_dir: Path) -> str:
     """Write ``table.md`` and ``table.csv`` into ``out_dir``; return the Markdown."""
-    frame = records_to_frame(records)
+    frame = records_to_frame(records, tracebacks=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     md = to_markdown(frame)
     (out_dir / "table.md").write_text(md)
     frame.to_csv(out_dir / "table.csv", index=False)
+    write_error_files(records, out_dir)
     return md

@@ -9,24 +9,22 @@ checkpointing and the same simulated/fake mode; ratios are set against ddp's cel
 
 from __future__ import annotations
 
-import io
-import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shardbench.records import CellKey, Record, first_line
+from shardbench.records import CellKey, Record
 from shardbench.report.chart_types import reading_order
+from shardbench.report.tables import format_value
 from shardbench.studies.reference import REFERENCE
-from shardbench.studies.versus import Versus, against_reference, group_key, model_states
+from shardbench.studies.versus import Versus, against_reference, group_key, model_states, repeated
+from shardbench.units import size_text
+from shardbench.wording import first_sentence, longest_piece, wrap
 
 WIDTH = 120
-GIB, MIB = 1 << 30, 1 << 20
 
 
 def bytes_text(n: int | None) -> str:
-    if n is None:
-        return ""
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+    return "" if n is None else size_text(n)
 
 
 def step_text(r: Record) -> str:
@@ -86,18 +84,19 @@ COLUMNS: dict[str, Column] = {
     "precision": Column("prec", lambda r: r.precision),
     "batch": Column("batch", lambda r: str(r.batch_size_per_rank), right=True),
     "flags": Column("flags", flags),
+    "repeat": Column("repeat", lambda r: str(r.repeat), right=True),
     "status": Column("status", lambda r: r.status),
     "peak": Column("peak", lambda r: bytes_text((r.peak_mem_bytes or {}).get("max")), right=True),
     "states/pred": Column("states/pred", _states, right=True),
     "step": Column("step time", step_text, right=True),
     "throughput": Column(
-        "samples/s", lambda r: f"{r.samples_per_s:.3g}" if r.samples_per_s else "", right=True
+        "samples/s", lambda r: format_value(r.samples_per_s) if r.samples_per_s else "", right=True
     ),
     "comm": Column(
         "sent/step", lambda r: bytes_text((r.comm_per_step or {}).get("sent_per_rank")), right=True
     ),
     "comm/pred": Column("sent/pred", _comm_vs_pred, right=True),
-    "error": Column("error", lambda r: first_line(r.error, 60) if r.status != "ok" else ""),
+    "error": Column("error", lambda r: first_sentence(r.error) if r.status != "ok" else ""),
 }
 DEFAULT_COLUMNS = (
     "workload",
@@ -145,53 +144,88 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
                 text += f", {v.sent:.2f}x bytes sent"
             parts.append(text)
         key = group.key
-        head = f"{key.workload} {key.preset} N={key.world_size} {group_how(key)} vs {REFERENCE}: "
-        lines += textwrap.wrap(head + "; ".join(parts), WIDTH, subsequent_indent="  ")
+        how = group_how(key, group.repeat)
+        head = f"{key.workload} {key.preset} N={key.world_size} {how} vs {REFERENCE}: "
+        lines += wrap(head + "; ".join(parts), WIDTH, indent="  ")
     return lines
 
 
-def group_how(key: CellKey) -> str:
-    """How a group's cells ran, beside its workload, preset and N: "fp32 b=8 AC simulated"."""
+def group_how(key: CellKey, repeat: int | None = None) -> str:
+    """How a group's cells ran, beside its workload, preset and N: "fp32 b=8 AC simulated", and
+    which repeat where the cells were repeated ("repeat 1")."""
     how = [
         key.precision,
         f"b={key.batch_size}",
         "AC" if key.activation_checkpointing else "",
         "fake" if key.fake else "simulated" if key.simulated else "",
+        "" if repeat is None else f"repeat {repeat}",
     ]
     return " ".join(h for h in how if h)
 
 
+#: the narrowest a text column is made to fit the table in ``WIDTH`` (its values then wrap)
+NARROWEST = 12
+
+
+def _fit_widths(cols: Sequence[Column], rows: Sequence[Sequence[str]]) -> list[int]:
+    """Each column's width: its longest value, the widest text columns narrowed (down to
+    ``NARROWEST``, or the longest piece a value cannot break in) until the table fits in
+    ``WIDTH``; their values then wrap (``_render``)."""
+    widths = [max([len(c.header), *(len(row[i]) for row in rows)]) for i, c in enumerate(cols)]
+    floors = [
+        len(c.header) if c.right else max(len(c.header), NARROWEST, *(longest_piece(row[i]) for row in rows))
+        for i, c in enumerate(cols)
+    ]
+    while sum(widths) + 2 * (len(cols) - 1) > WIDTH:
+        narrowable = [i for i, c in enumerate(cols) if widths[i] > floors[i]]
+        if not narrowable:
+            break
+        widths[max(narrowable, key=lambda i: widths[i])] -= 1
+    return widths
+
+
+def _render(cols: Sequence[Column], rows: Sequence[Sequence[str]], widths: Sequence[int]) -> str:
+    """The table as aligned text, two spaces between columns; a value wider than its column
+    wraps within it at word and argument boundaries (``wording.wrap``: an ``hf:`` preset breaks
+    after a colon, never inside a name or a number)."""
+    justify = [str.rjust if c.right else str.ljust for c in cols]
+    lines = ["  ".join(f(c.header, w) for c, f, w in zip(cols, justify, widths, strict=True)).rstrip()]
+    for row in rows:
+        cells = [wrap(v, w) or [""] for v, w in zip(row, widths, strict=True)]
+        for k in range(max(len(c) for c in cells)):
+            parts = [f(c[k] if k < len(c) else "", w) for c, f, w in zip(cells, justify, widths, strict=True)]
+            lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
 def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
-    """The summary as text: the table (rich, ``WIDTH`` columns; plain aligned text without rich),
-    the legend of the flags that occur and the ratio lines."""
+    """The summary as text: the table (at most ``WIDTH`` columns), the legend of the flags that
+    occur and the ratio lines."""
     records = sorted(records, key=reading_order)  # as table.md and the charts list them
     cols = [COLUMNS[c] for c in columns]
-    if any(r.status != "ok" for r in records) and "error" not in columns:
-        cols.append(COLUMNS["error"])
+    if repeated(records) and "repeat" not in columns:  # which repeat a row is, beside its strategy
+        cols.insert(columns.index("strategy") + 1 if "strategy" in columns else 0, COLUMNS["repeat"])
     rows = [[c.value(r) for c in cols] for r in records]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max([len(c.header)] + [len(row[i]) for row in rows]) for i, c in enumerate(cols)]
-        fmt = [(str.rjust if c.right else str.ljust) for c in cols]
-        lines = ["  ".join(f(c.header, w) for c, f, w in zip(cols, fmt, widths, strict=True))]
-        lines += ["  ".join(f(v, w) for v, f, w in zip(row, fmt, widths, strict=True)) for row in rows]
-        text = "\n".join(line[:WIDTH] for line in lines)
-    else:
-        table = Table(header_style="bold", pad_edge=False, box=None)
-        for c in cols:
-            table.add_column(c.header, justify="right" if c.right else "left", overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        buffer = io.StringIO()
-        Console(file=buffer, width=WIDTH, color_system=None).print(table)
-        text = buffer.getvalue().rstrip("\n")
+    text = _render(cols, rows, _fit_widths(cols, rows))
+    if "error" not in columns:  # under the table, each on lines of its own: a column would be narrow
+        text = "\n".join([text, *error_lines(records)])
     used = sorted({f for r in records for f in flags(r).split()}, key=list(LEGEND).index)
     legend = [f"{f} = {LEGEND[f]}" for f in used]
-    extra = "\n".join(textwrap.wrap("flags: " + "; ".join(legend), WIDTH)) if legend else ""
+    extra = "\n".join(wrap("flags: " + "; ".join(legend), WIDTH)) if legend else ""
     lines = ratio_lines(records) + exposed_lines(records)
     return "\n".join(part for part in (text, extra, "\n".join(lines)) if part)
+
+
+def error_lines(records: Sequence[Record]) -> list[str]:
+    """Each failed cell's exception and the first sentence of its message, whole, wrapped
+    under the table (the whole error, traceback included, is in the run's ``errors/``)."""
+    lines = []
+    for r in records:
+        if r.status != "ok" and r.error:
+            repeat = f" repeat {r.repeat}" if repeated(records) else ""
+            head = f"{r.status}: {r.workload} {r.preset} {r.strategy} N={r.world_size}{repeat}: "
+            lines += wrap(head + first_sentence(r.error), WIDTH, indent="  ")
+    return lines
 
 
 def exposed_lines(records: Sequence[Record]) -> list[str]:
@@ -211,5 +245,5 @@ def exposed_lines(records: Sequence[Record]) -> list[str]:
             f"{key.workload} {key.preset} N={key.world_size} {key.precision} b={key.batch_size}{ac} "
             "exposed communication: "
         )
-        lines += textwrap.wrap(head + ", ".join(parts), WIDTH, subsequent_indent="  ")
+        lines += wrap(head + ", ".join(parts), WIDTH, indent="  ")
     return lines

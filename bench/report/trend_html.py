@@ -25,6 +25,7 @@ from shardbench.studies.trend import (
     parse_time,
     unit_of,
 )
+from shardbench.wording import count
 
 HOW = (
     "One panel per cell, oldest night on the left; all panels share the nights. The line is the "
@@ -50,8 +51,8 @@ def write_page(
         f"<title>shardbench trend: {_e(suite)}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>shardbench trend: {_e(suite)}</h1>",
-        f'<p class="lead">{nights} night(s) from {times[0]:%Y-%m-%d} to {times[-1]:%Y-%m-%d}, '
-        f"{cells} cell(s), read from {_e(source.name)}.</p>",
+        f'<p class="lead">{count(nights, "night")} from {times[0]:%Y-%m-%d} to {times[-1]:%Y-%m-%d}, '
+        f"{count(cells, 'cell')}, read from {_e(source.name)}.</p>",
         *_last_night(history),
         "<h2>Trends</h2>",
         f'<p class="how">{_e(HOW)}</p>',
@@ -73,7 +74,10 @@ def _last_night(history: Sequence[dict[str, Any]]) -> list[str]:
     lines = last_night(history)
     first = lines[0]
     counts = Counter(str(line.get("verdict") or "no verdict") for line in lines)
-    about = [f"{first['time']}", f"{len(lines)} cell(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())]
+    about = [
+        f"{first['time']}",
+        count(len(lines), "cell") + ": " + ", ".join(f"{n} {v}" for v, n in counts.items()),
+    ]
     if first.get("baseline"):
         about.append(f"baseline {first['baseline']}")
     if first.get("git_sha"):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from shardbench.harness.config import CellConfig, make_cell
 from shardbench.harness.launch import run_cell
+from shardbench.harness.result import with_slow_start
 from shardbench.models.registry import get_workload
 from shardbench.records import Record, append_record, read_records
 from shardbench.studies.claim_result import (
@@ -35,6 +36,7 @@ from shardbench.studies.claim_result import (
 )
 from shardbench.studies.claim_specs import ClaimSpec
 from shardbench.studies.maxsize import parse_budget, search
+from shardbench.wording import print_wrapped
 
 
 def run_claim(
@@ -43,7 +45,7 @@ def run_claim(
     out_dir: Path,
     run_id: str,
     workloads: tuple[str, ...] | None = None,
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] = print_wrapped,
     measured: dict[str, WorkloadResult] | None = None,
 ) -> list[WorkloadResult]:
     """Measure every workload of ``spec``; records go to ``out_dir/records.jsonl`` as they come.
@@ -78,7 +80,7 @@ def run_claim(
             r = run_cell(cell, run_id=run_id)
             append_record(out_dir / "records.jsonl", r)
             label = f"{cell.workload}/{cell.preset} {cell.strategy} N={r.world_size}"
-            progress(f"{label}: {r.status} ({r.wall_s:.0f}s)")
+            progress(with_slow_start(f"{label}: {r.status} ({r.wall_s:.0f}s)", r))
             return r
 
         for s in (BASELINE, OURS, *spec.further, *spec.peers):

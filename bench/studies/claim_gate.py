@@ -22,6 +22,9 @@ class ClaimChange:
     held_before: bool | None
     holds_now: bool | None
     moved: str
+    #: the verdicts as the report words them (``WorkloadResult.outcome``: "undecided" too)
+    before: str = ""
+    now: str = ""
 
     @property
     def regressed(self) -> bool:
@@ -37,7 +40,10 @@ def compare_claims(
         then = before.get(now.workload.label)
         held = then.verdict(spec.world_size)[0] if then is not None else None
         holds = now.verdict(spec.world_size)[0]
-        changes.append(ClaimChange(now.workload.label, held, holds, _moved(then, now)))
+        was = then.outcome(spec.world_size) if then is not None else "not measured"
+        changes.append(
+            ClaimChange(now.workload.label, held, holds, _moved(then, now), was, now.outcome(spec.world_size))
+        )
     return changes
 
 

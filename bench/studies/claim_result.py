@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shardbench.records import Record, first_line
+from shardbench.records import Record
 from shardbench.studies.claim_specs import ClaimSpec, ClaimWorkload
 from shardbench.studies.compare_rules import step_time_noise
 from shardbench.studies.reference import REFERENCE, step_time_ratio
+from shardbench.wording import first_sentence
 
 #: the strategy the claim is about, and the one it is set against (the catalog's reference)
 OURS, BASELINE = "zero2", REFERENCE
@@ -57,7 +58,7 @@ class WorkloadResult:
             n = r.world_size
             ratio = self.real_peak_ratio(peer)
             if ratio is None:
-                why = first_line(r.error, 100) if r.status != "ok" else f"{BASELINE}'s cell failed"
+                why = first_sentence(r.error) if r.status != "ok" else f"{BASELINE}'s cell failed"
                 out.append((peer, None, f"not measured at real N={n}: {r.status}, {why}"))
                 continue
             text = f"peak = {ratio:.2f}x {BASELINE} at real N={n}"
@@ -121,6 +122,18 @@ class WorkloadResult:
             return False
         return None
 
+    def outcome(self, world_size: int) -> str:
+        """The verdict as docs/claim.md words it: "holds", "does not hold", "undecided" (the
+        memory test fails and the size test, searched, is unresolved: its brackets straddle 2x,
+        no boundary was found in the sizes searched, or a search failed) or "not measured"."""
+        holds, _ = self.verdict(world_size)
+        if holds is None:
+            return "not measured"
+        if holds:
+            return "holds"
+        searched = all(s in self.max_size for s in (OURS, BASELINE))
+        return "undecided" if searched and self.size_decides() is None else "does not hold"
+
     def time_ratio(self) -> float | None:
         ours, base = self.timing.get(OURS), self.timing.get(BASELINE)
         if ours is None or base is None or ours.status != "ok" or base.status != "ok":
@@ -155,7 +168,7 @@ class WorkloadResult:
         elif failed := [r for r in self.max_size.values() if r.status not in ("ok", "oom")]:
             parts.append(
                 "largest trainable: search failed ("
-                + "; ".join(f"{r.strategy}: {first_line(r.error, 100)}" for r in failed)
+                + "; ".join(f"{r.strategy}: {first_sentence(r.error)}" for r in failed)
                 + ")"
             )
         else:
@@ -197,7 +210,7 @@ class WorkloadResult:
 
     def _failures(self) -> str:
         bad = [r for r in [*self.memory.values(), *self.max_size.values()] if r.status != "ok"]
-        return "; ".join(f"{r.strategy}: {r.status} {first_line(r.error, 80)}" for r in bad) or "no records"
+        return "; ".join(f"{r.strategy}: {r.status} {first_sentence(r.error)}" for r in bad) or "no records"
 
 
 def _model_state_floor(peer: Record, base: Record | None) -> float | None:

@@ -20,6 +20,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from shardbench.wording import count
+
 #: fewer cells than this: the cells' own tests say it all
 MIN_CELLS = 2
 
@@ -65,7 +67,8 @@ class StrategyDelta:
         noisier = self.noise_pct > self.threshold_pct
         which = "k x combined standard error" if noisier else "relative threshold"
         return (
-            f"{self.strategy} on {self.device}: {self.change_pct:+.1f}% over {len(self.cells)} cells "
+            f"{self.strategy} on {self.device}: {self.change_pct:+.1f}% "
+            f"over {count(len(self.cells), 'cell')} "
             f"(band +/-{self.bound_pct:.1f}%: {which}; threshold {self.threshold_pct:g}%, "
             f"noise {self.noise_pct:.1f}%)"
         )

@@ -34,7 +34,10 @@ from typing import Any
 
 from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
-from shardbench.records import Record, append_record, first_line
+from shardbench.harness.result import with_slow_start
+from shardbench.records import Record, append_record
+from shardbench.units import apart, params_text, size_text
+from shardbench.wording import first_sentence, print_wrapped
 
 VARY = ("params", "batch")
 #: a params search stops when the largest fit and the smallest non-fit are this close (3%)
@@ -105,7 +108,7 @@ def search(
     resolution: float = DEFAULT_RESOLUTION,
     out_dir: Path,
     run_id: str,
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] = print_wrapped,
     known: dict[str, Record] | None = None,
 ) -> Record:
     """Run the search for one cell (its preset or batch size is what varies); append every
@@ -294,8 +297,8 @@ def _failed_summary(
     }
     r = failed.record
     what = f"{r.preset} b={r.batch_size_per_rank}"
-    error = f"search stopped: probe {what} ended {r.status}: {first_line(r.error) or 'no error text'}"
-    head = f"max-size {base.workload} {base.strategy} N={base.world_size} budget {_gib(budget)}"
+    error = f"search stopped: probe {what} ended {r.status}: {first_sentence(r.error) or 'no error text'}"
+    head = f"max-size {base.workload} {base.strategy} N={base.world_size} budget {size_text(budget)}"
     return replace(
         r,
         suite="max-size",
@@ -457,7 +460,7 @@ def _summary(
     status = "ok" if largest else "oom"
     error = None
     if not largest:
-        error = f"nothing fits in {_gib(budget)}: {first_line(source.record.error) or 'over budget'}"
+        error = f"nothing fits in {size_text(budget)}: {first_sentence(source.record.error) or 'over budget'}"
     return replace(
         source.record,
         suite="max-size",
@@ -477,35 +480,35 @@ def bracket(info: dict[str, Any]) -> float | None:
     return fail["params"] / fit["params"] - 1
 
 
-def _gib(nbytes: int | None) -> str:
-    return "?" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
-
-
-def _what(p: dict[str, Any], vary: str) -> str:
-    if vary == "batch":
-        return f"batch {p['batch_size']}"
-    return f"{p['preset']} ({p['params'] / 1e6:.1f}M params)"
+def _what(p: dict[str, Any], vary: str, params: str) -> str:
+    return f"batch {p['batch_size']}" if vary == "batch" else f"{p['preset']} ({params} params)"
 
 
 def _line(i: int, cell: CellConfig, p: Probe, budget: int) -> str:
     r = p.record
-    what = f"{r.workload}/{r.preset} ({r.params / 1e6:.1f}M params) b={r.batch_size_per_rank}"
+    what = f"{r.workload}/{r.preset} ({params_text(r.params)} params) b={r.batch_size_per_rank}"
     verdict = "fits" if p.fits else ("does not fit" if r.status == "ok" else f"does not fit ({r.status})")
-    peak = f"peak {_gib(p.peak)}" if p.peak is not None else first_line(r.error, 80)
-    return (
+    peak_text, budget_text = apart(size_text, p.peak, budget)
+    peak = f"peak {peak_text}" if p.peak is not None else first_sentence(r.error)
+    return with_slow_start(
         f"[probe {i}] {what} {cell.strategy} N={r.world_size}: {verdict} - {peak} vs budget "
-        f"{_gib(budget)} ({r.wall_s or 0:.0f}s)"
+        f"{budget_text} ({r.wall_s or 0:.0f}s)",
+        r,
     )
 
 
 def answer_line_from(info: dict[str, Any], cell: CellConfig) -> str:
     vary = info["vary"]
     fit, fail = info["largest_fit"], info["smallest_fail"]
-    head = f"max-size {cell.workload} {cell.strategy} N={cell.world_size} budget {_gib(info['budget_bytes'])}"
-    got = f"largest fit: {_what(fit, vary)}, peak {_gib(fit['peak_bytes'])}" if fit else "nothing fits"
+    budget = size_text(info["budget_bytes"])
+    head = f"max-size {cell.workload} {cell.strategy} N={cell.world_size} budget {budget}"
+    # the bracket's two ends never read equal when they differ (0.5M and 0.5M params)
+    fit_params, fail_params = apart(params_text, (fit or {}).get("params"), (fail or {}).get("params"))
+    fit_peak, fail_peak = apart(size_text, (fit or {}).get("peak_bytes"), (fail or {}).get("peak_bytes"))
+    got = f"largest fit: {_what(fit, vary, fit_params)}, peak {fit_peak}" if fit else "nothing fits"
     if fail:
         why = "" if fail["status"] == "ok" else f" [{fail['status']}]"
-        lost = f"smallest that did not fit: {_what(fail, vary)}, peak {_gib(fail['peak_bytes'])}{why}"
+        lost = f"smallest that did not fit: {_what(fail, vary, fail_params)}, peak {fail_peak}{why}"
     else:
         lost = "everything probed fits"
     gap, target = bracket(info), info.get("target_resolution")

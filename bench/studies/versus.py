@@ -64,11 +64,13 @@ class Versus:
 
 @dataclass(frozen=True)
 class Group:
-    """A group of comparable cells: its key (``strategy`` blank), ddp's cell and the others'."""
+    """A group of comparable cells: its key (``strategy`` blank), ddp's cell and the others';
+    ``repeat`` says which repeat of the cells it is where they were repeated (None where not)."""
 
     key: CellKey
     base: Record
     others: tuple[Versus, ...]
+    repeat: int | None = None
 
 
 def group_key(r: Record) -> CellKey:
@@ -76,16 +78,23 @@ def group_key(r: Record) -> CellKey:
     return CellKey.of(r)._replace(strategy="")
 
 
+def repeated(records: Sequence[Record]) -> bool:
+    """Whether the cells were repeated (``run --repeat``): each row must then say which repeat."""
+    return any(r.repeat for r in records)
+
+
 def against_reference(records: Sequence[Record]) -> list[Group]:
     """Per group with an ok ddp cell and another ok strategy, in the records' order: each other
-    strategy against ddp. Max-size summaries (a search's answer, not a cell) are left out, and
-    so are ddp's repeats of itself."""
-    groups: dict[CellKey, list[Record]] = {}
+    strategy against ddp. Max-size summaries (a search's answer, not a cell) are left out.
+    Repeated cells are paired repeat by repeat (each strategy's repeat i against ddp's repeat i,
+    measured in the same round), a group per repeat, as ``compare`` pairs them."""
+    by_repeat = repeated(records)
+    groups: dict[tuple[CellKey, int | None], list[Record]] = {}
     for r in records:
         if r.status == "ok" and not r.max_size:
-            groups.setdefault(group_key(r), []).append(r)
+            groups.setdefault((group_key(r), r.repeat if by_repeat else None), []).append(r)
     out = []
-    for key, members in groups.items():
+    for (key, repeat), members in groups.items():
         base = next((r for r in members if r.strategy == REFERENCE), None)
         if base is None or len(members) < 2:
             continue
@@ -103,5 +112,5 @@ def against_reference(records: Sequence[Record]) -> list[Group]:
             if r.strategy != REFERENCE
         )
         if others:
-            out.append(Group(key, base, others))
+            out.append(Group(key, base, others, repeat))
     return out
