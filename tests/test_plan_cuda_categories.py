@@ -39,8 +39,9 @@ TINY = NAMED["tiny"]
 
 def _plan(strategy: str, device: str):
     cell = tiny_cell(
-        strategy=strategy, world_size=8, simulate=True, fake=True, device=device, batch_size=BATCH
-    )
+        strategy=strategy, world_size=8, simulate=True, fake=True, device=device, batch_size=BATCH,
+        steps=1,
+    )  # fmt: skip
     record = run_cell_here(cell)
     assert record.status == "ok", record.error
     return record
