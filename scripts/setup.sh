@@ -20,7 +20,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # (no uv, no registry), pip does the same install with this machine's configuration.
     # DeepSpeed (the 'peers' extra) builds from its sdist (build isolation would fetch a second
     # torch), so the build tools come first and nothing is isolated.
-    uv() { .venv/bin/python -m uv pip install --quiet --python .venv/bin/python "$@"; }
+    # --compile-bytecode: uv leaves the .pyc files out by default, and where PYTHONDONTWRITEBYTECODE
+    # is set they are never written later, so every process (each test's, each launcher's fork
+    # server) would compile torch and transformers from source again: seconds per process.
+    uv() { .venv/bin/python -m uv pip install --quiet --compile-bytecode --python .venv/bin/python "$@"; }
     if ! { pip uv 2>/dev/null && uv setuptools wheel ninja &&
            uv --no-build-isolation -e '.[dev,peers,lightning]'; }; then
         echo "setup: uv could not install; installing with pip instead (several minutes)" >&2
@@ -33,3 +36,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         echo "setup: DeepSpeed's CPU comm op did not build now; it will be built at first use" >&2
     echo "$want" > "$stamp"
 fi
+# The checkout's own sources, compiled beside them (git ignores __pycache__): stale files are
+# recompiled, so this is quick when nothing changed.
+.venv/bin/python -m compileall -q bench models tests >/dev/null || true

@@ -112,14 +112,14 @@ def test_the_installed_package_runs_and_plans_from_a_users_directory(installed: 
     assert where.stdout.startswith(str(installed)), where.stdout  # the wheel, not the checkout
 
     run = subprocess.run(
-        [shardbench, "run", "--workload", "transformer", "--preset", "tiny", "--strategy", "ddp,zero2",
-         "--world-size", "2", "--steps", "2", "--warmup", "1"],
+        [shardbench, "run", "--workload", "transformer", "--preset", "tiny", "--strategy", "zero2",
+         "--world-size", "2", "--steps", "1", "--warmup", "0"],
         cwd=user, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     (records,) = (user / "results" / "runs").glob("*/records.jsonl")
     lines = [json.loads(line) for line in records.read_text().splitlines()]
-    assert [(r["strategy"], r["status"]) for r in lines] == [("ddp", "ok"), ("zero2", "ok")]
+    assert [(r["strategy"], r["status"]) for r in lines] == [("zero2", "ok")]
 
     plan = subprocess.run(
         [shardbench, "plan", "--workload", "mynet.py:factory", "--world-size", "2", "--budget", "1GiB",

@@ -307,3 +307,32 @@ def test_resume_continues_the_runs_own_cells_without_its_flags(tmp_path: Path, c
     assert "1 of 1 cell already ok" in capsys.readouterr().err
     assert main(["run", "--resume", str(run), "--strategy", "zero2"]) == 2
     assert "continues that run's 1 cells; the flags given make a different set" in capsys.readouterr().err
+
+
+def test_resume_reruns_an_interrupted_cell_under_the_runs_name(tmp_path: Path, monkeypatch) -> None:
+    """An interrupted run, resumed with ``--resume DIR`` alone: the ok cell is skipped, the
+    interrupted one runs again, and its record joins the run's id, name and tags."""
+    from shardbench.cli.execute import CELLS_FILE
+    from tests.cells import tiny_cell
+
+    cells = [tiny_cell(strategy=s, world_size=2, batch_size=8) for s in ("ddp", "zero2")]
+    shape = dict(requested_world_size=2, batch_size_per_rank=8)
+    earlier = dict(run_id="night-1", name="night", tags={"k": "v"}, **shape)
+    run = _run(
+        tmp_path / "r",
+        [_line(strategy="ddp", **earlier), _line(strategy="zero2", status="interrupted", **earlier)],
+    )
+    (run / CELLS_FILE).write_text(json.dumps({"suite": "smoke", "cells": [c.to_json() for c in cells]}))
+    ran: list[str] = []
+
+    def stand_in(cell, run_id):
+        ran.append(cell.strategy)
+        return make_record(strategy=cell.strategy, run_id=run_id, **shape)
+
+    monkeypatch.setattr("shardbench.harness.runner.run_cell", stand_in)
+    monkeypatch.setattr("shardbench.report.build.plot_all", lambda records, out_dir: {})
+    assert main(["run", "--resume", str(run)]) == 0
+    assert ran == ["zero2"]
+    last = read_records([run])[-1]
+    assert (last.strategy, last.status, last.run_id) == ("zero2", "ok", "night-1")
+    assert (last.name, last.tags) == ("night", {"k": "v"})
