@@ -20,8 +20,8 @@ the next launcher that starts (``private_dir``).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import multiprocessing.util
 import os
 import re
 import select
@@ -62,7 +62,9 @@ def private_dir() -> Path:
         except OSError:
             continue
         _made = made
-        atexit.register(shutil.rmtree, made, True)
+        # removed at exit after multiprocessing's own finalizers (exit priority 0 and up), which
+        # unlink the sockets they made here: removed first, each unlink would print a traceback
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(made, True), exitpriority=-100)
         os.environ[LAUNCHER_PID] = str(os.getpid())
         os.environ[PRIVATE_DIR] = str(made)
         return made
