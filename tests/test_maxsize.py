@@ -175,24 +175,10 @@ def test_cli_validates_before_probing(tmp_path: Path, capsys) -> None:
 def test_known_records_are_reused_and_bound_the_bisection(tmp_path: Path, monkeypatch) -> None:
     """The search logic alone, on stand-in probes whose peak is the preset's parameter count x 16
     bytes: a preset already measured is not run again, and the answer is the true boundary."""
-    from shardbench.harness.result import RankResult, build_record
-    from shardbench.models.registry import get_workload
-    from shardbench.strategies.registry import get_strategy
-
     ran: list[str] = []
-
-    def stand_in(cell: CellConfig, *, run_id: str):
-        ran.append(cell.preset)
-        peak = 16 * get_workload(cell.workload).param_count(cell.preset)
-        result = RankResult(rank=0, num_params=peak // 16, step_times=[1.0], losses=[1.0],
-                            tracked_peak=peak, breakdown={"params": peak})  # fmt: skip
-        plan = get_strategy(cell.strategy).plan_world(cell.world_size, "cpu", True)
-        return build_record(cell, plan, [result], run_id=run_id, wall_s=0.0, processes=1)
-
-    monkeypatch.setattr(maxsize, "run_cell", stand_in)
+    _stand_in_probes(monkeypatch, ran)
     ladder = ("tiny", "small", "base", "h768-l18", "h768-l24", "large")
-    known = {"base": stand_in(replace(_base(), preset="base"), run_id="t")}
-    ran.clear()
+    known = {"base": stand_in_record(replace(_base(), preset="base"))}
     budget = 16 * 200_000_000  # between h768-l24 (194.5M) and h1024-l18 / large
     summary = maxsize.search(
         _base(), budget=budget, vary="params", ladder=ladder, out_dir=tmp_path, run_id="t", known=known
