@@ -34,7 +34,8 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
         "--resolution, or over --ladder, or over the batch size; each probe runs in its own "
         "processes with a timeout. A probe fits when its peak and the reserve plan keeps beside it "
         "(none on the CPU; on CUDA the allocator's cache, see --reserve) are within the budget; on "
-        "CUDA without --fake the allocator also caps the probe at the budget (a real OOM).",
+        "CUDA without --fake the allocator also caps the probe at the budget less any fixed "
+        "reserve (a real OOM).",
     )
     ms.add_argument("--workload", required=True, help="one workload")
     ms.add_argument("--strategy", type=csv_list(str), required=True, help="comma-separated strategies")
