@@ -65,11 +65,13 @@ class CellKey(NamedTuple):
         """The cell ``r`` measures. A max-size summary is a copy of its largest fit's record, so
         what it found (the preset, or the batch) is its answer, not its identity: it is named by
         what was searched instead, ``max-size-params-<budget>`` or
-        ``<preset>@max-size-batch-<budget>``."""
+        ``<preset>@max-size-batch-<budget>``, with ``-with-reserve`` where a reserve was counted
+        beside each peak (a CUDA target): a search by another fit rule is another cell."""
         preset, batch = r.preset, r.batch_size_per_rank
         if r.max_size is not None:
             budget = (r.max_size.get("budget_bytes") or 0) / 2**30
-            search = f"max-size-{r.max_size.get('vary')}-{budget:g}GiB"
+            counted = (r.max_size.get("reserve") or {}).get("counted")  # ``Reserve.counted``, as recorded
+            search = f"max-size-{r.max_size.get('vary')}-{budget:g}GiB" + ("-with-reserve" if counted else "")
             if r.max_size.get("vary") == "batch":
                 preset, batch = f"{r.preset}@{search}", None
             else:

@@ -93,3 +93,17 @@ def measured_once() -> Any:
         return replace(measured[cell], run_id=run_id)  # the run asking: its own records
 
     return run_once
+
+
+def stand_in_record(cell: CellConfig, *, run_id: str = "t") -> Record:
+    """What ``run_cell`` would record for ``cell`` if its peak were 16 bytes per parameter (its
+    parameters alone), without running anything: for tests of what is decided from records."""
+    from shardbench.harness.result import RankResult, build_record
+    from shardbench.models.registry import get_workload
+    from shardbench.strategies.registry import get_strategy
+
+    params = get_workload(cell.workload).param_count(cell.preset)
+    result = RankResult(rank=0, num_params=params, step_times=[1.0], losses=[1.0],
+                        tracked_peak=16 * params, breakdown={"params": 16 * params})  # fmt: skip
+    plan = get_strategy(cell.strategy).plan_world(cell.world_size, "cpu", True)
+    return build_record(cell, plan, [result], run_id=run_id, wall_s=0.0, processes=1)

@@ -55,7 +55,7 @@ def test_run_and_max_size_flags_set_it() -> None:
     _, cells = resolve_cells(parser.parse_args(["run", "--workload", "swav", "--world-size", "2"]))
     assert not any(c.activation_checkpointing for c in cells)
     ms = ["max-size", "--workload", "transformer", "--strategy", "ddp", "--world-size", "2"]
-    cells, _, _ = resolve_max_size(parser.parse_args([*ms, "--budget", "1GiB", "--activation-checkpointing"]))
+    cells, *_ = resolve_max_size(parser.parse_args([*ms, "--budget", "1GiB", "--activation-checkpointing"]))
     assert all(c.activation_checkpointing for c in cells)
 
 

@@ -261,3 +261,35 @@ def test_a_peer_on_real_ranks_gets_its_own_verdict_line(tmp_path: Path, monkeypa
     assert all(r.status == "ok" and r.world_size == 2 and not r.simulated for r in res.real_memory.values())
     (rebuilt,) = results_from_records(spec, read_records([out]))
     assert rebuilt.peer_verdicts() == res.peer_verdicts() and set(rebuilt.timing) == {"ddp", "zero2"}
+
+
+def test_the_claims_searches_count_plans_reserve_on_cuda(tmp_path: Path, monkeypatch) -> None:
+    """The claim's max-size searches judge a fit as ``plan`` does: on a CUDA spec each strategy's
+    search counts plan's CUDA reserve (``--reserve`` replaces it) and the report says so; on the
+    CPU none is counted and the report says nothing of it. Stand-in cells: nothing runs."""
+    import shardbench.report.claim_report as claim_report
+    from shardbench.studies.plan_reserve import policy
+    from tests.cells import stand_in_record
+
+    monkeypatch.setattr(claim, "run_cell", stand_in_record)
+    monkeypatch.setattr(maxsize, "run_cell", stand_in_record)
+    monkeypatch.setattr(claim_report, "build_report", lambda *_: type("R", (), {"charts": []}))
+    one = ClaimWorkload("transformer", "tiny", 2, ladder=("tiny", "small"))
+    cpu = replace(SPECS["tiny"], workloads=(one,), activation_checkpointing=(False,))
+    for spec, reserves in (
+        (replace(cpu, device="cuda"), policy("cuda")),
+        (replace(cpu, device="cuda", reserve_bytes=1 << 20), policy("cuda", fixed=1 << 20)),
+        (cpu, policy("cpu")),
+    ):
+        out = tmp_path / f"{spec.device}-{spec.reserve_bytes}"
+        (res,) = claim.run_claim(spec, out_dir=out, run_id="t", progress=str)
+        searched = {s: maxsize.kept_reserve(r.max_size) for s, r in res.max_size.items()}
+        assert searched == {s: reserves.of(s) for s in ("ddp", "zero2", *spec.further)}
+        # on the card the allocator is capped at what the budget leaves beside the fixed part
+        cap = res.max_size["ddp"].max_size["allocator_cap_bytes"]
+        assert cap == (2**26 - reserves.of("ddp").fixed if spec.device == "cuda" else None)  # 64MiB
+        report = write_claim_report(spec, [res], out, None).read_text()
+        counted = "A model fits when its peak and the reserve `plan` keeps beside it" in report
+        assert counted is (spec.device == "cuda")
+        for s, r in searched.items() if counted else ():  # the share of the peak, or --reserve's size
+            assert (f"{s} {r.ratio - 1:.2%} of its peak" if r.ratio > 1 else f"{s} 1.00 MiB") in report

@@ -16,7 +16,8 @@ import shardbench.studies.maxsize as maxsize
 from shardbench.cli import main
 from shardbench.harness.config import CellConfig
 from shardbench.records import Record, read_records
-from tests.cells import measured_once, run_cell_here, tiny_cell
+from shardbench.studies.plan_reserve import Reserve
+from tests.cells import measured_once, run_cell_here, stand_in_record, tiny_cell
 
 MIB = 2**20
 
@@ -174,24 +175,10 @@ def test_cli_validates_before_probing(tmp_path: Path, capsys) -> None:
 def test_known_records_are_reused_and_bound_the_bisection(tmp_path: Path, monkeypatch) -> None:
     """The search logic alone, on stand-in probes whose peak is the preset's parameter count x 16
     bytes: a preset already measured is not run again, and the answer is the true boundary."""
-    from shardbench.harness.result import RankResult, build_record
-    from shardbench.models.registry import get_workload
-    from shardbench.strategies.registry import get_strategy
-
     ran: list[str] = []
-
-    def stand_in(cell: CellConfig, *, run_id: str):
-        ran.append(cell.preset)
-        peak = 16 * get_workload(cell.workload).param_count(cell.preset)
-        result = RankResult(rank=0, num_params=peak // 16, step_times=[1.0], losses=[1.0],
-                            tracked_peak=peak, breakdown={"params": peak})  # fmt: skip
-        plan = get_strategy(cell.strategy).plan_world(cell.world_size, "cpu", True)
-        return build_record(cell, plan, [result], run_id=run_id, wall_s=0.0, processes=1)
-
-    monkeypatch.setattr(maxsize, "run_cell", stand_in)
+    _stand_in_probes(monkeypatch, ran)
     ladder = ("tiny", "small", "base", "h768-l18", "h768-l24", "large")
-    known = {"base": stand_in(replace(_base(), preset="base"), run_id="t")}
-    ran.clear()
+    known = {"base": stand_in_record(replace(_base(), preset="base"))}
     budget = 16 * 200_000_000  # between h768-l24 (194.5M) and h1024-l18 / large
     summary = maxsize.search(
         _base(), budget=budget, vary="params", ladder=ladder, out_dir=tmp_path, run_id="t", known=known
@@ -204,17 +191,10 @@ def test_known_records_are_reused_and_bound_the_bisection(tmp_path: Path, monkey
 
 def _stand_in_probes(monkeypatch: pytest.MonkeyPatch, ran: list[str]) -> None:
     """Probes whose peak is 16 bytes per parameter, without running anything."""
-    from shardbench.harness.result import RankResult, build_record
-    from shardbench.models.registry import get_workload
-    from shardbench.strategies.registry import get_strategy
 
     def stand_in(cell: CellConfig, *, run_id: str):
         ran.append(cell.preset)
-        params = get_workload(cell.workload).param_count(cell.preset)
-        result = RankResult(rank=0, num_params=params, step_times=[1.0], losses=[1.0],
-                            tracked_peak=16 * params, breakdown={"params": 16 * params})  # fmt: skip
-        plan = get_strategy(cell.strategy).plan_world(cell.world_size, "cpu", True)
-        return build_record(cell, plan, [result], run_id=run_id, wall_s=0.0, processes=1)
+        return stand_in_record(cell, run_id=run_id)
 
     monkeypatch.setattr(maxsize, "run_cell", stand_in)
 
@@ -282,3 +262,110 @@ def test_resolution_is_validated_and_its_default_is_one(capsys) -> None:
     args = ["max-size", "--workload", "transformer", "--strategy", "ddp", "--world-size", "2"]
     assert main([*args, "--budget", "1GiB", "--resolution", "1.5"]) == 2
     assert "--resolution must be a fraction between 0 and 1" in capsys.readouterr().err
+
+
+LADDER = ("tiny", "small", "base", "large")
+
+
+def _reserve_search(tmp_path: Path, monkeypatch, device: str, budget: int, lines: list[str]) -> Record:
+    """A ddp search of the transformer ladder targeting ``device`` on stand-in probes (16 bytes a
+    parameter), with the reserve ``plan`` keeps there."""
+    from shardbench.studies.plan_reserve import policy
+
+    _stand_in_probes(monkeypatch, [])
+    cell = replace(_base(fake=True), device=device, strategy="ddp")
+    return maxsize.search(
+        cell,
+        budget=budget,
+        reserve=policy(device).of("ddp"),
+        vary="params",
+        ladder=LADDER,
+        out_dir=tmp_path / device,
+        run_id="t",
+        progress=lines.append,
+    )
+
+
+def test_a_cuda_target_counts_plans_reserve_beside_every_peak(tmp_path: Path, monkeypatch) -> None:
+    """A CUDA-targeted search judges a fit as ``plan`` does: a size whose peak fits the budget
+    alone but not with the allocator's reserve is refused; the lines name the reserve; the record
+    keeps what the decision used, enough to judge it again; plan's row agrees on the same peak.
+    On the CPU (no reserve) that size fits, as before."""
+    from shardbench.models.registry import get_workload
+    from shardbench.records import CellKey
+    from shardbench.studies.plan import PlanRow
+    from shardbench.studies.plan_reserve import Reserve, policy
+
+    base_peak = 16 * get_workload("transformer").param_count("base")
+    budget = int(base_peak * 1.05)  # base fits alone; ddp's measured ratio (1.16) puts it over
+    reserve = policy("cuda").of("ddp")
+    assert reserve.ratio > 1.05 and not reserve.fits(base_peak, budget)
+
+    lines: list[str] = []
+    cpu = _reserve_search(tmp_path, monkeypatch, "cpu", budget, lines)
+    assert cpu.max_size["largest_fit"]["preset"] == "base"
+    assert not any("reserve" in line for line in lines)  # nothing kept beside a CPU peak
+    assert cpu.max_size["reserve"]["counted"] is False and cpu.max_size["usable_bytes"] == budget
+
+    lines.clear()
+    cuda = _reserve_search(tmp_path, monkeypatch, "cuda", budget, lines)
+    info = cuda.max_size
+    fit, fail = info["largest_fit"], info["smallest_fail"]
+    assert (fit["preset"], fail["preset"]) == ("small", "base")
+    assert fail["status"] == "ok" and fail["peak_bytes"] == base_peak <= budget  # measured, refused
+    assert fail["reserve_bytes"] == reserve.of(base_peak) and fit["reserve_bytes"] == reserve.of(
+        fit["peak_bytes"]
+    )
+    # the lines say the reserve was counted and how much
+    probe_line = next(line for line in lines if "transformer/base" in line)
+    assert "does not fit - peak " in probe_line and " + reserve " in probe_line
+    assert f"counting plan's reserve beside each peak ({reserve.basis})" in cuda.note
+    assert "ddp's worst reserved/allocated ratio" in reserve.basis and "+ reserve" in cuda.note
+    # the record keeps the budget and the reserve the decision used: judged again, the same answer
+    assert info["budget_bytes"] == budget and info["usable_bytes"] == reserve.usable(budget)
+    kept = Reserve(info["reserve"]["fixed_bytes"], info["reserve"]["ratio"])
+    assert maxsize.kept_reserve(info) == kept == reserve
+    probes = [r for r in read_records([tmp_path / "cuda"]) if r.suite == "max-size-probe"]
+    for r in probes:
+        peak = r.peak_mem_bytes["max"]
+        # plan's row for the same peak and reserve says what the search said (one rule)
+        verdict = PlanRow("ddp", r, budget, reserve=reserve).fits
+        assert verdict == maxsize.probe_fits(r, budget, reserve) == kept.fits(peak, info["budget_bytes"])
+        assert verdict == (r.preset in ("tiny", "small"))
+    # a search by another fit rule is another cell when set against a baseline
+    assert CellKey.of(cuda).preset.endswith("GiB-with-reserve") and CellKey.of(cpu).preset.endswith("GiB")
+
+
+@pytest.mark.parametrize("reserve", [Reserve(), Reserve(fixed=1000), Reserve(fixed=7, ratio=1.1685)])
+def test_max_size_and_plan_judge_a_peak_by_one_rule(reserve) -> None:
+    """At the edge of a budget, byte by byte, a max-size probe and a plan row decide alike."""
+    from shardbench.studies.plan import PlanRow
+    from tests.records import make_record
+
+    budget = 10_000_019
+    edge = reserve.usable(budget)  # the largest peak that fits with its reserve
+    for peak in (edge - 1, edge, edge + 1):
+        record = make_record(peak_mem_bytes={"max": peak})
+        fits = maxsize.probe_fits(record, budget, reserve)
+        assert fits == PlanRow("ddp", record, budget, reserve=reserve).fits == (peak <= edge)
+
+
+def test_the_cli_counts_the_reserve_on_a_cuda_target(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``max-size --device cuda`` (planned with --fake) counts plan's CUDA reserve and says so;
+    ``--reserve`` replaces it, as in ``plan``, and is validated before anything runs."""
+    import shardbench.report.build as build
+    from shardbench.studies.plan_reserve import policy
+
+    _stand_in_probes(monkeypatch, [])
+    monkeypatch.setattr(build, "write_report", lambda out: out / "index.html")  # charts: not under test
+    argv = ["max-size", "--workload", "transformer", "--strategy", "zero3", "--world-size", "8", "--fake"]
+    argv += ["--device", "cuda", "--budget", "2GiB", "--ladder", "tiny,small"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    assert policy("cuda").of("zero3").basis in printed.replace("\n  ", " ")
+    (summary,) = [r for r in read_records([tmp_path / "a"]) if r.suite == "max-size"]
+    assert summary.max_size["reserve"]["ratio"] == policy("cuda").worst  # zero3: never on a GPU
+    assert main([*argv, "--reserve", "lots", "--out", str(tmp_path / "b")]) == 2
+    assert "cannot read --reserve" in capsys.readouterr().err
+    assert main([*argv, "--reserve", "2GiB", "--out", str(tmp_path / "b")]) == 2
+    assert "leaves nothing of --budget" in capsys.readouterr().err and not (tmp_path / "b").exists()

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING
 from shardbench.cli.common import (
     UsageError,
     add_model_config_args,
+    add_reserve_argument,
     add_root_argument,
     csv_list,
     model_config_preset,
     require_cuda_if,
     require_env_of,
+    reserve_policy,
 )
 from shardbench.harness.config import DEVICES
 
@@ -40,6 +42,7 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--spec", choices=list(SPECS), help="what to run (default: the device's); tiny = a test")
     c.add_argument("--world-size", type=int, help="simulated world size for memory (default 8)")
     c.add_argument("--budget", help="per-rank budget for the max-size search (default: the spec's)")
+    add_reserve_argument(c)
     c.add_argument(
         "--workload",
         type=csv_list(str),
@@ -111,6 +114,9 @@ def cmd_claim(args: argparse.Namespace) -> int:
         if args.budget:
             parse_budget(args.budget)
             spec = replace(spec, budget=args.budget)
+        if args.reserve is not None:
+            fixed = reserve_policy(args, parse_budget(spec.budget), spec.device).fixed
+            spec = replace(spec, reserve_bytes=fixed)
         if args.peers:
             spec = replace(spec, peers=SIMULATED_PEERS, real_peers=real_peers(spec))
         if args.world_size is not None:

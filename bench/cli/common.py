@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shardbench.studies.plan_reserve import ReservePolicy
 
 DEFAULT_RUNS_DIR = Path("results/runs")
 
@@ -155,3 +159,28 @@ def model_config_preset(args: argparse.Namespace, workloads: Sequence[str] | Non
     if seq_len is not None:
         values["seq_len"] = seq_len
     return format_model_config(values)
+
+
+def add_reserve_argument(parser: argparse.ArgumentParser) -> None:
+    """``--reserve``: the memory kept free beside each peak, the same for ``plan``, ``max-size``
+    and ``claim`` (``bench/studies/plan_reserve.py``)."""
+    parser.add_argument(
+        "--reserve",
+        help="memory per rank kept free beside the peak, e.g. 2GiB (default: 0 on the CPU; on CUDA "
+        "the allocator's cache at the worst reserved/allocated ratio measured for the strategy, plus "
+        "the CUDA context where measured: docs/measuring.md)",
+    )
+
+
+def reserve_policy(args: argparse.Namespace, budget: int, device: str | None = None) -> ReservePolicy:
+    """The reserves ``--reserve`` asks for on ``device`` (default ``--device``;
+    ``plan_reserve.policy``); ValueError when ``--reserve`` cannot be read or leaves nothing of
+    the budget."""
+    from shardbench.studies.maxsize import parse_size
+    from shardbench.studies.plan_reserve import policy
+    from shardbench.units import size_text
+
+    fixed = None if args.reserve is None else parse_size(args.reserve, what="--reserve", zero=True)
+    if fixed is not None and fixed >= budget:
+        raise ValueError(f"--reserve {args.reserve} leaves nothing of --budget {size_text(budget)}")
+    return policy(device or args.device, fixed=fixed)

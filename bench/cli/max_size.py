@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardbench.cli.common import (
     DEFAULT_RUNS_DIR,
     UsageError,
     add_model_config_args,
+    add_reserve_argument,
     csv_list,
     model_config_preset,
     require_cuda_if,
+    reserve_policy,
 )
 from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, fields_from_flags, make_cell
+
+if TYPE_CHECKING:
+    from shardbench.studies.plan_reserve import ReservePolicy
 
 DEFAULT_RESOLUTION = 0.03  # = shardbench.studies.maxsize's (a test checks), here to keep --help light
 PROBES_PER_SEARCH = 16  # about what a 3% search of a family takes, for the disk-space check
@@ -26,13 +32,16 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
         description="Bisect over the workload's size family (every shape of its architecture, "
         "sorted by parameters) until the largest fit and the smallest non-fit are within "
         "--resolution, or over --ladder, or over the batch size; each probe runs in its own "
-        "processes with a timeout. On CUDA the budget is enforced by the allocator (a real OOM); "
-        "on CPU or with --fake a probe fits when its tracked peak is within it.",
+        "processes with a timeout. A probe fits when its peak and the reserve plan keeps beside it "
+        "(none on the CPU; on CUDA the allocator's cache, see --reserve) are within the budget; on "
+        "CUDA without --fake the allocator also caps the probe at the budget less any fixed "
+        "reserve (a real OOM).",
     )
     ms.add_argument("--workload", required=True, help="one workload")
     ms.add_argument("--strategy", type=csv_list(str), required=True, help="comma-separated strategies")
     ms.add_argument("--world-size", type=csv_list(int), required=True, help="comma-separated world sizes")
     ms.add_argument("--budget", required=True, help="per-rank memory budget, e.g. 16GiB, 2GiB, 512MiB")
+    add_reserve_argument(ms)
     ms.add_argument("--vary", default="params", choices=("params", "batch"), help="what grows")
     ms.add_argument("--preset", help="the preset (--vary batch; default: the workload's first)")
     ms.add_argument(
@@ -64,9 +73,12 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
     ms.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
 
 
-def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, tuple[str, ...] | None]:
-    """Validated base cells (one per strategy x world size), the budget in bytes and the ladder
-    (None: the workload's size family, or its named ladder where it has no family)."""
+def resolve_max_size(
+    args: argparse.Namespace,
+) -> tuple[list[CellConfig], int, ReservePolicy, tuple[str, ...] | None]:
+    """Validated base cells (one per strategy x world size), the budget in bytes, the reserves
+    kept beside each peak (``plan``'s, ``reserve_policy``) and the ladder (None: the workload's
+    size family, or its named ladder where it has no family)."""
     from shardbench.harness.bounded import check_workload
     from shardbench.harness.validate import check_timeout, plan_cells
     from shardbench.models.registry import get_workload
@@ -76,6 +88,7 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
         args.preset = preset
     try:
         budget = parse_budget(args.budget)
+        reserves = reserve_policy(args, budget)
         resolution = getattr(args, "resolution", DEFAULT_RESOLUTION)
         if not 0 < resolution < 1:
             raise ValueError(f"--resolution must be a fraction between 0 and 1 (e.g. 0.03), got {resolution}")
@@ -111,11 +124,11 @@ def resolve_max_size(args: argparse.Namespace) -> tuple[list[CellConfig], int, t
     except ValueError as e:
         raise UsageError(str(e)) from None
     require_cuda_if(args.device, planned=all(c.fake for c in cells))
-    return cells, budget, ladder
+    return cells, budget, reserves, ladder
 
 
 def cmd_max_size(args: argparse.Namespace) -> int:
-    cells, budget, ladder = resolve_max_size(args)
+    cells, budget, reserves, ladder = resolve_max_size(args)
     from shardbench.harness.runner import new_run_id
     from shardbench.harness.validate import check_output_dir
     from shardbench.records import read_records
@@ -134,6 +147,7 @@ def cmd_max_size(args: argparse.Namespace) -> int:
         search(
             cell,
             budget=budget,
+            reserve=reserves.of(cell.strategy),
             vary=args.vary,
             ladder=ladder,
             resolution=args.resolution,

@@ -13,9 +13,11 @@ from shardbench.cli.common import (
     DEFAULT_RUNS_DIR,
     UsageError,
     add_model_config_args,
+    add_reserve_argument,
     csv_list,
     model_config_preset,
     require_cuda_if,
+    reserve_policy,
 )
 from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, fields_from_flags
 
@@ -40,12 +42,7 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     add_model_config_args(p)
     p.add_argument("--world-size", type=int, required=True, help="ranks (N)")
     p.add_argument("--budget", required=True, help="memory per rank, e.g. 80GiB, 16GiB")
-    p.add_argument(
-        "--reserve",
-        help="memory per rank kept free beside the peak, e.g. 2GiB (default: 0 on the CPU; on CUDA "
-        "the allocator's cache at the worst reserved/allocated ratio measured for the strategy, plus "
-        "the CUDA context where measured: docs/measuring.md)",
-    )
+    add_reserve_argument(p)
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="training precision")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument("--batch-size", type=int, default=8, help="per-rank batch to plan")
@@ -68,18 +65,14 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
     from shardbench.harness.bounded import check_workload
     from shardbench.harness.validate import check_timeout, plan_cells
     from shardbench.models.registry import get_workload
-    from shardbench.studies.maxsize import parse_budget, parse_size
+    from shardbench.studies.maxsize import parse_budget
     from shardbench.studies.plan import plannable, planning_cells
-    from shardbench.studies.plan_reserve import policy
 
     if (preset := model_config_preset(args, [args.workload])) is not None:
         args.preset = preset
     try:
         budget = parse_budget(args.budget)
-        fixed = None if args.reserve is None else parse_size(args.reserve, what="--reserve", zero=True)
-        if fixed is not None and fixed >= budget:
-            raise ValueError(f"--reserve {args.reserve} leaves nothing of --budget {args.budget}")
-        reserves = policy(args.device, fixed=fixed)
+        reserves = reserve_policy(args, budget)
         check_timeout(args.timeout)
         check_workload(args.workload, args.preset, timeout_s=args.timeout)  # one's own: bounded first
         workload = get_workload(args.workload)
@@ -120,9 +113,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         append_record(out / "records.jsonl", unplanned_record(cell, run_id=run_id))
     interrupted = None
     if args.max_batch:
-        for cell in cells:  # the largest batch whose peak fits with its reserve
-            usable = reserves.of(cell.strategy).usable(budget)
-            search(cell, budget=usable, vary="batch", out_dir=out, run_id=run_id)
+        for cell in cells:  # the largest batch whose peak fits with its reserve, as max-size finds it
+            reserve = reserves.of(cell.strategy)
+            search(cell, budget=budget, reserve=reserve, vary="batch", out_dir=out, run_id=run_id)
     else:
         interrupted = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}).interrupted
     records = [r for r in read_records([out]) if r.run_id == run_id]  # not an earlier plan's in --out

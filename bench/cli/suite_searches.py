@@ -12,10 +12,13 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardbench.cli.common import UsageError
 from shardbench.harness.config import CellConfig, SuiteSpec
+
+if TYPE_CHECKING:
+    from shardbench.studies.plan_reserve import ReservePolicy
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class SuiteSearch:
     vary: str
     cells: list[CellConfig]
     budget: int
+    reserves: ReservePolicy  # kept beside each peak, as plan keeps them
     ladder: tuple[str, ...] | None  # None: the workload's size family
     resolution: float
 
@@ -52,10 +56,10 @@ def _resolve(table: dict[str, Any], where: str) -> SuiteSearch:
     except SystemExit:
         raise UsageError(f"{where}: not valid max-size flags (argparse said why above)") from None
     try:
-        cells, budget, ladder = resolve_max_size(args)
+        cells, budget, reserves, ladder = resolve_max_size(args)
     except UsageError as e:
         raise UsageError(f"{where}: {e}") from None
-    return SuiteSearch(where, args.vary, cells, budget, ladder, args.resolution)
+    return SuiteSearch(where, args.vary, cells, budget, reserves, ladder, args.resolution)
 
 
 def run_searches(searches: list[SuiteSearch], out: Path, run_id: str) -> int:
@@ -71,6 +75,7 @@ def run_searches(searches: list[SuiteSearch], out: Path, run_id: str) -> int:
                 search(
                     cell,
                     budget=s.budget,
+                    reserve=s.reserves.of(cell.strategy),
                     vary=s.vary,
                     ladder=s.ladder,
                     resolution=s.resolution,

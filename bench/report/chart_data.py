@@ -28,6 +28,7 @@ from shardbench.report.chart_types import (
     subtitle,
 )
 from shardbench.report.styles import strategy_key
+from shardbench.studies.maxsize import kept_reserve
 from shardbench.studies.reference import REFERENCE
 
 BREAKDOWN_PARTS = ("params", "grads", "optimizer", "activations", "comm", "other")
@@ -200,8 +201,10 @@ def max_size_charts(records: Sequence[Record]) -> list[Chart]:
         lines = [_max_size_line(series, rs, field_, scale) for series, rs in by_key(recs, _series_key(recs))]
         fits_by = " / ".join(sorted({str((r.max_size or {}).get("fits_by")) for r in recs}))
         budget_text = "?" if budget is None else f"{budget / GIB:g} GiB"
+        reserved = any(kept_reserve(r.max_size or {}).counted for r in recs)
+        counted = ", counting the reserve plan keeps beside each peak" if reserved else ""
         notes = [
-            f"fits by {fits_by}; the pale bar above a point reaches the smallest size that failed.",
+            f"fits by {fits_by}{counted}; the pale bar above a point reaches the smallest size that failed.",
             *flag_notes(recs),
         ]
         what = "model" if vary == "params" else "batch"

@@ -20,8 +20,8 @@ from shardbench.studies.claim_result import (
     ratio_text,
 )
 from shardbench.studies.claim_specs import ClaimSpec
-from shardbench.studies.maxsize import parse_budget
-from shardbench.units import in_unit, size_unit
+from shardbench.studies.maxsize import kept_reserve, parse_budget
+from shardbench.units import in_unit, size_text, size_unit
 
 
 def write_claim_report(
@@ -53,7 +53,8 @@ def write_claim_report(
             "(its columns in the table); the verdict is zero2's."
             if spec.further
             else ""
-        ),
+        )
+        + _reserve_note(results),
         "",
         "## Verdicts",
         "",
@@ -87,6 +88,26 @@ def write_claim_report(
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _reserve_note(results: list[WorkloadResult]) -> str:
+    """How the max-size searches judged a fit, from their records: with the reserve ``plan`` keeps
+    beside each peak where one was counted (on CUDA), so the claim and ``plan`` agree."""
+    counted: dict[str, str] = {}
+    for r in results:
+        for strategy, summary in r.max_size.items():
+            reserve = kept_reserve(summary.max_size or {})
+            if reserve.counted:
+                parts = [f"{reserve.ratio - 1:.2%} of its peak"] if reserve.ratio > 1 else []
+                parts += [size_text(reserve.fixed)] if reserve.fixed else []
+                counted.setdefault(strategy, f"{strategy} {' + '.join(parts)}")
+    if not counted:
+        return ""
+    return (
+        " A model fits when its peak and the reserve `plan` keeps beside it are within the budget "
+        f"({', '.join(counted.values())}; what each is made of: docs/measuring.md, and each "
+        "search's record, `max_size.reserve`)."
+    )
 
 
 def _how(spec: ClaimSpec, wall_s: float | None, resumed: bool) -> str:

@@ -6,7 +6,8 @@ For each workload of a ``ClaimSpec`` (bench/studies/claim_specs.py) it measures,
   world size N (real memory);
 * the largest trainable model of ddp, zero2 and zero3 within the same per-rank budget (max-size search;
   probes under ``--fake`` where the workload allows it, since planning equals a real run within
-  1% per category (tests/test_fake.py), real allocations otherwise);
+  1% per category (tests/test_fake.py), real allocations otherwise), each peak with the reserve
+  ``plan`` keeps beside it (none on the CPU, the allocator's cache on CUDA);
 * the step time of ddp and zero2 on real ranks where the machine has them, else the simulated
   runs' compute-only time, labelled.
 
@@ -36,6 +37,7 @@ from shardbench.studies.claim_result import (
 )
 from shardbench.studies.claim_specs import ClaimSpec
 from shardbench.studies.maxsize import parse_budget, search
+from shardbench.studies.plan_reserve import policy
 from shardbench.wording import print_wrapped
 
 
@@ -52,6 +54,7 @@ def run_claim(
     ``measured`` (``claim --resume``): results by variant label whose ok cells are kept, not
     measured again."""
     budget = parse_budget(spec.budget)
+    reserves = policy(spec.device, fixed=spec.reserve_bytes)  # plan's: a fit means the same in both
     results = []
     for w in spec.variants():
         if workloads and w.name not in workloads:
@@ -105,6 +108,7 @@ def run_claim(
                 probe,
                 known={w.preset: res.memory[s]},
                 budget=budget,
+                reserve=reserves.of(s),
                 vary="params",
                 ladder=w.ladder,
                 out_dir=out_dir,

@@ -34,6 +34,9 @@ class ClaimSpec:
     workloads: tuple[ClaimWorkload, ...]
     world_size: int = 8  # simulated: real per-rank memory of a world of N, one process
     budget: str = "2GiB"  # per rank, for the max-size search
+    #: ``--reserve``: a fixed size kept beside each peak in the search, instead of the device's
+    #: reserve (``plan_reserve.policy``: none on the CPU, the allocator's cache on CUDA)
+    reserve_bytes: int | None = None
     #: real ranks for step time (communication included); 0: take the simulated runs' step time,
     #: which excludes communication (one GPU cannot host a multi-rank NCCL world)
     timing_world_size: int = 2

@@ -9,10 +9,16 @@ miss). Every probe is an ordinary cell run by ``shardbench.harness.launch.run_ce
 fresh processes with a timeout: an OOM, a crash or a hang in one probe is recorded and never
 poisons the next.
 
-A probe *fits* when it finishes and its peak is within the budget. On CUDA (real tensors) the
-budget is enforced by the allocator, ``torch.cuda.set_per_process_memory_fraction`` (one large
-card plays a 16 or 80 GiB card), so a probe that does not fit dies with a real OOM. On CPU, or
-under ``--fake``, nothing enforces a cap: the probe's tracked peak is compared with the budget.
+A probe *fits* when it finishes and its peak, with the reserve ``plan`` keeps beside it, is within
+the budget: ``Reserve.fits`` (``bench/studies/plan_reserve.py``), the rule and the policy ``plan``
+judges by, so the two never disagree about one model. The reserve is 0 on the CPU; on a CUDA
+target (real or ``--fake``) it is the allocator's cache at the strategy's worst measured
+reserved/allocated ratio plus the CUDA context where measured, or ``--reserve``. Each search says
+so on its line and keeps the budget and the reserve in its record. On CUDA (real tensors) the
+card is also emulated by the allocator, ``torch.cuda.set_per_process_memory_fraction`` capping it
+at the budget less the reserve's fixed part (what the context leaves it; one large card plays a
+16 or 80 GiB card), so a probe that does not fit may die with a real OOM. On CPU, or under
+``--fake``, nothing enforces a cap: the probe's tracked peak is judged.
 A probe that fails for another reason (an error, a timeout twice, divergence) stops the search
 with that status and the probe's first error line: a crash is a broken search, never a size that
 does not fit, and "nothing fits" is only said when the smallest size was measured over budget.
@@ -36,6 +42,7 @@ from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import run_cell
 from shardbench.harness.result import with_slow_start
 from shardbench.records import Record, append_record
+from shardbench.studies.plan_reserve import NO_RESERVE, Reserve
 from shardbench.units import apart, params_text, size_text
 from shardbench.wording import first_sentence, print_wrapped
 
@@ -74,10 +81,16 @@ class Probe:
     value: str | int  # a preset (vary params) or a batch size (vary batch)
     record: Record
     fits: bool
+    reserve: Reserve = NO_RESERVE
 
     @property
     def peak(self) -> int | None:
         return (self.record.peak_mem_bytes or {}).get("max")
+
+    @property
+    def reserve_bytes(self) -> int | None:
+        """What the peak needs beside it (``Reserve.of``)."""
+        return None if self.peak is None else self.reserve.of(self.peak)
 
     def summary(self) -> dict[str, Any]:
         r = self.record
@@ -86,6 +99,7 @@ class Probe:
             "batch_size": r.batch_size_per_rank,
             "params": r.params,
             "peak_bytes": self.peak,
+            "reserve_bytes": self.reserve_bytes,
             "status": r.status,
         }
 
@@ -94,9 +108,18 @@ def fits_by(cell: CellConfig) -> str:
     return "cuda memory fraction" if cell.device == "cuda" and not cell.fake else "tracked peak"
 
 
-def probe_fits(record: Record, budget: int) -> bool:
+def probe_fits(record: Record, budget: int, reserve: Reserve = NO_RESERVE) -> bool:
+    """A probe that finished, whose peak and reserve are within the budget (``Reserve.fits``,
+    ``plan``'s rule)."""
     peak = (record.peak_mem_bytes or {}).get("max")
-    return record.status == "ok" and peak is not None and peak <= budget
+    return record.status == "ok" and peak is not None and reserve.fits(peak, budget)
+
+
+def allocator_cap(budget: int, reserve: Reserve) -> int:
+    """What an emulated card lets the CUDA allocator hold: the budget less the reserve's fixed part
+    (the CUDA context lives outside the allocator). Its cache beside the peak is within the cap;
+    the fit itself is still judged by ``Reserve.fits``."""
+    return max(1, budget - reserve.fixed)
 
 
 def search(
@@ -110,6 +133,7 @@ def search(
     run_id: str,
     progress: Callable[[str], None] = print_wrapped,
     known: dict[str, Record] | None = None,
+    reserve: Reserve = NO_RESERVE,
 ) -> Record:
     """Run the search for one cell (its preset or batch size is what varies); append every
     probe's record and the summary record to ``out_dir/records.jsonl``; return the summary.
@@ -118,13 +142,17 @@ def search(
     named ladder), until the largest fit and the smallest non-fit are within ``resolution`` of
     each other in parameters (or neighbours: nothing lies between them). ``known`` maps presets
     to records already measured for exactly this cell (e.g. the claim's memory cells): they
-    count as probes without being run again and bound the bisection."""
+    count as probes without being run again and bound the bisection. ``reserve``: what each peak
+    needs beside it within ``budget`` (``plan_reserve.policy(device).of(strategy)``; none by
+    default, as on the CPU)."""
     started = time.perf_counter()
     known = {k: v for k, v in (known or {}).items() if v.status == "ok"}
     if vary not in VARY:
         raise ValueError(f"unknown --vary {vary!r}; allowed: {', '.join(VARY)}")
     enforced = fits_by(base) == "cuda memory fraction"
-    base = replace(base, suite="max-size-probe", memory_budget_bytes=budget if enforced else None)
+    cap = allocator_cap(budget, reserve) if enforced else None
+    base = replace(base, suite="max-size-probe", memory_budget_bytes=cap)
+    usable = reserve.usable(budget)  # the largest peak that fits with its reserve: where to aim
     probes: list[Probe] = []
 
     def measure(cell: CellConfig) -> Record:
@@ -141,7 +169,7 @@ def search(
             if record.status == "timeout":  # once more with twice the time before calling it one
                 progress(f"[probe {len(probes) + 1}] timed out after {cell.timeout_s:g}s; retrying once")
                 record = measure(replace(cell, timeout_s=2 * cell.timeout_s))
-        p = Probe(value, record, probe_fits(record, budget))
+        p = Probe(value, record, probe_fits(record, budget, reserve), reserve)
         probes.append(p)
         progress(_line(len(probes), cell, p, budget) + reused)
         if record.status not in SIZE_ANSWERS:
@@ -153,18 +181,28 @@ def search(
         known = sizes.aliases(known)
     try:
         if sizes is None:
-            values, lo, hi = _search_batch(probe, _peak_of(probes), budget)
+            values, lo, hi = _search_batch(probe, _peak_of(probes), usable)
         else:
-            values, lo, hi = _search_params(probe, base, sizes, budget, resolution, known)
+            values, lo, hi = _search_params(probe, base, sizes, usable, resolution, known)
     except SearchFailed as failed:
-        summary = _failed_summary(base, failed.probe, probes, budget=budget, vary=vary, run_id=run_id)
+        summary = _failed_summary(
+            base, failed.probe, probes, budget=budget, reserve=reserve, vary=vary, run_id=run_id
+        )
     else:
         by_value = {p.value: p for p in probes}
         largest = by_value.get(values[lo]) if lo >= 0 else None
         smallest_fail = by_value.get(values[hi]) if hi < len(values) else None
         extra = sizes.describe(resolution) if sizes is not None else {}
         summary = _summary(
-            base, largest, smallest_fail, probes, budget=budget, vary=vary, run_id=run_id, extra=extra
+            base,
+            largest,
+            smallest_fail,
+            probes,
+            budget=budget,
+            reserve=reserve,
+            vary=vary,
+            run_id=run_id,
+            extra=extra,
         )
     summary.max_size["search_wall_s"] = time.perf_counter() - started
     append_record(out_dir / "records.jsonl", summary)
@@ -237,8 +275,8 @@ def _search_params(
 ) -> tuple[list[str], int, int]:
     """The bisection over sizes: (names, index of the largest fit or -1, index of the smallest
     non-fit or len). It starts below the first size whose predicted model states alone exceed
-    the budget; that size is probed only if the boundary ends next to it (measured, not
-    predicted)."""
+    ``budget`` (the largest peak that fits with its reserve); that size is probed only if the
+    boundary ends next to it (measured, not predicted)."""
     names, counts = sizes.names, sizes.params
     measured: set[str] = set()
 
@@ -275,7 +313,14 @@ class SearchFailed(Exception):
 
 
 def _failed_summary(
-    base: CellConfig, failed: Probe, probes: list[Probe], *, budget: int, vary: str, run_id: str
+    base: CellConfig,
+    failed: Probe,
+    probes: list[Probe],
+    *,
+    budget: int,
+    reserve: Reserve,
+    vary: str,
+    run_id: str,
 ) -> Record:
     """The summary of a search a broken probe stopped: the probe's status and first error line,
     and what had fitted so far (for the record, not as an answer)."""
@@ -287,8 +332,7 @@ def _failed_summary(
     )
     info = {
         "vary": vary,
-        "budget_bytes": budget,
-        "fits_by": fits_by(base),
+        **_judged_by(base, budget, reserve),
         "largest_fit": None,
         "smallest_fail": None,
         "fitted_before_failure": best.summary() if best else None,
@@ -298,7 +342,7 @@ def _failed_summary(
     r = failed.record
     what = f"{r.preset} b={r.batch_size_per_rank}"
     error = f"search stopped: probe {what} ended {r.status}: {first_sentence(r.error) or 'no error text'}"
-    head = f"max-size {base.workload} {base.strategy} N={base.world_size} budget {size_text(budget)}"
+    head = _head(info, base)
     return replace(
         r,
         suite="max-size",
@@ -438,6 +482,7 @@ def _summary(
     probes: list[Probe],
     *,
     budget: int,
+    reserve: Reserve = NO_RESERVE,
     vary: str,
     run_id: str,
     extra: dict[str, Any] | None = None,
@@ -448,8 +493,7 @@ def _summary(
     source = largest or smallest_fail or probes[0]
     info = {
         "vary": vary,
-        "budget_bytes": budget,
-        "fits_by": fits_by(base),
+        **_judged_by(base, budget, reserve),
         "largest_fit": largest.summary() if largest else None,
         "smallest_fail": smallest_fail.summary() if smallest_fail else None,
         "probes": len(probes),
@@ -460,7 +504,8 @@ def _summary(
     status = "ok" if largest else "oom"
     error = None
     if not largest:
-        error = f"nothing fits in {size_text(budget)}: {first_sentence(source.record.error) or 'over budget'}"
+        within = f"{size_text(budget)} with its reserve" if reserve.counted else size_text(budget)
+        error = f"nothing fits in {within}: {first_sentence(source.record.error) or 'over budget'}"
     return replace(
         source.record,
         suite="max-size",
@@ -470,6 +515,25 @@ def _summary(
         note=answer_line_from(info, base),
         run_id=run_id,
     )
+
+
+def _judged_by(base: CellConfig, budget: int, reserve: Reserve) -> dict[str, Any]:
+    """How a search decided its fits, as its record keeps it: enough to judge a peak again
+    (``Reserve(fixed_bytes, ratio).fits(peak, budget_bytes)``) or to run the search again."""
+    enforced = fits_by(base) == "cuda memory fraction"
+    return {
+        "budget_bytes": budget,
+        "reserve": reserve.as_dict(),
+        "usable_bytes": reserve.usable(budget),
+        "fits_by": fits_by(base),
+        "allocator_cap_bytes": allocator_cap(budget, reserve) if enforced else None,
+    }
+
+
+def kept_reserve(info: dict[str, Any]) -> Reserve:
+    """The reserve a search's record says it counted (none in a record from before it was kept)."""
+    kept = info.get("reserve") or {}
+    return Reserve(kept.get("fixed_bytes", 0), kept.get("ratio", 1.0), kept.get("basis", ""))
 
 
 def bracket(info: dict[str, Any]) -> float | None:
@@ -488,27 +552,55 @@ def _line(i: int, cell: CellConfig, p: Probe, budget: int) -> str:
     r = p.record
     what = f"{r.workload}/{r.preset} ({params_text(r.params)} params) b={r.batch_size_per_rank}"
     verdict = "fits" if p.fits else ("does not fit" if r.status == "ok" else f"does not fit ({r.status})")
-    peak_text, budget_text = apart(size_text, p.peak, budget)
-    peak = f"peak {peak_text}" if p.peak is not None else first_sentence(r.error)
+    if p.peak is None:
+        against = f"{first_sentence(r.error)} vs budget {size_text(budget)}"
+    elif p.reserve.counted:  # the peak and its reserve together against the budget, as plan does
+        total, budget_text = apart(size_text, p.peak + (p.reserve_bytes or 0), budget)
+        against = (
+            f"peak {size_text(p.peak)} + reserve {size_text(p.reserve_bytes)} = {total} "
+            f"vs budget {budget_text}"
+        )
+    else:
+        peak_text, budget_text = apart(size_text, p.peak, budget)
+        against = f"peak {peak_text} vs budget {budget_text}"
     return with_slow_start(
-        f"[probe {i}] {what} {cell.strategy} N={r.world_size}: {verdict} - {peak} vs budget "
-        f"{budget_text} ({r.wall_s or 0:.0f}s)",
+        f"[probe {i}] {what} {cell.strategy} N={r.world_size}: {verdict} - {against} ({r.wall_s or 0:.0f}s)",
         r,
     )
+
+
+def _head(info: dict[str, Any], cell: CellConfig) -> str:
+    """What was searched, and within what: the budget and, where one is counted, the reserve."""
+    budget = size_text(info["budget_bytes"])
+    head = f"max-size {cell.workload} {cell.strategy} N={cell.world_size} budget {budget}"
+    reserve = kept_reserve(info)
+    if reserve.counted:
+        head += f", counting plan's reserve beside each peak ({reserve.basis})"
+    return head
 
 
 def answer_line_from(info: dict[str, Any], cell: CellConfig) -> str:
     vary = info["vary"]
     fit, fail = info["largest_fit"], info["smallest_fail"]
-    budget = size_text(info["budget_bytes"])
-    head = f"max-size {cell.workload} {cell.strategy} N={cell.world_size} budget {budget}"
+    head = _head(info, cell)
     # the bracket's two ends never read equal when they differ (0.5M and 0.5M params)
     fit_params, fail_params = apart(params_text, (fit or {}).get("params"), (fail or {}).get("params"))
     fit_peak, fail_peak = apart(size_text, (fit or {}).get("peak_bytes"), (fail or {}).get("peak_bytes"))
-    got = f"largest fit: {_what(fit, vary, fit_params)}, peak {fit_peak}" if fit else "nothing fits"
+    counted = kept_reserve(info).counted
+
+    def beside(p: dict[str, Any]) -> str:
+        kept = p.get("reserve_bytes")
+        return f" + reserve {size_text(kept)}" if counted and kept is not None else ""
+
+    got = (
+        f"largest fit: {_what(fit, vary, fit_params)}, peak {fit_peak}{beside(fit)}"
+        if fit
+        else "nothing fits"
+    )
     if fail:
         why = "" if fail["status"] == "ok" else f" [{fail['status']}]"
-        lost = f"smallest that did not fit: {_what(fail, vary, fail_params)}, peak {fail_peak}{why}"
+        what = _what(fail, vary, fail_params)
+        lost = f"smallest that did not fit: {what}, peak {fail_peak}{beside(fail)}{why}"
     else:
         lost = "everything probed fits"
     gap, target = bracket(info), info.get("target_resolution")

@@ -9,8 +9,8 @@ breakdown, its model states beside the ZeRO formula's, whether it fits and the h
 
 A fit is judged against ``budget - reserve``: the reserve (``bench/studies/plan_reserve.py``)
 is what a process needs beyond its tensors' peak (on CUDA the context and the allocator's
-cache; 0 on the CPU), so a plan that fits is one that runs. ``--max-batch`` searches against the
-same: the largest peak whose reserve still fits.
+cache; 0 on the CPU), so a plan that fits is one that runs. ``--max-batch`` searches by the
+same rule (``Reserve.fits``, as ``max-size`` does): the largest batch whose peak and reserve fit.
 
 The recommendation is the *least sharding that fits* (with its reserve): sharding more than needed costs
 communication (ZeRO-3 gathers the parameters twice a step) for memory the run does not need.
@@ -177,9 +177,7 @@ class PlanRow:
         if self.max_batch is not None:
             return self.max_batch >= 1
         return (
-            self.record.status == "ok"
-            and self.peak is not None
-            and self.peak + self.reserve.of(self.peak) <= self.budget
+            self.record.status == "ok" and self.peak is not None and self.reserve.fits(self.peak, self.budget)
         )
 
     @property

@@ -13,8 +13,11 @@ judged against ``budget - reserve``, with
 all strategies for one never measured there), ``context`` as measured. The CUDA figures are
 data, not constants: ``bench/suites/measured/cuda-reserve.toml``, derived from the committed GPU
 records by ``scripts/derive_cuda_reserve.py`` (``derive`` below; a test checks the file against
-the records). The CPU has no allocator cache and no context: its reserve is 0. ``plan
---reserve SIZE`` replaces either with a fixed size.
+the records). The CPU has no allocator cache and no context: its reserve is 0. ``--reserve
+SIZE`` replaces either with a fixed size.
+
+``plan``, ``max-size`` and ``claim`` judge every fit by the same rule, ``Reserve.fits``, with the
+same policy (``policy``): a model one of them says fits, the others say fits too.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 from shardbench.harness.config import SUITES_DIR
 from shardbench.records import Record
+from shardbench.units import size_text
 
 CUDA_RESERVE_FILE = SUITES_DIR / "measured" / "cuda-reserve.toml"
 
@@ -38,14 +42,34 @@ class Reserve:
 
     fixed: int = 0
     ratio: float = 1.0
+    #: what the figures are and where they come from, for the lines that name the reserve
+    basis: str = field(default="", compare=False)
+
+    @property
+    def counted(self) -> bool:
+        """Whether anything is kept beside the peak (not on the CPU, nor with ``--reserve 0``)."""
+        return self.fixed > 0 or self.ratio > 1.0
 
     def of(self, peak: int) -> int:
         """The reserve beside a peak of ``peak`` bytes."""
         return self.fixed + math.ceil((self.ratio - 1.0) * peak)
 
+    def fits(self, peak: int, budget: int) -> bool:
+        """Whether a peak and its reserve are within ``budget``: the one rule by which ``plan``,
+        ``max-size`` and ``claim`` decide that something fits."""
+        return peak + self.of(peak) <= budget
+
     def usable(self, budget: int) -> int:
-        """The largest peak that fits ``budget`` with its reserve (the budget a search uses)."""
+        """The largest peak that fits ``budget`` with its reserve (where a search aims)."""
         return max(0, math.floor((budget - self.fixed) / self.ratio))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The reserve as a record keeps it: enough to judge a fit again by ``fits``."""
+        return {"fixed_bytes": self.fixed, "ratio": self.ratio, "basis": self.basis, "counted": self.counted}
+
+
+#: nothing kept beside the peak (a search given no reserve)
+NO_RESERVE = Reserve()
 
 
 @dataclass(frozen=True)
@@ -63,10 +87,26 @@ class ReservePolicy:
         """``--reserve`` when given; none on the CPU; else the context and the strategy's worst
         measured ratio (the worst of all where it was never measured)."""
         if self.fixed is not None:
-            return Reserve(fixed=self.fixed)
+            return Reserve(fixed=self.fixed, basis=f"--reserve {size_text(self.fixed)}")
         if self.device != "cuda":
-            return Reserve()
-        return Reserve(fixed=self.context or 0, ratio=self.ratios.get(strategy, self.worst))
+            return Reserve(basis="none: on the CPU nothing is held beside the tensors")
+        ratio = self.ratios.get(strategy)
+        cache = (
+            f"{strategy}'s worst reserved/allocated ratio, {ratio:.4f} {self.source}"
+            if ratio is not None
+            else f"the worst reserved/allocated ratio of any strategy, {self.worst:.4f} {self.source}, "
+            f"{strategy} having none of its own"
+        )
+        context = (
+            "not the CUDA context, not measured yet"
+            if self.context is None
+            else f"plus the CUDA context, {size_text(self.context)}"
+        )
+        return Reserve(
+            fixed=self.context or 0,
+            ratio=self.worst if ratio is None else ratio,
+            basis=f"the CUDA allocator's cache at {cache}; {context}",
+        )
 
 
 def policy(device: str, *, fixed: int | None = None, data_file: Path = CUDA_RESERVE_FILE) -> ReservePolicy:
