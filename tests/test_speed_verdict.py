@@ -108,6 +108,9 @@ def test_one_run_is_never_faster_however_its_cells_drifted() -> None:
     assert hint.startswith("step time: one run cannot tell a speed-up from drift") and "--repeat 3" in hint
     (line,) = ratio_lines(second)
     assert "1.01x step time (within noise)" in line
+    # a report of ddp from one run and zero2 from the other: never paired, never judged
+    (line,) = ratio_lines([first[0], second[1]])
+    assert "1.01x step time (different runs: not judged)" in line
     # noisy steps: a ratio near 1 whose band reaches beyond 15% is not called within noise either
     noisy = [_cell("ddp", 100.0, mad=6.0), _cell("zero2", 101.0, mad=6.0)]
     assert _verdict(noisy).word == NOT_JUDGED and _verdict(noisy).band == pytest.approx(3 * 6 * 2**0.5 / 100)

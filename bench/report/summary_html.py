@@ -17,6 +17,7 @@ from shardbench.report.chart_types import reading_order
 from shardbench.report.tables import error_file
 from shardbench.report.terminal import bytes_text, group_how, step_text
 from shardbench.studies.reference import REFERENCE
+from shardbench.studies.speed_verdict import RULE
 from shardbench.studies.versus import Versus, against_reference, group_key, model_states, repeated
 from shardbench.wording import first_sentence
 
@@ -29,10 +30,10 @@ HOW = (
     f"real or simulated): below 1× is less memory or a faster step than {REFERENCE}'s. Peak is the "
     "highest rank's; model states are params + grads + optimizer state after a step; a step time "
     "is the slowest rank's median ± MAD. Its ratio is called faster or slower only beyond what a "
-    "rerun of the same code would show: with repeats (run --repeat), beyond 3× the ratio's "
-    "standard error from the spread between them (the rule compare uses); one run's ratio is "
-    '"within noise" within 3× its cells\' combined MAD and "not judged" otherwise; a cell with more '
-    "ranks than cores is not judged. Sent per step is what one rank sends in a steady step."
+    f"rerun of the same code would show: with repeats (run --repeat), {RULE}; one run's ratio is "
+    '"within noise" where 3× its cells\' combined MAD holds 1 and lies as narrowly, and "not judged" '
+    "otherwise; a cell with more ranks than cores is never judged. Sent per step is what one rank "
+    "sends in a steady step."
 )
 
 

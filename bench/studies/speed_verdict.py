@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from shardbench.records import CellKey, Record, oversubscription
 from shardbench.studies.compare_ratios import cell_ratios, pair_spread, pairs_of, ratio_noise, ratio_of
 from shardbench.studies.compare_rules import TIME_PCT, Thresholds, step_noise
-from shardbench.studies.reference import REFERENCE
+from shardbench.studies.reference import REFERENCE, step_time_ratio
 
 FASTER, SLOWER, WITHIN_NOISE, NOT_JUDGED = "faster", "slower", "within noise", "not judged"
 #: why one pair's ratio is not judged
@@ -112,6 +112,17 @@ def speed_verdict(
         word = WITHIN_NOISE if band <= tolerance else NOT_JUDGED
     why = f"{r:.3f}x ± {band:.3f} ({t.k_mad:g} x its standard error over {n} pairs): {RULE}"
     return SpeedVerdict(r, word, n, band, rule=why)
+
+
+def unpaired(ours: Record, base: Record) -> SpeedVerdict | None:
+    """The verdict on two timed cells that were never measured in the same run and round (a
+    report merging a run of ddp with a run of zero2): not judged, since runs drift further apart
+    than a run's cells do. None where either has no step time."""
+    ratio = step_time_ratio(ours, base)
+    if ratio is None:
+        return None
+    why = "measured in different runs or rounds: a run's drift is not in the cells' steps"
+    return SpeedVerdict(ratio, NOT_JUDGED, 0, reason="different runs", rule=why)
 
 
 def pair_verdict(ours: Record, base: Record) -> SpeedVerdict | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from shardbench.records import CellKey, Record
 from shardbench.studies.reference import REFERENCE, step_time_ratio
-from shardbench.studies.speed_verdict import SpeedVerdict, speed_verdicts
+from shardbench.studies.speed_verdict import SpeedVerdict, speed_verdicts, unpaired
 
 
 def model_states(r: Record) -> int | None:
@@ -101,7 +101,7 @@ def against_reference(records: Sequence[Record]) -> list[Group]:
                 peak=_ratio(peak(r), peak(base)),
                 model_states=_ratio(model_states(r), model_states(base)),
                 step_time=step_time_ratio(r, base),
-                speed=verdicts.get(CellKey.of(r)) if step_time_ratio(r, base) else None,
+                speed=verdicts.get(CellKey.of(r)) or unpaired(r, base),
                 sent=_ratio(sent(r), sent(base)),
             )
             for r in members
