@@ -33,7 +33,8 @@ from typing import Any, NamedTuple
 #: ``diverged`` and ``interrupted``; 3 added the run's ``name`` and ``tags`` and the cell's
 #: ``repeat`` index. Records without ``schema`` are version 1; every older record still loads.
 #: ``activation_checkpointing`` came later without a bump: a record without it reads as False,
-#: which is what every older record measured.
+#: which is what every older record measured; so did ``placement``: a record without it is read
+#: from its world size and the host's core count (``oversubscription``).
 SCHEMA = 3
 STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped")
 FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
@@ -184,6 +185,10 @@ class Record:
     #: model, strategy; DeepSpeed builds its ops here) and of its first warm-up step
     #: (``first_step``: a cold cache); the timed steps exclude both (``harness.result.slow_start``)
     startup_s: dict[str, float | None] | None = None
+    #: how the cell's ranks sat on their host: ``ranks``, its rank processes there (1 for a
+    #: simulated world), and what they ran on, ``cores`` (the CPU cores a rank may use) or
+    #: ``devices`` (CUDA devices); read by ``oversubscription``
+    placement: dict[str, int] | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:
@@ -198,6 +203,31 @@ class Record:
         values = {k: v for k, v in d.items() if k in known}
         values.setdefault("schema", 1)  # written before the field existed
         return Record(**values)
+
+
+def placement_of(r: Record) -> dict[str, int]:
+    """How the cell's ranks sat on their host (``Record.placement``); for a record written
+    before that field, read from its world size (its ranks on one host, unless simulated or
+    single-process) and the host's ``cpu_count`` (``device_count`` on CUDA); {} where unknown."""
+    if r.placement is not None:
+        return r.placement
+    if r.simulated or r.backend not in ("gloo", "nccl"):
+        return {"ranks": 1}
+    what = "devices" if r.device == "cuda" else "cores"
+    have = r.env.get("device_count" if what == "devices" else "cpu_count")
+    return {"ranks": r.world_size, what: have} if isinstance(have, int) else {}
+
+
+def oversubscription(r: Record) -> str | None:
+    """The mark of a cell whose rank processes outnumbered what they ran on (``placement_of``),
+    "more ranks than cores" (or "than devices"): each waited its turn, so its step time is
+    partly that wait. None where they did not, or where it is unknown."""
+    placed = placement_of(r)
+    for what in ("cores", "devices"):
+        have = placed.get(what)
+        if have and placed.get("ranks", 0) > have:
+            return f"more ranks than {what}"
+    return None
 
 
 def finite(value: Any) -> Any:

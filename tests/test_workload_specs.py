@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from shardbench.cli import main
+from shardbench.harness.config import available_cores
 from shardbench.models.custom import Input, ModelSpec, ModuleWorkload, loss_from_output
 from shardbench.models.presets.config_string import format_model_config, parse_model_config
 from shardbench.models.registry import get_workload, workload_names
@@ -42,11 +43,14 @@ def _trains_and_plans(workload: str, preset: str) -> None:
         record = run_cell_here(tiny_cell(workload=workload, preset=preset, strategy=strategy, steps=1))
         assert record.status == "ok", record.error
         assert record.loss is not None and torch.isfinite(torch.tensor(record.loss["last"]))
+        # where its ranks ran: two processes on this host's cores (records.oversubscription)
+        assert record.placement == {"ranks": 2, "cores": available_cores()}
     planned = run_cell_here(
         tiny_cell(workload=workload, preset=preset, strategy="zero3", world_size=8, fake=True, simulate=True)
     )
     assert planned.status == "ok", planned.error
     assert planned.peak_mem_bytes["max"] > 0
+    assert planned.placement == {"ranks": 1, "cores": available_cores()}  # a simulated world: one process
 
 
 def test_module_factory() -> None:

@@ -108,10 +108,19 @@ class CellConfig:
         return key, self.repeat
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on: its affinity where the OS has one (a container or
+    ``taskset`` may allow fewer than the machine has), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this OS (macOS)
+        return os.cpu_count() or 1
+
+
 def threads_per_rank(local_world_size: int) -> int:
     """Share the cores among the ranks on this host: N ranks with default threads each
     oversubscribe the CPU (measured: 4 ranks on 2 cores ran 2x slower)."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    return max(1, available_cores() // max(1, local_world_size))
 
 
 @dataclass(frozen=True)

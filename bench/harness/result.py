@@ -71,6 +71,8 @@ class RankResult:
     #: seconds before the first step (``setup``: imports, process group, model, strategy) and
     #: of the first warm-up step (``first_step``): what a slow start is made of
     startup_s: dict[str, float | None] | None = None
+    #: the cell's ranks on this rank's host and what they ran on (``Record.placement``)
+    placement: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return finite(asdict(self))
@@ -192,6 +194,7 @@ def build_record(
         artifacts=_artifacts(cell, results),
         comm_per_step=ok[0].comm if ok else None,
         threads_per_rank=ok[0].threads if ok else None,
+        placement=_placement(results),
         # the most exposed rank's: the one the others wait for
         comm_overlap=max(
             (r.comm_overlap for r in ok if r.comm_overlap),
@@ -237,6 +240,12 @@ def _add_memory(record: Record, cell: CellConfig, results: list[RankResult]) -> 
     record.mem_breakdown_bytes = results[peak_rank].breakdown
     record.model_state_bytes = results[peak_rank].model_state
     record.cuda_allocator = allocators[peak_rank]
+
+
+def _placement(results: list[RankResult]) -> dict[str, int] | None:
+    """The most crowded host's placement: the ranks per core (or device) its ranks waited for."""
+    placed = [p for r in results if (p := r.placement)]
+    return max(placed, key=lambda p: p["ranks"] / (p.get("cores") or p.get("devices") or 1), default=None)
 
 
 def _backend(cell: CellConfig, plan: WorldPlan) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardbench.harness.config import CellConfig, threads_per_rank
+from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
 from shardbench.harness.phases import (
@@ -155,9 +155,19 @@ def run_rank(
         fake_tensor_mode() if cell.fake else contextlib.nullcontext(),
         CudaAttention() if planned_off_device(cell) else contextlib.nullcontext(),
     ):
-        return _train_and_measure(
+        result = _train_and_measure(
             cell, strategy, workload, ctx, rank=rank, processes=processes, fault=fault, started=started
         )
+    result.placement = placement(cell, 1 if cell.simulate else local_world_size)
+    return result
+
+
+def placement(cell: CellConfig, local_ranks: int) -> dict[str, int]:
+    """The cell's ranks on this host and what they run on: the CPU cores a rank may use, or the
+    CUDA devices (``Record.placement``; more ranks than either take turns on them)."""
+    if cell.device == "cuda" and not planned_off_device(cell):
+        return {"ranks": local_ranks, "devices": torch.cuda.device_count()}
+    return {"ranks": local_ranks, "cores": available_cores()}
 
 
 def build_model(workload: Any, cell: CellConfig, device: torch.device) -> torch.nn.Module:

@@ -143,7 +143,7 @@ def _table(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
                 *[ratio_text(r.peak_ratio(s)) if s in r.memory else "-" for s in (OURS, *spec.further)],
                 *[_fit_cell(r, s) for s in sized],
                 *[ratio_text(r.size_ratio(s)[0]) if s in r.max_size else "-" for s in (OURS, *spec.further)],
-                ratio_text(r.time_ratio()) + (" (within noise)" if r.time_noise() == "within noise" else ""),
+                ratio_text(r.time_ratio()) + (f" ({v.note()})" if (v := r.time_verdict()) else ""),
             ]
         )
     return markdown_table(head, rows)

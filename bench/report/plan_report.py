@@ -23,9 +23,8 @@ def _step(row: PlanRow) -> str:
     if not t.get("median"):
         return "-"
     text = f"{t['median'] * 1e3:.0f} ± {(t.get('mad') or 0) * 1e3:.0f} ms"
-    if row.step_vs_ddp is not None:
-        ratio, within = row.step_vs_ddp
-        text += f" ({ratio:.2f}x{', within noise' if within else ''})"
+    if (verdict := row.step_vs_ddp) is not None:
+        text += f" ({verdict.ratio:.2f}x, {verdict.note()})"
     return text
 
 

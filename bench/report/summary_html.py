@@ -2,8 +2,9 @@
 ddp, as ``studies.versus`` sets them (the ratios the terminal prints, and the same noise rule).
 
 One row per strategy, ddp's first as the reference: its peak, model states, step time and bytes
-sent per step, each beside its ratio to ddp's. A step-time ratio says "within noise" where the
-noise rule cannot tell it from 1. A cell of the group that failed keeps its row, with its status.
+sent per step, each beside its ratio to ddp's. A step-time ratio carries the run's speed verdict
+(``studies.speed_verdict``): faster or slower only beyond what a rerun would show, "within
+noise", or "not judged" and why. A cell of the group that failed keeps its row, with its status.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from collections.abc import Sequence
 from shardbench.records import CellKey, Record
 from shardbench.report.chart_types import reading_order
 from shardbench.report.tables import error_file
-from shardbench.report.terminal import bytes_text, group_how, noise_note, step_text
+from shardbench.report.terminal import bytes_text, group_how, step_text
 from shardbench.studies.reference import REFERENCE
+from shardbench.studies.speed_verdict import RULE
 from shardbench.studies.versus import Versus, against_reference, group_key, model_states, repeated
 from shardbench.wording import first_sentence
 
@@ -27,9 +29,11 @@ HOW = (
     f"Each strategy against {REFERENCE} in the same cell (workload, preset, N, precision, batch, "
     f"real or simulated): below 1× is less memory or a faster step than {REFERENCE}'s. Peak is the "
     "highest rank's; model states are params + grads + optimizer state after a step; a step time "
-    'is the slowest rank\'s median ± MAD, and its ratio is "within noise" when the difference is '
-    "within 3× the combined MAD (the rule compare uses); sent per step is what one rank sends in "
-    "a steady step."
+    "is the slowest rank's median ± MAD. Its ratio is called faster or slower only beyond what a "
+    f"rerun of the same code would show: with repeats (run --repeat), {RULE}; one run's ratio is "
+    '"within noise" where 3× its cells\' combined MAD holds 1 and lies as narrowly, and "not judged" '
+    "otherwise; a cell with more ranks than cores is never judged. Sent per step is what one rank "
+    "sends in a steady step."
 )
 
 
@@ -51,10 +55,11 @@ def _step_ratio(v: Versus) -> str:
     """The ratio, with what the noise rule says of it; the rule's own words in a tooltip."""
     if v.step_time is None:
         return "<td></td>"
-    note = noise_note(v) or ("beyond noise" if v.noise else "")
-    cls = "noise" if v.within_noise or v.too_few_steps else "beyond"
-    text = _ratio(v.step_time) + (f' <span class="{cls}">{_e(note)}</span>' if note else "")
-    return f'<td title="{_e(v.noise or "")}">{text}</td>'
+    if v.speed is None:
+        return f"<td>{_ratio(v.step_time)}</td>"
+    cls = "beyond" if v.speed.judged else "noise"
+    text = _ratio(v.step_time) + f' <span class="{cls}">{_e(v.speed.note())}</span>'
+    return f'<td title="{_e(v.speed.rule)}">{text}</td>'
 
 
 def _values(r: Record) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardbench.paths import path_component
-from shardbench.records import Record
+from shardbench.records import Record, oversubscription, placement_of
 from shardbench.studies.versus import model_states
 from shardbench.wording import first_sentence
 
@@ -32,8 +32,10 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
     say which); a ``repeat`` column once any cell was repeated (``run --repeat``: which repeat a
     row is, from 0); a ``fake`` column appears once any record was planned under FakeTensorMode, and
     an ``AC`` column once any record ran with activation checkpointing (its activations are
-    recomputed, so its memory and time are not the plain cell's), and ``peer_estimate_MiB`` once
-    any record carries a peer's own estimate of its model states (DeepSpeed's estimators).
+    recomputed, so its memory and time are not the plain cell's), an ``oversubscribed`` column
+    once any cell's ranks outnumbered the cores they ran on (its step time is not judged), and
+    ``peer_estimate_MiB`` once any record carries a peer's own estimate of its model states
+    (DeepSpeed's estimators).
     With ``tracebacks`` (a table written beside its ``errors/``), a ``traceback`` column once any
     cell failed: the file that holds its whole error.
     """
@@ -49,6 +51,7 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
         "AC": any(r.activation_checkpointing for r in records),
         "repeat": any(r.repeat for r in records),
         "traceback": tracebacks and any(error_file(r) for r in records),
+        "oversubscribed": any(oversubscription(r) for r in records),
         "peer_estimate_MiB": any(_peer_estimate(r) for r in records),
         "model_state_vs_peer_estimate": any(_peer_estimate(r) for r in records),
     }
@@ -73,6 +76,8 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
                 "precision": r.precision,
                 "batch_per_rank": r.batch_size_per_rank,
                 "status": r.status,
+                # its ranks waited for a core: its step time is not judged (studies.speed_verdict)
+                "oversubscribed": oversubscribed(r),
                 "step_ms": t.get("median", float("nan")) * 1e3 if t else None,
                 "step_mad_ms": t.get("mad", float("nan")) * 1e3 if t else None,
                 "samples_per_s": r.samples_per_s,
@@ -112,6 +117,16 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
     frame = pd.DataFrame(rows)
     unused = [column for column, shown in optional.items() if not shown]
     return frame if frame.empty else frame.drop(columns=unused)
+
+
+def oversubscribed(r: Record) -> str:
+    """The mark of a cell whose ranks outnumbered what they ran on, with how many on how many
+    ("more ranks than cores: 8 on 2"); "" for any other (``records.oversubscription``)."""
+    if not (crowded := oversubscription(r)):
+        return ""
+    what = crowded.rsplit(" ", 1)[-1]
+    placed = placement_of(r)
+    return f"{crowded}: {placed['ranks']} on {placed[what]}"
 
 
 def _peer_estimate(r: Record) -> int | None:

@@ -3,8 +3,10 @@ characters wide, a flag legend instead of repeated notes, and per group of compa
 line of ratios against ddp. The full table (every column) stays in ``table.md``/``table.csv``.
 
 Comparable cells: the same workload, preset, world size, precision, batch, activation
-checkpointing and the same simulated/fake mode; ratios are set against ddp's cell of the group
-(step time with ``compare``'s noise rule: a ratio within the noise says so).
+checkpointing and the same simulated/fake mode; ratios are set against ddp's cell of the group,
+the step time's with the run's speed verdict (``studies.speed_verdict``): faster or slower only
+beyond the spread between repeats, "within noise", or "not judged" (one run; more ranks than
+cores).
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shardbench.records import CellKey, Record
+from shardbench.records import CellKey, Record, oversubscription
 from shardbench.report.chart_types import reading_order
 from shardbench.report.tables import format_value
 from shardbench.studies.reference import REFERENCE
-from shardbench.studies.versus import Versus, against_reference, group_key, model_states, repeated
+from shardbench.studies.speed_verdict import ONE_RUN, REPEAT_HINT, RULE
+from shardbench.studies.versus import against_reference, group_key, model_states, repeated
 from shardbench.units import size_text
 from shardbench.wording import first_sentence, longest_piece, wrap
 
@@ -57,7 +60,13 @@ def flags(r: Record) -> str:
         out.append("1")
     if r.activation_checkpointing:
         out.append("AC")
+    if crowded := oversubscription(r):
+        out.append(CROWDED_FLAGS[crowded])
     return " ".join(out)
+
+
+#: the flag of a cell whose ranks outnumbered what they ran on (``records.oversubscription``)
+CROWDED_FLAGS = {"more ranks than cores": "R>C", "more ranks than devices": "R>D"}
 
 
 LEGEND = {
@@ -65,6 +74,8 @@ LEGEND = {
     "F": "fake: planned under FakeTensorMode, nothing allocated, no time",
     "1": "single-device: the strategy ran fewer ranks than requested",
     "AC": "activation checkpointing",
+    "R>C": "more ranks than cores: each waited for a core, so its step time is not judged",
+    "R>D": "more ranks than devices: each waited for a device, so its step time is not judged",
 }
 
 
@@ -119,17 +130,10 @@ def check_columns(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def noise_note(v: Versus) -> str:
-    """What the noise rule adds to a step-time ratio: "within noise", "too few to tell from
-    noise", or "" where the difference is beyond the noise (the ratio then stands alone)."""
-    if v.within_noise:
-        return "within noise"
-    return (v.noise or "").split(": ")[-1] if v.too_few_steps else ""
-
-
 def ratio_lines(records: Sequence[Record]) -> list[str]:
     """Per group with an ok ddp cell: each other ok strategy's peak, step time and bytes sent
-    per step against it (``studies.versus``)."""
+    per step against it (``studies.versus``), the step time's with its speed verdict (how it was
+    judged: ``verdict_lines``)."""
     lines = []
     for group in against_reference(records):
         parts = []
@@ -138,8 +142,8 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
             text += f"{v.peak:.2f}x peak" if v.peak else "peak unmeasured"
             if v.step_time:
                 text += f", {v.step_time:.2f}x step time"
-                if note := noise_note(v):
-                    text += f" ({note})"
+                if v.speed is not None:
+                    text += f" ({v.speed.note()})"
             if v.sent:
                 text += f", {v.sent:.2f}x bytes sent"
             parts.append(text)
@@ -147,6 +151,18 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
         how = group_how(key, group.repeat)
         head = f"{key.workload} {key.preset} N={key.world_size} {how} vs {REFERENCE}: "
         lines += wrap(head + "; ".join(parts), WIDTH, indent="  ")
+    return lines
+
+
+def verdict_lines(records: Sequence[Record]) -> list[str]:
+    """Under the ratio lines: the rule a ratio of repeats was judged by, where one was, and
+    how to have a ratio judged, where one run's was not."""
+    verdicts = [v.speed for group in against_reference(records) for v in group.others if v.speed]
+    lines = []
+    if any(v.pairs > 1 and v.band is not None for v in verdicts):
+        lines += wrap(f"step time: {RULE}", WIDTH, indent="  ")
+    if any(v.reason == ONE_RUN for v in verdicts):
+        lines += wrap(f"step time: {REPEAT_HINT}", WIDTH, indent="  ")
     return lines
 
 
@@ -212,7 +228,7 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     used = sorted({f for r in records for f in flags(r).split()}, key=list(LEGEND).index)
     legend = [f"{f} = {LEGEND[f]}" for f in used]
     extra = "\n".join(wrap("flags: " + "; ".join(legend), WIDTH)) if legend else ""
-    lines = ratio_lines(records) + exposed_lines(records)
+    lines = ratio_lines(records) + verdict_lines(records) + exposed_lines(records)
     return "\n".join(part for part in (text, extra, "\n".join(lines)) if part)
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from shardbench.records import Record
 from shardbench.studies.claim_specs import ClaimSpec, ClaimWorkload
-from shardbench.studies.compare_rules import step_time_noise
 from shardbench.studies.reference import REFERENCE, step_time_ratio
+from shardbench.studies.speed_verdict import SpeedVerdict, pair_verdict
 from shardbench.wording import first_sentence
 
 #: the strategy the claim is about, and the one it is set against (the catalog's reference)
@@ -140,14 +140,13 @@ class WorkloadResult:
             return None
         return step_time_ratio(ours, base) or None
 
-    def time_noise(self) -> str | None:
-        """Whether zero2's step time differs from DDP's by more than the noise, by the rule
-        ``compare`` uses: at least ``min_steps`` timed steps each, and a difference beyond
-        ``k_mad`` x the combined MAD; None when unmeasured."""
+    def time_verdict(self) -> SpeedVerdict | None:
+        """zero2's step time against DDP's, as a run's ratio lines judge it (``pair_verdict``:
+        one timing run is within its steps' noise or not judged); None when unmeasured."""
         ours, base = self.timing.get(OURS), self.timing.get(BASELINE)
         if ours is None or base is None:
             return None
-        return step_time_noise(ours, base, base_label=BASELINE)
+        return pair_verdict(ours, base)
 
     def verdict(self, world_size: int) -> tuple[bool | None, str]:
         mem, (size, lower, upper) = self.memory_ratio(), self.size_ratio()
@@ -173,9 +172,9 @@ class WorkloadResult:
             )
         else:
             parts.append("largest trainable: no boundary found in the sizes searched")
-        t = self.time_ratio()
+        t, judged = self.time_ratio(), self.time_verdict()
         parts.append(
-            f"step time {t:.2f}x {BASELINE} ({self.time_noise()})"
+            f"step time {t:.2f}x {BASELINE}" + (f" ({judged.note()})" if judged else "")
             if t is not None
             else "step time not measured"
         )

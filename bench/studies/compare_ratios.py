@@ -38,8 +38,11 @@ __all__ = [
     "cell_ratios",
     "group_of",
     "pair_spread",
+    "pairs_of",
     "pooled_error",
     "ratio_band",
+    "ratio_noise",
+    "ratio_of",
 ]
 #: MAD -> standard deviation of a normal sample
 _MAD_TO_SD = 1.4826
@@ -98,20 +101,32 @@ def cell_ratios(cells: Mapping[CellKey, Sequence[Record]]) -> dict[CellKey, Rati
         ref = reference.get(group_of(key))
         if key.strategy == REFERENCE or ref is None or any(r.max_size for r in records):
             continue
-        ours, theirs = _timed(records), _timed(ref)
-        pairs = [(ours[p], theirs[p]) for p in ours if p in theirs]
-        if pairs:
-            ratios = tuple(step_time_ratio(a, b) or 0.0 for a, b in pairs)  # (_timed: both timed)
-            out[key] = Ratio(
-                runs=tuple(p[0] for p in ours if p in theirs),
-                ratios=ratios,
-                errors=tuple(
-                    r * math.hypot(_se(a.step_time_s), _se(b.step_time_s))
-                    for r, (a, b) in zip(ratios, pairs, strict=True)
-                ),
-                steps=min(int(r.step_time_s.get("n") or 0) for pair in pairs for r in pair),
-            )
+        if (ratio := ratio_of(records, ref)) is not None:
+            out[key] = ratio
     return out
+
+
+def pairs_of(records: Sequence[Record], reference: Sequence[Record]) -> list[tuple[Record, Record]]:
+    """(cell's record, reference's record) of each run and repeat where both are ok and timed."""
+    ours, theirs = _timed(records), _timed(reference)
+    return [(ours[p], theirs[p]) for p in ours if p in theirs]
+
+
+def ratio_of(records: Sequence[Record], reference: Sequence[Record]) -> Ratio | None:
+    """A cell's ratio to its group's reference, pair by pair (``pairs_of``); None without a pair."""
+    pairs = pairs_of(records, reference)
+    if not pairs:
+        return None
+    ratios = tuple(step_time_ratio(a, b) or 0.0 for a, b in pairs)  # (_timed: both timed)
+    return Ratio(
+        runs=tuple(a.run_id for a, _ in pairs),
+        ratios=ratios,
+        errors=tuple(
+            r * math.hypot(_se(a.step_time_s), _se(b.step_time_s))
+            for r, (a, b) in zip(ratios, pairs, strict=True)
+        ),
+        steps=min(int(r.step_time_s.get("n") or 0) for pair in pairs for r in pair),
+    )
 
 
 def pair_spread(ratios: Iterable[Ratio]) -> float:
@@ -128,19 +143,30 @@ def ratio_band(
     """(bound, relative threshold, k x combined standard error) for a change of ``cur`` from
     ``base``; ``spread``: ``pair_spread`` of the comparison. The bound is the larger of the two."""
     errors = statistics.median((*base.errors, *cur.errors))
-
-    def error(side: Ratio) -> float:
-        # the machine's pair spread, this side's own where it is larger (two pairs that
-        # disagree), or the pairs' own error where steps are noisier still
-        per_pair = max(spread * side.value, _sd(side.deviations()), errors)
-        return _SD_TO_MEDIAN_SE * per_pair / math.sqrt(side.pairs)
-
-    pairs = math.hypot(error(base), error(cur))
+    pairs = math.hypot(_pairs_error(base, spread, errors), _pairs_error(cur, spread, errors))
     b, c = base.per_run(), cur.per_run()
     runs = _pooled_sd(b, c) * math.hypot(1 / math.sqrt(len(b)), 1 / math.sqrt(len(c)))
     noise = k * max(pairs, runs)
     relative = pct / 100.0 * base.value
     return max(relative, noise), relative, noise
+
+
+def _pairs_error(side: Ratio, spread: float, errors: float) -> float:
+    """The standard error of a side's ratio from its pairs: per pair the machine's pair spread,
+    this side's own where it is larger (two pairs that disagree), or the pairs' own error
+    (``errors``) where steps are noisier still, over the square root of its pairs."""
+    per_pair = max(spread * side.value, _sd(side.deviations()), errors)
+    return _SD_TO_MEDIAN_SE * per_pair / math.sqrt(side.pairs)
+
+
+def ratio_noise(side: Ratio, *, k: float, spread: float) -> float:
+    """``k`` x the standard error of one side's ratio, as ``ratio_band`` takes each side's: from
+    its pairs (``spread``: ``pair_spread`` of the run) or, where the side holds several runs,
+    from the spread between them, whichever is larger. What a same-code rerun could move the
+    ratio by: the noise a single run's speed verdict is judged against (``speed_verdict``)."""
+    pairs = _pairs_error(side, spread, statistics.median(side.errors))
+    runs = side.per_run()
+    return k * max(pairs, _pooled_sd(runs) / math.sqrt(len(runs)))
 
 
 def pooled_error(base: Ratio, cur: Ratio, *, spread: float) -> float:

@@ -102,10 +102,17 @@ def step_time_noise(ours: Record, base: Record, *, base_label: str) -> str | Non
     steps = min(ours.steps, base.steps)
     if steps < t.min_steps:
         return f"{steps} timed steps: too few to tell from noise"
-    noise = t.k_mad * math.hypot(a.get("mad") or 0.0, b.get("mad") or 0.0)
+    noise = step_noise(ours, base)
     if abs(a["median"] - b["median"]) <= noise:
         return "within noise"
     return f"beyond noise: {t.k_mad:g} x combined MAD = {noise / b['median']:.0%} of {base_label}'s"
+
+
+def step_noise(ours: Record, base: Record) -> float:
+    """How far apart two timed cells' median step times may be by their steps' noise alone:
+    ``k_mad`` x their combined MAD, in seconds."""
+    a, b = ours.step_time_s or {}, base.step_time_s or {}
+    return Thresholds().k_mad * math.hypot(a.get("mad") or 0.0, b.get("mad") or 0.0)
 
 
 @dataclass(frozen=True)

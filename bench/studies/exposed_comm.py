@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardbench.records import CellKey, Record
+from shardbench.records import CellKey, Record, oversubscription
 from shardbench.studies.compare_rules import step_time_noise
 
 
@@ -27,9 +27,9 @@ from shardbench.studies.compare_rules import step_time_noise
 class Exposed:
     fraction: float  # of the real step
     verdict: str  # "within noise", "beyond noise: ...", or "N timed steps: too few ..."
-    #: the real ranks outnumbered the host's cores: the difference includes waiting for a core,
-    #: which the twin (alone on the host) never does
-    crowded: bool = False
+    #: the real ranks outnumbered the host's cores (or devices): the difference includes waiting
+    #: for a turn, which the twin (alone on the host) never does
+    crowded: str | None = None
 
     def text(self) -> str:
         notes = []
@@ -38,7 +38,7 @@ class Exposed:
         elif self.verdict.endswith("too few to tell from noise"):
             notes.append("too few steps")
         if self.crowded:
-            notes.append("more ranks than cores")
+            notes.append(self.crowded)
         return f"{self.fraction:.0%}" + (f" ({', '.join(notes)})" if notes else "")
 
 
@@ -65,7 +65,5 @@ def exposed_comm(records: Sequence[Record]) -> dict[int, Exposed]:
         if None not in threads and threads[0] != threads[1]:
             continue  # the twin computed with other threads: its time is not this rank's compute
         verdict = step_time_noise(r, twin, base_label="the compute-only twin") or ""
-        cores = r.env.get("cpu_count")
-        crowded = r.device == "cpu" and isinstance(cores, int) and r.world_size > cores
-        out[id(r)] = Exposed((real - twin.step_time_s["median"]) / real, verdict, crowded)
+        out[id(r)] = Exposed((real - twin.step_time_s["median"]) / real, verdict, oversubscription(r))
     return out

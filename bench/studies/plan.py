@@ -18,8 +18,9 @@ Strategies are ranked by what they shard (nothing; optimizer state; + gradients;
 + parameters); within a rank the one with the most headroom is recommended. A peer that cannot
 be a simulated rank (DeepSpeed and FairScale run their own communication) keeps its row, marked
 "measured only on real ranks", with the command that measures it; it is never recommended. Where cells ran for
-real (not ``--fake``), their step time is set against ddp's with the noise rule ``compare``
-uses; a simulated world has no communication, so it is a compute-only time.
+real (not ``--fake``), their step time is set against ddp's with a run's speed verdict
+(``pair_verdict``: one run's ratio is within its steps' noise or not judged); a simulated world
+has no communication, so it is a compute-only time.
 
 This module returns data (``Plan``, ``PlanRow``); ``bench/report/plan_report.py`` renders it.
 """
@@ -32,9 +33,9 @@ from typing import Any
 
 from shardbench.harness.config import CellConfig, make_cell
 from shardbench.records import Record
-from shardbench.studies.compare_rules import step_time_noise
 from shardbench.studies.plan_reserve import Reserve, ReservePolicy
-from shardbench.studies.reference import REFERENCE, step_time_ratio
+from shardbench.studies.reference import REFERENCE
+from shardbench.studies.speed_verdict import SpeedVerdict, pair_verdict
 
 #: every strategy a user would choose between, least sharding first
 PLAN_STRATEGIES = (
@@ -142,8 +143,8 @@ class PlanRow:
     budget: int
     max_batch: int | None = None  # None: not searched
     reserve: Reserve = Reserve()
-    #: step time over ddp's and whether the difference is within noise, where both ran
-    step_vs_ddp: tuple[float, bool] | None = None
+    #: step time over ddp's and its speed verdict, where both ran and were timed
+    step_vs_ddp: SpeedVerdict | None = None
 
     @property
     def level(self) -> int:
@@ -272,11 +273,10 @@ def rows_from(
     return [replace(r, step_vs_ddp=_against(r, base)) for r in rows]
 
 
-def _against(row: PlanRow, base: PlanRow | None) -> tuple[float, bool] | None:
-    if base is None or base is row or not (ratio := step_time_ratio(row.record, base.record)):
+def _against(row: PlanRow, base: PlanRow | None) -> SpeedVerdict | None:
+    if base is None or base is row:
         return None
-    noise = step_time_noise(row.record, base.record, base_label=REFERENCE)
-    return ratio, noise == "within noise"
+    return pair_verdict(row.record, base.record)
 
 
 def recommend(rows: Sequence[PlanRow]) -> PlanRow | None:

@@ -3,9 +3,10 @@
 A group is the cells equal in all but the strategy (the same workload, preset, world size,
 precision, batch, activation checkpointing and simulated/fake mode: ``CellKey`` less the
 strategy). In each group with an ok ddp cell, every other ok strategy's peak, model states, step
-time and bytes sent per step are set against ddp's; the step time with ``compare``'s noise rule
-(``step_time_noise``), so a ratio that the noise explains says so. The terminal's ratio lines and
-the HTML report's summary table both render these, so they never disagree.
+time and bytes sent per step are set against ddp's; the step time with the run's speed verdict
+(``speed_verdict``: faster or slower only beyond what a rerun of the same code would show). The
+terminal's ratio lines and the HTML report's summary table both render these, so they never
+disagree.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardbench.records import CellKey, Record
-from shardbench.studies.compare_rules import step_time_noise
 from shardbench.studies.reference import REFERENCE, step_time_ratio
+from shardbench.studies.speed_verdict import SpeedVerdict, speed_verdicts, unpaired
 
 
 def model_states(r: Record) -> int | None:
@@ -43,23 +44,16 @@ def _ratio(ours: float | None, base: float | None) -> float | None:
 @dataclass(frozen=True)
 class Versus:
     """One strategy's cell against its group's ddp cell: ratios (None where either side has
-    no value) and the step time's noise verdict (``step_time_noise``; None without times)."""
+    no value) and the cell's speed verdict over all its repeats (``speed_verdict``; None
+    without times)."""
 
     record: Record
     base: Record
     peak: float | None
     model_states: float | None
     step_time: float | None
-    noise: str | None
+    speed: SpeedVerdict | None
     sent: float | None
-
-    @property
-    def within_noise(self) -> bool:
-        return self.noise == "within noise"
-
-    @property
-    def too_few_steps(self) -> bool:
-        return (self.noise or "").endswith("too few to tell from noise")
 
 
 @dataclass(frozen=True)
@@ -87,8 +81,10 @@ def against_reference(records: Sequence[Record]) -> list[Group]:
     """Per group with an ok ddp cell and another ok strategy, in the records' order: each other
     strategy against ddp. Max-size summaries (a search's answer, not a cell) are left out.
     Repeated cells are paired repeat by repeat (each strategy's repeat i against ddp's repeat i,
-    measured in the same round), a group per repeat, as ``compare`` pairs them."""
+    measured in the same round), a group per repeat, as ``compare`` pairs them; each carries
+    the verdict of its cell over all its repeats."""
     by_repeat = repeated(records)
+    verdicts = speed_verdicts(records)
     groups: dict[tuple[CellKey, int | None], list[Record]] = {}
     for r in records:
         if r.status == "ok" and not r.max_size:
@@ -105,7 +101,7 @@ def against_reference(records: Sequence[Record]) -> list[Group]:
                 peak=_ratio(peak(r), peak(base)),
                 model_states=_ratio(model_states(r), model_states(base)),
                 step_time=step_time_ratio(r, base),
-                noise=step_time_noise(r, base, base_label=REFERENCE),
+                speed=verdicts.get(CellKey.of(r)) or unpaired(r, base),
                 sent=_ratio(sent(r), sent(base)),
             )
             for r in members
