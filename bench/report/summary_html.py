@@ -14,22 +14,24 @@ from collections.abc import Sequence
 from shardbench.records import CellKey, Record
 from shardbench.report.chart_types import reading_order
 from shardbench.report.tables import error_file
-from shardbench.report.terminal import bytes_text, group_how, noise_note, step_text
+from shardbench.report.terminal import bytes_text, group_how, noise_note, percent_text, step_text
 from shardbench.studies.reference import REFERENCE
 from shardbench.studies.versus import Versus, against_reference, group_key, model_states, repeated
 from shardbench.wording import first_sentence
 
 #: the leading columns, then per metric its value and its ratio to ddp's
 KEY_HEAD = ("workload", "preset", "N", "how", "strategy")
-METRICS = ("peak", "model states", "step time", "sent per step")
+METRICS = ("peak", "model states", "step time", "MFU", "sent per step")
 
 HOW = (
     f"Each strategy against {REFERENCE} in the same cell (workload, preset, N, precision, batch, "
     f"real or simulated): below 1× is less memory or a faster step than {REFERENCE}'s. Peak is the "
     "highest rank's; model states are params + grads + optimizer state after a step; a step time "
     'is the slowest rank\'s median ± MAD, and its ratio is "within noise" when the difference is '
-    "within 3× the combined MAD (the rule compare uses); sent per step is what one rank sends in "
-    "a steady step."
+    "within 3× the combined MAD (the rule compare uses); MFU is one rank's model FLOPs per step over "
+    "the median step time, against the device's peak (a datasheet's, or this machine's measured GEMM "
+    "peak: docs/measuring.md), and its ratio to ddp's is the inverse of the step-time ratio; sent per "
+    "step is what one rank sends in a steady step."
 )
 
 
@@ -63,6 +65,7 @@ def _values(r: Record) -> list[str]:
         bytes_text((r.peak_mem_bytes or {}).get("max")),
         bytes_text(model_states(r)),
         step_text(r),
+        percent_text(r.mfu),
         bytes_text((r.comm_per_step or {}).get("sent_per_rank")),
     ]
 
@@ -72,6 +75,7 @@ def _ratios(v: Versus) -> list[str]:
         f"<td>{_ratio(v.peak)}</td>",
         f"<td>{_ratio(v.model_states)}</td>",
         _step_ratio(v),
+        f"<td>{_ratio(v.record.mfu / v.base.mfu if v.record.mfu and v.base.mfu else None)}</td>",
         f"<td>{_ratio(v.sent)}</td>",
     ]
 
