@@ -8,9 +8,9 @@
   the dtype. ``kind`` "measured"; the figure is the probe's best rate, with the median and MAD
   of its repeats beside it.
 
-A datasheet peak is a clock-boosted ceiling no real kernel reaches (a large bf16 GEMM gets 70 to
-80% of it on an H100); a measured peak is what one large GEMM reaches on this machine now. An MFU
-against the one does not compare with an MFU against the other: the record says which it is.
+A datasheet peak is a boost-clock ceiling no real kernel reaches; a measured peak is what one
+large GEMM reached on this machine. An MFU against the one does not compare with an MFU against
+the other: the record says which it is.
 
 This module imports no torch: the table and the cache are read by commands that never build a
 model; only a probe that has to run imports it (``gemm_probe``).

@@ -237,18 +237,17 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
 
 
 def peak_lines(records: Sequence[Record]) -> list[str]:
-    """Which peak each MFU was set against, once per distinct peak: "MFU against the measured
-    peak of <CPU>, fp32, 1 thread: 0.209 TFLOP/s (GEMM probe ...)"."""
+    """Which peak each MFU was set against, once per distinct peak: "MFU against 0.212 TFLOP/s,
+    the measured peak of <CPU> at fp32, 1 thread (docs/measuring.md)"."""
     seen: dict[str, None] = {}
     for r in records:
         p = r.peak_flops_per_s
         if r.mfu is None or not p:
             continue
         threads = f", {p['threads']} thread{'s' if p['threads'] != 1 else ''}" if p.get("threads") else ""
-        how = "datasheet's" if p.get("kind") == "datasheet" else "GEMM probe's best"
         seen[
-            f"MFU against the {p.get('kind')} peak of {p.get('device_name')}, {p.get('dtype')}{threads}: "
-            f"{p['flops_per_s'] / 1e12:.3g} TFLOP/s ({how}; docs/measuring.md)"
+            f"MFU against {p['flops_per_s'] / 1e12:.3g} TFLOP/s, the {p.get('kind')} peak of "
+            f"{p.get('device_name')} at {p.get('dtype')}{threads} (docs/measuring.md)"
         ] = None
     return [line for text in seen for line in wrap(text, WIDTH, indent="  ")]
 
