@@ -34,7 +34,9 @@ from typing import Any, NamedTuple
 #: ``repeat`` index. Records without ``schema`` are version 1; every older record still loads.
 #: ``activation_checkpointing`` came later without a bump: a record without it reads as False,
 #: which is what every older record measured; so did ``placement``: a record without it is read
-#: from its world size and the host's core count (``oversubscription``).
+#: from its world size and the host's core count (``oversubscription``). So did the throughput
+#: fields (``flops_per_step``, ``peak_flops_per_s``, ``achieved_flops_per_s``, ``mfu``, ``hfu``,
+#: ``tokens_per_s``): an older record reads with them None, counted by nobody.
 SCHEMA = 3
 STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped")
 FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
@@ -189,6 +191,21 @@ class Record:
     #: simulated world), and what they ran on, ``cores`` (the CPU cores a rank may use) or
     #: ``devices`` (CUDA devices); read by ``oversubscription``
     placement: dict[str, int] | None = None
+    #: one rank's training step of its own batch, forward and backward, as torch's
+    #: FlopCounterMode counts it (``bench/metrics/flops.py``): ``model`` (the math once, MFU's)
+    #: and ``hardware`` (activation checkpointing's recompute included, HFU's), ``per_sample``,
+    #: ``per_token`` (a sequence workload), the matmul ``dtype``, ``by_op``, ``counted_on``
+    flops_per_step: dict[str, Any] | None = None
+    #: the peak MFU and HFU are set against: ``flops_per_s``, ``kind`` ("datasheet" or
+    #: "measured"), ``dtype``, ``source`` (``bench/metrics/peaks.py``)
+    peak_flops_per_s: dict[str, Any] | None = None
+    #: per rank: FLOPs per step (``model``, ``hardware``) over the median step time
+    achieved_flops_per_s: dict[str, float] | None = None
+    #: model FLOPs utilisation: achieved model FLOP/s over the peak; ``hfu`` the hardware one's
+    mfu: float | None = None
+    hfu: float | None = None
+    #: ``samples_per_s`` times the workload's tokens per sample (a sequence workload)
+    tokens_per_s: float | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:

@@ -85,6 +85,12 @@ class Workload(ABC):
     def loss(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         """Mean training loss over the batch (mean, so DDP's gradient averaging is exact)."""
 
+    def tokens_per_sample(self, preset: str) -> int | None:
+        """The sequence positions one sample runs through the model (a transformer's sequence
+        length), for FLOPs and throughput per token; None for a workload without a sequence
+        of tokens (images, audio clips of varying length)."""
+        return None
+
     def size_family(self, around: str | None = None) -> SizeFamily | None:
         """The continuous family a max-size search walks (None: search the ``ladder``).
         ``around``: the preset the search starts from; a workload whose shapes are keyword

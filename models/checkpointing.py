@@ -21,19 +21,27 @@ Two things a recompute must not change:
   recompute runs under a context (``checkpoint``'s ``context_fn``) that snapshots the unit's
   norm buffers when the recompute starts (they are then as the whole forward left them) and
   restores them when it ends, early stop included.
+
+``without_recompute()`` runs every checkpointed unit as the plain module for a while: one
+forward and one backward, nothing recomputed. Counting a step's FLOPs under it gives the math
+the step does once (model FLOPs), beside what a checkpointed step executes (hardware FLOPs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
+
+#: set by ``without_recompute``: checkpointed units run their original forward
+_PLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("shardbench_checkpointing_plain", default=False)
 
 #: original class -> its checkpointed subclass (one per class, so isinstance and FSDP2's
 #: per-class wrapper cache keep working)
@@ -73,7 +81,7 @@ def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
         original: Callable[..., Any] = cls.forward
 
         def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled():  # nothing is saved for backward: nothing to recompute
+            if not torch.is_grad_enabled() or _PLAIN.get():  # nothing to recompute, or asked not to
                 return original(self, *args, **kwargs)
             return checkpoint(
                 original,
@@ -90,6 +98,17 @@ def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
             f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "__module__": cls.__module__}
         )
     return _CHECKPOINTED[cls]
+
+
+@contextlib.contextmanager
+def without_recompute() -> Iterator[None]:
+    """Within it, checkpointed units keep their activations like plain modules and recompute
+    nothing (see the module docstring); the checkpointing itself stays applied."""
+    token = _PLAIN.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN.reset(token)
 
 
 def is_checkpointed(module: nn.Module) -> bool:

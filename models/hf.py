@@ -172,6 +172,9 @@ class HFWorkload(Workload):
         (ca, sa), (cb, sb) = self.config(a), self.config(b)
         return sa == sb and ca.to_dict() == cb.to_dict()
 
+    def tokens_per_sample(self, preset: str) -> int:
+        return self.config(preset)[1]
+
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         config, _ = self.config(preset, dropout=dropout)
         return self.model_class(config)

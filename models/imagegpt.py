@@ -53,6 +53,11 @@ class ImageGPTWorkload(BuiltinWorkload):
         config, _ = self._config(preset, dropout)
         return ImageGPTForCausalImageModeling(config)
 
+    def tokens_per_sample(self, preset: str) -> int:
+        """The sequence: the start token and the first ``side * side - 1`` pixels."""
+        self.check_preset(preset)
+        return int(self.presets[preset]["side"]) ** 2
+
     def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
         """Each transformer block (``transformer.h[i]``: attention and MLP)."""
         blocks = model.transformer.h

@@ -59,6 +59,12 @@ class TransformerWorkload(BuiltinWorkload):
         config, extra = self._config(preset, dropout)
         return BertClassifier(config, num_labels=extra["num_labels"], head_dropout=0.3 if dropout else 0.0)
 
+    def tokens_per_sample(self, preset: str) -> int:
+        """The sequence length: every position is computed, padded ones included (the mask
+        only hides them from attention)."""
+        self.check_preset(preset)
+        return int(self.presets[preset]["seq_len"])
+
     def checkpoint_units(self, model: nn.Module) -> list[nn.Module]:
         """Each BERT layer (``bert.encoder.layer[i]``: self-attention and feed-forward)."""
         assert isinstance(model, BertClassifier)

@@ -1,6 +1,7 @@
 """Shared test fixtures. Tests run on CPU with gloo; one thread per process keeps N ranks on
 two cores from thrashing."""
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,6 +33,19 @@ def pytest_configure(config: pytest.Config) -> None:
 def tiny_cell() -> Callable[..., CellConfig]:
     """``tiny_cell(**overrides)``: a CellConfig of the tiny transformer (tests/cells.py)."""
     return cells.tiny_cell
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _results_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A results home of the session's own: what the tests' cells cache there (this CPU's
+    measured peak FLOP/s) never lands in the checkout's results/, and is measured once."""
+    before = os.environ.get("SHARDBENCH_HOME")
+    os.environ["SHARDBENCH_HOME"] = str(tmp_path_factory.mktemp("home"))
+    yield
+    if before is None:
+        os.environ.pop("SHARDBENCH_HOME", None)
+    else:
+        os.environ["SHARDBENCH_HOME"] = before
 
 
 @pytest.fixture(scope="session", autouse=True)

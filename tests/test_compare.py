@@ -441,3 +441,13 @@ def test_every_regressed_row_comes_before_any_other(tmp_path: Path) -> None:
     page = to_html(comparison, baseline="b", current="c")
     classes = [part.split('"')[0] for part in page.split('<tr class="')[1:]]
     assert classes[:2] == ["regressed", "regressed"] and "regressed" not in classes[2:], classes
+
+
+def test_mfu_is_reported_beside_the_step_time_and_never_gated() -> None:
+    """A cell whose MFU halved (its FLOPs counted differently, say) is not a regression: the
+    step time is what is gated."""
+    cell = one([rec(mfu=0.4)], [rec(mfu=0.2)])
+    mfu = next(m for m in cell.metrics if m.metric == "mfu")
+    assert (mfu.baseline, mfu.current, mfu.verdict, mfu.unit) == (0.4, 0.2, "not gated", "fraction")
+    assert cell.verdict == "unchanged" and not cell.regressed
+    assert "mfu" not in verdicts(one([rec()], [rec()]))  # records that counted no FLOPs: no row

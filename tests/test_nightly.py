@@ -74,6 +74,9 @@ def test_nightly_twice_against_a_saved_baseline(tmp_path: Path, baselines: Path,
     assert {line["baseline"] for line in lines} == {"nightly-test"}
     peak = lines[0]["metrics"]["peak_mem_bytes"]
     assert peak["value"] == peak["baseline"] and peak["low"] < peak["value"] < peak["high"]
+    mfu = lines[0]["metrics"]["mfu"]  # drawn in the trend, never gated
+    assert mfu["verdict"] == "not gated" and 0 < mfu["value"] < 1 and mfu["unit"] == "fraction"
+    assert (tmp_path / "n1" / "trend" / "trend-mfu.png").is_file()
     night = read_records([tmp_path / "n1"])
     assert all(r.tags["nightly"] == "nightly-test" and r.name.startswith("nightly-test-") for r in night)
 

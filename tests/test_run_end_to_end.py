@@ -59,6 +59,17 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
                 r.peak_mem_bytes["per_rank"].index(r.peak_mem_bytes["max"])
             ]
         )
+        # throughput: one rank's FLOPs over the slowest rank's median step, against this CPU's
+        # measured peak at the rank's threads; tokens/s beside samples/s
+        flops, median = r.flops_per_step, r.step_time_s["median"]
+        assert r.achieved_flops_per_s["model"] == pytest.approx(flops["model"] / median)
+        assert (
+            r.peak_flops_per_s["kind"] == "measured" and r.peak_flops_per_s["threads"] == r.threads_per_rank
+        )
+        assert 0 < r.mfu == pytest.approx(r.achieved_flops_per_s["model"] / r.peak_flops_per_s["flops_per_s"])
+        assert r.tokens_per_s == pytest.approx(r.samples_per_s * flops["tokens_per_sample"])
+    # the math of a rank's step is the same whatever the strategy shards
+    assert len({(r.flops_per_step["model"], r.flops_per_step["hardware"]) for r in records}) == 1
 
 
 def test_dp_on_cpu_is_recorded_as_single_device(smoke_run: Path) -> None:

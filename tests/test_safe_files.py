@@ -118,7 +118,8 @@ def test_history_keeps_every_line_and_sets_a_partial_one_aside(tmp_path: Path) -
         append_history(tmp_path, [{"a": 6}])
 
 
-def test_nightly_refuses_a_history_directory_before_running(tmp_path: Path, capsys) -> None:
+def test_nightly_refuses_a_history_directory_before_running(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("SHARDBENCH_HOME")  # the checkout's results/: its committed nightly-cpu baseline
     assert (
         main(["nightly", "--suite", "nightly-cpu", "--history", str(tmp_path), "--out", str(tmp_path / "n")])
         == 2

@@ -14,7 +14,15 @@ import pytest
 from shardbench.cli import build_parser, main
 from shardbench.records import read_records
 from shardbench.report.tables import write_tables
-from shardbench.report.terminal import COLUMNS, WIDTH, check_columns, flags, ratio_lines, terminal_table
+from shardbench.report.terminal import (
+    COLUMNS,
+    DEFAULT_COLUMNS,
+    WIDTH,
+    check_columns,
+    flags,
+    ratio_lines,
+    terminal_table,
+)
 
 SAMPLES = Path(__file__).resolve().parents[1] / "results" / "samples"
 
@@ -155,3 +163,19 @@ def test_a_list_of_choices_is_refused_by_the_parser(capsys) -> None:
     err = capsys.readouterr().err
     assert e.value.code == 2 and "invalid choice: 'fp8' (choose from fp32, bf16" in err
     assert build_parser().parse_args(["run", "--precision", "fp32,bf16"]).precision == ("fp32", "bf16")
+
+
+def test_mfu_column_and_the_peak_it_is_set_against(records) -> None:
+    ok = next(r for r in records if r.status == "ok" and r.step_time_s)
+    peak = {"flops_per_s": 2.09e11, "kind": "measured", "dtype": "fp32", "device_name": "Xeon", "threads": 1}
+    counted = replace(
+        ok, mfu=0.00426, achieved_flops_per_s={"model": 8.9e8, "hardware": 8.9e8}, peak_flops_per_s=peak
+    )
+    assert DEFAULT_COLUMNS[-1] == "mfu"
+    text = terminal_table([counted, replace(ok, strategy="zero2")], (*DEFAULT_COLUMNS, "tflops"))
+    header, row, other = text.splitlines()[:3]
+    assert header.split()[-2:] == ["MFU", "TFLOP/s"] and row.split()[-2:] == ["0.426%", "0.00089"]
+    assert other.split()[-1] not in ("0.426%", "0.00089")  # a record without a count: blank cells
+    assert (
+        "MFU against 0.209 TFLOP/s, the measured peak of Xeon at fp32, 1 thread (docs/measuring.md)" in text
+    )

@@ -15,7 +15,11 @@ from shardbench.harness.config import load_suite, suite_names
 def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
     lst = sub.add_parser("list", help="workloads (presets, parameter counts), strategies, suites")
     lst.add_argument("--json", action="store_true", help="machine-readable output")
-    sub.add_parser("env", help="versions and devices of this machine")
+    sub.add_parser(
+        "env",
+        help="versions and devices of this machine, and the peak FLOP/s MFU is set against "
+        "(a CUDA device's datasheet; the CPU's GEMM probe, measured once and cached in the results home)",
+    )
 
 
 def listing() -> dict:
@@ -86,5 +90,35 @@ def cmd_env(args: argparse.Namespace) -> int:
     env["cuda_available"] = torch.cuda.is_available()
     env["gloo_available"] = torch.distributed.is_gloo_available()
     env["nccl_available"] = torch.distributed.is_nccl_available()
+    env["peak_flops"] = peak_flops(env)
     print(json.dumps(env, indent=2))
     return 0
+
+
+def peak_flops(env: dict) -> dict:
+    """What MFU is set against on this machine: each CUDA device's datasheet peaks, and this
+    CPU's measured peaks cached in the results home (a record's threads and dtype pick one);
+    the CPU's fp32 peak at a lone rank's threads is measured now when it was never measured."""
+    import torch
+
+    from shardbench.harness.config import threads_per_rank
+    from shardbench.metrics.peaks import DTYPES, cache_file, datasheet_peak, measured_peak, read_cache
+    from shardbench.records import capture_env
+
+    out: dict = {"cache": str(cache_file())}
+    if torch.cuda.is_available():
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        out["cuda"] = {
+            name: {d: p["flops_per_s"] if (p := datasheet_peak(name, d)) else None for d in DTYPES}
+            for name in names
+        }
+    cpu = env["device_name"] if not torch.cuda.is_available() else capture_env("cpu")["device_name"]
+    measured_peak("cpu", cpu, "fp32", threads_per_rank(1), torch_version=torch.__version__)
+    out["cpu_measured"] = {
+        key: {
+            k: entry.get(k) for k in ("flops_per_s", "median_flops_per_s", "mad_flops_per_s", "measured_at")
+        }
+        for key, entry in read_cache().items()
+        if entry.get("device_name") == cpu and entry.get("torch") == torch.__version__
+    }
+    return out

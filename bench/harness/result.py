@@ -73,6 +73,12 @@ class RankResult:
     startup_s: dict[str, float | None] | None = None
     #: the cell's ranks on this rank's host and what they ran on (``Record.placement``)
     placement: dict[str, int] | None = None
+    #: rank 0: the FLOPs of one step of its batch (``harness.counting.cell_flops``), or why
+    #: they were not counted
+    flops: dict[str, Any] | None = None
+    flops_note: str | None = None
+    #: rank 0 of a CUDA cell: its device's peak FLOP/s (``bench/metrics/peaks.py``)
+    peak: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return finite(asdict(self))
@@ -216,8 +222,46 @@ def build_record(
     record.step_times_s = steps or None
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
         record.samples_per_s = cell.batch_size * world_size / times["median"]
+    _add_throughput(record, cell, results)
     _add_memory(record, cell, results)
     return record
+
+
+def _add_throughput(record: Record, cell: CellConfig, results: list[RankResult]) -> None:
+    """FLOPs per step (rank 0's count), tokens/s, and where the step was timed, the FLOP/s a
+    rank achieved and its MFU and HFU. A simulated cell's are its compute's (its step time
+    has no communication in it, as its samples/s, which it does not have, would say)."""
+    flops = next((r.flops for r in results if r.flops), None)
+    why = next((r.flops_note for r in results if r.flops_note), None)
+    record.flops_per_step = flops
+    if flops and flops.get("tokens_per_sample") and record.samples_per_s:
+        record.tokens_per_s = record.samples_per_s * flops["tokens_per_sample"]
+    median = (record.step_time_s or {}).get("median")
+    if flops and median:
+        record.achieved_flops_per_s = {k: flops[k] / median for k in ("model", "hardware")}
+        try:
+            peak = next((r.peak for r in results if r.peak), None) or _host_peak(cell, record, flops["dtype"])
+        except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its MFU only
+            peak, why = None, f"no peak FLOP/s ({type(e).__name__}: {e})"
+        if peak:
+            record.peak_flops_per_s = peak
+            record.mfu = record.achieved_flops_per_s["model"] / peak["flops_per_s"]
+            record.hfu = record.achieved_flops_per_s["hardware"] / peak["flops_per_s"]
+    if why:
+        record.note = "; ".join(p for p in (record.note, why) if p)
+
+
+def _host_peak(cell: CellConfig, record: Record, dtype: str) -> dict[str, Any] | None:
+    """A CPU cell's peak: this machine's GEMM probe at the cell's dtype and threads per rank,
+    measured once and cached in the results home (``bench/metrics/peaks.py``). Run here, after
+    the cell's ranks have ended, so the probe has the cores to itself. (A CUDA cell's rank 0
+    resolved its own.)"""
+    if cell.device != "cpu":
+        return None
+    from shardbench.metrics.peaks import measured_peak
+
+    name = record.env.get("device_name") or "unknown CPU"
+    return measured_peak("cpu", name, dtype, record.threads_per_rank, torch_version=record.env["torch"])
 
 
 def _add_memory(record: Record, cell: CellConfig, results: list[RankResult]) -> None:

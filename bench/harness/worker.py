@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
+from shardbench.harness.counting import cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
 from shardbench.harness.phases import (
@@ -205,6 +206,10 @@ def _train_and_measure(
     model = build_model(workload, cell, ctx.device)
     num_params = sum(p.numel() for p in model.parameters())
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    # before the strategy wraps the model: no collective, no hook sees the count (counting.py)
+    flops, flops_note = (
+        cell_flops(cell, workload, model, ctx.device, data_rank=0) if rank == 0 else (None, None)
+    )
     if (units := workload.shard_units(model)) is not None:
         ctx = dataclasses.replace(ctx, shard_units=tuple(units))
     model, use_autocast = strategy.prepare_precision(model, cell.precision)
@@ -239,6 +244,12 @@ def _train_and_measure(
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with the step it happened at
         raise StepFailed(steps.step, e) from e
+    peak = None
+    if rank == 0 and flops is not None and ctx.device.type == "cuda" and not cell.fake:
+        try:
+            peak = cuda_peak(flops["dtype"])
+        except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its MFU only
+            flops_note = f"no peak FLOP/s ({type(e).__name__}: {e})"
     settings = strategy.settings()
     if memory.kernels is not None:
         settings["kernels"] = memory.kernels
@@ -264,6 +275,9 @@ def _train_and_measure(
         comm_overlap=overlap,
         threads=torch.get_num_threads(),
         comm_shape=comm_shape_of(cell) if rank == 0 else None,
+        flops=flops,
+        flops_note=flops_note,
+        peak=peak,
     )
 
 

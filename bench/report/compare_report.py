@@ -32,6 +32,8 @@ def metric_value(m: MetricDelta, value: float | None) -> str:
         return f"{value:,.0f} per rank"
     if m.unit == "x":
         return f"{value:.3f}x"
+    if m.unit == "fraction":
+        return f"{value * 100:.3g}%"
     return f"{value * 1e3:.3f} ms"
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from shardbench.records import CellKey, Record
 from shardbench.report.chart_types import reading_order
 from shardbench.report.tables import error_file
-from shardbench.report.terminal import bytes_text, group_how, step_text
+from shardbench.report.terminal import bytes_text, group_how, percent_text, step_text
 from shardbench.studies.reference import REFERENCE
 from shardbench.studies.speed_verdict import RULE
 from shardbench.studies.versus import Versus, against_reference, group_key, model_states, repeated
@@ -23,7 +23,7 @@ from shardbench.wording import first_sentence
 
 #: the leading columns, then per metric its value and its ratio to ddp's
 KEY_HEAD = ("workload", "preset", "N", "how", "strategy")
-METRICS = ("peak", "model states", "step time", "sent per step")
+METRICS = ("peak", "model states", "step time", "MFU", "sent per step")
 
 HOW = (
     f"Each strategy against {REFERENCE} in the same cell (workload, preset, N, precision, batch, "
@@ -33,7 +33,9 @@ HOW = (
     f"rerun of the same code would show: with repeats (run --repeat), {RULE}; one run's ratio is "
     '"within noise" where 3× its cells\' combined MAD holds 1 and lies as narrowly, and "not judged" '
     "otherwise; a cell with more ranks than cores is never judged. Sent per step is what one rank "
-    "sends in a steady step."
+    "sends in a steady step. MFU is one rank's model FLOPs per step over the median step time, "
+    "against the device's peak (a datasheet's, or this machine's measured GEMM peak: "
+    "docs/measuring.md); its ratio to ddp's is the inverse of the step-time ratio, judged alike."
 )
 
 
@@ -51,14 +53,15 @@ def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}×"
 
 
-def _step_ratio(v: Versus) -> str:
-    """The ratio, with what the noise rule says of it; the rule's own words in a tooltip."""
-    if v.step_time is None:
+def _speed_ratio(v: Versus, ratio: float | None) -> str:
+    """A ratio of speed (step time, or MFU, its inverse), with what the noise rule says of the
+    step times; the rule's own words in a tooltip."""
+    if ratio is None:
         return "<td></td>"
     if v.speed is None:
-        return f"<td>{_ratio(v.step_time)}</td>"
+        return f"<td>{_ratio(ratio)}</td>"
     cls = "beyond" if v.speed.judged else "noise"
-    text = _ratio(v.step_time) + f' <span class="{cls}">{_e(v.speed.note())}</span>'
+    text = _ratio(ratio) + f' <span class="{cls}">{_e(v.speed.note())}</span>'
     return f'<td title="{_e(v.speed.rule)}">{text}</td>'
 
 
@@ -68,6 +71,7 @@ def _values(r: Record) -> list[str]:
         bytes_text((r.peak_mem_bytes or {}).get("max")),
         bytes_text(model_states(r)),
         step_text(r),
+        percent_text(r.mfu),
         bytes_text((r.comm_per_step or {}).get("sent_per_rank")),
     ]
 
@@ -76,7 +80,8 @@ def _ratios(v: Versus) -> list[str]:
     return [
         f"<td>{_ratio(v.peak)}</td>",
         f"<td>{_ratio(v.model_states)}</td>",
-        _step_ratio(v),
+        _speed_ratio(v, v.step_time),
+        _speed_ratio(v, v.record.mfu / v.base.mfu if v.record.mfu and v.base.mfu else None),
         f"<td>{_ratio(v.sent)}</td>",
     ]
 

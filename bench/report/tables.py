@@ -24,6 +24,27 @@ def _mib(nbytes: int | None) -> float | None:
     return None if nbytes is None else nbytes / MIB
 
 
+#: the columns of FLOPs and utilisation, shown once any record counted its FLOPs
+THROUGHPUT_COLUMNS = (
+    "tokens_per_s",
+    "model_GFLOP_per_step",
+    "hw_GFLOP_per_step",
+    "TFLOP_s_per_rank",
+    "MFU",
+    "HFU",
+    "peak_TFLOP_s",
+    "peak_kind",
+)
+
+
+def _giga(flops: float | None) -> float | None:
+    return None if flops is None else flops / 1e9
+
+
+def _tera(flops: float | None) -> float | None:
+    return None if flops is None else flops / 1e12
+
+
 def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> pd.DataFrame:
     """Flatten records into one row per cell (memory in MiB, time in ms): the peak's breakdown
     (``params_MiB`` ... ``other_MiB``) and the model states held after the step (``held_*``).
@@ -33,9 +54,10 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
     row is, from 0); a ``fake`` column appears once any record was planned under FakeTensorMode, and
     an ``AC`` column once any record ran with activation checkpointing (its activations are
     recomputed, so its memory and time are not the plain cell's), an ``oversubscribed`` column
-    once any cell's ranks outnumbered the cores they ran on (its step time is not judged), and
+    once any cell's ranks outnumbered the cores they ran on (its step time is not judged),
     ``peer_estimate_MiB`` once any record carries a peer's own estimate of its model states
-    (DeepSpeed's estimators).
+    (DeepSpeed's estimators), and the throughput columns (tokens/s, FLOPs per step, TFLOP/s per
+    rank, MFU, HFU, the peak and its kind) once any record counted its FLOPs.
     With ``tracebacks`` (a table written beside its ``errors/``), a ``traceback`` column once any
     cell failed: the file that holds its whole error.
     """
@@ -54,6 +76,7 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
         "oversubscribed": any(oversubscription(r) for r in records),
         "peer_estimate_MiB": any(_peer_estimate(r) for r in records),
         "model_state_vs_peer_estimate": any(_peer_estimate(r) for r in records),
+        **dict.fromkeys(THROUGHPUT_COLUMNS, any(r.flops_per_step for r in records)),
     }
     for r in records:
         bd = r.mem_breakdown_bytes or {}
@@ -81,6 +104,16 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
                 "step_ms": t.get("median", float("nan")) * 1e3 if t else None,
                 "step_mad_ms": t.get("mad", float("nan")) * 1e3 if t else None,
                 "samples_per_s": r.samples_per_s,
+                "tokens_per_s": r.tokens_per_s,
+                # one rank's step, forward and backward (bench/metrics/flops.py), and what the
+                # rank achieved against the device's peak (bench/metrics/peaks.py)
+                "model_GFLOP_per_step": _giga((r.flops_per_step or {}).get("model")),
+                "hw_GFLOP_per_step": _giga((r.flops_per_step or {}).get("hardware")),
+                "TFLOP_s_per_rank": _tera((r.achieved_flops_per_s or {}).get("model")),
+                "MFU": r.mfu,
+                "HFU": r.hfu,
+                "peak_TFLOP_s": _tera((r.peak_flops_per_s or {}).get("flops_per_s")),
+                "peak_kind": (r.peak_flops_per_s or {}).get("kind"),
                 "peak_MiB": _mib((r.peak_mem_bytes or {}).get("max")),
                 "params_MiB": _mib(bd.get("params")),
                 "grads_MiB": _mib(bd.get("grads")),

@@ -38,6 +38,17 @@ def step_text(r: Record) -> str:
     return f"{med:.2f} ± {mad:.2f} s" if med >= 1 else f"{med * 1e3:.0f} ± {mad * 1e3:.0f} ms"
 
 
+def percent_text(fraction: float | None) -> str:
+    """A utilisation as a percentage, three significant figures: 0.00426 reads 0.426%."""
+    return "" if fraction is None else f"{fraction * 100:.3g}%"
+
+
+def tflops_text(r: Record) -> str:
+    """The model FLOP/s a rank achieved, in TFLOP/s (three significant figures)."""
+    achieved = (r.achieved_flops_per_s or {}).get("model")
+    return "" if achieved is None else f"{achieved / 1e12:.3g}"
+
+
 def _states(r: Record) -> str:
     held, predicted = model_states(r), (r.predicted_mem_bytes or {}).get("total")
     return f"{held / predicted:.3f}" if held and predicted else ""
@@ -103,6 +114,12 @@ COLUMNS: dict[str, Column] = {
     "throughput": Column(
         "samples/s", lambda r: format_value(r.samples_per_s) if r.samples_per_s else "", right=True
     ),
+    "tokens/s": Column(
+        "tokens/s", lambda r: format_value(r.tokens_per_s) if r.tokens_per_s else "", right=True
+    ),
+    "tflops": Column("TFLOP/s", tflops_text, right=True),
+    "mfu": Column("MFU", lambda r: percent_text(r.mfu), right=True),
+    "hfu": Column("HFU", lambda r: percent_text(r.hfu), right=True),
     "comm": Column(
         "sent/step", lambda r: bytes_text((r.comm_per_step or {}).get("sent_per_rank")), right=True
     ),
@@ -120,6 +137,7 @@ DEFAULT_COLUMNS = (
     "states/pred",
     "step",
     "throughput",
+    "mfu",
 )
 
 
@@ -228,8 +246,26 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     used = sorted({f for r in records for f in flags(r).split()}, key=list(LEGEND).index)
     legend = [f"{f} = {LEGEND[f]}" for f in used]
     extra = "\n".join(wrap("flags: " + "; ".join(legend), WIDTH)) if legend else ""
+    if {"mfu", "hfu", "tflops"} & set(columns):
+        extra = "\n".join(part for part in (extra, *peak_lines(records)) if part)
     lines = ratio_lines(records) + verdict_lines(records) + exposed_lines(records)
     return "\n".join(part for part in (text, extra, "\n".join(lines)) if part)
+
+
+def peak_lines(records: Sequence[Record]) -> list[str]:
+    """Which peak each MFU was set against, once per distinct peak: "MFU against 0.212 TFLOP/s,
+    the measured peak of <CPU> at fp32, 1 thread (docs/measuring.md)"."""
+    seen: dict[str, None] = {}
+    for r in records:
+        p = r.peak_flops_per_s
+        if r.mfu is None or not p:
+            continue
+        threads = f", {p['threads']} thread{'s' if p['threads'] != 1 else ''}" if p.get("threads") else ""
+        seen[
+            f"MFU against {p['flops_per_s'] / 1e12:.3g} TFLOP/s, the {p.get('kind')} peak of "
+            f"{p.get('device_name')} at {p.get('dtype')}{threads} (docs/measuring.md)"
+        ] = None
+    return [line for text in seen for line in wrap(text, WIDTH, indent="  ")]
 
 
 def error_lines(records: Sequence[Record]) -> list[str]:

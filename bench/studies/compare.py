@@ -55,6 +55,9 @@ MEMORY_METRICS = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes"
 TIME_METRIC = "step_time_s"
 #: bytes a rank sends per step (``Record.comm_per_step``): deterministic, so gated exactly
 COMM_METRIC = "comm_sent_bytes"
+#: model FLOPs utilisation (``Record.mfu``): reported beside the step time, never gated (it is
+#: the FLOPs per step over the step time, and the step time is gated already)
+MFU_METRIC = "mfu"
 #: a max-size search's answer (``max-size`` summary records): the largest model (or per-rank
 #: batch) that trained in the budget. It moves in discrete steps, so any decrease regresses.
 MAX_SIZE_METRICS = {
@@ -117,6 +120,8 @@ class Side:
     timed: int = 0
     #: step time over the group's ddp's, pair by pair (None: ddp itself, or no ddp to pair with)
     ratio: Ratio | None = None
+    #: MFU, the median of the repeats' (None where no repeat has one)
+    mfu: float | None = None
 
 
 @dataclass
@@ -331,6 +336,7 @@ def _side(records: list[Record]) -> Side:
             comm=comm,
         )
     medians = [t["median"] for t in timed]
+    mfus = [r.mfu for r in records if r.status == "ok" and r.mfu is not None]
     noise = statistics.median(t.get("mad") or 0.0 for t in timed)
     if len(medians) > 1:
         centre = statistics.median(medians)
@@ -346,6 +352,7 @@ def _side(records: list[Record]) -> Side:
         memory_spread=spread,
         comm=comm,
         timed=len(timed),
+        mfu=statistics.median(mfus) if mfus else None,
     )
 
 
@@ -407,6 +414,9 @@ def _compare_cell(
         delta.metrics += [ratio] if ratio is not None else []
     else:
         delta.notes.append(f"fewer than {t.min_steps} timed steps: compared for memory only")
+    if base.mfu is not None or cur.mfu is not None:
+        note = "reported, not gated: MFU moves with the step time, which is gated"
+        delta.metrics.append(MetricDelta(MFU_METRIC, "fraction", base.mfu, cur.mfu, "not gated", note=note))
     verdicts = {m.verdict for m in delta.metrics}
     delta.verdict = next((v for v in ("regressed", "improved") if v in verdicts), "unchanged")
     return delta

@@ -9,7 +9,9 @@ total. A record that keeps only the summary of its step times (median, MAD, p10,
 with that reason: its mean and extremes were not kept, and a median passed off as a mean is the
 one thing this export must not write.
 
-Memory (peak, breakdown, prediction), throughput and what ran go to ``extra_info``. The module
+Memory (peak, breakdown, prediction), throughput (samples/s, tokens/s, FLOPs per step, the
+FLOP/s a rank achieved, MFU and HFU with the peak they are set against) and what ran go to
+``extra_info``. The module
 is pure (records in, a JSON-ready dict out) and imports nothing heavy.
 """
 
@@ -41,6 +43,12 @@ EXTRA_FIELDS = (
     "steps",
     "warmup",
     "samples_per_s",
+    "tokens_per_s",
+    "flops_per_step",
+    "achieved_flops_per_s",
+    "mfu",
+    "hfu",
+    "peak_flops_per_s",
     "peak_mem_bytes",
     "mem_breakdown_bytes",
     "predicted_mem_bytes",

@@ -38,6 +38,7 @@ METRIC_ORDER = (
     "held_after_step_bytes",
     "step_time_s",
     "step_time_vs_ddp",
+    "mfu",
 )
 #: cell verdicts the last night's table lists
 ALARMS = ("regressed", "now failing")
@@ -172,11 +173,14 @@ def metric_key(metric: str) -> tuple[int, str]:
 
 
 def display_unit(unit: str | None) -> tuple[str, float]:
-    """(label, divisor) for charts and tables: MiB for bytes, ms for seconds, others as they are."""
+    """(label, divisor) for charts and tables: MiB for bytes, ms for seconds, % for a fraction
+    (MFU), others as they are."""
     if unit == "bytes":
         return "MiB", float(2**20)
     if unit == "s":
         return "ms", 1e-3
+    if unit == "fraction":
+        return "%", 1e-2
     return unit or "", 1.0
 
 

@@ -1,0 +1,74 @@
+"""What a rank counts for its cell's throughput figures: the FLOPs of one step of its batch
+(``bench/metrics/flops.py``), and on CUDA the device's peak (a table, or a probe on the device
+for one it lacks; a CPU's peak is resolved by whoever assembles the record, once the ranks have
+finished and the cores are free, see ``harness.result``).
+
+Counting runs once per cell on rank 0, on the model as built, before the strategy wraps it
+(every rank's micro-batch is the same shape, and counting on the unwrapped model runs no
+collective). A count is kept for the life of the process, keyed by everything it depends on:
+a process that runs many cells (the tests' shared worlds) counts each shape once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardbench.harness.config import CellConfig
+from shardbench.metrics.flops import StepFlops, count_step_flops, matmul_dtype
+from shardbench.metrics.peaks import datasheet_peak, measured_peak
+
+_COUNTED: dict[tuple[Any, ...], StepFlops] = {}
+
+
+def cell_flops(
+    cell: CellConfig, workload: Any, model: nn.Module, device: torch.device, data_rank: int
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The record's ``flops_per_step`` for ``data_rank``'s batch of the cell, or None and why
+    not (a count that fails costs the cell its FLOPs, never its measurement)."""
+    tensors = "active" if cell.fake else "real" if workload.not_plannable else "fake"
+    key = (
+        cell.workload,
+        cell.preset,
+        cell.batch_size,
+        cell.seed,
+        data_rank,
+        cell.activation_checkpointing,
+        cell.precision,
+        device.type,
+        tensors,
+    )
+    started = time.perf_counter()
+    try:
+        counted = _COUNTED.get(key)
+        if counted is None:
+            counted = count_step_flops(
+                model,
+                workload.loss,
+                lambda: workload.batch(
+                    cell.preset, cell.batch_size, seed=cell.seed, step=0, rank=data_rank, device=device
+                ),
+                device=device,
+                tensors=tensors,
+                autocast=torch.bfloat16 if cell.precision == "bf16" else None,
+            )
+            _COUNTED[key] = counted
+        tokens = workload.tokens_per_sample(cell.preset)
+    except Exception as e:  # noqa: BLE001 - an uncountable op must not fail the measurement
+        text = str(e).strip().splitlines()
+        return None, f"FLOPs not counted ({type(e).__name__}: {text[0][:160] if text else ''})"
+    out = counted.to_record(cell.batch_size, tokens, matmul_dtype(cell.precision, device.type))
+    out["count_s"] = time.perf_counter() - started
+    return out, None
+
+
+def cuda_peak(dtype: str) -> dict[str, Any]:
+    """The peak of this process's CUDA device at ``dtype``: its datasheet's, or measured on it
+    (and cached) when the table lacks it."""
+    name = torch.cuda.get_device_name()
+    return datasheet_peak(name, dtype) or measured_peak(
+        "cuda", name, dtype, None, torch_version=torch.__version__
+    )

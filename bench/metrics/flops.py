@@ -1,0 +1,272 @@
+"""The FLOPs of one training step on one rank, counted by torch's ``FlopCounterMode`` over the
+forward and backward of the rank's own batch.
+
+Two counts per step:
+
+* **model FLOPs**: the step's math done once, a forward and a backward; the numerator of MFU
+  (PaLM's model FLOPs utilisation). Activation checkpointing does not change it.
+* **hardware FLOPs**: what the step executes, activation checkpointing's recompute of each
+  unit's forward included; the numerator of HFU. Without checkpointing the two are equal.
+
+Counted on the model as the workload built it, before a strategy wraps it: no collective runs
+and no strategy hook sees the pass. A rank computes its own micro-batch through the whole model
+under every strategy (sharding changes where parameters live, not the math done with them), so
+the count is the same for ddp, zero3 or FSDP2.
+
+The pass runs under FakeTensorMode: shapes without data, so nothing is computed or allocated
+(a base-size transformer counts in well under a second). The model's parameters and buffers are
+swapped for fake copies with ``torch.func.functional_call``, forward *and* backward inside it (a
+checkpointed unit recomputes in backward and must see the copies too); gradients go to the
+copies, so the model itself is untouched. A workload whose shapes depend on its data's values
+(``Workload.not_plannable``) has no fake-tensor pass: it is counted on real tensors, one forward
+and backward outside the timed steps, its gradients going to detached leaves, its norm buffers
+to copies.
+
+What is counted is what ``FlopCounterMode`` has formulas for: matrix products (``mm``,
+``addmm``, ``bmm``, ``baddbmm``), convolutions and the attention kernels, forward and backward,
+2 FLOPs per multiply-add. Elementwise ops, normalisation, softmax, embedding lookups, the loss
+and the optimizer step count 0: at the sizes benchmarked they are a few percent of the matmul
+work, and it is the convention MFU is reported in. Attention is counted over the full ``s x s``
+score matrix, causal or not, whichever kernel runs: torch has no formula for the CPU's fused
+kernel, so it is given CUDA's; and a fused kernel's backward recomputes the scores (``Q Kᵀ``
+again), which torch counts in: that product goes to the hardware count only (``by_op``'s
+``SCORE_RECOMPUTE``), so the plain ``bmm`` path and a fused kernel count the same model FLOPs.
+On CUDA the count runs with cuDNN off, so a recurrent layer is counted as the matrix products
+it is made of rather than as a fused kernel torch has no formula for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardbench.models.checkpointing import is_checkpointed, without_recompute
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+#: the attention backward kernels torch has formulas for, and the CPU's, which it has not
+_ATTENTION_BACKWARD = (
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_backward",
+    "_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+)
+#: the key ``by_op`` gives the score recompute of the fused attention kernels' backward
+SCORE_RECOMPUTE = "attention score recompute"
+
+
+def _attention_mapping(recomputed: list[int]) -> dict[Any, Any]:
+    """FlopCounterMode formulas for attention: the CPU's fused kernel counted as torch counts
+    the CUDA ones, and every fused backward counted without its recompute of the score matrix
+    (the 5th of its products torch counts: ``Q Kᵀ`` again), which goes to ``recomputed``
+    instead. A fused kernel and the plain ``bmm`` path then count the same model FLOPs, and the
+    recompute is the hardware's."""
+    from torch.utils import flop_counter
+
+    aten, mapping = torch.ops.aten, {}
+    registry = dict(flop_counter.flop_registry)
+    cpu = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if cpu is not None:  # (q, k, v, ...) forward and (grad, q, k, v, ...) backward, as CUDA's
+        mapping[cpu] = _raw(
+            flop_counter.shape_wrapper(
+                lambda q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_flop_count(q, k, v)
+            )
+        )
+        registry[aten._scaled_dot_product_flash_attention_for_cpu_backward] = flop_counter.shape_wrapper(
+            lambda grad, q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_backward_flop_count(
+                grad, q, k, v
+            )
+        )
+    for name in _ATTENTION_BACKWARD:
+        packet = getattr(aten, name, None)
+        if packet is not None and packet in registry:
+            mapping[packet] = _raw(_without_score_recompute(registry[packet], recomputed))
+    return mapping
+
+
+def _raw(formula: Callable[..., int]) -> Callable[..., int]:
+    """Marked for FlopCounterMode to call with the op's own arguments (as its registry does)."""
+    formula._get_raw = True  # type: ignore[attr-defined]
+    return formula
+
+
+def _without_score_recompute(formula: Callable[..., int], recomputed: list[int]) -> Callable[..., int]:
+    """torch's count of a fused backward ``(grad, q, k, v, ...)`` is ``2·b·h·s_q·s_k·(3·d_q +
+    2·d_v)``, of which ``2·b·h·s_q·s_k·d_q`` recomputes the scores: split it off, exactly."""
+
+    def model_part(*args: Any, **kwargs: Any) -> int:
+        total = formula(*args, **kwargs)
+        d_q, d_v = args[1].shape[-1], args[3].shape[-1]
+        recompute = total * d_q // (3 * d_q + 2 * d_v)
+        recomputed.append(recompute)
+        return total - recompute
+
+    return model_part
+
+
+def matmul_dtype(precision: str, device_type: str) -> str:
+    """The dtype a step's matrix products run at, which picks the peak they are set against:
+    bf16 for a bf16 cell; for fp32, TF32 where CUDA is allowed to use it for float32 products
+    (``torch.backends.cuda.matmul.allow_tf32``, off by default), else fp32."""
+    if precision == "bf16":
+        return "bf16"
+    if device_type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "fp32"
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """One rank's step: its model and hardware FLOPs, the hardware count per op, and how it
+    was counted ("fake tensors" or "real tensors")."""
+
+    model: int
+    hardware: int
+    by_op: dict[str, int]
+    counted_on: str
+
+    def to_record(self, batch: int, tokens_per_sample: int | None, dtype: str) -> dict[str, Any]:
+        """The record's ``flops_per_step``: the counts, per sample and per token (where the
+        workload has a sequence), and the matmul dtype the step ran at."""
+        tokens = batch * tokens_per_sample if tokens_per_sample else None
+        return {
+            "model": self.model,
+            "hardware": self.hardware,
+            "per_sample": {"model": self.model / batch, "hardware": self.hardware / batch},
+            "per_token": {"model": self.model / tokens, "hardware": self.hardware / tokens}
+            if tokens
+            else None,
+            "batch": batch,
+            "tokens_per_sample": tokens_per_sample,
+            "dtype": dtype,
+            "by_op": dict(self.by_op),
+            "counted_on": self.counted_on,
+        }
+
+
+class _Step(nn.Module):
+    """Forward and backward of ``loss(model, inputs)`` as one module call, so that
+    ``functional_call`` keeps its substitute parameters in place through the backward (where a
+    checkpointed unit recomputes its forward)."""
+
+    def __init__(
+        self, model: nn.Module, loss: LossFn, autocast: torch.dtype | None, device_type: str
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.loss, self.autocast, self.device_type = loss, autocast, device_type
+
+    def forward(self, inputs: Any) -> torch.Tensor:
+        mixed = (
+            torch.autocast(self.device_type, dtype=self.autocast)
+            if self.autocast is not None
+            else contextlib.nullcontext()
+        )
+        with mixed:
+            loss = self.loss(self.model, inputs)
+        loss.backward()
+        return loss.detach()
+
+
+def _fake_mode() -> Any:
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError as e:
+        raise RuntimeError(
+            f"torch {torch.__version__} has no torch._subclasses.fake_tensor.FakeTensorMode; "
+            "counting FLOPs without computing needs it"
+        ) from e
+    return FakeTensorMode()
+
+
+@contextlib.contextmanager
+def _counting_context(device: torch.device) -> Iterator[None]:
+    """The RNG as it was before the count (a real pass draws dropout masks), and on CUDA cuDNN
+    off (see the module docstring)."""
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if device.type == "cuda"
+        else []
+    )
+    cudnn = torch.backends.cudnn.flags(enabled=False) if device.type == "cuda" else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=devices), cudnn:
+        yield
+
+
+def count_step_flops(
+    model: nn.Module,
+    loss: LossFn,
+    make_inputs: Callable[[], Any],
+    *,
+    device: torch.device,
+    tensors: str = "fake",
+    autocast: torch.dtype | None = None,
+) -> StepFlops:
+    """Count one step of ``loss(model, make_inputs())``, forward and backward.
+
+    ``tensors``: "fake" counts under a FakeTensorMode of its own; "active" under the
+    FakeTensorMode already active (a ``--fake`` cell, whose model is made of fake tensors); "real"
+    on real tensors (a workload fake tensors cannot run). ``autocast``: the dtype of the cell's
+    autocast, if any. The model is left as it was: its parameters get no gradient, its buffers
+    keep their values, the RNG its state."""
+    if tensors not in ("fake", "active", "real"):
+        raise ValueError(f"tensors must be 'fake', 'active' or 'real', got {tensors!r}")
+    step = _Step(model, loss, autocast, device.type)
+    mode = _fake_mode() if tensors == "fake" else contextlib.nullcontext()
+    with _counting_context(device), mode:
+        if tensors == "fake":
+            state = {n: mode.from_tensor(t) for n, t in _tensors(step)}
+        else:  # leaves of their own, sharing the parameters' storage; buffers copied
+            params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in step.named_parameters()}
+            state = {**params, **{n: b.clone() for n, b in step.named_buffers()}}
+        inputs = make_inputs()
+        checkpointed = any(is_checkpointed(m) for m in model.modules())
+        executed, scores, by_op = _count(step, state, inputs)
+        hardware = executed + scores
+        if checkpointed:
+            _clear_grads(state)
+            with without_recompute():
+                model_flops, _, _ = _count(step, state, inputs)
+        else:
+            model_flops = executed
+        del state, inputs
+    return StepFlops(
+        model=model_flops,
+        hardware=hardware,
+        by_op=by_op,
+        counted_on="real tensors" if tensors == "real" else "fake tensors",
+    )
+
+
+def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*module.named_parameters(), *module.named_buffers()]
+
+
+def _clear_grads(state: dict[str, torch.Tensor]) -> None:
+    for t in state.values():
+        t.grad = None
+
+
+def _count(step: _Step, state: dict[str, torch.Tensor], inputs: Any) -> tuple[int, int, dict[str, int]]:
+    """One pass: its model FLOPs, the fused attention's score recompute, and per op both
+    (the recompute under ``SCORE_RECOMPUTE``)."""
+    from torch.func import functional_call
+    from torch.utils.flop_counter import FlopCounterMode
+
+    recomputed: list[int] = []
+    with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter:
+        functional_call(step, state, (inputs,))
+    by_op = {
+        str(op): int(n) for op, n in sorted(counter.get_flop_counts().get("Global", {}).items(), key=str)
+    }
+    if recomputed:
+        by_op[SCORE_RECOMPUTE] = sum(recomputed)
+    return counter.get_total_flops(), sum(recomputed), by_op

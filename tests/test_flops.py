@@ -1,0 +1,139 @@
+"""FLOPs of a training step (``bench/metrics/flops.py``): the transformer's count against the
+closed form 6·Ψ·tokens plus attention, activation checkpointing's recompute in the hardware
+count only, the model left as it was, and the CPU's fused attention counted like CUDA's.
+Counted under FakeTensorMode on the tiny presets: a fraction of a second each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shardbench.metrics.flops import SCORE_RECOMPUTE, count_step_flops, matmul_dtype
+from shardbench.models.checkpointing import apply_activation_checkpointing
+from shardbench.models.registry import get_workload
+
+CPU = torch.device("cpu")
+BATCH = 2
+
+
+def _transformer(checkpointed: bool = False) -> tuple[nn.Module, dict]:
+    workload = get_workload("transformer")
+    model = workload.build("tiny")
+    if checkpointed:
+        apply_activation_checkpointing(model, workload.checkpoint_units(model))
+    return model, workload.presets["tiny"]
+
+
+def _count(model: nn.Module, **kw):
+    workload = get_workload("transformer")
+    batch = lambda: workload.batch("tiny", BATCH, seed=0, step=0, rank=0)  # noqa: E731
+    return count_step_flops(model, workload.loss, batch, device=CPU, **kw)
+
+
+def test_transformer_count_is_the_closed_form_and_6_psi_tokens_says_how_far() -> None:
+    """The count is exactly 6·Ψ·T + 12·L·s·d·T + 6·B·(d² + d·C) for Ψ the encoder's matmul
+    weights (4d² + 2·d·f a layer), T = B·s tokens: a forward is 2 FLOPs per weight per token
+    and attention's QKᵀ and AV 4·s·d per token a layer; backward is twice the forward (the
+    gradient of each product's input and of its weight); the pooler and the classifier run once
+    per sequence, not per token.
+
+    With Ψ every parameter, as 6·Ψ·T is usually quoted, the closed form overcounts, by exactly
+    what is no matmul per token: the embeddings (a lookup), LayerNorms and biases (elementwise:
+    FlopCounterMode counts only matrix products, convolutions and attention), and the pooler and
+    head counted per token instead of per sequence. For the tiny preset that is 41% over the
+    count (its 1024 x 128 embedding is a quarter of its 0.56M parameters, the attention term 4%
+    of the count); for bert-base, whose count of 134,090,606,592 FLOPs at batch 2 this closed
+    form also gives exactly, 28% over (its 30522-token embedding is a fifth of its 109M
+    parameters; attention 2.7% of the count at s = 128)."""
+    model, p = _transformer()
+    flops = _count(model)
+    d, f, n_layers, s, labels = (
+        p[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "seq_len", "num_labels")
+    )
+    tokens = BATCH * s
+    psi = n_layers * (4 * d * d + 2 * d * f)
+    attention = 12 * n_layers * s * d * tokens
+    per_sequence = 6 * BATCH * (d * d + d * labels)
+    assert flops.model == flops.hardware == 6 * psi * tokens + attention + per_sequence
+
+    every = sum(t.numel() for t in model.parameters())
+    matmul_weights = psi + d * d + d * labels  # the encoder's, the pooler's and the head's
+    not_matmul = every - matmul_weights  # embeddings, LayerNorms, biases
+    quoted = 6 * every * tokens + attention
+    assert quoted - flops.model == 6 * tokens * not_matmul + 6 * (tokens - BATCH) * (d * d + d * labels)
+    assert quoted / flops.model == pytest.approx(1.41, abs=0.005)
+    assert flops.by_op.keys() == {"aten.addmm", "aten.mm", "aten.bmm"}  # linears, their grads, attention
+
+
+def test_checkpointing_raises_hardware_flops_by_one_forward_of_its_units() -> None:
+    """Model FLOPs are the plain model's; hardware FLOPs add each checkpointed layer's forward,
+    recomputed in backward: 2·T·(4d² + 2·d·f) + 4·B·s²·d a layer."""
+    plain = _count(_transformer()[0])
+    model, p = _transformer(checkpointed=True)
+    ac = _count(model)
+    d, f, n_layers, s = (p[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "seq_len"))
+    layer_forward = 2 * BATCH * s * (4 * d * d + 2 * d * f) + 4 * BATCH * s * s * d
+    assert ac.model == plain.model == plain.hardware
+    assert ac.hardware - ac.model == n_layers * layer_forward
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.5), nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+@pytest.mark.parametrize("tensors", ["fake", "real"])
+def test_counting_leaves_the_model_and_the_rng_as_they_were(tensors: str) -> None:
+    """No gradient on a parameter, the norm statistics unchanged, the RNG where it was: the
+    measured steps that follow are the ones they would have been."""
+    torch.manual_seed(0)
+    model = _Net()
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    rng = torch.get_rng_state()
+    flops = count_step_flops(
+        model, lambda m, x: m(x).square().mean(), lambda: torch.randn(6, 8), device=CPU, tensors=tensors
+    )
+    assert flops.model == flops.hardware == 3 * 2 * 6 * (8 * 16 + 16 * 4) - 2 * 6 * 8 * 16
+    assert flops.counted_on == ("real tensors" if tensors == "real" else "fake tensors")
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(b, buffers[n]) for n, b in model.named_buffers())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_fused_attention_counts_like_the_plain_products_and_its_recompute_as_hardware() -> None:
+    """The CPU's flash kernel (what SDPA runs without a mask; torch counts only CUDA's) is
+    counted with CUDA's formula: a forward F = 4·B·H·s²·dh, a backward 2F of model FLOPs (the
+    gradients, as the plain bmm path counts them) and F/2 more of hardware FLOPs (the score
+    matrix it recomputes)."""
+    b, h, s, dh = 2, 2, 16, 8
+
+    def loss(model: nn.Module, q: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, model.weight * q, q, is_causal=True).sum()
+
+    flops = count_step_flops(nn.Linear(1, 1), loss, lambda: torch.randn(b, h, s, dh), device=CPU)
+    forward = 4 * b * h * s * s * dh
+    assert (flops.model, flops.hardware) == (3 * forward, 3 * forward + forward // 2)
+    assert flops.by_op == {
+        "aten._scaled_dot_product_flash_attention_for_cpu": forward,
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward": 2 * forward,
+        SCORE_RECOMPUTE: forward // 2,
+    }
+
+
+def test_the_matmul_dtype_picks_the_peak() -> None:
+    assert matmul_dtype("bf16", "cpu") == matmul_dtype("bf16", "cuda") == "bf16"
+    assert matmul_dtype("fp32", "cpu") == "fp32"
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert matmul_dtype("fp32", "cuda") == "fp32"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert matmul_dtype("fp32", "cuda") == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
