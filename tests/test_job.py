@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -49,7 +48,8 @@ def test_slurm_variables_rank_0_hosts_the_store_on_the_first_node() -> None:
     # the step's own count and list before the job's; MASTER_ADDR/PORT before the derived ones
     step = {**SLURM, "SLURM_STEP_NUM_TASKS": "12", "SLURM_STEP_NODELIST": "a[3-4]", "MASTER_PORT": "1234"}
     assert detect_job(step) == Job(
-        launcher="slurm", rank=9, world_size=12, local_rank=1, master_addr="a3", master_port=1234, nodes=("a3", "a4")
+        launcher="slurm", rank=9, world_size=12, local_rank=1, master_addr="a3", master_port=1234,
+        nodes=("a3", "a4"),
     )  # fmt: skip
     assert detect_job({**step, "MASTER_ADDR": "head"}).master_addr == "head"
 
@@ -92,8 +92,8 @@ def test_slurm_node_lists_expand_in_order() -> None:
 
 
 #: three cells of the tiny transformer at N = 2; rank 1 raises at the first step of the middle one
-FLAGS = ["--workload", "transformer", "--preset", "tiny", "--strategy", "ddp,zero1,zero2", "--world-size", "2",
-         "--batch-size", "2", "--steps", "1", "--warmup", "0", "--timeout", "60"]  # fmt: skip
+FLAGS = ["--workload", "transformer", "--preset", "tiny", "--strategy", "ddp,zero1,zero2", "--world-size",
+         "2", "--batch-size", "2", "--steps", "1", "--warmup", "0", "--timeout", "60"]  # fmt: skip
 FAULT = "error:rank=1:strategy=zero1"
 JOB_TIMEOUT_S = 150
 
@@ -181,7 +181,8 @@ def test_the_jobs_cells_measure_what_the_local_launcher_measures(job_run, tmp_pa
         local.name, local.tags = ran.name, ran.tags
         append_record(tmp_path / "local" / "records.jsonl", local)
         append_record(tmp_path / "job" / "records.jsonl", ran)
-    assert main(["compare", str(tmp_path / "local"), str(tmp_path / "job"), "--out", str(tmp_path / "cmp")]) == 0
+    compared = ["compare", str(tmp_path / "local"), str(tmp_path / "job"), "--out", str(tmp_path / "cmp")]
+    assert main(compared) == 0
 
 
 def test_no_process_of_the_job_is_left(job_run) -> None:

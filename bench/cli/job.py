@@ -34,8 +34,8 @@ def in_job(job: Job, handler: Handler) -> Handler:
                 try:
                     return follow(link)
                 except JobError as e:
-                    print(f"shardbench {args.command} (rank {job.rank}): error: {e}; the records rank 0 "
-                          "wrote are kept (continue with --resume in a new job)", file=sys.stderr)  # fmt: skip
+                    kept = "the records rank 0 wrote are kept (continue with --resume in a new job)"
+                    print(f"shardbench {args.command} (rank {job.rank}): error: {e}; {kept}", file=sys.stderr)
                     return 1
             hosts = ", ".join(dict.fromkeys(link.hosts))
             print(f"shardbench {args.command}: {job.describe()}, on {hosts}", file=sys.stderr)
