@@ -4,6 +4,7 @@ which fails on rank 1: the other two measure what the local launcher measures, t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -187,3 +188,75 @@ def test_the_jobs_cells_measure_what_the_local_launcher_measures(job_run, tmp_pa
 
 def test_no_process_of_the_job_is_left(job_run) -> None:
     assert with_environment("SHARDBENCH_TEST_JOB", job_run["marker"]) == []
+
+
+class _SilentPeer:
+    """A stand-in for the job's store, seen from rank 0 of two: rank 1 never answers."""
+
+    job = Job(launcher="slurm", rank=0, world_size=2, local_rank=0, master_addr="node0", master_port=1)
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def has(self, key: str) -> bool:
+        return key in self.values
+
+    def silent_for(self, rank: int) -> float:
+        from shardbench.harness.job_cells import SILENT_S
+
+        return SILENT_S + 1
+
+    def host(self, rank: int) -> str:
+        return f"node{rank}"
+
+
+def test_a_process_gone_silent_ends_the_job_with_its_rank_blamed(monkeypatch, tiny_cell) -> None:
+    """Rank 1's process dies outright: rank 0's own rank then fails in a collective, rank 1 sends
+    nothing and its heartbeat stands still. The cell is recorded with rank 1 blamed, and the run
+    is told to stop after it."""
+    from shardbench.harness import job_cells
+    from shardbench.harness.launch import CellEndsRun
+    from shardbench.harness.result import RankResult
+    from shardbench.harness.validate import plan_cells
+
+    def own_rank(link, seq, cell, processes) -> RankResult:
+        error = "rank 0: Connection closed by peer"
+        return RankResult(rank=0, status="error", error=error, failed_at=time.time())
+
+    monkeypatch.setattr(job_cells, "run_own_rank", own_rank)
+    link = _SilentPeer()
+    leader = job_cells.Leader(link)
+    (cell,) = plan_cells([tiny_cell(strategy="zero2", timeout_s=1.0)])
+    with pytest.raises(CellEndsRun, match=r"the job lost rank 1 \(node1\)") as stopped:
+        leader.run_cell(cell, run_id="t")
+    record = stopped.value.record
+    assert record.status == "error" and record.failure["rank"] == 1, record.error
+    assert record.error.startswith("rank 1: its process of the job (on node1) sent no result"), record.error
+    assert leader.lost == [1]
+    posted = json.loads(link.values["msg/0"])
+    assert posted["seq"] == 0 and posted["processes"] == 2 and posted["cell"]["strategy"] == "zero2"
+
+
+def test_a_cell_of_one_process_stays_on_rank_0(monkeypatch, tiny_cell) -> None:
+    """Inside a job, a simulated cell (one process) is started here by the local launcher; a
+    cell of two goes to the job."""
+    from shardbench.harness import launch
+    from shardbench.harness.validate import plan_cells
+
+    class StartedHere(Exception):
+        pass
+
+    def local_world(*args, **kwargs):
+        raise StartedHere
+
+    sent = []
+    monkeypatch.setattr(launch, "RankWorld", local_world)
+    simulated, real = plan_cells([tiny_cell(simulate=True, world_size=8), tiny_cell()])
+    with launch.cells_through(lambda cell, run_id: sent.append(cell) or "record"):
+        assert launch.run_cell(real, run_id="t") == "record"
+        with pytest.raises(StartedHere):
+            launch.run_cell(simulated, run_id="t")
+    assert sent == [real]

@@ -47,6 +47,10 @@ def in_job(job: Job, handler: Handler) -> Handler:
                 print(f"shardbench {args.command}: {e.because}; the records written so far are kept",
                       file=sys.stderr)  # fmt: skip
                 code = e.exit_code
+            except JobError as e:  # the store itself is gone (torchrun's agent ended)
+                print(f"shardbench {args.command}: error: {e}; the records written so far are kept",
+                      file=sys.stderr)  # fmt: skip
+                code = 1
             except UsageError:
                 code = 2
                 raise

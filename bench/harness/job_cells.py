@@ -167,11 +167,14 @@ class Leader:
     def finish(self, code: int | None) -> None:
         """Tell every process the command is over (with rank 0's exit code), and wait, bounded,
         until each has read it."""
-        self.post({"done": code})
         byes = [f"bye/{r}" for r in range(1, self.link.job.world_size) if r not in self.lost]
         deadline = time.monotonic() + FAREWELL_S
-        while not all(self.link.has(k) for k in byes) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
+        try:
+            self.post({"done": code})
+            while not all(self.link.has(k) for k in byes) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+        except JobError:  # the store is gone: there is no one left to tell
+            pass
 
 
 def follow(link: JobLink) -> int:
