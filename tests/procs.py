@@ -60,3 +60,21 @@ def alive(pids: list[int]) -> list[int]:
         if state != "Z":
             out.append(pid)
     return out
+
+
+def with_environment(name: str, value: str) -> list[int]:
+    """PIDs of live processes started with ``name=value`` in their environment (zombies
+    excluded): every process a command started, forked or exec'd, inherits a marker set for it."""
+    wanted = f"{name}={value}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if wanted in environ and state != "Z":
+            pids.append(int(proc.name))
+    return pids

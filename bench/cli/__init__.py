@@ -28,6 +28,7 @@ from shardbench.cli.report import add_report_parser, cmd_report
 from shardbench.cli.run import add_run_parser, cmd_run, resolve_cells
 from shardbench.cli.trend import add_trend_parser, cmd_trend
 from shardbench.harness.guardian import NoPrivateDir
+from shardbench.harness.job import current_job
 
 __all__ = ["UsageError", "build_parser", "entry", "main", "resolve_cells"]
 
@@ -148,6 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         "export": cmd_export,
     }[args.command]
     try:
+        job = current_job()
+    except ValueError as e:  # a launcher's variable that cannot be read: before anything runs
+        print(f"shardbench {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    if job is not None:  # one of the processes of a torchrun or Slurm job (cli/job.py)
+        from shardbench.cli.job import in_job
+
+        handler = in_job(job, handler)
+    try:
         return handler(args)
     except UsageError as e:
         print(f"shardbench {args.command}: error: {e}", file=sys.stderr)
@@ -172,11 +182,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> int:
-    """The installed command (and ``python -m shardbench.cli``): ``main``, then an exit that a late
-    Ctrl-C cannot turn into a traceback. Once the command has returned, its records and output
-    are written; a SIGINT arriving while the interpreter shuts down (torch unregisters its
-    operator libraries at exit) would otherwise print a KeyboardInterrupt traceback from an
-    exit handler. SIGTERM keeps its default, so a stuck exit can still be stopped."""
+    """The installed command (and ``python -m shardbench``, ``python -m shardbench.cli``):
+    ``main``, then an exit that a late Ctrl-C cannot turn into a traceback. Once the command has
+    returned, its records and output are written; a SIGINT arriving while the interpreter shuts
+    down (torch unregisters its operator libraries at exit) would otherwise print a
+    KeyboardInterrupt traceback from an exit handler. SIGTERM keeps its default, so a stuck exit
+    can still be stopped."""
     code = main()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -59,6 +59,8 @@ class Executed(NamedTuple):
     #: ``run``'s exit code: 0 all ok, 1 a cell failed, 130/143 interrupted
     code: int
     run_id: str
+    #: the run stopped before its last cell (a signal, or a job that lost a process)
+    stopped: bool = False
 
 
 def execute_run(
@@ -142,7 +144,7 @@ def execute_run(
         print(f"each failed cell's whole error (its traceback): {out / ERRORS_DIR}/")
     if outcome.interrupted is not None:
         again = f"shardbench run --resume {out}" + ("" if suite is not None else " (and the same flags)")
-        print(f"interrupted by {outcome.interrupted}; resume with: {again}", file=sys.stderr)
-        return Executed(out, outcome.interrupted.exit_code, run_id)
+        print(f"{outcome.interrupted.because}; resume with: {again}", file=sys.stderr)
+        return Executed(out, outcome.interrupted.exit_code, run_id, stopped=True)
     failed = searches_failed or any(r.status != "ok" for r in records)
     return Executed(out, 1 if failed else 0, run_id)

@@ -102,7 +102,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         except OSError:
             raise UsageError(f"--out {out}: another nightly is running into it") from None
         done = execute_run(cells, name=name, tags=tags, out=out, searches=searches)
-    if done.code in (130, 143):  # interrupted: a partial night is not compared or recorded
+    if done.stopped:  # interrupted, or its job lost a process: a partial night is not compared or recorded
         return done.code
     try:
         current = [r for r in load_records(done.out / "records.jsonl") if r.run_id == done.run_id]

@@ -136,7 +136,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if any(error_file(r.record) for r in plan.rows):
         print(f"each failed cell's whole error (its traceback): {out / ERRORS_DIR}/")
     if interrupted is not None:
-        print(f"interrupted by {interrupted}: the plan covers the cells run before it", file=sys.stderr)
+        print(f"{interrupted.because}: the plan covers the cells run before it", file=sys.stderr)
         return interrupted.exit_code
     planned = [r for r in plan.rows if not r.unplanned]
     return 0 if planned and all(r.record.status in ("ok", "oom") for r in planned) else 1

@@ -27,6 +27,7 @@ SIGUSR1), so the record says where each rank was stuck and blames the one not wa
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import json
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -153,30 +155,52 @@ def _die_with_parent() -> None:
         pass
 
 
-class RankWorld:
-    """The rank processes of one cell: started together, stopped together."""
+def local_places(processes: int) -> dict[int, dict[str, str]]:
+    """The variables of each rank of a cell started on this host alone: what torchrun would
+    set, meeting at a free local port, the cores shared among the ranks."""
+    port, threads = str(_free_port()), str(threads_per_rank(processes))
+    return {
+        rank: dict(
+            RANK=str(rank),
+            WORLD_SIZE=str(processes),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(processes),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            OMP_NUM_THREADS=threads,
+            MKL_NUM_THREADS=threads,
+        )
+        for rank in range(processes)
+    }
 
-    def __init__(self, cell: CellConfig, processes: int, tmpdir: Path) -> None:
+
+class RankWorld:
+    """The rank processes of one cell on this host: started together, stopped together.
+
+    By default every rank of the cell, meeting at a free local port. Inside a torchrun or Slurm
+    job each process of the job starts only its own rank of the cell (``places``: rank -> the
+    variables it gets), and the ranks meet in the job's store (``job_cells.py``)."""
+
+    def __init__(
+        self,
+        cell: CellConfig,
+        processes: int,
+        tmpdir: Path,
+        places: Mapping[int, Mapping[str, str]] | None = None,
+    ) -> None:
         self.cell, self.tmpdir = cell, tmpdir
-        self.procs: list[Any] = []  # multiprocessing processes (cpu) or _ExecRank (cuda)
+        self.places = dict(places) if places is not None else local_places(processes)
+        self.ranks = sorted(self.places)
+        self.procs: list[Any] = []  # multiprocessing processes (cpu) or _ExecRank (cuda), as ranks
         self.stopped: set[int] = set()  # ranks the launcher stopped after a peer failed
         self.exited_at: dict[int, float] = {}
         cell_file = tmpdir / "cell.json"
         cell_file.write_text(json.dumps(cell.to_json()))
-        port = _free_port()
-        threads = str(threads_per_rank(processes))
         try:
-            for rank in range(processes):
+            for rank in self.ranks:
                 env = dict(os.environ)
                 env.update(
-                    RANK=str(rank),
-                    WORLD_SIZE=str(processes),
-                    LOCAL_RANK=str(rank),
-                    LOCAL_WORLD_SIZE=str(processes),
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port),
-                    OMP_NUM_THREADS=threads,
-                    MKL_NUM_THREADS=threads,
+                    self.places[rank],
                     # where the command runs: a relative ``file.py:factory`` workload is resolved
                     # against it (a forked rank runs in the directory its fork server started in)
                     SHARDBENCH_CALLER_CWD=os.getcwd(),
@@ -195,14 +219,18 @@ class RankWorld:
             self.stop()
             raise
 
-    def wait(self, timeout_s: float) -> bool:
-        """Wait for every rank; stop the rest a grace period after one fails. Returns True when
-        the deadline passed with ranks still running."""
+    def _by_rank(self) -> list[tuple[int, Any]]:
+        return list(zip(self.ranks, self.procs, strict=False))
+
+    def wait(self, timeout_s: float, peer_failed: Callable[[], bool] | None = None) -> bool:
+        """Wait for every rank; stop the rest a grace period after one fails, here or (as
+        ``peer_failed`` says) in another process of the job. Returns True when the deadline
+        passed with ranks still running."""
         deadline = time.monotonic() + timeout_s
         failed_at: float | None = None
         while True:
             now = time.monotonic()
-            for rank, p in enumerate(self.procs):
+            for rank, p in self._by_rank():
                 if p.exitcode is not None and rank not in self.exited_at:
                     self.exited_at[rank] = time.time()
                     if p.exitcode != 0 and failed_at is None:
@@ -211,10 +239,16 @@ class RankWorld:
                 return False
             if now > deadline:
                 return True
+            if failed_at is None and peer_failed is not None and peer_failed():
+                failed_at = now
             if failed_at is not None and now - failed_at > FAILED_RANK_GRACE_S:
-                self.stopped = {r for r, p in enumerate(self.procs) if p.exitcode is None}
+                self.stopped = {r for r, p in self._by_rank() if p.exitcode is None}
                 return False
             time.sleep(POLL_S)
+
+    def failed(self) -> bool:
+        """Whether a rank of this host ended without success."""
+        return any(p.exitcode not in (None, 0) for p in self.procs)
 
     def dump_stacks(self) -> None:
         """Ask each live rank to write its Python stack to its log (the worker registered
@@ -246,7 +280,7 @@ class RankWorld:
 
     def results(self, timed_out: bool) -> list[RankResult]:
         out = []
-        for rank, proc in enumerate(self.procs):
+        for rank, proc in self._by_rank():
             path = self.tmpdir / f"rank{rank}.json"
             log = self.tmpdir / f"rank{rank}.log"
             if path.exists():
@@ -318,10 +352,44 @@ def launcher_dir() -> Path:
     return private
 
 
+class CellEndsRun(Exception):
+    """Raised by a cell's launcher when nothing can run after this cell (a process of the job
+    is gone): carries the cell's record, which the run keeps before it stops."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, record: Record) -> None:
+        super().__init__(message)
+        self.record = record
+
+    @property
+    def because(self) -> str:
+        return f"stopped: {self}"
+
+
+#: where cells of more than one process go instead of this host's ranks: inside a torchrun or
+#: Slurm job, rank 0 routes them to the job's processes (``job_cells.py``); None on one machine
+_multi_process_cells: Callable[..., Record] | None = None
+
+
+@contextlib.contextmanager
+def cells_through(runner: Callable[..., Record]) -> Iterator[None]:
+    """While inside, ``run_cell`` hands every cell of more than one process to
+    ``runner(cell, run_id=...)``; a cell of one process (simulated, fake, dp) still runs here."""
+    global _multi_process_cells
+    previous, _multi_process_cells = _multi_process_cells, runner
+    try:
+        yield
+    finally:
+        _multi_process_cells = previous
+
+
 def run_cell(cell: CellConfig, *, run_id: str) -> Record:
     """Run one cell in fresh processes and return its record (never raises for a failed cell;
     an exception from outside, e.g. an interrupt, stops the ranks and propagates)."""
     plan = cell.world_plan()
+    if _multi_process_cells is not None and plan.processes > 1:
+        return _multi_process_cells(cell, run_id=run_id)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cell-", dir=launcher_dir()) as tmp:
         world = RankWorld(cell, plan.processes, Path(tmp))

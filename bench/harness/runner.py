@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 
 from shardbench.harness.config import CellConfig
-from shardbench.harness.launch import run_cell
+from shardbench.harness.launch import CellEndsRun, run_cell
 from shardbench.harness.result import build_record, with_slow_start
 from shardbench.records import CellKey, Record, append_record, read_records
 from shardbench.wording import wrap
@@ -41,6 +41,10 @@ class Interrupted(Exception):
         self.signum = signum
 
     @property
+    def because(self) -> str:
+        return f"interrupted by {self}"
+
+    @property
     def exit_code(self) -> int:
         return 128 + self.signum  # 130 for SIGINT, 143 for SIGTERM, as shells report them
 
@@ -49,7 +53,8 @@ class Interrupted(Exception):
 class RunOutcome:
     records: list[Record] = field(default_factory=list)
     skipped: int = 0
-    interrupted: Interrupted | None = None
+    #: what stopped the run before its last cell: a signal, or a job that lost a process
+    interrupted: Interrupted | CellEndsRun | None = None
 
 
 def new_run_id(name: str) -> str:
@@ -139,11 +144,14 @@ def run_cells(
         for cell in todo:
             progress.start(_label(cell))
             start = time.perf_counter()
+            stopped: Interrupted | CellEndsRun | None = None
             try:
                 with interrupts.cell():
                     record = run_cell(cell, run_id=run_id)
             except Interrupted as e:
                 record = _interrupted_record(cell, e, run_id=run_id, wall_s=time.perf_counter() - start)
+            except CellEndsRun as e:  # this cell's record is the last
+                record, stopped = e.record, e
             record.name, record.tags = name, dict(tags or {})
             append_record(out_dir / "records.jsonl", record)
             outcome.records.append(record)
@@ -156,8 +164,8 @@ def run_cells(
                         file=sys.stderr,
                     )
             progress.done(done_line(cell, record))
-            if interrupts.pending is not None:
-                outcome.interrupted = interrupts.pending
+            if interrupts.pending is not None or stopped is not None:
+                outcome.interrupted = interrupts.pending or stopped
                 break
     return outcome
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig
+from shardbench.harness.job import current_job
 
 #: a fake world is a few tensors per rank-0 partition; past this the partition bookkeeping is
 #: the bottleneck and no real job is that wide
@@ -57,8 +58,14 @@ def check_world_size(n: Any, *, simulate: bool) -> None:
         raise ValueError(
             f"world size {n} is more than a simulated world can be (at most {MAX_SIMULATED_WORLD})"
         )
+    job = current_job()
+    if not simulate and job is not None and n > job.world_size:
+        raise ValueError(
+            f"world size {n} needs {n} rank processes; this {job.describe()} has {job.world_size}; "
+            "start a larger job, or use --simulate or --fake (one process plays rank 0 of the world)"
+        )
     limit = max_real_ranks()
-    if not simulate and n > limit:
+    if not simulate and job is None and n > limit:
         raise ValueError(
             f"world size {n} needs {n} rank processes; this host runs at most {limit} "
             f"({os.cpu_count()} cores x 4, capped at 64); for larger N use --simulate or --fake "
@@ -112,7 +119,15 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
             workload.check_checkpointable()
         name = canonical_name(cell.strategy)
         check_runnable(name, cell.device)
-        plan = get_strategy(name).plan_world(cell.world_size, cell.device, cell.simulate or cell.fake)
+        # inside a torchrun or Slurm job a cell's ranks are the job's processes, each with its
+        # own device, on any of its nodes: the job's size bounds a world, not this host's devices
+        job = current_job()
+        plan = get_strategy(name).plan_world(
+            cell.world_size,
+            cell.device,
+            cell.simulate or cell.fake,
+            devices=job.world_size if job is not None else None,
+        )
         planned.append(replace(cell, strategy=name, simulate=cell.simulate or cell.fake, plan=plan))
     return planned
 

@@ -42,6 +42,7 @@ from shardbench.harness.config import CellConfig, available_cores, threads_per_r
 from shardbench.harness.counting import cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
+from shardbench.harness.job import STORE_PREFIX
 from shardbench.harness.phases import (
     CellSteps,
     Diverged,
@@ -94,6 +95,19 @@ def planned_off_device(cell: CellConfig) -> bool:
     return cell.device == "cuda" and cell.fake and not torch.cuda.is_available()
 
 
+def _job_store(timeout: timedelta) -> dict[str, Any]:
+    """Inside a torchrun or Slurm job, the cell's ranks meet in their own key prefix of the
+    job's store (``STORE_PREFIX``, set by ``job_cells.py``), a fresh one per cell; elsewhere they
+    meet the usual way, at MASTER_ADDR:MASTER_PORT (no arguments)."""
+    prefix = os.environ.get(STORE_PREFIX)
+    if not prefix:
+        return {}
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    return {"store": dist.PrefixStore(prefix, store)}
+
+
 def _is_oom(exc: BaseException) -> bool:
     """Out of memory on the device, or an allocation the OS refused on the CPU (torch's
     DefaultCPUAllocator: "can't allocate memory ... Error code 12 (Cannot allocate memory)")."""
@@ -135,13 +149,15 @@ def run_rank(
         pg = dist.group.WORLD
     elif strategy.needs_process_group:
         if not dist.is_initialized():
+            # past the launcher's deadline, which comes first and says where each rank is stuck;
+            # under torchrun (no launcher) this bounds a hang
+            timeout = timedelta(seconds=cell.timeout_s + COLLECTIVE_TIMEOUT_MARGIN_S)
             dist.init_process_group(
                 "nccl" if device.type == "cuda" else "gloo",
                 rank=rank,
                 world_size=processes,
-                # past the launcher's deadline, which comes first and says where each rank is stuck;
-                # under torchrun (no launcher) this bounds a hang
-                timeout=timedelta(seconds=cell.timeout_s + COLLECTIVE_TIMEOUT_MARGIN_S),
+                timeout=timeout,
+                **_job_store(timeout),
                 **({"device_id": device} if device.type == "cuda" else {}),
             )
         pg = dist.group.WORLD

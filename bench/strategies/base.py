@@ -109,7 +109,11 @@ class Strategy:
         if stale := [n for n in views if n in vars(cls)]:  # it would shadow the view and disagree
             raise TypeError(f"{cls.__name__} sets {', '.join(stale)}: declare its sharding = Sharding(...)")
 
-    def plan_world(self, requested: int, device_type: str, simulate: bool = False) -> WorldPlan:
+    def plan_world(
+        self, requested: int, device_type: str, simulate: bool = False, *, devices: int | None = None
+    ) -> WorldPlan:
+        """What ``requested`` ranks become here. ``devices``: how many ranks with a device each
+        the world can have (a torchrun or Slurm job's processes); None: this host's GPUs."""
         if simulate:
             if not self.simulatable:
                 raise ValueError(
@@ -117,10 +121,12 @@ class Strategy:
                     + self.card.not_simulatable_because
                 )
             return WorldPlan(processes=1, world_size=requested, note=SIMULATED_NOTE, simulated=True)
-        if device_type == "cuda" and torch.cuda.is_available() and requested > torch.cuda.device_count():
+        if devices is None and device_type == "cuda" and torch.cuda.is_available():
+            devices = torch.cuda.device_count()
+        if device_type == "cuda" and devices is not None and requested > devices:
             raise ValueError(
                 f"strategy {self.name!r} on cuda needs one GPU per rank: world size {requested} > "
-                f"{torch.cuda.device_count()} visible devices"
+                f"{devices} visible devices"
             )
         return WorldPlan(processes=requested, world_size=requested)
 

@@ -17,7 +17,10 @@ from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy, 
 
 
 class DPStrategy(Strategy, card="dp"):
-    def plan_world(self, requested: int, device_type: str, simulate: bool = False) -> WorldPlan:
+    def plan_world(
+        self, requested: int, device_type: str, simulate: bool = False, *, devices: int | None = None
+    ) -> WorldPlan:
+        # one process driving this host's GPUs: ``devices`` (a job's processes) are not its to use
         if simulate:
             raise ValueError(
                 "strategy 'dp' cannot be simulated: DataParallel is one process driving "

@@ -1,0 +1,262 @@
+"""Past one machine: the job read from torchrun's and Slurm's variables, and one real job of two
+processes on this host (a Slurm job played by its variables) running three cells, one of
+which fails on rank 1: the other two measure what the local launcher measures, to the byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from shardbench.harness.job import Job, current_job, detect_job, expand_nodelist
+from shardbench.records import read_records
+from tests.procs import with_environment
+
+#: one worker runs this module: its module-scoped job runs once (pytest-xdist, loadgroup)
+pytestmark = pytest.mark.xdist_group("test_job")
+
+TORCHRUN = {
+    "RANK": "3", "WORLD_SIZE": "16", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "node01",
+    "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_USE_AGENT_STORE": "True",
+    "TORCHELASTIC_RESTART_COUNT": "2",
+}  # fmt: skip
+SLURM = {
+    "SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
+    "SLURM_NODELIST": "gpu[07-08]", "SLURM_NTASKS_PER_NODE": "8",
+}  # fmt: skip
+
+
+def test_torchrun_variables() -> None:
+    assert detect_job(TORCHRUN) == Job(
+        launcher="torchrun", rank=3, world_size=16, local_rank=3, master_addr="node01",
+        master_port=29400, agent_store=True, attempt=2,
+    )  # fmt: skip
+
+
+def test_slurm_variables_rank_0_hosts_the_store_on_the_first_node() -> None:
+    job = detect_job(SLURM)
+    assert job == Job(
+        launcher="slurm", rank=9, world_size=16, local_rank=1, master_addr="gpu07",
+        master_port=15000 + 123456 % 10000, nodes=("gpu07", "gpu08"),
+    )  # fmt: skip
+    # the step's own count and list before the job's; MASTER_ADDR/PORT before the derived ones
+    step = {**SLURM, "SLURM_STEP_NUM_TASKS": "12", "SLURM_STEP_NODELIST": "a[3-4]", "MASTER_PORT": "1234"}
+    assert detect_job(step) == Job(
+        launcher="slurm", rank=9, world_size=12, local_rank=1, master_addr="a3", master_port=1234,
+        nodes=("a3", "a4"),
+    )  # fmt: skip
+    assert detect_job({**step, "MASTER_ADDR": "head"}).master_addr == "head"
+
+
+def test_torchrun_started_by_srun_is_torchruns_job() -> None:
+    assert detect_job({**SLURM, **TORCHRUN}).launcher == "torchrun"
+
+
+def test_no_job_and_a_job_of_one_process_are_this_machine() -> None:
+    assert detect_job({"PATH": "/bin", "LOCAL_RANK": "0"}) is None
+    assert detect_job({"RANK": "0", "WORLD_SIZE": "2"}) is None  # no launcher's rendezvous in sight
+    one = {**SLURM, "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    assert detect_job(one).world_size == 1 and current_job(one) is None
+    assert current_job(SLURM) == detect_job(SLURM)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({**TORCHRUN, "RANK": "x"}, "RANK='x': expected an integer >= 0"),
+        ({**TORCHRUN, "RANK": "16"}, "RANK=16 is not below WORLD_SIZE=16"),
+        ({**TORCHRUN, "MASTER_PORT": "70000"}, "MASTER_PORT='70000': expected a port from 1 to 65535"),
+        ({**SLURM, "SLURM_NODELIST": "gpu[08-07]"}, "the range '08-07' runs backwards"),
+        ({k: v for k, v in SLURM.items() if k != "SLURM_NODELIST"}, "needs MASTER_ADDR"),
+    ],
+)
+def test_unreadable_variables_are_named(env: dict[str, str], says: str) -> None:
+    with pytest.raises(ValueError) as e:
+        detect_job(env)
+    assert says in str(e.value)
+
+
+def test_slurm_node_lists_expand_in_order() -> None:
+    assert expand_nodelist("node[01-03,07],gpu5") == ["node01", "node02", "node03", "node07", "gpu5"]
+    assert expand_nodelist("localhost") == ["localhost"]
+    assert expand_nodelist("r[1-2]n[8-9]") == ["r1n8", "r1n9", "r2n8", "r2n9"]
+    assert expand_nodelist("x[098-101]") == ["x098", "x099", "x100", "x101"]
+    with pytest.raises(ValueError, match="unbalanced"):
+        expand_nodelist("node[01-02")
+
+
+#: three cells of the tiny transformer at N = 2; rank 1 raises at the first step of the middle one
+FLAGS = ["--workload", "transformer", "--preset", "tiny", "--strategy", "ddp,zero1,zero2", "--world-size",
+         "2", "--batch-size", "2", "--steps", "1", "--warmup", "0", "--timeout", "60"]  # fmt: skip
+FAULT = "error:rank=1:strategy=zero1"
+JOB_TIMEOUT_S = 150
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def job_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """``python -m shardbench run`` in two processes that Slurm's variables make one job."""
+    out = tmp_path_factory.mktemp("job") / "run"
+    marker = uuid.uuid4().hex
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        base.pop(name, None)
+    base.update(SLURM_NTASKS="2", SLURM_NODELIST="localhost", MASTER_PORT=str(_free_port()),
+                SHARDBENCH_FAULT=FAULT, SHARDBENCH_TEST_JOB=marker)  # fmt: skip
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "shardbench", "run", *FLAGS, "--out", str(out)],
+            env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=max(1.0, JOB_TIMEOUT_S - (time.monotonic() - start)))[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return {
+        "out": out,
+        "codes": [p.returncode for p in procs],
+        "outputs": outputs,
+        "records": {r.strategy: r for r in read_records([out])},
+        "marker": marker,
+    }
+
+
+def test_the_job_runs_every_cell_and_rank_0_writes_the_run(job_run) -> None:
+    assert job_run["codes"] == [1, 1], job_run["outputs"]  # a cell failed: the run's exit code, on each
+    records = job_run["records"]
+    assert [records[s].status for s in ("ddp", "zero1", "zero2")] == ["ok", "error", "ok"], job_run["outputs"]
+    assert all(r.world_size == 2 and not r.simulated and r.backend == "gloo" for r in records.values())
+    out = job_run["out"]
+    assert (out / "index.html").is_file() and (out / "table.md").is_file() and (out / "cells.json").is_file()
+    assert "slurm job of 2 processes" in job_run["outputs"][0]
+    assert job_run["outputs"][1] == ""  # the run is rank 0's to tell
+
+
+def test_a_rank_that_raises_fails_only_its_cell_and_is_blamed(job_run) -> None:
+    r = job_run["records"]["zero1"]
+    assert r.failure["rank"] == 1 and r.failure["step"] == 0, r.error
+    assert r.error.startswith("rank 1 at step 0: RuntimeError: injected error"), r.error
+
+
+def test_the_jobs_cells_measure_what_the_local_launcher_measures(job_run, tmp_path) -> None:
+    """ddp and zero2 run here on the local path (the worker's ranks on a gloo world of two, the
+    record from the launcher's build_record): memory equal to the byte on every rank, by
+    category, the same collectives and bytes, and compare exits 0."""
+    from shardbench.cli import build_parser, main, resolve_cells
+    from shardbench.records import append_record
+    from tests.cells import run_cell_here
+
+    _, cells = resolve_cells(build_parser().parse_args(["run", *FLAGS]))
+    job = job_run["records"]
+    for cell in (c for c in cells if c.strategy != "zero1"):
+        local = run_cell_here(cell, run_id="local")
+        ran = job[cell.strategy]
+        assert ran.peak_mem_bytes["per_rank"] == local.peak_mem_bytes["per_rank"], cell.strategy
+        assert ran.mem_breakdown_bytes == local.mem_breakdown_bytes, cell.strategy
+        assert ran.model_state_bytes == local.model_state_bytes, cell.strategy
+        assert ran.comm_per_step == local.comm_per_step and ran.comm_per_step["sent_per_rank"] > 0
+        local.name, local.tags = ran.name, ran.tags
+        append_record(tmp_path / "local" / "records.jsonl", local)
+        append_record(tmp_path / "job" / "records.jsonl", ran)
+    compared = ["compare", str(tmp_path / "local"), str(tmp_path / "job"), "--out", str(tmp_path / "cmp")]
+    assert main(compared) == 0
+
+
+def test_no_process_of_the_job_is_left(job_run) -> None:
+    assert with_environment("SHARDBENCH_TEST_JOB", job_run["marker"]) == []
+
+
+class _SilentPeer:
+    """A stand-in for the job's store, seen from rank 0 of two: rank 1 never answers."""
+
+    job = Job(launcher="slurm", rank=0, world_size=2, local_rank=0, master_addr="node0", master_port=1)
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def has(self, key: str) -> bool:
+        return key in self.values
+
+    def silent_for(self, rank: int) -> float:
+        from shardbench.harness.job_cells import SILENT_S
+
+        return SILENT_S + 1
+
+    def host(self, rank: int) -> str:
+        return f"node{rank}"
+
+
+def test_a_process_gone_silent_ends_the_job_with_its_rank_blamed(monkeypatch, tiny_cell) -> None:
+    """Rank 1's process dies outright: rank 0's own rank then fails in a collective, rank 1 sends
+    nothing and its heartbeat stands still. The cell is recorded with rank 1 blamed, and the run
+    is told to stop after it."""
+    from shardbench.harness import job_cells
+    from shardbench.harness.launch import CellEndsRun
+    from shardbench.harness.result import RankResult
+    from shardbench.harness.validate import plan_cells
+
+    def own_rank(link, seq, cell, processes) -> RankResult:
+        error = "rank 0: Connection closed by peer"
+        return RankResult(rank=0, status="error", error=error, failed_at=time.time())
+
+    monkeypatch.setattr(job_cells, "run_own_rank", own_rank)
+    link = _SilentPeer()
+    leader = job_cells.Leader(link)
+    (cell,) = plan_cells([tiny_cell(strategy="zero2", timeout_s=1.0)])
+    with pytest.raises(CellEndsRun, match=r"the job lost rank 1 \(node1\)") as stopped:
+        leader.run_cell(cell, run_id="t")
+    record = stopped.value.record
+    assert record.status == "error" and record.failure["rank"] == 1, record.error
+    assert record.error.startswith("rank 1: its process of the job (on node1) sent no result"), record.error
+    assert leader.lost == [1]
+    posted = json.loads(link.values["msg/0"])
+    assert posted["seq"] == 0 and posted["processes"] == 2 and posted["cell"]["strategy"] == "zero2"
+
+
+def test_a_cell_of_one_process_stays_on_rank_0(monkeypatch, tiny_cell) -> None:
+    """Inside a job, a simulated cell (one process) is started here by the local launcher; a
+    cell of two goes to the job."""
+    from shardbench.harness import launch
+    from shardbench.harness.validate import plan_cells
+
+    class StartedHere(Exception):
+        pass
+
+    def local_world(*args, **kwargs):
+        raise StartedHere
+
+    sent = []
+    monkeypatch.setattr(launch, "RankWorld", local_world)
+    simulated, real = plan_cells([tiny_cell(simulate=True, world_size=8), tiny_cell()])
+    with launch.cells_through(lambda cell, run_id: sent.append(cell) or "record"):
+        assert launch.run_cell(real, run_id="t") == "record"
+        with pytest.raises(StartedHere):
+            launch.run_cell(simulated, run_id="t")
+    assert sent == [real]
