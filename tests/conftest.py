@@ -55,11 +55,12 @@ def _shared_worlds() -> Iterator[None]:
     close_shared_worlds()
 
 
-@pytest.fixture
-def no_charts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reports without their charts, for tests of what a command measures and writes beside them:
-    drawing a report's PNGs and SVGs costs seconds, and the charts have their own tests
-    (test_report.py)."""
-    from shardbench.report import build
+@pytest.fixture(autouse=True)
+def charts_only_where_tested(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reports are written without their charts except in tests marked ``charts`` (the report's
+    and the browser's, where charts are checked): drawing a report's PNGs and SVGs costs seconds
+    a command, and the other tests check what a command measures and writes beside them."""
+    if request.node.get_closest_marker("charts") is None:
+        from shardbench.report import build
 
-    monkeypatch.setattr(build, "plot_all", lambda records, out_dir: {})
+        monkeypatch.setattr(build, "plot_all", lambda records, out_dir: {})

@@ -28,7 +28,7 @@ from tests.browser import Browser, Page, find_chromium
 from tests.records import make_record
 
 #: one worker runs this module: its module-scoped browser starts once (pytest-xdist, loadgroup)
-pytestmark = pytest.mark.xdist_group("test_browser")
+pytestmark = [pytest.mark.xdist_group("test_browser"), pytest.mark.charts]
 
 WIDTH = 1400
 MIB = 1 << 20

@@ -14,7 +14,7 @@ from shardbench.report.build import build_report, write_report
 from tests.cells import run_cell_here, tiny_cell
 
 
-def test_artefacts_are_written_listed_and_linked(tmp_path: Path, no_charts: None) -> None:
+def test_artefacts_are_written_listed_and_linked(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     plain = tiny_cell(strategy="zero2", world_size=4, simulate=True, steps=1)
     cell = with_drill_down_dir(replace(plain, memory_snapshot=True, trace=True), run_dir)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_plan_example_runs_as_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, no_charts: None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     readme = (ROOT / "README.md").read_text()
     (command,) = re.findall(

@@ -24,7 +24,7 @@ TINY = ["--model-config", "vocab=64,width=32,depth=2,heads=2,seq=16,samples=32"]
 
 
 @pytest.fixture
-def here(monkeypatch: pytest.MonkeyPatch, no_charts: None) -> None:
+def here(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cells run on the session's world (the launcher has its own tests), from the checkout."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(runner, "run_cell", lambda cell, *, run_id: run_cell_here(cell, run_id=run_id))

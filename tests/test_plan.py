@@ -32,7 +32,7 @@ ARGS = ["--workload", "transformer", "--preset", "tiny", "--world-size", "2"]
 
 
 @pytest.fixture
-def in_process(monkeypatch: pytest.MonkeyPatch, no_charts: None):
+def in_process(monkeypatch: pytest.MonkeyPatch):
     """Cells run here, each measured once (the test measures some first to choose a budget)."""
     run_once = measured_once()
     monkeypatch.setattr(runner, "run_cell", run_once)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 from shardbench.report.plan_report import plan_markdown, table, wrap
 from shardbench.report.tables import records_to_frame, to_markdown, write_tables
 from shardbench.report.terminal import WIDTH, terminal_table
@@ -102,7 +100,6 @@ def test_no_none_and_no_exponent_in_the_tables() -> None:
     assert "None" not in markdown and "None" not in to_markdown(records_to_frame([fast, skipped]))
 
 
-@pytest.mark.usefixtures("no_charts")
 def test_a_run_of_one_cell_says_one_cell(tmp_path: Path, capsys) -> None:
     from shardbench.cli import main
 

@@ -36,7 +36,7 @@ from shardbench.report.styles import FALLBACK_COLORS, legend_label, strategy_col
 from shardbench.report.tables import markdown_table, records_to_frame, write_tables
 
 #: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)
-pytestmark = pytest.mark.xdist_group("test_report")
+pytestmark = [pytest.mark.xdist_group("test_report"), pytest.mark.charts]
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "results" / "samples"
@@ -288,7 +288,7 @@ def _write_lines(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def test_merging_two_runs(tmp_path: Path, no_charts: None) -> None:
+def test_merging_two_runs(tmp_path: Path) -> None:
     lines = (SAMPLES / "records.jsonl").read_text().splitlines(keepends=True)
     a = _write_lines(tmp_path / "a", lines[:12])
     b = _write_lines(tmp_path / "b", lines[12:])
