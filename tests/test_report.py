@@ -36,7 +36,7 @@ from shardbench.report.styles import FALLBACK_COLORS, legend_label, strategy_col
 from shardbench.report.tables import markdown_table, records_to_frame, write_tables
 
 #: one worker runs this module: its module-scoped fixture runs once (pytest-xdist, loadgroup)
-pytestmark = [pytest.mark.xdist_group("test_report"), pytest.mark.charts]
+pytestmark = pytest.mark.xdist_group("test_report")
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "results" / "samples"
@@ -83,6 +83,7 @@ def test_sample_is_small_real_and_holds_a_failure(samples: list[Record]) -> None
     assert all(r.env.get("torch") and r.env.get("time") for r in samples)
 
 
+@pytest.mark.charts
 def test_report_from_samples(report, samples: list[Record]) -> None:
     for path in (report.table_md, report.table_csv, report.index_html, *report.charts):
         assert path.is_file() and path.stat().st_size > 0, path
