@@ -28,8 +28,8 @@ TORCHRUN = {
     "TORCHELASTIC_RESTART_COUNT": "2",
 }  # fmt: skip
 SLURM = {
-    "SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
-    "SLURM_NODELIST": "gpu[07-08]", "SLURM_NTASKS_PER_NODE": "8",
+    "SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_STEP_NUM_TASKS": "16", "SLURM_LOCALID": "1",
+    "SLURM_JOB_ID": "123456", "SLURM_NODELIST": "gpu[07-08]", "SLURM_NTASKS_PER_NODE": "8",
 }  # fmt: skip
 
 
@@ -55,6 +55,29 @@ def test_slurm_variables_rank_0_hosts_the_store_on_the_first_node() -> None:
     assert detect_job({**step, "MASTER_ADDR": "head"}).master_addr == "head"
 
 
+def test_a_batch_script_or_an_salloc_shell_is_not_a_job() -> None:
+    """They carry the job's SLURM_PROCID and SLURM_NTASKS but are one process: only the tasks
+    srun starts (its SLURM_STEP_* variables) make a job."""
+    batch = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_NUM_TASKS"}
+    assert detect_job({**batch, "SLURM_PROCID": "0"}) is None
+
+
+def test_commands_without_cells_run_alone_inside_a_job(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """``list``, ``env``, ``report``, ``compare`` ... in a process of a job run at once, as on one
+    machine: nothing joins the job's store (there is none listening here)."""
+    from shardbench.cli import main
+
+    for name in os.environ:
+        if name.startswith(("SLURM_", "TORCHELASTIC_")):
+            monkeypatch.delenv(name)
+    job = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    for name, value in job.items():
+        monkeypatch.setenv(name, value)
+    started = time.monotonic()
+    assert main(["list"]) == 0
+    assert time.monotonic() - started < 10 and "zero2" in capsys.readouterr().out
+
+
 def test_torchrun_started_by_srun_is_torchruns_job() -> None:
     assert detect_job({**SLURM, **TORCHRUN}).launcher == "torchrun"
 
@@ -62,7 +85,7 @@ def test_torchrun_started_by_srun_is_torchruns_job() -> None:
 def test_no_job_and_a_job_of_one_process_are_this_machine() -> None:
     assert detect_job({"PATH": "/bin", "LOCAL_RANK": "0"}) is None
     assert detect_job({"RANK": "0", "WORLD_SIZE": "2"}) is None  # no launcher's rendezvous in sight
-    one = {**SLURM, "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    one = {**SLURM, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}
     assert detect_job(one).world_size == 1 and current_job(one) is None
     assert current_job(SLURM) == detect_job(SLURM)
 
@@ -113,8 +136,9 @@ def job_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         base.pop(name, None)
-    base.update(SLURM_NTASKS="2", SLURM_NODELIST="localhost", MASTER_PORT=str(_free_port()),
-                SHARDBENCH_FAULT=FAULT, SHARDBENCH_TEST_JOB=marker)  # fmt: skip
+    base.update(SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2", SLURM_NODELIST="localhost",
+                MASTER_PORT=str(_free_port()), SHARDBENCH_FAULT=FAULT,
+                SHARDBENCH_TEST_JOB=marker)  # fmt: skip
     start = time.monotonic()
     procs = [
         subprocess.Popen(

@@ -129,6 +129,11 @@ def _terminated(signum: int, frame: object) -> None:
 #: 0 success, 1 a failed cell or a regression, 2 a usage error, 130/143 interrupted
 INTERNAL_ERROR = 3
 
+#: the commands that run cells: inside a torchrun or Slurm job every process runs them together
+#: (rank 0 leads, the others lend their ranks). Any other command (list, env, report, compare,
+#: ...) runs in each process on its own, as on one machine: it has no cells to share.
+CELL_COMMANDS = frozenset({"run", "plan", "max-size", "claim", "nightly"})
+
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # a launcher's variable that cannot be read: before anything runs
         print(f"shardbench {args.command}: error: {e}", file=sys.stderr)
         return 2
-    if job is not None:  # one of the processes of a torchrun or Slurm job (cli/job.py)
+    if job is not None and args.command in CELL_COMMANDS:  # one process of a job (cli/job.py)
         from shardbench.cli.job import in_job
 
         handler = in_job(job, handler)

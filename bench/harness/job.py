@@ -95,9 +95,11 @@ def _torchrun(env: Mapping[str, str]) -> Job:
     )
 
 
-#: the step's task count first (srun sets the SLURM_STEP_* variables for the processes it
-#: starts: one step of a job may use fewer tasks than the job has), then the job's
-SLURM_TASKS = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+#: the step's task count: srun sets the SLURM_STEP_* variables for the tasks it starts. A batch
+#: script or an salloc shell carries the job's SLURM_PROCID and SLURM_NTASKS as well, but it is
+#: one process: read as a job of SLURM_NTASKS, its every command would wait for peers that
+#: never come. So only a step is a job (and one step may use fewer tasks than the job has).
+SLURM_TASKS = ("SLURM_STEP_NUM_TASKS",)
 SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 
 
