@@ -98,6 +98,10 @@ def test_no_none_and_no_exponent_in_the_tables() -> None:
         Plan(rows=rows, budget=1 << 30, policy=policy("cpu"), batch=None), title_text="p"
     )
     assert "None" not in markdown and "None" not in to_markdown(records_to_frame([fast, skipped]))
+    # a tiny model's MFU on a large device: a small fraction, still written out in digits
+    tiny = make_record(samples_per_s=2880.0, flops_per_step={"model": 6.3e8, "hardware": 6.3e8}, mfu=6.3e-5)
+    table_md = to_markdown(records_to_frame([tiny]))
+    assert "0.000063" in table_md and "e-" not in table_md
 
 
 def test_a_run_of_one_cell_says_one_cell(tmp_path: Path, capsys) -> None:

@@ -141,6 +141,8 @@ def test_repeats_judge_a_real_difference_and_not_drift() -> None:
     # the pairs stray 0.01 from their median: as a standard deviation (x 1.4826), as the standard
     # error of a median of three (x 1.2533 / sqrt 3), three of them (the steps' MAD is smaller)
     assert fast.band == pytest.approx(3 * 1.2533 * 1.4826 * 0.01 / 3**0.5, rel=1e-3)
+    # beside MFU's ratio (the same speed's) the verdict stands without the step times' own ratio
+    assert fast.note(with_ratio=False) == "3 repeats: faster"
     drift = _verdict(_rounds((0.64, 1.01)))
     assert drift.word == NOT_JUDGED and drift.band > abs(drift.ratio - 1)
     lines = terminal_table(_rounds(ratios["fast"])).splitlines()[7:]

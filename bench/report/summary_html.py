@@ -53,16 +53,21 @@ def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}×"
 
 
-def _speed_ratio(v: Versus, ratio: float | None) -> str:
+def _speed_ratio(v: Versus, ratio: float | None, *, of_step_time: bool = True) -> str:
     """A ratio of speed (step time, or MFU, its inverse), with what the noise rule says of the
-    step times; the rule's own words in a tooltip."""
+    step times (beside MFU's ratio without the step times' own ratio and band); the rule's own
+    words in a tooltip."""
     if ratio is None:
         return "<td></td>"
     if v.speed is None:
         return f"<td>{_ratio(ratio)}</td>"
     cls = "beyond" if v.speed.judged else "noise"
-    text = _ratio(ratio) + f' <span class="{cls}">{_e(v.speed.note())}</span>'
+    text = _ratio(ratio) + f' <span class="{cls}">{_e(v.speed.note(with_ratio=of_step_time))}</span>'
     return f'<td title="{_e(v.speed.rule)}">{text}</td>'
+
+
+def _mfu_ratio(v: Versus) -> float | None:
+    return v.record.mfu / v.base.mfu if v.record.mfu and v.base.mfu else None
 
 
 def _values(r: Record) -> list[str]:
@@ -81,7 +86,7 @@ def _ratios(v: Versus) -> list[str]:
         f"<td>{_ratio(v.peak)}</td>",
         f"<td>{_ratio(v.model_states)}</td>",
         _speed_ratio(v, v.step_time),
-        _speed_ratio(v, v.record.mfu / v.base.mfu if v.record.mfu and v.base.mfu else None),
+        _speed_ratio(v, _mfu_ratio(v), of_step_time=False),
         f"<td>{_ratio(v.sent)}</td>",
     ]
 

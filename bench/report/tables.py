@@ -7,6 +7,7 @@ cells stay in the table with their status; they are never dropped.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -201,11 +202,16 @@ def write_error_files(records: Sequence[Record], out_dir: Path) -> None:
 
 
 def format_value(value: object) -> str:
-    """How a table cell reads (Markdown and HTML alike): blank for missing, 2943 not 2.94e+03."""
+    """How a table cell reads (Markdown and HTML alike): blank for missing, 2943 not 2.94e+03,
+    0.000063 not 6.3e-05 (an MFU of a tiny model on a large device)."""
     if value is None or (isinstance(value, float) and value != value):
         return ""
     if isinstance(value, float):  # three significant digits below 1000, whole numbers above
-        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+        if abs(value) >= 1000 or value == 0:
+            return f"{value:.0f}"
+        decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+        text = f"{value:.{decimals}f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
     return str(value)
 
 

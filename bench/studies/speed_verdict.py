@@ -71,9 +71,12 @@ class SpeedVerdict:
         """The ratio is a result: faster or slower beyond the noise."""
         return self.word in (FASTER, SLOWER)
 
-    def note(self) -> str:
+    def note(self, *, with_ratio: bool = True) -> str:
         """What a ratio line says beside the ratio: "within noise", "one run: not judged",
-        "3 repeats: 0.89x ± 0.04, faster"."""
+        "3 repeats: 0.89x ± 0.04, faster"; without the ratio and its band (``with_ratio=False``:
+        beside another ratio of the same speed, as MFU's) "3 repeats: faster"."""
+        if self.pairs > 1 and self.band is not None and not with_ratio:
+            return f"{self.pairs} repeats: {self.word}"
         if self.pairs > 1 and self.band is not None:
             return f"{self.pairs} repeats: {self.ratio:.2f}x ± {self.band:.2f}, {self.word}"
         return f"{self.reason}: {self.word}" if self.reason else self.word
