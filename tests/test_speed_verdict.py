@@ -27,6 +27,7 @@ from shardbench.studies.speed_verdict import (
     pair_verdict,
     speed_verdicts,
 )
+from shardbench.studies.versus import against_reference
 from tests.records import make_record
 
 NIGHTLY = Path(__file__).resolve().parents[1] / "results" / "baselines" / "cpu" / "nightly-cpu.jsonl"
@@ -111,6 +112,14 @@ def test_one_run_is_never_faster_however_its_cells_drifted() -> None:
     # a report of ddp from one run and zero2 from the other: never paired, never judged
     (line,) = ratio_lines([first[0], second[1]])
     assert "1.01x step time (different runs: not judged)" in line
+    # merged with an older run whose ddp comes first: the cell's own verdict (faster, against its
+    # own run's ddp) is not lent to the ratio against the other run's ddp
+    older = _cell("ddp", 300.0, run="old")
+    fast = _rounds((0.60, 0.62, 0.61))
+    merged = [replace(older, repeat=i) for i in range(3)] + fast
+    rows = [v for g in against_reference(merged) for v in g.others]
+    assert {v.base.run_id for v in rows} == {"old"}
+    assert {v.speed.note() for v in rows} == {"different runs: not judged"}
     # noisy steps: a ratio near 1 whose band reaches beyond 15% is not called within noise either
     noisy = [_cell("ddp", 100.0, mad=6.0), _cell("zero2", 101.0, mad=6.0)]
     assert _verdict(noisy).word == NOT_JUDGED and _verdict(noisy).band == pytest.approx(3 * 6 * 2**0.5 / 100)

@@ -101,7 +101,9 @@ def against_reference(records: Sequence[Record]) -> list[Group]:
                 peak=_ratio(peak(r), peak(base)),
                 model_states=_ratio(model_states(r), model_states(base)),
                 step_time=step_time_ratio(r, base),
-                speed=verdicts.get(CellKey.of(r)) or unpaired(r, base),
+                # the cell's verdict pairs it with its own run's ddp: set against another
+                # run's, the ratio is across runs and is not judged
+                speed=(verdicts.get(CellKey.of(r)) if r.run_id == base.run_id else None) or unpaired(r, base),
                 sent=_ratio(sent(r), sent(base)),
             )
             for r in members
