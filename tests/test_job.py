@@ -78,6 +78,24 @@ def test_commands_without_cells_run_alone_inside_a_job(monkeypatch: pytest.Monke
     assert time.monotonic() - started < 10 and "zero2" in capsys.readouterr().out
 
 
+def test_ranks_bound_to_cores_of_their_own_do_not_share_them() -> None:
+    """Four processes on one node: unbound (each may run on all 8 cores), a cell's ranks share
+    the node's cores; bound by srun to 2 cores each, each rank has its own (no "more ranks than
+    cores", and each rank's threads are its own cores)."""
+    from shardbench.harness.job_link import JobLink
+
+    link = JobLink.__new__(JobLink)  # the store's answers, without a store
+    link.hosts = ["n1"] * 4
+    link.cpus = [frozenset(range(8))] * 4
+    assert [link.sharing_cores(r, range(4)) for r in range(4)] == [4, 4, 4, 4]
+    assert link.sharing_cores(0, range(2)) == 2
+    link.cpus = [frozenset({2 * r, 2 * r + 1}) for r in range(4)]
+    assert [link.sharing_cores(r, range(4)) for r in range(4)] == [1, 1, 1, 1]
+    link.hosts = ["n1", "n1", "n2", "n2"]
+    link.cpus = [frozenset()] * 4  # not known: every process of the node shares its cores
+    assert [link.sharing_cores(r, range(4)) for r in range(4)] == [2, 2, 2, 2]
+
+
 def test_torchrun_started_by_srun_is_torchruns_job() -> None:
     assert detect_job({**SLURM, **TORCHRUN}).launcher == "torchrun"
 

@@ -52,10 +52,12 @@ def _key(seq: int, name: str) -> str:
 
 def rank_places(link: JobLink, seq: int, processes: int) -> dict[str, str]:
     """The variables this process's rank of cell ``seq`` gets: its place in the cell's world of
-    ``processes`` (the job's first ones), the device it drives, the cores of its node shared
-    among the cell's ranks there, and where in the job's store the ranks meet."""
+    ``processes`` (the job's first ones), the device it drives, its cores shared among the
+    cell's ranks that run on them (``LOCAL_WORLD_SIZE``: the ranks of its node, or only itself
+    where srun bound each task to cores of its own), and where in the job's store the ranks
+    meet."""
     job = link.job
-    here = sum(link.host(r) == link.host(job.rank) for r in range(processes))
+    here = link.sharing_cores(job.rank, range(processes))
     threads = str(threads_per_rank(here))
     return dict(
         RANK=str(job.rank),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import threading
 import time
@@ -52,12 +53,16 @@ class JobLink:
                 f"{job.describe()}: could not reach the job's store at {job.master_addr}:{job.master_port} "
                 f"within {join_timeout_s:g}s ({_first_line(e)})"
             ) from None
+        self.set(f"cpus/{job.rank}", ",".join(map(str, sorted(_own_cpus()))))
         self.set(f"host/{job.rank}", socket.gethostname())
         self._stop = threading.Event()
         self._beater = threading.Thread(target=self._beat, name="shardbench-job-beat", daemon=True)
         self._beater.start()
         self._seen: dict[int, tuple[int, float]] = {}
         self.hosts = self._hosts(join_timeout_s)
+        # each process's CPUs: srun may bind each task to cores of its own (--cpu-bind), so the
+        # processes of one node do not always share its cores
+        self.cpus = [_cpu_set(self.store.get(f"cpus/{r}").decode()) for r in range(job.world_size)]
 
     def _connect(self, timeout_s: float, *, serve: bool) -> Any:
         store = dist.TCPStore(
@@ -136,6 +141,15 @@ class JobLink:
     def host(self, rank: int) -> str:
         return self.hosts[rank]
 
+    def sharing_cores(self, rank: int, ranks: range) -> int:
+        """How many of ``ranks`` (``rank`` included) run on ``rank``'s cores: on its node, with
+        CPUs that overlap its own (a process whose CPUs are unknown overlaps every other)."""
+        mine = self.cpus[rank]
+        return sum(
+            self.host(r) == self.host(rank) and (not mine or not self.cpus[r] or bool(mine & self.cpus[r]))
+            for r in ranks
+        )
+
     def close(self) -> None:
         self._stop.set()
         self._beater.join(timeout=2 * BEAT_S)
@@ -150,3 +164,15 @@ class JobLink:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _own_cpus() -> set[int]:
+    """The CPUs this process may run on (empty where the OS does not say)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:
+        return set()
+
+
+def _cpu_set(text: str) -> frozenset[int]:
+    return frozenset(int(c) for c in text.split(",") if c)
