@@ -108,13 +108,19 @@ class CellConfig:
         return key, self.repeat
 
 
-def available_cores() -> int:
-    """The CPU cores this process may run on: its affinity where the OS has one (a container or
-    ``taskset`` may allow fewer than the machine has), else the machine's count."""
+def own_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (a container, ``taskset`` or srun's binding may allow
+    fewer than the machine has); empty where the OS does not say (macOS)."""
     try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # no affinity on this OS (macOS)
-        return os.cpu_count() or 1
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:
+        return frozenset()
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on: its affinity where the OS has one, else the
+    machine's count."""
+    return len(own_cpus()) or os.cpu_count() or 1
 
 
 def threads_per_rank(local_world_size: int) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import threading
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from shardbench.harness.config import own_cpus
 from shardbench.harness.job import Job
 
 #: how long the processes of a job may take to start and meet (imports on a busy node, srun
@@ -53,7 +53,7 @@ class JobLink:
                 f"{job.describe()}: could not reach the job's store at {job.master_addr}:{job.master_port} "
                 f"within {join_timeout_s:g}s ({_first_line(e)})"
             ) from None
-        self.set(f"cpus/{job.rank}", ",".join(map(str, sorted(_own_cpus()))))
+        self.set(f"cpus/{job.rank}", ",".join(map(str, sorted(own_cpus()))))
         self.set(f"host/{job.rank}", socket.gethostname())
         self._stop = threading.Event()
         self._beater = threading.Thread(target=self._beat, name="shardbench-job-beat", daemon=True)
@@ -164,14 +164,6 @@ class JobLink:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-
-
-def _own_cpus() -> set[int]:
-    """The CPUs this process may run on (empty where the OS does not say)."""
-    try:
-        return set(os.sched_getaffinity(0))
-    except AttributeError:
-        return set()
 
 
 def _cpu_set(text: str) -> frozenset[int]:
