@@ -1,0 +1,139 @@
+"""Scaling efficiency (bench/studies/scaling.py): its arithmetic, which N = 1 cell a record is
+set against and which it is not, its noise verdict, and the suite option that measures it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from shardbench.records import Record
+from shardbench.studies.scaling import (
+    AT_ONE,
+    NO_REFERENCE,
+    NO_REFERENCE_REPEAT,
+    SIMULATED,
+    cell_scaling,
+    record_scaling,
+)
+from tests.records import make_record
+
+
+def _timed(
+    strategy: str, n: int, ms: float, *, batch: int = 8, repeat: int = 0, mad: float = 0.1, **kw
+) -> Record:
+    """A real cell at world size ``n`` of ``ms`` median step time and 20 timed steps."""
+    return make_record(
+        strategy=strategy,
+        world_size=n,
+        requested_world_size=n,
+        repeat=repeat,
+        steps=20,
+        batch_size_per_rank=batch,
+        step_time_s={"median": ms / 1e3, "mad": mad / 1e3, "n": 20},
+        samples_per_s=batch * n / (ms / 1e3),
+        **kw,
+    )
+
+
+def test_efficiency_is_per_rank_samples_over_the_n1_cells_exactly() -> None:
+    ref = _timed("ddp", 1, 100.0, threads_per_rank=2)
+    ddp2, zero2 = _timed("ddp", 2, 125.0, threads_per_rank=1), _timed("zero2", 2, 160.0, threads_per_rank=1)
+    out = record_scaling([ref, ddp2, zero2])
+    # (8 * 2 / 0.125 / 2) / (8 / 0.1) = 0.8; (8 * 2 / 0.160 / 2) / 80 = 0.625
+    assert out[id(ddp2)].efficiency == pytest.approx(0.8, rel=1e-12)
+    assert out[id(zero2)].efficiency == pytest.approx(0.625, rel=1e-12)
+    assert out[id(ref)].efficiency is None and out[id(ref)].why == AT_ONE
+    # each rank had one core of the two the N=1 cell had to itself: said beside the figure
+    assert out[id(zero2)].text() == "0.62 (N=1 had 2 threads, each of N=2's ranks 1)"
+
+
+def test_which_n1_cell_pairs_and_which_does_not() -> None:
+    """The reference is ddp at N=1 whatever the strategy, of the same workload, preset,
+    precision, batch, flags, run and repeat; anything else is not its N=1 cell."""
+    ref = _timed("ddp", 1, 100.0)
+    zero2 = _timed("zero2", 2, 125.0)
+    assert record_scaling([ref, zero2])[id(zero2)].efficiency == pytest.approx(0.8)
+    unpaired = {
+        "zero2 at N=1 is not the reference": [_timed("zero2", 1, 100.0), zero2],
+        "another run": [replace(ref, run_id="other"), zero2],
+        "another batch": [_timed("ddp", 1, 100.0, batch=4), zero2],
+        "another preset": [replace(ref, preset="small"), zero2],
+        "another precision": [replace(ref, precision="bf16"), zero2],
+        "activation checkpointing": [replace(ref, activation_checkpointing=True), zero2],
+        "a simulated N=1": [replace(ref, simulated=True, backend="fake"), zero2],
+    }
+    for why, records in unpaired.items():
+        assert record_scaling(records)[id(zero2)].efficiency is None, why
+        assert record_scaling(records)[id(zero2)].why == NO_REFERENCE, why
+        assert not cell_scaling(records), why
+    # the same run, another repeat: paired repeat by repeat only
+    other_repeat = record_scaling([replace(ref, repeat=1), zero2])[id(zero2)]
+    assert other_repeat.efficiency is None and other_repeat.why == NO_REFERENCE_REPEAT
+    assert other_repeat.text() == f"none: {NO_REFERENCE_REPEAT}"
+    simulated = replace(zero2, simulated=True, backend="fake", samples_per_s=None)
+    assert record_scaling([ref, simulated])[id(simulated)].why == SIMULATED
+    failed = replace(ref, status="oom", step_time_s=None, samples_per_s=None)
+    assert record_scaling([failed, zero2])[id(zero2)].why == "its N=1 cell oom"
+
+
+def test_a_cells_efficiency_over_repeats_and_its_noise_verdict() -> None:
+    """The median of the pairs'; below ideal only beyond the spread between repeats, one run
+    never judged, more ranks than cores never judged and flagged."""
+    rounds = [
+        r
+        for i, (one, two) in enumerate([(100.0, 200.0), (110.0, 210.0), (90.0, 195.0)])
+        for r in (_timed("ddp", 1, one, repeat=i), _timed("zero2", 2, two, repeat=i))
+    ]
+    (cell,) = cell_scaling(rounds).values()
+    assert cell.pairs == 3 and cell.efficiency == pytest.approx(100 / 200)  # pairs 0.5, 0.524, 0.462
+    assert cell.word == "below ideal" and cell.text() == "0.50 (3 repeats: below ideal)"
+    (one_run,) = cell_scaling(rounds[:2]).values()
+    assert one_run.word == "not judged" and one_run.text() == "0.50 (one run: not judged)"
+    same = [_timed("ddp", 1, 100.0, repeat=i) for i in range(3)] + [
+        _timed("ddp", 2, 100.0, repeat=i) for i in range(3)
+    ]
+    (ideal,) = cell_scaling(same).values()
+    assert ideal.efficiency == 1.0 and ideal.word == "within noise of ideal"
+    crowded = [replace(r, placement={"ranks": 2, "cores": 1}) if r.world_size == 2 else r for r in rounds]
+    (flagged,) = cell_scaling(crowded).values()
+    assert flagged.word == "not judged" and flagged.flags == ("more ranks than cores",)
+    assert flagged.text() == "0.50 (more ranks than cores: not judged)"
+    assert record_scaling(crowded)[id(crowded[1])].text() == "0.50 (more ranks than cores)"
+
+
+def test_a_suite_that_asks_for_scaling_adds_the_n1_cells_in_the_same_rounds(tmp_path) -> None:
+    from shardbench.cli import build_parser, resolve_cells
+    from shardbench.harness.config import load_suite
+    from shardbench.harness.runner import interleave_repeats
+
+    suite = tmp_path / "scaled.toml"
+    suite.write_text(
+        'workloads = ["transformer"]\nstrategies = ["ddp", "zero2"]\nworld_sizes = [2, 4]\n'
+        "repeat = 2\nscaling = true\n"
+        "[[matrix]]\n\n[[matrix]]\nworld_sizes = [8]\nsimulate = true\nrepeat = 1\n"
+    )
+    cells = load_suite(str(suite)).cells()
+    assert sorted((c.strategy, c.world_size, c.repeat) for c in cells if c.world_size == 1) == [
+        ("ddp", 1, 0),
+        ("ddp", 1, 1),
+    ]  # one N=1 cell for every strategy and N, repeated as they are; none for the simulated N=8
+    order = [(c.strategy, c.world_size, c.repeat) for c in interleave_repeats(cells)]
+    assert order == [
+        ("ddp", 1, 0), ("ddp", 2, 0), ("ddp", 4, 0), ("zero2", 2, 0), ("zero2", 4, 0),
+        ("ddp", 1, 1), ("ddp", 2, 1), ("ddp", 4, 1), ("zero2", 2, 1), ("zero2", 4, 1),
+        ("ddp", 8, 0), ("zero2", 8, 0),
+    ]  # fmt: skip
+    # without it, no N=1 cell, and each world size is a group of its own
+    unscaled = [c for c in cells if c.world_size != 1]
+    assert [(c.world_size, c.repeat) for c in interleave_repeats(unscaled)][:4] == [
+        (2, 0),
+        (2, 0),
+        (2, 1),
+        (2, 1),
+    ]
+    args = ["run", "--workload", "transformer", "--strategy", "zero2", "--world-size", "2"]
+    _, flagged = resolve_cells(build_parser().parse_args([*args, "--scaling"]))
+    assert [(c.strategy, c.world_size) for c in flagged] == [("ddp", 1), ("zero2", 2)]
+    _, plain = resolve_cells(build_parser().parse_args(args))
+    assert [(c.strategy, c.world_size) for c in plain] == [("zero2", 2)]
