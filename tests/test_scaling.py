@@ -137,3 +137,34 @@ def test_a_suite_that_asks_for_scaling_adds_the_n1_cells_in_the_same_rounds(tmp_
     assert [(c.strategy, c.world_size) for c in flagged] == [("ddp", 1), ("zero2", 2)]
     _, plain = resolve_cells(build_parser().parse_args(args))
     assert [(c.strategy, c.world_size) for c in plain] == [("zero2", 2)]
+
+
+def test_tables_terminal_export_and_report_show_it_or_say_why_not() -> None:
+    from shardbench.report.scaling_html import scaling_table
+    from shardbench.report.tables import records_to_frame
+    from shardbench.report.terminal import terminal_table
+    from shardbench.studies.export import to_pytest_benchmark
+
+    times = {"step_times_s": [0.1] * 20}
+    ref, zero2 = _timed("ddp", 1, 100.0, **times), _timed("zero2", 2, 125.0, **times)
+    lone = _timed("zero2", 2, 125.0, batch=4, **times)  # no N=1 cell at batch 4 in the run
+    records = [ref, zero2, lone]
+    frame = records_to_frame(records).set_index(["world_size", "batch_per_rank"])
+    assert frame.loc[(2, 8), "scaling_efficiency"] == pytest.approx(0.8)
+    assert frame.loc[(2, 4), "scaling_note"] == NO_REFERENCE
+    assert frame.loc[(2, 4), "scaling_efficiency"] != frame.loc[(2, 4), "scaling_efficiency"]  # NaN, not 0
+    assert "scaling_efficiency" not in records_to_frame([zero2, lone]).columns  # nothing asked for it
+    text = terminal_table(records)
+    assert (
+        "transformer tiny fp32 b=8 scaling efficiency (per-rank samples/s over ddp N=1): "
+        "zero2 N=2 0.80 (one run: not judged)" in text.replace("\n  ", " ")
+    )
+    assert f"zero2 N=2 none: {NO_REFERENCE}" in text.replace("\n  ", " ")
+    exported = {b["name"]: b["extra_info"] for b in to_pytest_benchmark(records)["benchmarks"]}
+    assert exported["transformer/tiny/zero2/n2/fp32/b8"]["scaling_efficiency"]["efficiency"] == pytest.approx(
+        0.8
+    )
+    assert exported["transformer/tiny/zero2/n2/fp32/b4"]["scaling_efficiency"]["why"] == NO_REFERENCE
+    page = scaling_table(records)
+    assert "0.80 (one run: not judged)" in page and f"none: {NO_REFERENCE}" in page
+    assert scaling_table([zero2, lone]) == ""

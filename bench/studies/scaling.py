@@ -185,3 +185,20 @@ def cell_scaling(records: Sequence[Record]) -> dict[CellKey, CellScaling]:
         flags = tuple(dict.fromkeys(f for r, ref in pairs for f in flags_of(r, ref)))
         out[key] = CellScaling(efficiency, len(pairs), verdict, flags)
     return out
+
+
+def scaling_texts(records: Sequence[Record]) -> dict[CellKey, str]:
+    """What the terminal and the report say of each real cell at N > 1, once any has an
+    efficiency: its efficiency and verdict ("0.80 (one run: not judged)"), or why it has none
+    ("none: no N=1 cell in its run"); {} when no cell has one (nothing asked for it)."""
+    cells = cell_scaling(records)
+    if not cells:
+        return {}
+    single = record_scaling(records)
+    out = {}
+    for r in records:
+        key = CellKey.of(r)
+        if key in out or (s := single.get(id(r))) is None or r.world_size == 1 or r.simulated:
+            continue
+        out[key] = cells[key].text() if key in cells else s.text()
+    return out
