@@ -168,3 +168,32 @@ def test_tables_terminal_export_and_report_show_it_or_say_why_not() -> None:
     page = scaling_table(records)
     assert "0.80 (one run: not judged)" in page and f"none: {NO_REFERENCE}" in page
     assert scaling_table([zero2, lone]) == ""
+
+
+def test_the_throughput_chart_draws_ideal_scaling_from_the_n1_cell_and_mfu_per_strategy() -> None:
+    from shardbench.report.chart_data import mfu_charts, throughput_scaling_charts
+    from shardbench.report.chart_drawing import draw
+
+    rounds = [
+        _timed("ddp", 1, 100.0, repeat=i, mfu=0.2)
+        for i, _ in enumerate("ab")  # two repeats of N=1: 80 samples/s each
+    ] + [
+        _timed("zero2", 2, 125.0, mfu=0.16),  # 128 samples/s
+        _timed("zero2", 4, 200.0, mfu=0.1),  # 160 samples/s
+        _timed("ddp", 2, 100.0, repeat=0, mfu=0.2),
+        _timed("ddp", 2, 120.0, repeat=1, mfu=0.18),  # median of 160 and 133.3
+        replace(_timed("zero2", 2, 125.0, mfu=0.5), simulated=True, backend="fake"),  # left out
+    ]
+    (chart,) = throughput_scaling_charts(rounds)
+    lines = {line.series: line for line in chart.panels[0].lines}
+    assert lines["ideal"].dashed and lines["ideal"].x == (1, 2, 4)
+    assert lines["ideal"].y == pytest.approx((80.0, 160.0, 320.0))
+    assert lines["zero2"].x == (1, 2, 4) and lines["zero2"].y == pytest.approx((80.0, 128.0, 160.0))
+    assert lines["ddp"].x == (1, 2) and lines["ddp"].y == pytest.approx((80.0, (160.0 + 16 / 0.12) / 2))
+    assert not throughput_scaling_charts([r for r in rounds if r.world_size > 1])  # no N=1 cell: no chart
+    (mfu,) = mfu_charts(rounds)
+    bars = [(b.series, b.value) for b in mfu.panels[0].bars]
+    assert sorted(v for _, v in bars) == pytest.approx(sorted([20.0, 20.0, 16.0, 10.0, 20.0, 18.0]))
+    assert "1 simulated or fake cell(s) left out" in " ".join(mfu.notes)
+    assert not mfu_charts([replace(r, mfu=None) for r in rounds])
+    draw(chart)  # the line chart draws with its dashed ideal

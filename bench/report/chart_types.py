@@ -61,7 +61,7 @@ class Panel:
 
 @dataclass(frozen=True)
 class Chart:
-    kind: str  # peak_memory | breakdown | step_time | max_size | memory_scaling | comm_scaling
+    kind: str  # peak_memory | breakdown | step_time | ... (a key of chart_data.ALL_CHARTS)
     name: str  # file stem, unique within a report
     title: str
     subtitle: str

@@ -68,6 +68,18 @@ SECTIONS = {
         "rank), solid, against ZeRO's accounting for the strategy, dashed; hollow markers are "
         "simulated or fake worlds, which issue the same collectives as real ones.",
     ),
+    "mfu": (
+        "MFU per strategy",
+        "Model FLOPs utilisation of one rank per strategy and cell: its model FLOPs per step over the "
+        "median step time, against the device's peak (a datasheet's, or this machine's measured GEMM "
+        "peak). Real ranks only: a simulated cell's step time has no communication.",
+    ),
+    "throughput_scaling": (
+        "Throughput against world size",
+        f"Samples per second over all ranks at each world size, every strategy's line starting at "
+        f"{REFERENCE}'s N=1 cell of the same run; the dashed line is ideal scaling, N times that "
+        "cell's samples per second. A point's height over the dashed line is its scaling efficiency.",
+    ),
     "max_size": (
         "Largest trainable size against world size",
         "From max-size searches: the largest size that trained in the per-rank budget; the pale bar "
