@@ -100,6 +100,11 @@ def test_a_cells_efficiency_over_repeats_and_its_noise_verdict() -> None:
     assert flagged.word == "not judged" and flagged.flags == ("more ranks than cores",)
     assert flagged.text() == "0.50 (more ranks than cores: not judged)"
     assert record_scaling(crowded)[id(crowded[1])].text() == "0.50 (more ranks than cores)"
+    # each rank on a share of the cores the N=1 cell had whole: the verdict would be a thread's
+    shared = [replace(r, threads_per_rank=2 if r.world_size == 1 else 1) for r in rounds]
+    (threads,) = cell_scaling(shared).values()
+    assert cell.word == "below ideal" and threads.word == "not judged"
+    assert threads.text() == "0.50 (not judged: N=1 had 2 threads, each of N=2's ranks 1)"
 
 
 def test_a_suite_that_asks_for_scaling_adds_the_n1_cells_in_the_same_rounds(tmp_path) -> None:

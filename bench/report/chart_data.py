@@ -253,7 +253,7 @@ def throughput_scaling_charts(records: Sequence[Record]) -> list[Chart]:
             ylabel="throughput (samples/s, all ranks)",
             lines=tuple(lines),
             xlabel="world size N (log2)",
-            predicted=f"ideal: N x {REFERENCE}'s N=1 samples/s",
+            dashed_label=f"ideal scaling: N x {REFERENCE}'s N=1 samples/s",
         )
         notes = [
             f"solid: measured samples/s of all ranks (a point: the median of its repeats), every line from "

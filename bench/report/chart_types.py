@@ -57,6 +57,8 @@ class Panel:
     xlabel: str = ""
     #: what a dashed line predicts, for the legend
     predicted: str = "model states"
+    #: the dashed lines' whole legend entry where they are no prediction (ideal scaling)
+    dashed_label: str = ""
 
 
 @dataclass(frozen=True)

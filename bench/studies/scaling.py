@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardbench.records import CellKey, Record, oversubscription
 from shardbench.studies.reference import REFERENCE
@@ -49,6 +49,12 @@ NO_REFERENCE = "no N=1 cell in its run"
 NO_REFERENCE_REPEAT = "no N=1 cell in its run and repeat"
 SIMULATED = "simulated: no communication timed"
 AT_ONE = "N=1: the reference world size"
+#: why an efficiency whose ranks had fewer threads than the N=1 cell is not judged
+FEWER_THREADS = "fewer threads a rank than at N=1"
+FEWER_THREADS_WHY = (
+    "the ranks shared the cores the N=1 cell had to itself: below 1.00 even without communication "
+    "on compute-bound work, above it where one process's threads gained less than a rank's own core"
+)
 #: the efficiency verdict's words for the step-time verdict's
 WORDS = {SLOWER: "below ideal", FASTER: "above ideal", WITHIN_NOISE: "within noise of ideal"}
 
@@ -83,15 +89,19 @@ class CellScaling:
         return WORDS.get(self.verdict.word, NOT_JUDGED) if self.verdict else NOT_JUDGED
 
     def text(self) -> str:
-        """ "0.91 (3 repeats: below ideal)", "0.48 (one run: not judged; ...)"."""
-        v = self.verdict
+        """ "0.91 (3 repeats: below ideal)", "0.48 (one run: not judged)", "1.40 (not judged:
+        N=1 had 2 threads, each of N=2's ranks 1)"."""
+        v, flags = self.verdict, list(self.flags)
         if v is None:
             note = NOT_JUDGED
+        elif v.reason == FEWER_THREADS:  # the flag itself says why
+            why = next(f for f in flags if f.startswith("N=1 had"))
+            note = f"{NOT_JUDGED}: {flags.pop(flags.index(why))}"
         elif v.pairs > 1 and v.band is not None:
             note = f"{v.pairs} repeats: {self.word}"
         else:
             note = f"{v.reason}: {self.word}" if v.reason else self.word
-        flags = (f for f in self.flags if not (v and f == v.reason))  # said once, by the verdict
+        flags = [f for f in flags if not (v and f == v.reason)]  # said once, by the verdict
         return f"{self.efficiency:.2f} ({'; '.join((note, *flags))})"
 
 
@@ -183,6 +193,10 @@ def cell_scaling(records: Sequence[Record]) -> dict[CellKey, CellScaling]:
         efficiency = statistics.median(pair_efficiency(r, ref) for r, ref in pairs)
         verdict = speed_verdict([r for r, _ in pairs], [ref for _, ref in pairs])
         flags = tuple(dict.fromkeys(f for r, ref in pairs for f in flags_of(r, ref)))
+        if verdict is not None and verdict.word != NOT_JUDGED and any(f.startswith("N=1 had") for f in flags):
+            # each rank computed on a share of the cores the N=1 cell had whole: not the same
+            # rank's hardware, so ideal (1.00) is not what it would reach without communication
+            verdict = replace(verdict, word=NOT_JUDGED, reason=FEWER_THREADS, rule=FEWER_THREADS_WHY)
         out[key] = CellScaling(efficiency, len(pairs), verdict, flags)
     return out
 
