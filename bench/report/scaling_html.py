@@ -18,7 +18,7 @@ HOW = (
     "strategy holds the whole model on one process). 1.00 is ideal scaling. It is called below or "
     "above ideal only beyond the noise of the two step times (the step-time rule of the table above); "
     "a cell whose ranks outnumbered the cores, or each had fewer threads than the N=1 cell, is "
-    "flagged (docs/measuring.md)."
+    "flagged and not judged (docs/measuring.md)."
 )
 
 
