@@ -108,7 +108,7 @@ def test_a_cells_efficiency_over_repeats_and_its_noise_verdict() -> None:
 
 
 def test_a_suite_that_asks_for_scaling_adds_the_n1_cells_in_the_same_rounds(tmp_path) -> None:
-    from shardbench.cli import build_parser, resolve_cells
+    from shardbench.cli import UsageError, build_parser, resolve_cells
     from shardbench.harness.config import load_suite
     from shardbench.harness.runner import interleave_repeats
 
@@ -142,6 +142,12 @@ def test_a_suite_that_asks_for_scaling_adds_the_n1_cells_in_the_same_rounds(tmp_
     assert [(c.strategy, c.world_size) for c in flagged] == [("ddp", 1), ("zero2", 2)]
     _, plain = resolve_cells(build_parser().parse_args(args))
     assert [(c.strategy, c.world_size) for c in plain] == [("zero2", 2)]
+    with pytest.raises(
+        UsageError, match=r"^--scaling: no real cell at N > 1 .* without --simulate or --fake$"
+    ):
+        resolve_cells(build_parser().parse_args([*args, "--scaling", "--simulate"]))
+    with pytest.raises(UsageError, match=r"^--scaling: no real cell at N > 1"):
+        resolve_cells(build_parser().parse_args([*args[:-1], "1", "--scaling"]))
 
 
 def test_tables_terminal_export_and_report_show_it_or_say_why_not() -> None:

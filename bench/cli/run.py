@@ -28,6 +28,7 @@ from shardbench.harness.config import (
     fields_from_flags,
     load_suite,
     override,
+    scaling_reference,
     suite_names,
     suite_overrides,
 )
@@ -170,6 +171,11 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
         cells = plan_cells(own_presets(spec.cells()) if presets is None else spec.cells())
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.scaling and not any(scaling_reference(c) for c in cells):
+        raise UsageError(
+            "--scaling: no real cell at N > 1 to set against N = 1 (simulated and fake worlds time no "
+            "communication); give --world-size 2 or more, without --simulate or --fake"
+        )
     require_cuda_if(spec.device, planned=all(c.fake for c in cells))
     return spec, cells
 
