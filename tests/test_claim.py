@@ -73,6 +73,8 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
     rebuilt = results_from_records(SPECS["tiny"], read_records([out]))
     assert [r.verdict(SPECS["tiny"].world_size)[0] for r in rebuilt] == [": HOLDS - " in v for v in verdicts]
     assert "not a measurement of the claim" in report  # tiny presets say what they are
+    costs = [line for line in report.splitlines() if line.startswith("  - sharding's cost in throughput")]
+    assert len(costs) == len(labels) and all("zero2: throughput " in c and "; zero3: " in c for c in costs)
     for chart in (line.split("(")[-1].rstrip(")") for line in report.splitlines() if line.startswith("![")):
         assert (out / chart).is_file()
     records = read_records([out])
@@ -131,6 +133,38 @@ def test_verdict_rule_and_its_explanation() -> None:
     holds, text = res.verdict(8)
     # ideal ZeRO-2 at N=8: (40 + 40 + 120/8) / 200 = 0.475 of DDP's peak
     assert holds is False and "would reach 0.47x" in text and "20% activations" in text
+
+
+def test_the_cost_line_sets_throughput_beside_memory_and_never_calls_noise_a_loss() -> None:
+    """zero2 and zero3 against ddp on real ranks (one timing run each): a ratio within the
+    steps' noise is "within noise", one beyond it "one run: not judged", never higher or lower;
+    a real zero3 timing cell is a timing cell, not a peer's memory cell."""
+    spec = SPECS["cpu"]
+    w = spec.workloads[0]
+
+    def timed(strategy: str, ms: float, peak: int | None = None, **kw) -> Record:
+        return replace(
+            _record(strategy, peak or 0, {}, ms / 1e3),
+            workload=w.name, preset=w.preset, suite="claim-cpu", steps=20,
+            step_time_s={"median": ms / 1e3, "mad": 1e-3, "n": 20},
+            peak_mem_bytes={"max": peak} if peak else None, **kw,
+        )  # fmt: skip
+
+    real = dict(world_size=spec.timing_world_size, simulated=False, backend="gloo")
+    records = [
+        *(timed(s, 100.0, peak) for s, peak in (("ddp", 200), ("zero2", 120), ("zero3", 80))),
+        timed("ddp", 100.0, **real),
+        timed("zero2", 125.0, **real),  # 0.80x, far beyond 3 x the combined MAD (4%)
+        timed("zero3", 102.0, **real),  # 0.98x, within it
+    ]
+    (res,) = results_from_records(spec, records)[:1]
+    assert set(res.timing) == {"ddp", "zero2", "zero3"} and not res.real_memory
+    assert res.cost_line(("zero2", "zero3")) == (
+        "zero2: throughput 0.80x ddp (one run: not judged), peak 0.60x ddp; "
+        "zero3: throughput 0.98x ddp (within noise), peak 0.40x ddp"
+    )
+    del res.timing["zero3"]
+    assert res.cost_line(("zero3",)) == "zero3: throughput not measured, peak 0.40x ddp"
 
 
 def test_claim_gate_flags_a_claim_that_stopped_holding() -> None:

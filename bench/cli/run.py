@@ -28,6 +28,7 @@ from shardbench.harness.config import (
     fields_from_flags,
     load_suite,
     override,
+    scaling_reference,
     suite_names,
     suite_overrides,
 )
@@ -114,6 +115,14 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         help="run each timed cell R times, each in fresh processes; compare uses the median of "
         "the repeats and their spread as noise (default: the suite's repeat, else 1)",
     )
+    run.add_argument(
+        "--scaling",
+        action="store_true",
+        default=None,
+        help="measure scaling efficiency: add each real N>1 cell's N=1 cell (ddp at world size 1, "
+        "all else equal) and run it in the same rounds; tables and the report show per-rank "
+        "samples/s at N over the N=1 cell's (docs/measuring.md; default: the suite's scaling)",
+    )
     run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
     run.add_argument(
         "--memory-snapshot",
@@ -154,11 +163,19 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
     try:
         changes = suite_overrides({**fields_from_flags(args), "preset": presets})
         spec = override(
-            load_suite(args.suite or DEFAULT_SUITE), **changes, repeat=check_repeat(args.repeat)
+            load_suite(args.suite or DEFAULT_SUITE),
+            **changes,
+            repeat=check_repeat(args.repeat),
+            scaling=args.scaling,
         ).for_devices(cuda_devices())
         cells = plan_cells(own_presets(spec.cells()) if presets is None else spec.cells())
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.scaling and not any(scaling_reference(c) for c in cells):
+        raise UsageError(
+            "--scaling: no real cell at N > 1 to set against N = 1 (simulated and fake worlds time no "
+            "communication); give --world-size 2 or more, without --simulate or --fake"
+        )
     require_cuda_if(spec.device, planned=all(c.fake for c in cells))
     return spec, cells
 
@@ -213,7 +230,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 DEFAULT_SUITE = "smoke"
 #: the flags that choose a run's cells: ``--resume`` without any of them continues the run's own
-CELL_FLAGS = ("suite", *FLAG_FIELDS, "repeat", "model_config", "seq_len", "memory_snapshot", "trace")
+CELL_FLAGS = (
+    "suite",
+    *FLAG_FIELDS,
+    "repeat",
+    "scaling",
+    "model_config",
+    "seq_len",
+    "memory_snapshot",
+    "trace",
+)
 
 
 #: where a run keeps the cells it was started with (what ``--resume`` continues)

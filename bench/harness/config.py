@@ -18,6 +18,7 @@ from typing import Any
 
 from shardbench.records import CellKey
 from shardbench.strategies.catalog import WorldPlan
+from shardbench.strategies.registry import reference_strategy
 
 SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
 PRECISIONS = ("fp32", "bf16")
@@ -153,6 +154,11 @@ class SuiteSpec:
     #: run each timed cell this many times in a row, each in fresh processes, so a comparison
     #: sees run-to-run noise (``run --repeat`` overrides; a matrix may set its own)
     repeat: int = 1
+    #: measure scaling efficiency (``run --scaling``): every real cell at N > 1 gets its N = 1
+    #: cell, the reference strategy at world size 1 with all else equal
+    #: (``bench/studies/scaling.py``), repeated as the cell is and measured in the same rounds
+    #: (``harness.runner.interleave_repeats``); a matrix may set its own
+    scaling: bool = False
 
     #: strategies the suite runs only where its cells run on two or more CUDA devices
     #: (DataParallel: anywhere else it is a single-device run, which beside N-rank cells reads as
@@ -192,15 +198,27 @@ class SuiteSpec:
             for values in itertools.product(*(lists[k] for k in _LIST_KEYS)):
                 cell = make_cell(
                     **dict(zip(_LIST_FIELDS, values, strict=True)),
-                    **{key: at[key] for key in _MATRIX_SCALARS if key != "repeat"},
+                    **{key: at[key] for key in _MATRIX_SCALARS if key not in ("repeat", "scaling")},
                     device=self.device,
                     suite=self.name,
                 )
                 # a --fake cell measures no time and its memory is deterministic: once is enough
-                for i in range(1 if cell.fake else at["repeat"]):
-                    if (repeat := replace(cell, repeat=i)) not in cells:
-                        cells.append(repeat)
+                repeats = range(1 if cell.fake else at["repeat"])
+                reference = scaling_reference(cell) if at["scaling"] else None
+                for c in (reference, cell) if reference is not None else (cell,):
+                    for i in repeats:  # the reference first: the runner's rounds keep this order
+                        if (repeat := replace(c, repeat=i)) not in cells:
+                            cells.append(repeat)
         return cells
+
+
+def scaling_reference(cell: CellConfig) -> CellConfig | None:
+    """The N = 1 cell ``cell``'s scaling efficiency is set against: the reference strategy
+    (ddp) at world size 1, all else equal; None for a cell that has none (N = 1 itself, a
+    simulated or planned world, which time no communication)."""
+    if cell.world_size <= 1 or cell.simulate or cell.fake:
+        return None
+    return replace(cell, strategy=reference_strategy(), world_size=1)
 
 
 # order matters: the cross product in SuiteSpec.cells() follows it
@@ -222,11 +240,21 @@ _SCALAR_KEYS = {
     "fake": bool,
     "activation_checkpointing": bool,
     "repeat": int,
+    "scaling": bool,
 }
 
 
 #: settings a ``[[matrix]]`` may set for its own cells
-_MATRIX_SCALARS = ("steps", "warmup", "timeout_s", "simulate", "fake", "activation_checkpointing", "repeat")
+_MATRIX_SCALARS = (
+    "steps",
+    "warmup",
+    "timeout_s",
+    "simulate",
+    "fake",
+    "activation_checkpointing",
+    "repeat",
+    "scaling",
+)
 
 #: the CellConfig field each list of ``_LIST_KEYS`` varies, in the same order
 _LIST_FIELDS = ("workload", "preset", "strategy", "world_size", "precision", "batch_size")

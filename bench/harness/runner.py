@@ -68,17 +68,34 @@ def interleave_repeats(cells: Sequence[CellConfig]) -> list[CellConfig]:
     size, precision, batch and flags under each strategy) one after another, their repeats in
     rounds, every strategy's repeat 0, then every strategy's repeat 1 (A B A B, not A A B B), so
     a drift of the machine's speed during the group hits each strategy alike and the step-time
-    ratios within a run, which ``compare`` gates, stay fair. Groups keep the order they first
-    appear in, and a group's strategies theirs."""
+    ratios within a run, which ``compare`` gates, stay fair. Where the cells hold an N = 1 cell
+    of the reference strategy (``run --scaling``), the group spans every world size of its real
+    cells, that cell first in each round, so the scaling efficiencies set against it
+    (``bench/studies/scaling.py``) are fair alike. Groups keep the order they first appear in,
+    and a group's cells theirs."""
+    references = {_wide_key(c) for c in cells if _is_scaling_reference(c)}
     groups: dict[tuple, list[CellConfig]] = {}
     for c in cells:
-        groups.setdefault(_group_key(c), []).append(c)
+        wide = _wide_key(c)
+        groups.setdefault(wide if wide in references else _group_key(c), []).append(c)
     return [c for group in groups.values() for c in sorted(group, key=lambda c: c.repeat)]
 
 
 def _group_key(cell: CellConfig) -> tuple:
     key, _repeat = cell.key()
     return key.without("strategy")
+
+
+def _wide_key(cell: CellConfig) -> tuple:
+    """The group across world sizes: what a scaling efficiency's two cells share."""
+    key, _repeat = cell.key()
+    return ("across world sizes", *key.without("strategy", "world_size"))
+
+
+def _is_scaling_reference(cell: CellConfig) -> bool:
+    from shardbench.strategies.registry import reference_strategy
+
+    return cell.strategy == reference_strategy() and cell.world_size == 1 and not cell.simulate
 
 
 def done_keys(out_dir: Path, *, ok_only: bool = True) -> set[tuple]:

@@ -1,4 +1,4 @@
-"""The six report charts as data: which records go in, and what value each bar or point takes.
+"""The report's charts as data: which records go in, and what value each bar or point takes.
 
 One function per chart, each returning a list of ``Chart`` (one per workload or comparison group;
 empty when the records hold nothing for it). ``chart_drawing.py`` draws them; tests assert on them.
@@ -6,6 +6,7 @@ empty when the records hold nothing for it). ``chart_drawing.py`` draws them; te
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 
 from shardbench.records import Record
@@ -182,6 +183,97 @@ def step_time_charts(records: Sequence[Record]) -> list[Chart]:
         title = f"{workload}: step time and throughput by strategy"
         out.append(_chart("step_time", slug("step_time", workload), title, recs, panels, notes))
     return out
+
+
+def mfu_charts(records: Sequence[Record]) -> list[Chart]:
+    """(g) MFU per strategy and cell, one chart per workload, where any cell has an MFU: model
+    FLOPs per step over the median step time, against the peak each cell names (a simulated
+    cell's would be its compute's alone, so only real ranks are drawn)."""
+    out = []
+    for workload, all_recs in by_key(cells(records), lambda r: r.workload):
+        recs = [r for r in all_recs if not r.simulated and not r.fake]
+        if not any(r.mfu is not None for r in recs):
+            continue
+        bars = tuple(
+            Bar(group, r.strategy, pct, status_of(r, pct))
+            for group, r in zip(group_labels(recs), recs, strict=True)
+            for pct in [None if r.mfu is None or r.status != "ok" else r.mfu * 100]
+        )
+        panel = Panel(ylabel="MFU (%)", bars=bars, title="model FLOPs utilisation of one rank")
+        kinds = sorted({str(p.get("kind")) for r in recs if (p := r.peak_flops_per_s) and r.mfu is not None})
+        notes = [
+            "MFU: one rank's model FLOPs per step (torch's FlopCounterMode) over its median step time, "
+            f"against the device's peak ({' / '.join(kinds)}; which peak: the table's peak columns).",
+        ]
+        if left := sum(1 for r in all_recs if r.simulated or r.fake):
+            notes.append(f"{left} simulated or fake cell(s) left out: their step time has no communication.")
+        title = f"{workload}: MFU by strategy"
+        out.append(_chart("mfu", slug("mfu", workload), title, recs, (panel,), notes))
+    return out
+
+
+def throughput_scaling_charts(records: Sequence[Record]) -> list[Chart]:
+    """(h) Throughput (samples/s, all ranks) against world size, per workload/preset/precision/
+    batch of real cells that include the run's N=1 cell of the reference strategy
+    (``studies.scaling``), with ideal scaling drawn: N x the N=1 cell's samples/s. Every
+    strategy's line starts at that one N=1 cell; a point is the median of its repeats."""
+    from shardbench.studies.scaling import is_reference
+
+    def key(r: Record) -> tuple:
+        return (
+            r.workload,
+            r.preset,
+            r.device,
+            r.precision,
+            r.batch_size_per_rank,
+            r.activation_checkpointing,
+        )
+
+    out = []
+    real = [r for r in cells(records) if not r.simulated and not r.fake]
+    for (workload, preset, device, precision, batch, ac), recs in by_key(real, key):
+        refs = [r.samples_per_s for r in recs if is_reference(r) and r.status == "ok" and r.samples_per_s]
+        scaled = [r for r in recs if r.world_size > 1]
+        if not refs or not scaled:
+            continue
+        one = statistics.median(refs)
+        lines = []
+        for strategy, rs in by_key(sorted(scaled, key=_line_order), lambda r: r.strategy):
+            points = [(1, one, "ok")]
+            for n, at_n in by_key(rs, lambda r: r.world_size):
+                rates = [r.samples_per_s for r in at_n if r.status == "ok" and r.samples_per_s]
+                points.append((n, statistics.median(rates) if rates else None, _worst(at_n, rates)))
+            x = tuple(n for n, _, _ in points)
+            y = tuple(v for _, v, _ in points)
+            lines.append(Line(strategy, strategy, x, y, tuple(s for *_, s in points), (False,) * len(x)))
+        xs = (1, *sorted({r.world_size for r in scaled}))
+        ideal = tuple(n * one for n in xs)
+        lines.append(Line("ideal", REFERENCE, xs, ideal, ("ok",) * len(xs), (False,) * len(xs), dashed=True))
+        panel = Panel(
+            ylabel="throughput (samples/s, all ranks)",
+            lines=tuple(lines),
+            xlabel="world size N (log2)",
+            dashed_label=f"ideal scaling: N x {REFERENCE}'s N=1 samples/s",
+        )
+        notes = [
+            f"solid: measured samples/s of all ranks (a point: the median of its repeats), every line from "
+            f"{REFERENCE}'s N=1 cell of the run; dashed: ideal scaling, N times that cell's samples/s. "
+            "Scaling efficiency is a point's height over the dashed line's at its N (the tables).",
+            *flag_notes(recs),
+        ]
+        how = f"{precision}, batch {batch} per rank" + (", activation checkpointing" if ac else "")
+        named, about = cell_title(workload, preset)
+        title = f"{named}: throughput vs world size ({how})"
+        name = slug(
+            "throughput_scaling", workload, preset, device, precision, f"b{batch}", "ac" if ac else ""
+        )
+        out.append(_chart("throughput_scaling", name, title, recs, (panel,), notes, about))
+    return out
+
+
+def _worst(recs: Sequence[Record], rates: Sequence[float]) -> str:
+    """A point's status: ok where a repeat measured it, else the first failed repeat's."""
+    return "ok" if rates else next((r.status for r in recs if r.status != "ok"), "no data")
 
 
 def max_size_charts(records: Sequence[Record]) -> list[Chart]:
@@ -395,4 +487,6 @@ ALL_CHARTS: dict[str, Callable[[Sequence[Record]], list[Chart]]] = {
     "memory_scaling": memory_scaling_charts,
     "comm_scaling": comm_scaling_charts,
     "max_size": max_size_charts,
+    "mfu": mfu_charts,
+    "throughput_scaling": throughput_scaling_charts,
 }

@@ -271,7 +271,8 @@ def _draw_lines(ax: Axes, panel: Panel) -> None:
     ax.set_xlabel(panel.xlabel)
     ax.set_ylabel(panel.ylabel)
     ax.grid(alpha=0.3)
-    labels = list(dict.fromkeys((line.series, line.strategy, line.marker) for line in panel.lines))
+    # a dashed line is named by its style's entry below, not as a series of its own
+    labels = list(dict.fromkeys((x.series, x.strategy, x.marker) for x in panel.lines if not x.dashed))
     handles: list[Artist] = [
         Line2D([], [], color=strategy_color(s), marker=m, label=legend_label(label, s))
         for label, s, m in labels
@@ -279,7 +280,7 @@ def _draw_lines(ax: Axes, panel: Panel) -> None:
     if any(line.dashed for line in panel.lines):  # say which style is which only when both appear
         handles.append(Line2D([], [], color="black", linestyle="-", marker="o", label="measured"))
         handles.append(Line2D([], [], color="black", linestyle="--", marker="s", markersize=5,
-                              label=f"predicted ({panel.predicted})"))  # fmt: skip
+                              label=panel.dashed_label or f"predicted ({panel.predicted})"))  # fmt: skip
     if any(h for line in panel.lines for h in line.hollow):
         handles.append(Line2D([], [], color="black", marker="o", markerfacecolor="white", linestyle="",
                               label="simulated / fake (planned)"))  # fmt: skip

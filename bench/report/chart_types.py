@@ -57,11 +57,13 @@ class Panel:
     xlabel: str = ""
     #: what a dashed line predicts, for the legend
     predicted: str = "model states"
+    #: the dashed lines' whole legend entry where they are no prediction (ideal scaling)
+    dashed_label: str = ""
 
 
 @dataclass(frozen=True)
 class Chart:
-    kind: str  # peak_memory | breakdown | step_time | max_size | memory_scaling | comm_scaling
+    kind: str  # peak_memory | breakdown | step_time | ... (a key of chart_data.ALL_CHARTS)
     name: str  # file stem, unique within a report
     title: str
     subtitle: str

@@ -59,12 +59,16 @@ def write_claim_report(
         "## Verdicts",
         "",
     ]
+    sharded = (OURS, *spec.further)
     for r in results:
         _, text = r.verdict(spec.world_size)
         w = r.workload
         ac = ", activation checkpointing" if w.activation_checkpointing else ""
         word = r.outcome(spec.world_size).upper()
         lines.append(f"- **{w.label}** ({w.preset}, batch {w.batch_size}{ac}): {word} - {text}")
+        lines.append(
+            f"  - sharding's cost in throughput, beside its saving in memory: {r.cost_line(sharded)}"
+        )
         for peer, peer_holds, peer_text in r.peer_verdicts():
             lines.append(f"  - {_PEER_LABELS.get(peer, peer)}: {_WORD[peer_holds]} - {peer_text}")
     lines += ["", "## Measurements", "", _table(spec, results), ""]

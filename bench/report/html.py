@@ -1,6 +1,7 @@
 """One self-contained ``index.html`` for a set of records, the verdict first: a plan's budget and
-recommendation (when the run was a plan), the summary table of each strategy against ddp, then
-the environment, the charts in a grid (two per row at a desktop width) and every record.
+recommendation (when the run was a plan), the summary table of each strategy against ddp and
+each cell's scaling efficiency (where the run measured its N=1 cells), then the environment,
+the charts in a grid (two per row at a desktop width) and every record.
 
 The page carries its own CSS and refers to the chart files beside it by relative name, so the
 report folder can be copied, zipped or published as it is. Every piece of text that came from a
@@ -24,6 +25,7 @@ import pandas as pd
 
 from shardbench.records import FAILED_STATUSES, Record
 from shardbench.report.plan_html import plan_lead
+from shardbench.report.scaling_html import scaling_table
 from shardbench.report.summary_html import summary_table
 from shardbench.report.tables import format_value
 from shardbench.studies.reference import REFERENCE
@@ -65,6 +67,18 @@ SECTIONS = {
         "Bytes each rank sends in one steady step (every collective counted, a ring's share per "
         "rank), solid, against ZeRO's accounting for the strategy, dashed; hollow markers are "
         "simulated or fake worlds, which issue the same collectives as real ones.",
+    ),
+    "mfu": (
+        "MFU per strategy",
+        "Model FLOPs utilisation of one rank per strategy and cell: its model FLOPs per step over the "
+        "median step time, against the device's peak (a datasheet's, or this machine's measured GEMM "
+        "peak). Real ranks only: a simulated cell's step time has no communication.",
+    ),
+    "throughput_scaling": (
+        "Throughput against world size",
+        f"Samples per second over all ranks at each world size, every strategy's line starting at "
+        f"{REFERENCE}'s N=1 cell of the same run; the dashed line is ideal scaling, N times that "
+        "cell's samples per second. A point's height over the dashed line is its scaling efficiency.",
     ),
     "max_size": (
         "Largest trainable size against world size",
@@ -131,6 +145,8 @@ def write_index(
         parts.append(plan_lead(plan))
     if versus := summary_table(records):
         parts += [f"<h2>Each strategy against {_e(REFERENCE)}</h2>", versus]
+    if scaled := scaling_table(records):
+        parts += ["<h2>Scaling efficiency</h2>", scaled]
     parts += ["<h2>Environment</h2>", _environment(records)]
     for kind, (title, how) in SECTIONS.items():
         if charts.get(kind):  # a section with nothing to show is left out, not shown empty

@@ -38,6 +38,10 @@ THROUGHPUT_COLUMNS = (
 )
 
 
+#: the columns of scaling efficiency, shown once any record has one
+SCALING_COLUMNS = ("scaling_efficiency", "scaling_note")
+
+
 def _giga(flops: float | None) -> float | None:
     return None if flops is None else flops / 1e9
 
@@ -57,16 +61,20 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
     recomputed, so its memory and time are not the plain cell's), an ``oversubscribed`` column
     once any cell's ranks outnumbered the cores they ran on (its step time is not judged),
     ``peer_estimate_MiB`` once any record carries a peer's own estimate of its model states
-    (DeepSpeed's estimators), and the throughput columns (tokens/s, FLOPs per step, TFLOP/s per
-    rank, MFU, HFU, the peak and its kind) once any record counted its FLOPs.
+    (DeepSpeed's estimators), the scaling efficiency and its note (its flags, or why a cell has
+    none) once any record has its N=1 cell in its run, and the throughput columns (tokens/s,
+    FLOPs per step, TFLOP/s per rank, MFU, HFU, the peak and its kind) once any record counted
+    its FLOPs.
     With ``tracebacks`` (a table written beside its ``errors/``), a ``traceback`` column once any
     cell failed: the file that holds its whole error.
     """
     from shardbench.report.chart_types import reading_order
     from shardbench.studies.exposed_comm import exposed_comm
+    from shardbench.studies.scaling import record_scaling
 
     records = sorted(records, key=reading_order)
     exposed = exposed_comm(records)  # the charts' order: one order for legend and rows
+    scaled = record_scaling(records)
     rows = []
     several_runs = len({r.run_id for r in records}) > 1
     optional = {
@@ -78,6 +86,7 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
         "peer_estimate_MiB": any(_peer_estimate(r) for r in records),
         "model_state_vs_peer_estimate": any(_peer_estimate(r) for r in records),
         **dict.fromkeys(THROUGHPUT_COLUMNS, any(r.flops_per_step for r in records)),
+        **dict.fromkeys(SCALING_COLUMNS, any(s.efficiency is not None for s in scaled.values())),
     }
     for r in records:
         bd = r.mem_breakdown_bytes or {}
@@ -106,6 +115,10 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
                 "step_mad_ms": t.get("mad", float("nan")) * 1e3 if t else None,
                 "samples_per_s": r.samples_per_s,
                 "tokens_per_s": r.tokens_per_s,
+                # per-rank samples/s over ddp's N=1 cell of the run and repeat
+                # (bench/studies/scaling.py), or why there is none, and what to read it with
+                "scaling_efficiency": (s := scaled.get(id(r))) and s.efficiency,
+                "scaling_note": None if s is None else s.why or "; ".join(s.flags),
                 # one rank's step, forward and backward (bench/metrics/flops.py), and what the
                 # rank achieved against the device's peak (bench/metrics/peaks.py)
                 "model_GFLOP_per_step": _giga((r.flops_per_step or {}).get("model")),

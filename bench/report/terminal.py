@@ -248,7 +248,7 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     extra = "\n".join(wrap("flags: " + "; ".join(legend), WIDTH)) if legend else ""
     if {"mfu", "hfu", "tflops"} & set(columns):
         extra = "\n".join(part for part in (extra, *peak_lines(records)) if part)
-    lines = ratio_lines(records) + verdict_lines(records) + exposed_lines(records)
+    lines = ratio_lines(records) + verdict_lines(records) + exposed_lines(records) + scaling_lines(records)
     return "\n".join(part for part in (text, extra, "\n".join(lines)) if part)
 
 
@@ -296,6 +296,28 @@ def exposed_lines(records: Sequence[Record]) -> list[str]:
         head = (
             f"{key.workload} {key.preset} N={key.world_size} {key.precision} b={key.batch_size}{ac} "
             "exposed communication: "
+        )
+        lines += wrap(head + ", ".join(parts), WIDTH, indent="  ")
+    return lines
+
+
+def scaling_lines(records: Sequence[Record]) -> list[str]:
+    """Per group of real cells across world sizes, where any has its N=1 cell: each cell's
+    scaling efficiency against it and its verdict, or why it has none
+    (bench/studies/scaling.py)."""
+    from shardbench.studies.scaling import scaling_texts
+
+    groups: dict[tuple, list[str]] = {}
+    for key, text in scaling_texts(records).items():
+        groups.setdefault(key.without("strategy", "world_size"), []).append(
+            f"{key.strategy} N={key.world_size} {text}"
+        )
+    lines = []
+    for key, parts in groups.items():
+        workload, preset, _sim, _fake, ac, precision, batch, _device = key
+        head = (
+            f"{workload} {preset} {precision} b={batch}{' AC' if ac else ''} scaling efficiency "
+            f"(per-rank samples/s over {REFERENCE} N=1): "
         )
         lines += wrap(head + ", ".join(parts), WIDTH, indent="  ")
     return lines

@@ -8,8 +8,9 @@ For each workload of a ``ClaimSpec`` (bench/studies/claim_specs.py) it measures,
   probes under ``--fake`` where the workload allows it, since planning equals a real run within
   1% per category (tests/test_fake.py), real allocations otherwise), each peak with the reserve
   ``plan`` keeps beside it (none on the CPU, the allocator's cache on CUDA);
-* the step time of ddp and zero2 on real ranks where the machine has them, else the simulated
-  runs' compute-only time, labelled.
+* the step time of ddp, zero2 and the further stages on real ranks where the machine has them,
+  else the simulated runs' compute-only time, labelled: what sharding costs in throughput, set
+  beside what it saves in memory (``WorkloadResult.cost_line``).
 
 The verdict is a measurement: the claim holds for a workload when zero2's peak is at most 0.5x
 DDP's or its largest trainable model is at least 2x DDP's; when it does not, the report says what
@@ -89,11 +90,11 @@ def run_claim(
         for s in (BASELINE, OURS, *spec.further, *spec.peers):
             res.memory[s] = record(replace(base, strategy=s), have.memory)
         if spec.timing_world_size:
-            for s in (BASELINE, OURS):
+            for s in (BASELINE, OURS, *spec.further):  # what each stage costs in throughput
                 real = replace(base, strategy=s, world_size=spec.timing_world_size, simulate=False)
                 res.timing[s] = record(replace(real, steps=spec.steps, track_memory=False), have.timing)
         else:
-            res.timing = {s: res.memory[s] for s in (BASELINE, OURS)}
+            res.timing = {s: res.memory[s] for s in (BASELINE, OURS, *spec.further)}
         if spec.real_peers and spec.timing_world_size:
             for s in (BASELINE, OURS, *spec.real_peers):
                 real = replace(base, strategy=s, world_size=spec.timing_world_size, simulate=False, steps=1)

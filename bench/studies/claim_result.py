@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from shardbench.records import Record
 from shardbench.studies.claim_specs import ClaimSpec, ClaimWorkload
 from shardbench.studies.reference import REFERENCE, step_time_ratio
-from shardbench.studies.speed_verdict import SpeedVerdict, pair_verdict
+from shardbench.studies.speed_verdict import FASTER, SLOWER, SpeedVerdict, pair_verdict
 from shardbench.wording import first_sentence
 
 #: the strategy the claim is about, and the one it is set against (the catalog's reference)
@@ -148,6 +148,27 @@ class WorkloadResult:
             return None
         return pair_verdict(ours, base)
 
+    def cost_line(self, strategies: Sequence[str]) -> str:
+        """What each of ``strategies`` costs in throughput beside what it saves in memory, set
+        against DDP: "zero2: throughput 0.95x ddp (one run: not judged), peak 0.62x ddp; ...".
+        Throughput is samples/s at the timing cells' N and equal per-rank batch, so its ratio
+        is the inverse of the step times'; it is higher or lower only where the step times'
+        verdict (``pair_verdict``) says so, never within their noise."""
+        base = self.timing.get(BASELINE)
+        parts = []
+        for s in strategies:
+            ours = self.timing.get(s)
+            ok = ours is not None and base is not None and ours.status == base.status == "ok"
+            time = step_time_ratio(ours, base) if ok else None  # type: ignore[arg-type]
+            cost = "throughput not measured"
+            if time:
+                verdict = pair_verdict(ours, base)  # type: ignore[arg-type]
+                cost = f"throughput {1 / time:.2f}x {BASELINE}"
+                cost += f" ({throughput_note(verdict)})" if verdict else ""
+            peak = self.peak_ratio(s)
+            parts.append(f"{s}: {cost}" + (f", peak {ratio_text(peak)} {BASELINE}" if peak else ""))
+        return "; ".join(parts)
+
     def verdict(self, world_size: int) -> tuple[bool | None, str]:
         mem, (size, lower, upper) = self.memory_ratio(), self.size_ratio()
         if mem is None and size is None:
@@ -212,6 +233,15 @@ class WorkloadResult:
         return "; ".join(f"{r.strategy}: {r.status} {first_sentence(r.error)}" for r in bad) or "no records"
 
 
+def throughput_note(v: SpeedVerdict) -> str:
+    """The step-time verdict in throughput's words: a faster step is higher throughput, a slower
+    one lower; "within noise" and "not judged" (with why: "one run") as they are."""
+    word = {FASTER: "higher", SLOWER: "lower"}.get(v.word, v.word)
+    if v.pairs > 1 and v.band is not None:
+        return f"{v.pairs} repeats: {word}"
+    return f"{v.reason}: {word}" if v.reason else word
+
+
 def _model_state_floor(peer: Record, base: Record | None) -> float | None:
     """The ZeRO formula's model states of ``peer``'s sharding over DDP's at its N (both
     predicted in their records): the lowest peak ratio the claim could measure if nothing but
@@ -238,13 +268,13 @@ def results_from_records(spec: ClaimSpec, records: Sequence[Record]) -> list[Wor
                 elif (
                     not r.simulated
                     and r.world_size == spec.timing_world_size
-                    and (r.peak_mem_bytes or r.strategy not in (BASELINE, OURS))
+                    and (r.peak_mem_bytes or r.strategy not in (BASELINE, OURS, *spec.further))
                 ):  # memory tracked (a timing cell tracks none), or a peer: a real-rank memory cell
                     res.real_memory[r.strategy] = r
                 elif not r.simulated and r.world_size == spec.timing_world_size:
                     res.timing[r.strategy] = r
         if not spec.timing_world_size:
-            res.timing = {s: res.memory[s] for s in (BASELINE, OURS) if s in res.memory}
+            res.timing = {s: res.memory[s] for s in (BASELINE, OURS, *spec.further) if s in res.memory}
         if res.memory or res.max_size or res.real_memory:
             results.append(res)
     return results

@@ -10,8 +10,9 @@ with that reason: its mean and extremes were not kept, and a median passed off a
 one thing this export must not write.
 
 Memory (peak, breakdown, prediction), throughput (samples/s, tokens/s, FLOPs per step, the
-FLOP/s a rank achieved, MFU and HFU with the peak they are set against) and what ran go to
-``extra_info``. The module
+FLOP/s a rank achieved, MFU and HFU with the peak they are set against), the scaling
+efficiency against the run's N=1 cell (``studies.scaling``: its value, or why it has none, and
+its flags) and what ran go to ``extra_info``. The module
 is pure (records in, a JSON-ready dict out) and imports nothing heavy.
 """
 
@@ -20,11 +21,13 @@ from __future__ import annotations
 import statistics
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 
 from shardbench.records import Record, finite
+from shardbench.studies.scaling import Scaling, record_scaling
 
 #: the format version written when pytest-benchmark is not installed to ask
 FALLBACK_FORMAT_VERSION = "5.1.0"
@@ -134,7 +137,9 @@ def step_stats(times: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def to_benchmark(r: Record) -> dict[str, Any]:
+def to_benchmark(r: Record, scaling: Scaling | None = None) -> dict[str, Any]:
+    """One record as a benchmark; ``scaling``: its scaling efficiency, or why it has none
+    (``studies.scaling.record_scaling`` of its run's records), in ``extra_info``."""
     name = benchmark_name(r)
     return {
         "group": r.workload,
@@ -155,6 +160,7 @@ def to_benchmark(r: Record) -> dict[str, Any]:
         "extra_info": {
             "step_time_s": dict(r.step_time_s or {}),
             **{k: getattr(r, k) for k in EXTRA_FIELDS},
+            **({} if scaling is None else {"scaling_efficiency": asdict(scaling)}),
         },
         "options": {"timer": "time.perf_counter (synchronized; slowest rank per step)", "warmup": r.warmup},
         "stats": step_stats(r.step_times_s or []),
@@ -212,6 +218,7 @@ def to_pytest_benchmark(records: Iterable[Record], *, exported_at: datetime | No
                 f"two ok records for {name} (runs {seen[name]} and {r.run_id}): export one run at a time"
             )
         seen[name] = r.run_id
+    scaled = record_scaling(records)
     times = [t for t in map(_record_time, chosen) if t is not None]
     when = max(times) if times else (exported_at or datetime.now(UTC))
     first = chosen[0]
@@ -226,7 +233,7 @@ def to_pytest_benchmark(records: Iterable[Record], *, exported_at: datetime | No
                 "project": "shardbench",
                 "branch": None,
             },
-            "benchmarks": [to_benchmark(r) for r in chosen],
+            "benchmarks": [to_benchmark(r, scaled.get(id(r))) for r in chosen],
             "datetime": when.astimezone(UTC).isoformat(),
             "version": format_version(),
             "shardbench": {
