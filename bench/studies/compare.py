@@ -277,7 +277,7 @@ def _ratio_changes(delta: CellDelta, t: Thresholds) -> list[CellChange]:
             cell=delta.cell,
             log_change=math.log(m.current / m.baseline),
             error=m.error / m.baseline,
-            pct=t.time_pct,
+            pct=t.strategy_pct,
             k=t.k_mad,
         )
         for m in delta.metrics

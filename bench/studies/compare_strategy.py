@@ -2,15 +2,21 @@
 combined.
 
 A change in a strategy's code (a slower hook, one more collective) slows it in every workload it
-runs; noise does not: each cell's ratio strays on its own. On the 2-core CPU machine one pair's
-ratio strays 7-25 % between runs of the same code (docs/nightly.md), so one cell's own test,
-at 3 standard errors, lets a 30 % slowdown through. Combined over a suite's cells of the strategy
+runs; noise does not: each cell's ratio strays on its own. On the 2-core CPU machine, at 15 timed
+steps, one pair's ratio strays 7-25 % between runs of the same code, so one cell's own test, at
+3 standard errors, lets a 30 % slowdown through. Combined over a suite's cells of the strategy
 (one device), the error shrinks with the square root of their count: four workloads halve it.
 
 The combined change is the mean of the cells' log changes (``ln(current / baseline)``, so a
 halving and a doubling weigh alike), its standard error the cells' errors combined (each from
-``compare_ratios.ratio_band``), over their count. It regressed when slower by more than both the
-cells' relative threshold and ``k`` times that error, as a cell's test is judged.
+``compare_ratios.ratio_band``), over their count. It regressed when slower by more than both a
+relative threshold (the rules' strategy-wide one, ``compare_rules.STRATEGY_PCT``: below a cell's,
+since the combined error is smaller) and ``k`` times that error, as a cell's test is judged.
+
+What the night could have seen is said with the verdict: the smallest true slowdown it would
+call regressed in ``POWER`` of nights (4 in 5) with this error, ``band + z x error`` in logs
+(``z`` the standard normal's ``POWER`` quantile): a change right at the band is caught only every
+other night, and the observed change strays about the true one by the error.
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from shardbench.wording import count
 
 #: fewer cells than this: the cells' own tests say it all
 MIN_CELLS = 2
+#: the share of nights in which a slowdown of ``StrategyDelta.detectable_pct`` is caught
+POWER = 0.8
 
 
 @dataclass(frozen=True)
@@ -57,20 +66,24 @@ class StrategyDelta:
     threshold_pct: float
     noise_pct: float
     verdict: str
+    #: the smallest slowdown, %, this night would call regressed in ``POWER`` of nights
+    detectable_pct: float = math.nan
 
     @property
     def regressed(self) -> bool:
         return self.verdict == "regressed"
 
     def describe(self) -> str:
-        """``zero2 on cpu: +31.2% over 4 cells (band +/-19.0%: 3 x standard error; 15% threshold)``."""
+        """``zero2 on cpu: +31.2% over 4 cells (band +/-9.0%: k x combined standard error;
+        threshold 5%, noise 9.0%); could detect >= 12.1% (80% of nights)``."""
         noisier = self.noise_pct > self.threshold_pct
         which = "k x combined standard error" if noisier else "relative threshold"
         return (
             f"{self.strategy} on {self.device}: {self.change_pct:+.1f}% "
             f"over {count(len(self.cells), 'cell')} "
             f"(band +/-{self.bound_pct:.1f}%: {which}; threshold {self.threshold_pct:g}%, "
-            f"noise {self.noise_pct:.1f}%)"
+            f"noise {self.noise_pct:.1f}%); could detect >= {self.detectable_pct:.1f}% "
+            f"({POWER:.0%} of nights)"
         )
 
 
@@ -100,6 +113,7 @@ def strategy_deltas(changes: Iterable[CellChange]) -> list[StrategyDelta]:
                 threshold_pct=pct,
                 noise_pct=100.0 * math.expm1(k * error),
                 verdict=verdict,
+                detectable_pct=100.0 * math.expm1(bound + NormalDist().inv_cdf(POWER) * error),
             )
         )
     return out

@@ -1,0 +1,136 @@
+"""The nightly gate's power, measured: N same-code nights and N nights with one strategy slowed
+on purpose, each a full ``shardbench nightly`` against the committed baseline, into a scratch
+results home (the checkout's history and runs are left alone).
+
+    .venv/bin/python scripts/gate_power.py [--nights 5] [--frac 0.15] [--strategy zero2]
+        [--suite nightly-cpu] [--home results] [--scratch DIR]
+
+An injected night sets ``SHARDBENCH_FAULT=slow:frac=F:strategy=S`` (``harness/faults.py``): every
+step of that strategy's cells sleeps F times the step's own time, so its step time, and its
+ratio to ddp, grow by F. Nights alternate, same code then injected, so a drift of the machine
+over the measurement hits both kinds alike. The table gives, per night, its kind, nightly's exit
+code (0 clean, 1 regression), the strategy's combined change over its cells with the band it was
+judged by and the least slowdown the night could have caught, and the night's wall time. The
+gate is good enough when every same-code night exits 0 and at least 4 in 5 injected nights
+exit 1 with the strategy regressed; the last lines count both.
+
+Run it on a quiet machine: every night's step times are measured, and a busy neighbour is noise
+in the very figures this measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nights", type=int, default=5, help="nights of each kind (default 5)")
+    ap.add_argument("--frac", type=float, default=0.15, help="the injected slowdown (default 0.15)")
+    ap.add_argument("--strategy", default="zero2", help="the strategy slowed (default zero2)")
+    ap.add_argument("--suite", default="nightly-cpu")
+    ap.add_argument("--home", type=Path, default=REPO / "results", help="results home holding the baseline")
+    ap.add_argument("--scratch", type=Path, help="where the nights go (default: a new temporary directory)")
+    args = ap.parse_args(argv)
+    if args.nights < 1 or not 0 < args.frac <= 10:
+        ap.error("--nights must be >= 1 and --frac in (0, 10]")
+    baselines = args.home / "baselines"
+    if not baselines.is_dir():
+        ap.error(f"--home {args.home}: no baselines/ in it")
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="gate-power-"))
+    if scratch.exists() and any(scratch.iterdir()):
+        ap.error(f"--scratch {scratch}: not empty; the nights need a directory of their own")
+    scratch.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(baselines, scratch / "baselines")
+    fault = f"slow:frac={args.frac:g}:strategy={args.strategy}"
+    print(f"gate power: {args.suite}, {args.nights} same-code and {args.nights} injected ({fault}) nights")
+    print(f"scratch: {scratch}", flush=True)
+    rows = []
+    for i in range(args.nights):
+        for injected in (False, True):
+            rows.append(_night(args, scratch, i, injected, fault))
+            print(_row(rows[-1]), flush=True)
+    print()
+    print(_table(rows))
+    same = [r for r in rows if not r["injected"]]
+    slowed = [r for r in rows if r["injected"]]
+    clean = sum(r["code"] == 0 for r in same)
+    caught = sum(r["code"] == 1 and r["regressed"] for r in slowed)
+    print(f"same-code nights clean: {clean} of {len(same)}")
+    print(f"injected nights caught ({args.strategy} regressed, exit 1): {caught} of {len(slowed)}")
+    walls = sorted(r["wall_s"] for r in rows)
+    print(f"night wall time: {walls[0]:.0f}-{walls[-1]:.0f} s (median {walls[len(walls) // 2]:.0f} s)")
+    return 0
+
+
+def _night(args: argparse.Namespace, scratch: Path, i: int, injected: bool, fault: str) -> dict:
+    kind = "injected" if injected else "same"
+    out = scratch / "nights" / f"{i:02d}-{kind}"
+    # the scratch is the results home of everything a night writes (its peak cache too)
+    env = {k: v for k, v in os.environ.items() if k != "SHARDBENCH_FAULT"} | {"SHARDBENCH_HOME": str(scratch)}
+    if injected:
+        env["SHARDBENCH_FAULT"] = fault
+    command = [
+        sys.executable, "-m", "shardbench", "nightly", "--suite", args.suite,
+        "--out", str(out),
+        "--history", str(scratch / "history" / f"{args.suite}.jsonl"),
+        "--tag", f"gate_power={kind}",
+    ]  # fmt: skip
+    started = time.monotonic()
+    log = scratch / "nights" / f"{i:02d}-{kind}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        code = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO).returncode
+    row = {"night": i, "injected": injected, "code": code, "wall_s": time.monotonic() - started, "log": log}
+    try:
+        strategies = json.loads((out / "compare.json").read_text())["strategies"]
+        ours = next(s for s in strategies if s["strategy"] == args.strategy)
+    except (OSError, ValueError, KeyError, StopIteration):
+        return {**row, "regressed": False, "change": None, "band": None, "detectable": None}
+    return {
+        **row,
+        "regressed": ours["regressed"],
+        "change": ours["change_pct"],
+        "band": ours["bound_pct"],
+        "detectable": ours["detectable_pct"],
+    }
+
+
+def _cells(r: dict) -> list[str]:
+    pct = lambda v, sign="": "-" if v is None else f"{v:{sign}.1f}%"  # noqa: E731
+    return [
+        str(r["night"]),
+        "injected" if r["injected"] else "same code",
+        str(r["code"]),
+        pct(r["change"], "+"),
+        pct(r["band"]),
+        pct(r["detectable"]),
+        f"{r['wall_s']:.0f} s",
+    ]
+
+
+HEAD = ["night", "kind", "exit", "change", "band +/-", "could detect >=", "wall"]
+
+
+def _row(r: dict) -> str:
+    return "  ".join(f"{h}={c}" for h, c in zip(HEAD, _cells(r), strict=True)) + f"  ({r['log']})"
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [HEAD, *(_cells(r) for r in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(HEAD))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
