@@ -3,7 +3,12 @@ on purpose, each a full ``shardbench nightly`` against the committed baseline, i
 results home (the checkout's history and runs are left alone).
 
     .venv/bin/python scripts/gate_power.py [--nights 5] [--frac 0.15] [--strategy zero2]
-        [--suite nightly-cpu] [--home results] [--scratch DIR]
+        [--suite nightly-cpu] [--home results] [--scratch DIR] [--fresh-baseline 3]
+
+``--fresh-baseline R`` first runs the suite R times and saves them over this machine's records
+of a copy of the baseline (``baseline save --add``, in the scratch home): the nights are then
+judged against a baseline measured with the suite's steps as they are, and the script prints
+the command that copies it into the checkout.
 
 An injected night sets ``SHARDBENCH_FAULT=slow:frac=F:strategy=S`` (``harness/faults.py``): every
 step of that strategy's cells sleeps F times the step's own time, so its step time, and its
@@ -30,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shardbench.harness.config import load_suite
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -41,9 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", default="nightly-cpu")
     ap.add_argument("--home", type=Path, default=REPO / "results", help="results home holding the baseline")
     ap.add_argument("--scratch", type=Path, help="where the nights go (default: a new temporary directory)")
+    ap.add_argument(
+        "--fresh-baseline",
+        type=int,
+        default=0,
+        metavar="R",
+        help="first save a baseline of R runs (default 0: none)",
+    )
     args = ap.parse_args(argv)
-    if args.nights < 1 or not 0 < args.frac <= 10:
-        ap.error("--nights must be >= 1 and --frac in (0, 10]")
+    if args.nights < 1 or not 0 < args.frac <= 10 or args.fresh_baseline < 0:
+        ap.error("--nights must be >= 1, --frac in (0, 10] and --fresh-baseline >= 0")
     baselines = args.home / "baselines"
     if not baselines.is_dir():
         ap.error(f"--home {args.home}: no baselines/ in it")
@@ -55,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     fault = f"slow:frac={args.frac:g}:strategy={args.strategy}"
     print(f"gate power: {args.suite}, {args.nights} same-code and {args.nights} injected ({fault}) nights")
     print(f"scratch: {scratch}", flush=True)
+    if args.fresh_baseline and _fresh_baseline(args, scratch) != 0:
+        return 1
     rows = []
     for i in range(args.nights):
         for injected in (False, True):
@@ -73,11 +89,47 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _env(scratch: Path) -> dict[str, str]:
+    """This environment without a fault, with the scratch as the results home of everything a
+    command writes (its peak cache too)."""
+    return {k: v for k, v in os.environ.items() if k != "SHARDBENCH_FAULT"} | {
+        "SHARDBENCH_HOME": str(scratch)
+    }
+
+
+def _fresh_baseline(args: argparse.Namespace, scratch: Path) -> int:
+    """R runs of the suite, saved over this machine's records of the scratch's baseline copy."""
+    runs = []
+    for i in range(args.fresh_baseline):
+        out = scratch / "baseline-runs" / f"{i:02d}"
+        started = time.monotonic()
+        command = [sys.executable, "-m", "shardbench", "run", "--suite", args.suite, "--name", args.suite]
+        code = _logged(
+            [*command, "--out", str(out)], scratch / "baseline-runs" / f"{i:02d}.log", _env(scratch)
+        )
+        print(f"baseline run {i}: exit {code}, {time.monotonic() - started:.0f} s ({out})", flush=True)
+        if code != 0:
+            return code
+        runs.append(str(out))
+    save = [sys.executable, "-m", "shardbench", "baseline", "save", *runs, "--as", args.suite, "--add"]
+    code = _logged(save, scratch / "baseline-runs" / "save.log", _env(scratch))
+    saved = scratch / "baselines" / load_suite(args.suite).device
+    files = f"{saved}/{args.suite}.jsonl {saved}/{args.suite}.manifest.json"
+    print(f"baseline saved (exit {code}): {saved}/{args.suite}.jsonl; to keep it:")
+    print(f"    cp {files} {args.home}/baselines/{saved.name}/")
+    return code
+
+
+def _logged(command: list[str], log: Path, env: dict[str, str]) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        return subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO).returncode
+
+
 def _night(args: argparse.Namespace, scratch: Path, i: int, injected: bool, fault: str) -> dict:
     kind = "injected" if injected else "same"
     out = scratch / "nights" / f"{i:02d}-{kind}"
-    # the scratch is the results home of everything a night writes (its peak cache too)
-    env = {k: v for k, v in os.environ.items() if k != "SHARDBENCH_FAULT"} | {"SHARDBENCH_HOME": str(scratch)}
+    env = _env(scratch)
     if injected:
         env["SHARDBENCH_FAULT"] = fault
     command = [
@@ -88,9 +140,7 @@ def _night(args: argparse.Namespace, scratch: Path, i: int, injected: bool, faul
     ]  # fmt: skip
     started = time.monotonic()
     log = scratch / "nights" / f"{i:02d}-{kind}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
-        code = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO).returncode
+    code = _logged(command, log, env)
     row = {"night": i, "injected": injected, "code": code, "wall_s": time.monotonic() - started, "log": log}
     try:
         strategies = json.loads((out / "compare.json").read_text())["strategies"]
