@@ -291,3 +291,25 @@ def test_the_verdict_says_what_each_strategy_could_have_detected() -> None:
     line = f"zero2 +0.0% (could detect >= {zero2.detectable_pct:.1f}%)"
     assert c.exit_code == 0 and line in to_text(c)
     assert "least slowdown caught in 80% of nights" in to_text(c)
+
+
+def test_a_run_that_moves_every_cell_of_a_strategy_widens_its_band() -> None:
+    """Runs of the baseline whose cells all stray the same way (+5 %, -5 %, 0: a mode of the
+    whole run) do not average out over the cells: the combined error is their standard
+    deviation, 0.05, times hypot(1/sqrt(3 runs), 1/sqrt(1 run)), not the cells' own errors over
+    4. Cells that stray against each other in every run average out, and their own errors
+    decide."""
+    together = {"a": 0.05, "b": -0.05, "c": 0.0}
+    cells = [
+        CellChange(
+            "zero2", "cpu", f"w{i}", 0.0, error=0.005, pct=5.0, k=3.0, base_runs=together, cur_runs={"n": 0.0}
+        )
+        for i in range(4)
+    ]
+    (delta,) = strategy_deltas(cells)
+    error = 0.05 * math.hypot(1 / math.sqrt(3), 1.0)
+    assert delta.noise_pct == pytest.approx(100 * math.expm1(3 * error), rel=1e-12)
+    against = [{r: (x if i % 2 else -x) for r, x in together.items()} for i in range(4)]
+    cells = [replace(c, base_runs=runs) for c, runs in zip(cells, against, strict=True)]
+    (alone,) = strategy_deltas(cells)
+    assert alone.noise_pct == pytest.approx(100 * math.expm1(3 * math.sqrt(4 * 0.005**2) / 4), rel=1e-12)

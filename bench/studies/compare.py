@@ -248,7 +248,9 @@ def compare_runs(
         thresholds = rules.thresholds_for(fields)
         delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), thresholds, spread=spread)
         if not rules.ignored_reason(fields, {RATIO_METRIC}):
-            changes_of_ratios += _ratio_changes(delta, thresholds)
+            b, c = base_cells.get(key), cur_cells.get(key)
+            pair = (b.ratio, c.ratio) if b and c and b.ratio and c.ratio else None
+            changes_of_ratios += _ratio_changes(delta, thresholds, pair)
         delta.missing_fails = missing_fails
         regressed = {m.metric for m in delta.metrics if m.verdict == "regressed"}
         delta.ignored = rules.ignored_reason(fields, regressed if delta.verdict == "regressed" else None)
@@ -268,8 +270,10 @@ def compare_runs(
     )
 
 
-def _ratio_changes(delta: CellDelta, t: Thresholds) -> list[CellChange]:
+def _ratio_changes(delta: CellDelta, t: Thresholds, ratios: tuple[Ratio, Ratio] | None) -> list[CellChange]:
     """The cell's step-time ratio change, for the strategy-wide test (none without one)."""
+    if ratios is None:
+        return []
     return [
         CellChange(
             strategy=delta.identity["strategy"],
@@ -277,6 +281,8 @@ def _ratio_changes(delta: CellDelta, t: Thresholds) -> list[CellChange]:
             cell=delta.cell,
             log_change=math.log(m.current / m.baseline),
             error=m.error / m.baseline,
+            base_runs=ratios[0].run_logs(),
+            cur_runs=ratios[1].run_logs(),
             pct=t.strategy_pct,
             k=t.k_mad,
         )
