@@ -18,10 +18,14 @@ last record), as ``compare`` reads them (``studies/compare_ratios``):
 - run spread: the standard deviation of the runs' ratios, % of the ratio;
 - step ms and steps: the median step time and the timed steps, the cost of a step more.
 
-Then per strategy the same, pooled over its cells. With ``--suite``, each cell's pair error
-as it would be at that suite's timed steps (the cell's and its ddp's: a median's standard error
-falls with the square root of the steps), and the seconds a night spends in timed and warm-up
-steps, now and at the suite's steps: how to spend a night's minutes where the noise is.
+Then per strategy the same, pooled over its cells, and the spread of a run's mean log ratio
+over a strategy's cells, pooled over the strategies (``compare_strategy.run_spread``): what a
+run does as a whole, which the strategy-wide test cannot average out over cells.
+
+With ``--suite``, each cell's pair error as it would be at that suite's timed steps (the cell's
+and its ddp's: a median's standard error falls with the square root of the steps), and the
+seconds a night spends in timed and warm-up steps, now and at the suite's steps: how to spend
+a night's minutes where the noise is.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 
 from shardbench.records import CellKey, read_records
 from shardbench.studies.compare_ratios import cell_ratios, pair_spread
+from shardbench.studies.compare_strategy import MIN_CELLS, CellChange, run_spread
 from shardbench.studies.machines import machine_of
 
 MAD_TO_SD = 1.4826
@@ -106,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(_table(rows))
     print(f"\npair spread pooled over every cell: {100 * pair_spread(ratios.values()):.1f}%")
+    changes: dict[tuple[str, str], list[CellChange]] = defaultdict(list)
+    for key, ratio in ratios.items():
+        change = CellChange(key.strategy, key.device, "", 0.0, 0.0, 0.0, 0.0, base_runs=ratio.run_logs())
+        changes[(key.strategy, key.device)].append(change)
+    wide = run_spread({g: cs for g, cs in changes.items() if len(cs) >= MIN_CELLS})
+    print(
+        "a run's mean log ratio over a strategy's cells, pooled sd: "
+        + ", ".join(f"{d} {100 * v:.1f}%" for d, v in wide.items())
+    )
     if planned:
         cost = lambda steps_of: sum(  # noqa: E731 - seconds of timed and warm-up steps, every repeat
             (steps_of(k) + planned[k][1])
