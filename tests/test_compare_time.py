@@ -313,3 +313,15 @@ def test_a_run_that_moves_every_cell_of_a_strategy_widens_its_band() -> None:
     cells = [replace(c, base_runs=runs) for c, runs in zip(cells, against, strict=True)]
     (alone,) = strategy_deltas(cells)
     assert alone.noise_pct == pytest.approx(100 * math.expm1(3 * math.sqrt(4 * 0.005**2) / 4), rel=1e-12)
+
+
+def test_a_night_noisier_than_its_baseline_widens_its_own_band() -> None:
+    """The strategy-wide error takes each side's pair spread from that side's cells: a night
+    whose pairs stray +-36 % against a baseline's +-3 % does not borrow the baseline's quiet, so
+    a 14 % slowdown that a quiet night catches is within this one's noise, and the night says
+    how much larger a slowdown it would have needed."""
+    base = _suite(1.0, name="b", runs=3, scale=0.25)
+    (quiet,) = compare_runs(base, _suite(1.14, name="c", scale=0.25)).strategies
+    (noisy,) = compare_runs(base, _suite(1.14, name="c", scale=3.0)).strategies
+    assert quiet.regressed and not noisy.regressed
+    assert noisy.detectable_pct > 2 * quiet.detectable_pct

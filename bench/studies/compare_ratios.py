@@ -179,18 +179,23 @@ def ratio_noise(side: Ratio, *, k: float, spread: float) -> float:
     return k * max(pairs, _pooled_sd(runs) / math.sqrt(len(runs)))
 
 
-def pooled_error(base: Ratio, cur: Ratio, *, spread: float) -> float:
-    """The standard error of ``cur``'s change from ``base``, relative to ``base``, from the
-    comparison's pooled pair spread within a run (with the steps' own errors where those are
-    larger): the part of a cell's noise that is its own, which a combination of many cells
-    averages out. One side's own spread, from two or three pairs, is an estimate too noisy to
-    take the larger of cell by cell (``ratio_band`` does, for one cell's own verdict); the
-    spread between runs moves a strategy's cells of one run together, and the combination
-    measures it over them (``compare_strategy``). A side's ratio is the median of its pairs: of
-    two or fewer, their mean, whose error is the spread over the root of their count."""
-    errors = statistics.median((*base.errors, *cur.errors)) / base.value
-    per_pair = max(spread, errors)
-    return per_pair * math.hypot(_median_se(base.pairs), _median_se(cur.pairs))
+def pooled_error(base: Ratio, cur: Ratio, *, spreads: tuple[float, float]) -> float:
+    """The standard error of ``cur``'s change from ``base``, relative to ``base``, from each
+    side's pair spread within a run pooled over all its cells (``spreads``: the baseline's and
+    the current run's ``pair_spread``), or the side's steps' own errors where those are larger:
+    the part of a cell's noise that is its own, which a combination of many cells averages out.
+    Each side's from its own records, so a night on a loaded machine, whose pairs stray far more
+    than the baseline's, widens its own error instead of borrowing the baseline's quiet. One
+    side's spread in one cell, from two or three pairs, is an estimate too noisy to take the
+    larger of cell by cell (``ratio_band`` does, for one cell's own verdict); the spread between
+    runs moves a strategy's cells of one run together, and the combination measures it over
+    them (``compare_strategy``). A side's ratio is the median of its pairs: of two or fewer,
+    their mean, whose error is the spread over the root of their count."""
+    terms = []
+    for side, spread in zip((base, cur), spreads, strict=True):
+        per_pair = max(spread, statistics.median(side.errors) / side.value)
+        terms.append(per_pair * side.value / base.value * _median_se(side.pairs))
+    return math.hypot(*terms)
 
 
 def _median_se(n: int) -> float:
