@@ -12,7 +12,7 @@ A rules file (``compare --rules FILE``; a nightly suite's ``bench/suites/rules/<
     cuda_pct = 5              # also the time itself) regressed when slower by more than this %
     k_mad = 3                 # of the baseline (per device) AND by more than k_mad x the noise
     cpu_strategy_pct = 5      # a strategy over all its cells (compare_strategy): slower by more
-    cuda_strategy_pct = 2     # than this % AND by more than k_mad x the combined standard error
+    cuda_strategy_pct = 5     # than this % AND by more than k_mad x the combined standard error
     min_steps = 5             # fewer timed steps: memory only
     dedicated = false         # true: nothing else runs on this machine, so absolute step time
     min_repeats = 3           # is gated too, where each side has this many timed repeats
@@ -76,8 +76,9 @@ TIME_PCT = {"cpu": 15.0, "cuda": 5.0}
 #: the same, for a strategy's ratio over all its cells at once (``compare_strategy``): its noise
 #: band, k x a standard error that shrinks with the cells' count, is what guards it; this floor
 #: only keeps a real but immaterial change (a few percent, on a quiet night) from failing it.
-#: Below a cell's threshold, so that a 15 % slowdown of one strategy can be seen on the CPU.
-STRATEGY_PCT = {"cpu": 5.0, "cuda": 2.0}
+#: Below a cell's threshold on the CPU, so that a 15 % slowdown of one strategy can be seen
+#: there; on CUDA a cell's own, until the GPU nights' power is measured.
+STRATEGY_PCT = {"cpu": 5.0, "cuda": 5.0}
 #: the least a memory metric may grow by before it regresses: on the CPU, for a strategy whose
 #: tracked memory is the same to the byte run after run (``StrategyCard.exact_memory``), a
 #: small floor, so a few-percent regression of a tiny cell is seen; 1 MiB otherwise (CUDA's
