@@ -15,9 +15,10 @@ step of that strategy's cells sleeps F times the step's own time, so its step ti
 ratio to ddp, grow by F. Nights alternate, same code then injected, so a drift of the machine
 over the measurement hits both kinds alike. The table gives, per night, its kind, nightly's exit
 code (0 clean, 1 regression), the strategy's combined change over its cells with the band it was
-judged by and the least slowdown the night could have caught, and the night's wall time. The
-gate is good enough when every same-code night exits 0 and at least 4 in 5 injected nights
-exit 1 with the strategy regressed; the last lines count both.
+judged by and the least slowdown the night could have caught, the night's wall time and the
+machine's load average over the 5 minutes before it ended (a loaded machine's nights say
+little). The gate is good enough when every same-code night exits 0 and at least 4 in 5
+injected nights exit 1 with the strategy regressed; the last lines count both.
 
 Run it on a quiet machine: every night's step times are measured, and a busy neighbour is noise
 in the very figures this measures.
@@ -141,7 +142,15 @@ def _night(args: argparse.Namespace, scratch: Path, i: int, injected: bool, faul
     started = time.monotonic()
     log = scratch / "nights" / f"{i:02d}-{kind}.log"
     code = _logged(command, log, env)
-    row = {"night": i, "injected": injected, "code": code, "wall_s": time.monotonic() - started, "log": log}
+    wall = time.monotonic() - started
+    row = {
+        "night": i,
+        "injected": injected,
+        "code": code,
+        "wall_s": wall,
+        "load": os.getloadavg()[1],
+        "log": log,
+    }
     try:
         strategies = json.loads((out / "compare.json").read_text())["strategies"]
         ours = next(s for s in strategies if s["strategy"] == args.strategy)
@@ -166,14 +175,15 @@ def _cells(r: dict) -> list[str]:
         pct(r["band"]),
         pct(r["detectable"]),
         f"{r['wall_s']:.0f} s",
+        f"{r['load']:.1f}",
     ]
 
 
-HEAD = ["night", "kind", "exit", "change", "band +/-", "could detect >=", "wall"]
+HEAD = ["night", "kind", "exit", "change", "band +/-", "could detect >=", "wall", "load"]
 
 
 def _row(r: dict) -> str:
-    return "  ".join(f"{h}={c}" for h, c in zip(HEAD, _cells(r), strict=True)) + f"  ({r['log']})"
+    return ", ".join(f"{h}: {c}" for h, c in zip(HEAD, _cells(r), strict=True)) + f" ({r['log']})"
 
 
 def _table(rows: list[dict]) -> str:
