@@ -3,6 +3,8 @@ only on a dedicated runner with three repeats a side, and the headline that coun
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from shardbench.records import Record, read_records
 from shardbench.report.compare_report import summary_line, to_text
 from shardbench.studies.compare import compare_runs
 from shardbench.studies.compare_rules import Rules, load_rules
+from shardbench.studies.compare_strategy import CellChange, strategy_deltas
 from shardbench.studies.machines import machine_of, machines
 from tests.records import make_record
 
@@ -196,15 +199,16 @@ def test_the_committed_cpu_baseline_has_ratios_to_gate() -> None:
         assert all("6 pair(s)" in metric(x, "step_time_vs_ddp").note for x in timed)
 
 
-def _suite(slower: float, *, name: str, runs: int = 1) -> list[Record]:
-    """Four workloads, ddp and zero2, two repeats a run: zero2's ratio strays +-12% from pair to
-    pair (a fixed pattern, the same on both sides), times ``slower``."""
+def _suite(slower: float, *, name: str, runs: int = 1, scale: float = 1.0) -> list[Record]:
+    """Four workloads, ddp and zero2, two repeats a run: zero2's ratio strays +-12% (x ``scale``)
+    from pair to pair (a fixed pattern, the same on both sides), times ``slower``."""
     stray = {
         "transformer": (1.12, 0.88),
         "imagegpt": (0.9, 1.1),
         "swav": (1.1, 0.9),
         "deepspeech2": (0.88, 1.12),
     }
+    stray = {w: (1 + scale * (a - 1), 1 + scale * (b - 1)) for w, (a, b) in stray.items()}
     out = []
     for r in range(runs):
         for workload, (a, b) in stray.items():
@@ -234,3 +238,90 @@ def test_a_slowdown_in_every_workload_regresses_the_strategy_though_no_cell_does
     )
     (ignored_swav,) = compare_runs(base, _suite(1.3, name="c"), load_rules(rules)).strategies
     assert len(ignored_swav.cells) == 3
+
+
+def test_a_strategy_is_judged_by_its_own_threshold_below_a_cells(tmp_path: Path) -> None:
+    """A 14 % slowdown of one strategy in every workload is below a cell's threshold (CPU 15 %),
+    so no cell's own test can call it; the strategy-wide test's threshold (CPU 5 %) lets its
+    noise band decide, which here is narrow enough. With the strategy threshold raised to 15 %
+    in a rules file, the same night passes."""
+    base = _suite(1.0, name="b", runs=3, scale=0.25)
+    assert compare_runs(base, _suite(1.0, name="c", scale=0.25)).exit_code == 0
+    slow = compare_runs(base, _suite(1.14, name="c", scale=0.25))
+    (zero2,) = slow.strategies
+    assert zero2.regressed and zero2.threshold_pct == 5.0 and zero2.bound_pct < 14.0
+    assert slow.exit_code == 1 and not slow.regressions
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[time]\ncpu_strategy_pct = 15\n")
+    (lenient,) = compare_runs(base, _suite(1.14, name="c", scale=0.25), load_rules(rules)).strategies
+    assert lenient.threshold_pct == 15.0 and not lenient.regressed
+    rules.write_text("[time]\ncpu_strategy_pct = -1\n")
+    with pytest.raises(ValueError, match="cpu_strategy_pct must be a non-negative number"):
+        load_rules(rules)
+
+
+@pytest.mark.parametrize(
+    ("error", "bound"),
+    [(0.04, 0.06), (0.01, math.log(1.05))],  # the noise decides; the threshold does
+)
+def test_the_least_detectable_slowdown_is_the_band_plus_z_errors(error: float, bound: float) -> None:
+    """Four cells, each with a log-change error of ``error``: the combined error is their root
+    sum of squares over 4, the band the larger of 3 x it and ln(1.05), and the least slowdown
+    caught in 4 nights of 5 is exp(band + z(0.8) x error) - 1, z(0.8) = 0.8416212335729143."""
+    cells = [
+        CellChange("zero2", "cpu", f"w{i}", log_change=0.0, error=error, pct=5.0, k=3.0) for i in range(4)
+    ]
+    (delta,) = strategy_deltas(cells)
+    combined = math.sqrt(4 * error**2) / 4
+    assert delta.bound_pct == pytest.approx(100 * math.expm1(bound), rel=1e-12)
+    assert delta.detectable_pct == pytest.approx(
+        100 * math.expm1(bound + 0.8416212335729143 * combined), rel=1e-12
+    )
+    assert f"could detect >= {delta.detectable_pct:.1f}% (80% of nights)" in delta.describe()
+    assert delta.verdict == "unchanged"
+    cells = [replace(c, log_change=math.log(1.2)) for c in cells]
+    (slower,) = strategy_deltas(cells)
+    assert slower.change_pct == pytest.approx(20.0) and slower.regressed
+    assert slower.detectable_pct == delta.detectable_pct  # what a night can see is not its change
+
+
+def test_the_verdict_says_what_each_strategy_could_have_detected() -> None:
+    c = compare_runs(_suite(1.0, name="b", runs=3, scale=0.25), _suite(1.0, name="c", scale=0.25))
+    (zero2,) = c.strategies
+    line = f"zero2 +0.0% (could detect >= {zero2.detectable_pct:.1f}%)"
+    assert c.exit_code == 0 and line in to_text(c)
+    assert "least slowdown caught in 80% of nights" in to_text(c)
+
+
+def test_a_run_that_moves_every_cell_of_a_strategy_widens_its_band() -> None:
+    """Runs of the baseline whose cells all stray the same way (+5 %, -5 %, 0: a mode of the
+    whole run) do not average out over the cells: the combined error is their standard
+    deviation, 0.05, times hypot(1/sqrt(3 runs), 1/sqrt(1 run)), not the cells' own errors over
+    4. Cells that stray against each other in every run average out, and their own errors
+    decide."""
+    together = {"a": 0.05, "b": -0.05, "c": 0.0}
+    cells = [
+        CellChange(
+            "zero2", "cpu", f"w{i}", 0.0, error=0.005, pct=5.0, k=3.0, base_runs=together, cur_runs={"n": 0.0}
+        )
+        for i in range(4)
+    ]
+    (delta,) = strategy_deltas(cells)
+    error = 0.05 * math.hypot(1 / math.sqrt(3), 1.0)
+    assert delta.noise_pct == pytest.approx(100 * math.expm1(3 * error), rel=1e-12)
+    against = [{r: (x if i % 2 else -x) for r, x in together.items()} for i in range(4)]
+    cells = [replace(c, base_runs=runs) for c, runs in zip(cells, against, strict=True)]
+    (alone,) = strategy_deltas(cells)
+    assert alone.noise_pct == pytest.approx(100 * math.expm1(3 * math.sqrt(4 * 0.005**2) / 4), rel=1e-12)
+
+
+def test_a_night_noisier_than_its_baseline_widens_its_own_band() -> None:
+    """The strategy-wide error takes each side's pair spread from that side's cells: a night
+    whose pairs stray +-36 % against a baseline's +-3 % does not borrow the baseline's quiet, so
+    a 14 % slowdown that a quiet night catches is within this one's noise, and the night says
+    how much larger a slowdown it would have needed."""
+    base = _suite(1.0, name="b", runs=3, scale=0.25)
+    (quiet,) = compare_runs(base, _suite(1.14, name="c", scale=0.25)).strategies
+    (noisy,) = compare_runs(base, _suite(1.14, name="c", scale=3.0)).strategies
+    assert quiet.regressed and not noisy.regressed
+    assert noisy.detectable_pct > 2 * quiet.detectable_pct

@@ -113,3 +113,47 @@ def test_a_rank_that_exits_is_blamed_not_the_peer_it_left(tmp_path: Path, strate
         mp.undo()
     assert record.status == "error" and record.failure["rank"] == 1, record.error
     assert record.error.startswith("rank 1: exited with code 3"), record.error
+
+
+def test_slow_lengthens_every_timed_step_by_its_fraction(monkeypatch) -> None:
+    """``slow:frac=F`` adds F times a step's own time to the step, inside its timing: on a clock
+    that only the step and the sleep move, a 0.2 s step is timed 0.2 x 1.15 s, exactly."""
+    import time
+
+    import torch
+
+    from shardbench.harness.faults import faults_from_env
+    from shardbench.harness.phases import CellSteps
+
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+
+    class Stub:
+        def train_step(self, model, optimizer, inputs, loss):
+            now[0] += 0.2
+            return torch.tensor(1.0)
+
+    def seconds(fault) -> float:
+        steps = CellSteps(
+            cell=_cell("zero2"), strategy=Stub(), workload=None, model=None, optimizer=None,
+            device=torch.device("cpu"), rank=0, data_ranks=range(1), use_autocast=False, fault=fault,
+        )  # fmt: skip
+        return [steps.run(None, timing=True)[1] for _ in range(3)][-1]
+
+    (slow,) = faults_from_env({"SHARDBENCH_FAULT": "slow:frac=0.15:strategy=zero2"})
+    assert (slow.kind, slow.frac, slow.strategy) == ("slow", 0.15, "zero2")
+    assert slow.applies_to("zero2") and not slow.applies_to("ddp")
+    assert seconds(slow) == pytest.approx(0.23, abs=1e-12)
+    assert seconds(None) == pytest.approx(0.2, abs=1e-12)
+    (crash,) = faults_from_env({"SHARDBENCH_FAULT": "crash"})
+    assert seconds(crash) == pytest.approx(0.2, abs=1e-12)  # only slow slows (crash is due at rank 1)
+    for bad, says in [
+        ("slow", "slow needs frac=F"),
+        ("slow:frac=0", "got 'frac=0'"),
+        ("slow:frac=11", "got 'frac=11'"),
+        ("slow:rank=1:frac=0.1", "got 'rank=1'"),
+        ("crash:frac=0.1", "got 'frac=0.1'"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            faults_from_env({"SHARDBENCH_FAULT": bad})

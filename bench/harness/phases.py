@@ -95,6 +95,8 @@ class CellSteps:
         if self.fault is not None:
             self.fault.before_step(rank=self.rank, step=self.step)
         step_fn = functools.partial(self.strategy.train_step, self.model, self.optimizer, inputs, self.loss)
+        if self.fault is not None:  # ``slow``: the step, then a sleep in proportion (timed with it)
+            step_fn = self.fault.slowed(step_fn)
         loss, seconds = timed(step_fn, self.device) if timing else (step_fn(), 0.0)
         value = self._checked(loss)
         self.step += 1

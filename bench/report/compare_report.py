@@ -13,6 +13,7 @@ from pathlib import Path
 from shardbench.report.html import CSS
 from shardbench.report.tables import markdown_table
 from shardbench.studies.compare import COMM_METRIC, VERDICTS, CellDelta, Comparison, MetricDelta
+from shardbench.studies.compare_strategy import POWER
 from shardbench.studies.reference import REFERENCE
 from shardbench.wording import count
 
@@ -110,6 +111,23 @@ def strategy_lines(comparison: Comparison, *, only_regressions: bool = False) ->
     ]
 
 
+def detection_line(comparison: Comparison) -> str | None:
+    """Every strategy's combined change and the smallest slowdown the night could have caught
+    (``StrategyDelta.detectable_pct``): a clean night says how small a slowdown it would have seen."""
+    if not comparison.strategies:
+        return None
+    several = len({s.device for s in comparison.strategies}) > 1
+    parts = ", ".join(
+        f"{s.strategy}{f' on {s.device}' if several else ''} {s.change_pct:+.1f}% "
+        f"(could detect >= {s.detectable_pct:.1f}%)"
+        for s in comparison.strategies
+    )
+    return (
+        f"strategy-wide step time vs {REFERENCE} (the change; the least slowdown caught in "
+        f"{POWER:.0%} of nights): {parts}"
+    )
+
+
 def time_rule_line(comparison: Comparison) -> str:
     """How step time was gated: on a shared runner, only the ratios within a run are."""
     if comparison.dedicated:
@@ -131,6 +149,7 @@ def env_lines(comparison: Comparison) -> list[str]:
 def to_text(comparison: Comparison) -> str:
     """What ``compare`` prints: the summary and, when there are any, the regressions."""
     lines = [summary_line(comparison), time_rule_line(comparison), *env_lines(comparison)]
+    lines += [line] if (line := detection_line(comparison)) else []
     wide = strategy_lines(comparison, only_regressions=True)
     lines += [f"strategy-wide step time vs {REFERENCE}: {line}" for line in wide]
     regressions = rows(comparison, only_regressions=True)

@@ -242,13 +242,22 @@ def compare_runs(
     spread = pair_spread(
         side.ratio for sides in (base_cells, cur_cells) for side in sides.values() if side.ratio is not None
     )
+    # each side's own, for the strategy-wide test; a side of one pair a run has none: the comparison's
+    spreads = tuple(
+        pair_spread(side.ratio for side in sides.values() if side.ratio is not None) or spread
+        for sides in (base_cells, cur_cells)
+    )
     cells, changes_of_ratios = [], []
     for key in sorted(set(base_cells) | set(cur_cells), key=str):
         fields = dict(zip(IDENTITY, key, strict=True))
         thresholds = rules.thresholds_for(fields)
-        delta = _compare_cell(key, base_cells.get(key), cur_cells.get(key), thresholds, spread=spread)
+        delta = _compare_cell(
+            key, base_cells.get(key), cur_cells.get(key), thresholds, spread=spread, spreads=spreads
+        )
         if not rules.ignored_reason(fields, {RATIO_METRIC}):
-            changes_of_ratios += _ratio_changes(delta, thresholds)
+            b, c = base_cells.get(key), cur_cells.get(key)
+            pair = (b.ratio, c.ratio) if b and c and b.ratio and c.ratio else None
+            changes_of_ratios += _ratio_changes(delta, thresholds, pair)
         delta.missing_fails = missing_fails
         regressed = {m.metric for m in delta.metrics if m.verdict == "regressed"}
         delta.ignored = rules.ignored_reason(fields, regressed if delta.verdict == "regressed" else None)
@@ -268,8 +277,10 @@ def compare_runs(
     )
 
 
-def _ratio_changes(delta: CellDelta, t: Thresholds) -> list[CellChange]:
+def _ratio_changes(delta: CellDelta, t: Thresholds, ratios: tuple[Ratio, Ratio] | None) -> list[CellChange]:
     """The cell's step-time ratio change, for the strategy-wide test (none without one)."""
+    if ratios is None:
+        return []
     return [
         CellChange(
             strategy=delta.identity["strategy"],
@@ -277,7 +288,9 @@ def _ratio_changes(delta: CellDelta, t: Thresholds) -> list[CellChange]:
             cell=delta.cell,
             log_change=math.log(m.current / m.baseline),
             error=m.error / m.baseline,
-            pct=t.time_pct,
+            base_runs=ratios[0].run_logs(),
+            cur_runs=ratios[1].run_logs(),
+            pct=t.strategy_pct,
             k=t.k_mad,
         )
         for m in delta.metrics
@@ -363,9 +376,16 @@ def _memory(r: Record, metric: str) -> int | None:
 
 
 def _compare_cell(
-    key: tuple, base: Side | None, cur: Side | None, t: Thresholds, *, spread: float = 0.0
+    key: tuple,
+    base: Side | None,
+    cur: Side | None,
+    t: Thresholds,
+    *,
+    spread: float = 0.0,
+    spreads: tuple[float, float] = (0.0, 0.0),
 ) -> CellDelta:
-    """``spread``: the pairs' relative spread over the whole comparison (``pair_spread``)."""
+    """``spread``: the pairs' relative spread over the whole comparison (``pair_spread``);
+    ``spreads``: each side's own (the baseline's, the current run's)."""
     delta = CellDelta(
         cell=cell_label(key),
         identity=dict(zip(IDENTITY, key, strict=True)),
@@ -410,7 +430,7 @@ def _compare_cell(
     time = _time_delta(base, cur, t, reference=delta.identity["strategy"] == REFERENCE)
     if time is not None:
         delta.metrics.append(time)
-        ratio = _ratio_delta(base, cur, t, spread=spread)
+        ratio = _ratio_delta(base, cur, t, spread=spread, spreads=spreads)
         delta.metrics += [ratio] if ratio is not None else []
     else:
         delta.notes.append(f"fewer than {t.min_steps} timed steps: compared for memory only")
@@ -484,7 +504,9 @@ def _not_gated(base: Side, cur: Side, t: Thresholds, *, reference: bool) -> str:
     return f"{why}; no {REFERENCE} of its group on both sides to gate a ratio against"
 
 
-def _ratio_delta(base: Side, cur: Side, t: Thresholds, *, spread: float) -> MetricDelta | None:
+def _ratio_delta(
+    base: Side, cur: Side, t: Thresholds, *, spread: float, spreads: tuple[float, float]
+) -> MetricDelta | None:
     """Step time over the group's ddp's in the same run: baseline ratio against current ratio."""
     b, c = base.ratio, cur.ratio
     if b is None or c is None or min(b.steps, c.steps) < t.min_steps:
@@ -503,7 +525,7 @@ def _ratio_delta(base: Side, cur: Side, t: Thresholds, *, spread: float) -> Metr
             f"band +/-{bound:.3f}x ({which}; {t.time_pct:g}% = {relative:.3f}x, noise {noise:.3f}x); "
             f"{b.pairs} pair(s) with {REFERENCE} in the baseline, {c.pairs} now"
         ),
-        error=pooled_error(b, c, spread=spread) * b.value,
+        error=pooled_error(b, c, spreads=spreads) * b.value,
     )
 
 

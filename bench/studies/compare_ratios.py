@@ -85,6 +85,16 @@ class Ratio:
         """The ratio of each run (the median of its pairs)."""
         return [statistics.median(rs) for rs in self._by_run()]
 
+    def run_logs(self) -> dict[str, float]:
+        """{run: ln(the run's ratio / this side's)}: how each run strays, for a combination of
+        cells that share runs (``compare_strategy``)."""
+        by_run: dict[str, list[float]] = {}
+        for run, r in zip(self.runs, self.ratios, strict=True):
+            by_run.setdefault(run, []).append(r)
+        return {
+            run: math.log(statistics.median(rs) / self.value) for run, rs in by_run.items() if self.value > 0
+        }
+
 
 def group_of(key: CellKey) -> tuple[Any, ...]:
     """The cell group of an identity: every field but the strategy."""
@@ -169,18 +179,28 @@ def ratio_noise(side: Ratio, *, k: float, spread: float) -> float:
     return k * max(pairs, _pooled_sd(runs) / math.sqrt(len(runs)))
 
 
-def pooled_error(base: Ratio, cur: Ratio, *, spread: float) -> float:
-    """The standard error of ``cur``'s change from ``base``, relative to ``base``, from the
-    comparison's pooled pair spread alone (with the steps' own errors where those are larger,
-    and the spread between the baseline's runs): what a combination of many cells needs, since
-    one side's own spread, from two or three pairs, is an estimate too noisy to take the larger
-    of cell by cell (``ratio_band`` does, for one cell's own verdict)."""
-    errors = statistics.median((*base.errors, *cur.errors)) / base.value
-    per_pair = max(spread, errors)
-    pairs = _SD_TO_MEDIAN_SE * per_pair * math.hypot(1 / math.sqrt(base.pairs), 1 / math.sqrt(cur.pairs))
-    b, c = base.per_run(), cur.per_run()
-    runs = _pooled_sd(b, c) / base.value * math.hypot(1 / math.sqrt(len(b)), 1 / math.sqrt(len(c)))
-    return max(pairs, runs)
+def pooled_error(base: Ratio, cur: Ratio, *, spreads: tuple[float, float]) -> float:
+    """The standard error of ``cur``'s change from ``base``, relative to ``base``, from each
+    side's pair spread within a run pooled over all its cells (``spreads``: the baseline's and
+    the current run's ``pair_spread``), or the side's steps' own errors where those are larger:
+    the part of a cell's noise that is its own, which a combination of many cells averages out.
+    Each side's from its own records, so a night on a loaded machine, whose pairs stray far more
+    than the baseline's, widens its own error instead of borrowing the baseline's quiet. One
+    side's spread in one cell, from two or three pairs, is an estimate too noisy to take the
+    larger of cell by cell (``ratio_band`` does, for one cell's own verdict); the spread between
+    runs moves a strategy's cells of one run together, and the combination measures it over
+    them (``compare_strategy``). A side's ratio is the median of its pairs: of two or fewer,
+    their mean, whose error is the spread over the root of their count."""
+    terms = []
+    for side, spread in zip((base, cur), spreads, strict=True):
+        per_pair = max(spread, statistics.median(side.errors) / side.value)
+        terms.append(per_pair * side.value / base.value * _median_se(side.pairs))
+    return math.hypot(*terms)
+
+
+def _median_se(n: int) -> float:
+    """The standard error of the median of ``n`` values, over their standard deviation."""
+    return (1.0 if n <= 2 else _SD_TO_MEDIAN_SE) / math.sqrt(n)
 
 
 def _sd(deviations: list[float]) -> float:

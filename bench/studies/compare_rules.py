@@ -11,6 +11,8 @@ A rules file (``compare --rules FILE``; a nightly suite's ``bench/suites/rules/<
     cpu_pct = 15              # step time (its ratio to ddp's in the run; on a dedicated runner
     cuda_pct = 5              # also the time itself) regressed when slower by more than this %
     k_mad = 3                 # of the baseline (per device) AND by more than k_mad x the noise
+    cpu_strategy_pct = 5      # a strategy over all its cells (compare_strategy): slower by more
+    cuda_strategy_pct = 5     # than this % AND by more than k_mad x the combined standard error
     min_steps = 5             # fewer timed steps: memory only
     dedicated = false         # true: nothing else runs on this machine, so absolute step time
     min_repeats = 3           # is gated too, where each side has this many timed repeats
@@ -64,12 +66,19 @@ OVERRIDE_KEYS = {
     "time_pct": "time_pct",
     "k_mad": "k_mad",
     "min_steps": "min_steps",
+    "strategy_pct": "strategy_pct",
 }
 
 
 #: how much slower a step may be before it regresses (also beyond the noise), per device: a CUDA
 #: step is steadier than a CPU one
 TIME_PCT = {"cpu": 15.0, "cuda": 5.0}
+#: the same, for a strategy's ratio over all its cells at once (``compare_strategy``): its noise
+#: band, k x a standard error that shrinks with the cells' count, is what guards it; this floor
+#: only keeps a real but immaterial change (a few percent, on a quiet night) from failing it.
+#: Below a cell's threshold on the CPU, so that a 15 % slowdown of one strategy can be seen
+#: there; on CUDA a cell's own, until the GPU nights' power is measured.
+STRATEGY_PCT = {"cpu": 5.0, "cuda": 5.0}
 #: the least a memory metric may grow by before it regresses: on the CPU, for a strategy whose
 #: tracked memory is the same to the byte run after run (``StrategyCard.exact_memory``), a
 #: small floor, so a few-percent regression of a tiny cell is seen; 1 MiB otherwise (CUDA's
@@ -84,6 +93,8 @@ class Thresholds:
     memory_pct: float = 0.5
     memory_bytes: float = float(MIB)
     time_pct: float = TIME_PCT["cpu"]
+    #: the strategy-wide test's relative threshold (``STRATEGY_PCT``)
+    strategy_pct: float = STRATEGY_PCT["cpu"]
     k_mad: float = 3.0
     min_steps: int = 5
     #: absolute step time is gated (else only its ratio to ddp's), with this many repeats a side
@@ -135,6 +146,7 @@ class Rules:
     #: the floor for every cell (a rules file's ``tolerance_mib``); None: ``_memory_floor``'s
     memory_bytes: float | None = None
     time_pct: dict[str, float] = field(default_factory=lambda: dict(TIME_PCT))
+    strategy_pct: dict[str, float] = field(default_factory=lambda: dict(STRATEGY_PCT))
     k_mad: float = Thresholds.k_mad
     min_steps: int = Thresholds.min_steps
     #: the runner runs nothing else: absolute step time compares across runs, and is gated
@@ -149,6 +161,7 @@ class Rules:
             memory_pct=self.memory_pct,
             memory_bytes=_memory_floor(cell) if self.memory_bytes is None else self.memory_bytes,
             time_pct=self.time_pct.get(cell.get("device", "cpu"), self.time_pct["cpu"]),
+            strategy_pct=self.strategy_pct.get(cell.get("device", "cpu"), self.strategy_pct["cpu"]),
             k_mad=self.k_mad,
             min_steps=self.min_steps,
             dedicated=self.dedicated,
@@ -211,7 +224,12 @@ def load_rules(path: Path) -> Rules:
     _only(data, ("memory", "time", "override", "ignore"), where)
     memory, time = data.get("memory", {}), data.get("time", {})
     _only(memory, ("tolerance_pct", "tolerance_mib"), f"{where} [memory]")
-    _only(time, ("cpu_pct", "cuda_pct", "k_mad", "min_steps", "dedicated", "min_repeats"), f"{where} [time]")
+    _only(
+        time,
+        ("cpu_pct", "cuda_pct", "cpu_strategy_pct", "cuda_strategy_pct", "k_mad", "min_steps", "dedicated")
+        + ("min_repeats",),
+        f"{where} [time]",
+    )
     dedicated = time.get("dedicated", defaults.dedicated)
     if not isinstance(dedicated, bool):
         raise ValueError(f"{where} [time]: dedicated must be true or false, got {dedicated!r}")
@@ -224,6 +242,10 @@ def load_rules(path: Path) -> Rules:
         ),
         time_pct={
             d: _number(time, f"{d}_pct", defaults.time_pct[d], f"{where} [time]") for d in ("cpu", "cuda")
+        },
+        strategy_pct={
+            d: _number(time, f"{d}_strategy_pct", defaults.strategy_pct[d], f"{where} [time]")
+            for d in ("cpu", "cuda")
         },
         k_mad=_number(time, "k_mad", defaults.k_mad, f"{where} [time]"),
         min_steps=int(_number(time, "min_steps", defaults.min_steps, f"{where} [time]", integer=True)),
