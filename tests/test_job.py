@@ -142,6 +142,9 @@ FLAGS = ["--workload", "transformer", "--preset", "tiny", "--strategy", "ddp,zer
 FAULT = "error:rank=1:strategy=zero2"
 #: every job and the local run together, on two busy cores
 JOBS_TIMEOUT_S = 400
+#: how long a job's last processes may take to be gone once its launchers have exited (a rank's
+#: fork server ends when the process that started it does)
+LEFT_S = 5.0
 #: what makes a process part of a job, in the environment of this test's own
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -221,11 +224,6 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     ran["local"] = {"code": local_code, "out": root / "local"}
     ran["local"]["records"] = {(r.workload, r.strategy): r for r in read_records([root / "local"])}
     return {**ran, "left": left}
-
-
-#: how long a job's last processes may take to be gone once its launchers have exited (a rank's
-#: fork server ends when the process that started it does)
-LEFT_S = 5.0
 
 
 def _left_after(marker: str, wait_s: float) -> list[str]:
