@@ -146,12 +146,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cells, unplanned, budget, reserves = resolve_plan(args)
     from shardbench.harness.runner import new_run_id, run_cells
     from shardbench.harness.validate import check_output_dir
+    from shardbench.metrics.network_profiles import default_network
     from shardbench.records import append_record, read_records
     from shardbench.report.build import write_report
     from shardbench.report.plan_report import PLAN_JSON, plan_json, plan_markdown, print_plan, title
     from shardbench.report.tables import ERRORS_DIR, error_file, write_tables
     from shardbench.studies.maxsize import search
-    from shardbench.metrics.network_profiles import default_network
     from shardbench.studies.plan import Plan, rows_from, unplanned_record
 
     run_id = new_run_id("plan")

@@ -32,7 +32,12 @@ UpdateMeasure = Callable[[int], dict[str, Any]]
 
 
 def gloo_profile(
-    world_size: int, threads: int, device_name: str, torch_version: str, *, home: Path | None = None,
+    world_size: int,
+    threads: int,
+    device_name: str,
+    torch_version: str,
+    *,
+    home: Path | None = None,
     measure: NetworkMeasure | None = None,
 ) -> NetworkProfile:
     """The gloo profile of this machine at ``world_size`` ranks of ``threads`` threads each."""
@@ -61,7 +66,11 @@ def network_key(world_size: int, threads: int, device_name: str, torch_version: 
 
 
 def update_rate(
-    threads: int, device_name: str, torch_version: str, *, home: Path | None = None,
+    threads: int,
+    device_name: str,
+    torch_version: str,
+    *,
+    home: Path | None = None,
     measure: UpdateMeasure | None = None,
 ) -> float:
     """Seconds per element of an AdamW step on this CPU at ``threads`` (``update_probe``)."""
@@ -149,7 +158,10 @@ def predict_record(
     spe = update_rate(threads, name, torch_version, home=home, measure=measure_update) if cpu else 0.0
     if network == MEASURED:
         if not cpu:
-            return None, "no step time predicted (the gloo profile is this CPU's: use a named --network on CUDA)"
+            return (
+                None,
+                "no step time predicted (the gloo profile is this CPU's: use a named --network on CUDA)",
+            )
         profile = NetworkProfile(MEASURED, LinkCost(0.0, float("inf")), "one rank", shares_compute=True)
         if n > 1:
             profile = gloo_profile(n, threads, name, torch_version, home=home, measure=measure_network)

@@ -28,7 +28,9 @@ def read(name: str, home: Path | None = None) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in (entries or {}).items() if isinstance(v, dict)}
 
 
-def cached(name: str, key: str, measure: Callable[[], dict[str, Any]], home: Path | None = None) -> dict[str, Any]:
+def cached(
+    name: str, key: str, measure: Callable[[], dict[str, Any]], home: Path | None = None
+) -> dict[str, Any]:
     """The entry cached under ``key``, or ``measure()``'s (with ``measured_at``), stored."""
     entry = read(name, home).get(key)
     if entry is not None:
@@ -39,5 +41,7 @@ def cached(name: str, key: str, measure: Callable[[], dict[str, Any]], home: Pat
     with file_lock(path):
         entries = read(name, home)
         kept = entries.setdefault(key, entry)
-        atomic_write_text(path, json.dumps({"version": 1, "entries": entries}, indent=1, sort_keys=True) + "\n")
+        atomic_write_text(
+            path, json.dumps({"version": 1, "entries": entries}, indent=1, sort_keys=True) + "\n"
+        )
     return kept

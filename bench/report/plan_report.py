@@ -176,7 +176,9 @@ def verdict(plan: Plan) -> str:
     if least is not None and best is not least:
         why = why_faster(best, least)
     elif best.predicted_step is not None:
-        why = ("the least sharding that fits" if best.level else "nothing needs sharding") + ", and the fastest"
+        why = (
+            "the least sharding that fits" if best.level else "nothing needs sharding"
+        ) + ", and the fastest"
     else:
         why = "the least sharding that fits" if best.level else "nothing needs sharding"
     batch_part = f", largest batch {best.max_batch}" if best.max_batch is not None else ""

@@ -303,7 +303,9 @@ def why_faster(fast: PlanRow, least: PlanRow) -> str:
     a, b = fast.predicted or {}, least.predicted or {}
     names = {"compute": "compute", "update": "optimizer update", "exposed_comm": "exposed communication"}
     terms = [
-        f"{label} {a[k] - b[k]:+.3g} s" for k, label in names.items() if abs(a.get(k, 0) - b.get(k, 0)) >= 5e-4
+        f"{label} {a[k] - b[k]:+.3g} s"
+        for k, label in names.items()
+        if abs(a.get(k, 0) - b.get(k, 0)) >= 5e-4
     ]
     return (
         f"{fast.strategy} is predicted faster than {least.strategy}, the least sharding that fits "
