@@ -13,22 +13,9 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 def _pytest(env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **env_extra}
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-n",
-            "0",
-            "-q",
-            "tests/test_checkout_guard.py",
-            "-k",
-            "no_test_matches_this",
-        ],
-        cwd=REPOSITORY,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", "pytest", "-n", "0", "-q", "tests/test_checkout_guard.py",
+         "-k", "no_test_matches_this"],
+        cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=120,
     )
 
 
@@ -44,3 +31,4 @@ def test_another_checkouts_shardbench_is_refused_in_one_line(tmp_path: Path) -> 
         f"ERROR: shardbench is imported from {other / 'shardbench'}, not from the checkout under test "
         f"({REPOSITORY}): run 'bash scripts/setup.sh' in this checkout and use its .venv"
     ]
+

@@ -17,7 +17,9 @@ from tests.cells import run_cell_here
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_plan_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_readme_plan_example_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     readme = (ROOT / "README.md").read_text()
     (command,) = re.findall(
         r"^ {4}\.venv/bin/shardbench (plan --workload examples/mymodel\.py:factory .*)$", readme, re.M

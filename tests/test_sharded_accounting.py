@@ -184,3 +184,4 @@ def test_refuses_optimizers_that_are_not_elementwise() -> None:
 
     with pytest.raises(ValueError, match="LAMB.*Allowed: SGD, Adam, AdamW"):
         ShardedOptimizer([nn.Parameter(torch.ones(2))], optim=LAMB)
+

@@ -58,7 +58,8 @@ def test_trainability_changes_and_live_groups_match_one_process(stage: int, worl
         for rank, by_variant in enumerate(results):
             state = by_variant[(live_group, accumulate)]
             where = (
-                f"stage {stage} N={world_size} rank {rank} live_group={live_group} accumulate={accumulate}"
+                f"stage {stage} N={world_size} rank {rank} "
+                f"live_group={live_group} accumulate={accumulate}"
             )
             assert not isinstance(state, str), f"{where}: {state}"
             diff, name = max_rel_diff(state, ref)

@@ -32,7 +32,8 @@ def error_line(records: Sequence[Record]) -> str | None:
         return None
     error, cells = found
     networks = sorted({(r.predicted_step_time or {}).get("network") for r in records} - {None})
+    plural = "s" if cells != 1 else ""
     return (
-        f"predicted step time: median absolute error {error:.0%} over {cells} cell{'s' if cells != 1 else ''} "
+        f"predicted step time: median absolute error {error:.0%} over {cells} cell{plural} "
         f"(network {', '.join(networks)}; the model: docs/measuring.md#predicted-step-time)"
     )

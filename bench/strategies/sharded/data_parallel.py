@@ -228,7 +228,9 @@ class ShardedDataParallel(nn.Module):
                     dist.broadcast(flat, src=self._src, group=self.process_group)
                 in_flats = {id(p) for b in self.optimizer.buckets for p in b.params}
                 rest = [p for p in self.module.parameters() if id(p) not in in_flats]
-                broadcast_coalesced([*rest, *self.module.buffers()], src=self._src, group=self.process_group)
+                broadcast_coalesced(
+                    [*rest, *self.module.buffers()], src=self._src, group=self.process_group
+                )
             self.optimizer.refresh_master_weights()  # (16-bit parameters: masters of rank 0's values)
 
     def close(self) -> None:
