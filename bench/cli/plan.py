@@ -58,6 +58,11 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default="cpu", choices=DEVICES, help="where the planned cells run")
     p.add_argument(
+        "--gpu",
+        help="the GPU a CUDA plan's predicted step time is for, by its datasheet name (H100, H200, A100, "
+        "...; default: the CUDA device here)",
+    )
+    p.add_argument(
         "--network",
         choices=NETWORKS,
         help="the network the predicted step time assumes: gloo (measured on this machine at N; "
@@ -83,6 +88,7 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
         budget = parse_budget(args.budget)
         reserves = reserve_policy(args, budget)
         check_timeout(args.timeout)
+        check_gpu(args.gpu)
         check_workload(args.workload, args.preset, timeout_s=args.timeout)  # one's own: bounded first
         workload = get_workload(args.workload)
         preset = args.preset or next(iter(workload.presets))
@@ -100,7 +106,7 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
     return cells, unplanned, budget, reserves
 
 
-def predicted_rows(rows: list[PlanRow], network: str) -> tuple[PlanRow, ...]:
+def predicted_rows(rows: list[PlanRow], network: str, gpu: str | None = None) -> tuple[PlanRow, ...]:
     """Each planned row with its predicted step time over ``network`` (``step_prediction``),
     against the device's peak (the record's, else this machine's GEMM probe at a real rank's
     threads, or the datasheet of the CUDA device here), or with why none could be made."""
@@ -120,7 +126,7 @@ def predicted_rows(rows: list[PlanRow], network: str) -> tuple[PlanRow, ...]:
         except Exception:  # noqa: BLE001 - the record's own predicted bytes stand in
             shape = None
         try:
-            peak = r.peak_flops_per_s or _device_peak(r)
+            peak = r.peak_flops_per_s or _device_peak(r, gpu)
             predicted, why = predict_record(r, network=network, peak=peak, shape=shape)
         except Exception as e:  # noqa: BLE001 - a failed probe costs the plan its prediction only
             predicted, why = None, f"no step time predicted ({type(e).__name__}: {e})"
@@ -128,8 +134,9 @@ def predicted_rows(rows: list[PlanRow], network: str) -> tuple[PlanRow, ...]:
     return tuple(out)
 
 
-def _device_peak(record: Record) -> dict[str, Any] | None:
-    """The planned device's peak: this CPU's probe, or the datasheet's for the CUDA device here."""
+def _device_peak(record: Record, gpu: str | None = None) -> dict[str, Any] | None:
+    """The planned device's peak: this CPU's probe, or the datasheet's for ``gpu`` (``--gpu``)
+    or the CUDA device here."""
     from shardbench.metrics.flops import matmul_dtype
     from shardbench.metrics.peaks import datasheet_peak, measured_peak
 
@@ -137,9 +144,20 @@ def _device_peak(record: Record) -> dict[str, Any] | None:
     if record.device == "cpu":
         name = record.env.get("device_name") or "unknown CPU"
         return measured_peak("cpu", name, dtype, record.threads_per_rank, torch_version=record.env["torch"])
+    if gpu:
+        return datasheet_peak(gpu, dtype)
     import torch
 
     return datasheet_peak(torch.cuda.get_device_name(), dtype) if torch.cuda.is_available() else None
+
+
+def check_gpu(gpu: str | None) -> None:
+    """``--gpu`` must name a device of the datasheet table (``bench/metrics/peaks.py``)."""
+    from shardbench.metrics.peaks import DATASHEETS, datasheet_peak
+
+    if gpu is not None and datasheet_peak(gpu, "fp32") is None:
+        names = ", ".join(sheet.model for sheet in DATASHEETS)
+        raise ValueError(f"--gpu {gpu!r} is not in the datasheet table; allowed: {names}")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -174,7 +192,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     first = (cells or unplanned)[0]
     network = args.network or default_network(args.device)
     plan = Plan(
-        rows=predicted_rows(rows_from(records, budget, max_batch=args.max_batch, policy=reserves), network),
+        rows=predicted_rows(
+            rows_from(records, budget, max_batch=args.max_batch, policy=reserves), network, args.gpu
+        ),
         budget=budget,
         policy=reserves,
         batch=None if args.max_batch else first.batch_size,

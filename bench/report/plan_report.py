@@ -9,7 +9,7 @@ from shardbench.harness.config import CellConfig
 from shardbench.report.tables import error_file, format_value, markdown_table
 from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command, why_faster
 from shardbench.studies.reference import REFERENCE
-from shardbench.units import in_unit, params_text, size_unit
+from shardbench.units import in_unit, params_text, seconds_text, size_unit
 from shardbench.wording import first_sentence, wrap
 
 MIB = 1 << 20
@@ -36,7 +36,7 @@ def _predicted(row: PlanRow) -> list[str]:
     tokens = p.get("tokens_per_s")
     mfu = p.get("mfu")
     return [
-        f"{p['step']:.3g} s",
+        seconds_text(p["step"]),
         format_value(tokens) if tokens else "-",
         "-" if mfu is None else f"{mfu:.3g}" if mfu < 0.001 else f"{mfu:.1%}",
     ]
