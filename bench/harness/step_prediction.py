@@ -26,6 +26,9 @@ from shardbench.metrics.network_profiles import MEASURED, NAMED, LinkCost, Netwo
 from shardbench.metrics.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
 from shardbench.records import Record, placement_of
 
+#: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
+#: moments, and writes the parameter and the moments back
+UPDATE_BYTES = 28
 #: probes as the caches call them: (world size, threads) -> figures; (threads) -> figures
 NetworkMeasure = Callable[[int, int], dict[str, Any]]
 UpdateMeasure = Callable[[int], dict[str, Any]]
@@ -155,7 +158,11 @@ def predict_record(
     strategy = get_strategy(record.strategy)
     held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
     per_element = _BYTES[strategy.model_state_precision(record.precision)][2]
-    spe = update_rate(threads, name, torch_version, home=home, measure=measure_update) if cpu else 0.0
+    if cpu:
+        spe = update_rate(threads, name, torch_version, home=home, measure=measure_update)
+    else:  # memory-bound: the bytes AdamW moves per element over the datasheet's memory bandwidth
+        memory = peak.get("memory_bytes_per_s")
+        spe = UPDATE_BYTES / memory if memory else 0.0
     if network == MEASURED:
         if not cpu:
             return (

@@ -60,7 +60,7 @@ def network_line(plan: Plan) -> str | None:
     return (
         f"predicted step = FLOPs / ({p['peak_flops_per_s'] / 1e12:.3g} TFLOP/s {p.get('peak_kind')} peak "
         f"x {p.get('efficiency'):g}{cores}) + optimizer update"
-        + (f" ({update * 1e9:.3g} ns per element)" if update else " (not modelled on this device)")
+        + (f" ({update * 1e9:.3g} ns per element)" if update else " (not modelled: no memory bandwidth)")
         + f" + exposed communication over {p.get('network_source')}; {overlap} (docs/measuring.md)"
     )
 

@@ -300,16 +300,18 @@ def fastest(rows: Sequence[PlanRow]) -> PlanRow | None:
 
 def why_faster(fast: PlanRow, least: PlanRow) -> str:
     """Why the fastest strategy beats the least sharding one: the predicted terms that differ."""
+    from shardbench.units import seconds_text
+
     a, b = fast.predicted or {}, least.predicted or {}
     names = {"compute": "compute", "update": "optimizer update", "exposed_comm": "exposed communication"}
     terms = [
-        f"{label} {a[k] - b[k]:+.3g} s"
+        f"{label} {seconds_text(a[k] - b[k], signed=True)}"
         for k, label in names.items()
-        if abs(a.get(k, 0) - b.get(k, 0)) >= 5e-4
+        if abs(a.get(k, 0) - b.get(k, 0)) > 1e-3 * b["step"]
     ]
     return (
         f"{fast.strategy} is predicted faster than {least.strategy}, the least sharding that fits "
-        f"({a['step']:.3g} s against {b['step']:.3g} s per step: {', '.join(terms) or 'no term differs'})"
+        f"({seconds_text(a['step'])} against {seconds_text(b['step'])} per step: {', '.join(terms)})"
     )
 
 
