@@ -13,9 +13,10 @@ from shardbench.harness.step_prediction import predict_record
 from shardbench.metrics.gloo_probe import fit
 from shardbench.metrics.network_profiles import NAMED, LinkCost, NetworkProfile
 from shardbench.metrics.step_time import Collective, StepInputs, core_share, predict_step
-from shardbench.records import read_records
+from shardbench.records import Record, read_records
 from shardbench.studies.compare_rules import TIME_PCT
 from shardbench.studies.prediction_check import error_line, median_absolute_error
+from tests.records import make_record
 
 ROOT = Path(__file__).resolve().parent.parent
 LINK = LinkCost(latency_s=1e-3, bandwidth=1e9)
@@ -118,33 +119,12 @@ def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path)
     assert checked >= 10
 
 
-def test_median_absolute_error_line(tiny_cell) -> None:
-    from shardbench.records import Record
-
+def test_median_absolute_error_line() -> None:
     def record(measured: float, predicted: float) -> Record:
-        return Record(
-            run_id="r",
-            suite="s",
-            workload="w",
-            preset="p",
-            params=1,
-            strategy="ddp",
-            world_size=2,
-            requested_world_size=2,
-            simulated=False,
-            backend="gloo",
-            device="cpu",
-            precision="fp32",
-            batch_size_per_rank=1,
-            steps=1,
-            warmup=0,
-            status="ok",
-            step_time_s={"median": measured, "mad": 0.0},
-            predicted_step_time={"step": predicted, "network": "gloo"},
-        )
+        predicted_step_time = {"step": predicted, "network": "gloo"}
+        return make_record(step_time_s={"median": measured, "mad": 0.0}, predicted_step_time=predicted_step_time)
 
     records = [record(1.0, 1.1), record(2.0, 1.0), record(4.0, 4.0)]
     assert median_absolute_error(records) == (pytest.approx(0.1), 3)
-    assert error_line(records).startswith(
-        "predicted step time: median absolute error 10% over 3 cells (network gloo"
-    )
+    line = error_line(records)
+    assert line.startswith("predicted step time: median absolute error 10% over 3 cells (network gloo")
