@@ -122,7 +122,8 @@ def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path)
 def test_median_absolute_error_line() -> None:
     def record(measured: float, predicted: float) -> Record:
         predicted_step_time = {"step": predicted, "network": "gloo"}
-        return make_record(step_time_s={"median": measured, "mad": 0.0}, predicted_step_time=predicted_step_time)
+        measured_step_time = {"median": measured, "mad": 0.0}
+        return make_record(step_time_s=measured_step_time, predicted_step_time=predicted_step_time)
 
     records = [record(1.0, 1.1), record(2.0, 1.0), record(4.0, 4.0)]
     assert median_absolute_error(records) == (pytest.approx(0.1), 3)
