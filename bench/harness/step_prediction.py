@@ -158,8 +158,8 @@ def predict_record(
     strategy = get_strategy(record.strategy)
     held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
     per_element = _BYTES[strategy.model_state_precision(record.precision)][2]
-    if cpu:
-        spe = update_rate(threads, name, torch_version, home=home, measure=measure_update)
+    if cpu:  # on the rank's share of the cores, as its compute
+        spe = update_rate(threads, name, torch_version, home=home, measure=measure_update) / share
     else:  # memory-bound: the bytes AdamW moves per element over the datasheet's memory bandwidth
         memory = peak.get("memory_bytes_per_s")
         spe = UPDATE_BYTES / memory if memory else 0.0

@@ -10,7 +10,8 @@ collectives it issues and a network profile.
   cores a rank gets over the cores its threads ask for (below 1 only where ranks outnumber cores).
 * ``update = elements updated x seconds per element``: AdamW is memory-bound, so its time follows
   the optimizer-state elements a rank holds (all of them under ddp, 1/N under ZeRO), at the rate
-  ``update_probe`` measured (a CPU; on CUDA the term is left out: no probe).
+  ``update_probe`` measured on a CPU (over the rank's core share, as its compute), or AdamW's
+  bytes per element over the datasheet's memory bandwidth on CUDA.
 * communication: each collective at the profile's ``calls x latency + ring bytes / bandwidth``
   (``network_profiles``), and how much of it is *exposed*, by these rules:
 
@@ -39,11 +40,10 @@ from dataclasses import dataclass
 from shardbench.metrics.network_profiles import NetworkProfile
 
 #: the fraction of the peak a training step's counted FLOPs run at, by where the peak comes from.
-#: Against a CPU's GEMM probe: 0.3, what the committed 2-rank CPU records reached once their
-#: update and communication are taken out (transformer base about 0.31, igpt-s about 0.27: the
-#: softmax, normalisation and elementwise work the FLOPs leave out run far below the GEMM rate).
-#: Against a datasheet figure, a boost-clock ceiling: 0.5, the order large dense training steps
-#: reach on such GPUs, stated, not measured here.
+#: Against a CPU's GEMM probe: 0.3, the order the committed 2-rank CPU records of igpt-s reached
+#: once their update and communication are taken out (the softmax, normalisation and elementwise
+#: work the FLOPs leave out run far below the GEMM rate). Against a datasheet figure, a
+#: boost-clock ceiling: 0.5, the order large dense training steps reach on such GPUs, stated.
 EFFICIENCY = {"measured": 0.3, "datasheet": 0.5}
 #: backward's share of a step's compute: twice forward's FLOPs (a gradient for the input and one
 #: for the weight per product)
