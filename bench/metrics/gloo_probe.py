@@ -2,7 +2,7 @@
 per call plus bytes over a bandwidth (``network_profiles.LinkCost``); the step-time model's
 ``gloo`` network profile.
 
-The method is fixed: ``world_size`` processes forked from this one, a gloo group over a file
+The method is fixed: ``world_size`` processes started afresh (spawn), a gloo group over a file
 store, each at ``threads`` intra-op threads (what a rank of the run has). For each collective
 kind and each size in ``SIZES`` (fp32 tensors, the full tensor's bytes), one untimed call, then
 ``REPEATS`` calls each timed alone between barriers on rank 0; the median is the size's time.
@@ -10,7 +10,7 @@ The fit is least squares of seconds against the bytes a ring sends per rank
 (``analytic.RING``): the intercept is the latency, the slope's inverse the bandwidth. A kind gloo
 cannot run here is left out (its collectives are costed at all-reduce's rates). On a 2-core CPU
 it takes a few seconds; it runs once per machine, torch version, world size and threads, and is
-cached in the results home (``network_cache``).
+cached in the results home (``probe_cache``: ``peaks/network.json``).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def probe(world_size: int, threads: int) -> dict[str, Any]:
     if world_size < 2:
         raise ValueError(f"a gloo probe needs at least 2 ranks, got {world_size}")
     started = time.perf_counter()
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited thread pools
     queue = context.Queue()
     with tempfile.TemporaryDirectory(prefix="shardbench-gloo-probe-") as tmp:
         store = os.path.join(tmp, "store")
