@@ -136,3 +136,23 @@ def test_median_absolute_error_line() -> None:
     assert median_absolute_error(records) == (pytest.approx(0.1), 3)
     line = error_line(records)
     assert line.startswith("predicted step time: median absolute error 10% over 3 cells (network gloo")
+
+
+def test_plan_recommends_the_fastest_that_fits_and_says_why() -> None:
+    from shardbench.studies.plan import PlanRow, fastest, recommend, why_faster
+
+    def row(strategy: str, peak: int, **seconds: float) -> PlanRow:
+        predicted = {"step": sum(seconds.values()), **seconds}
+        return PlanRow(
+            strategy, make_record(strategy=strategy, peak_mem_bytes={"max": peak}), 100, predicted=predicted
+        )
+
+    ddp = row("ddp", 60, compute=2.0, update=1.0, exposed_comm=0.25)
+    zero2 = row("zero2", 40, compute=2.0, update=0.5, exposed_comm=0.5)
+    zero3 = row("zero3", 120, compute=2.0, update=0.1, exposed_comm=0.1)  # fastest, but does not fit
+    rows = [ddp, zero2, zero3]
+    assert recommend(rows) is ddp and fastest(rows) is zero2
+    assert why_faster(zero2, ddp) == (
+        "zero2 is predicted faster than ddp, the least sharding that fits (3.00 s against 3.25 s per step: "
+        "optimizer update -500 ms, exposed communication +250 ms)"
+    )

@@ -293,9 +293,14 @@ def _against(row: PlanRow, base: PlanRow | None) -> SpeedVerdict | None:
 
 
 def fastest(rows: Sequence[PlanRow]) -> PlanRow | None:
-    """The fitting strategy of the shortest predicted step; on a tie, the least sharding."""
+    """The fitting strategy that trains fastest by prediction: the least predicted time per
+    sample (its step over its batch); on a tie, the least sharding."""
     timed = [r for r in rows if r.fits and r.predicted_step is not None]
-    return min(timed, key=lambda r: (r.predicted_step, r.level, -(r.headroom or 0)), default=None)
+
+    def per_sample(r: PlanRow) -> float:  # with --max-batch each strategy's batch is its own
+        return (r.predicted_step or 0.0) / max(1, r.record.batch_size_per_rank)
+
+    return min(timed, key=lambda r: (per_sample(r), r.level, -(r.headroom or 0)), default=None)
 
 
 def why_faster(fast: PlanRow, least: PlanRow) -> str:
@@ -309,9 +314,11 @@ def why_faster(fast: PlanRow, least: PlanRow) -> str:
         for k, label in names.items()
         if abs(a.get(k, 0) - b.get(k, 0)) > 1e-3 * b["step"]
     ]
+    ba, bb = fast.record.batch_size_per_rank, least.record.batch_size_per_rank
+    batches = f" (batch {ba} against {bb}: per sample, faster)" if ba != bb else ""
     return (
         f"{fast.strategy} is predicted faster than {least.strategy}, the least sharding that fits "
-        f"({seconds_text(a['step'])} against {seconds_text(b['step'])} per step: {', '.join(terms)})"
+        f"({seconds_text(a['step'])} against {seconds_text(b['step'])} per step{batches}: {', '.join(terms)})"
     )
 
 
