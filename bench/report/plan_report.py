@@ -48,7 +48,8 @@ def network_line(plan: Plan) -> str | None:
     p = next((r.predicted for r in plan.rows if r.predicted), None)
     if p is None:
         why = next((r.not_predicted for r in plan.rows if r.not_predicted), None)
-        return why and f"predicted step: none ({why})"
+        hint = "; --gpu NAME names the GPU to predict for" if "no peak" in (why or "") else ""
+        return why and f"{why}{hint}"
     update = p.get("seconds_per_update_element") or 0
     share = p.get("core_share", 1.0)
     cores = f", x {share:.3g} core share (ranks outnumber cores)" if share < 1 else ""
