@@ -246,6 +246,8 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     """The summary as text: the table (at most ``WIDTH`` columns), the legend of the flags that
     occur and the ratio lines."""
     records = sorted(records, key=reading_order)  # as table.md and the charts list them
+    if not any(r.predicted_step_time for r in records):  # nothing predicted: no column to fill
+        columns = tuple(c for c in columns if c != "step/pred")
     cols = [COLUMNS[c] for c in columns]
     if repeated(records) and "repeat" not in columns:  # which repeat a row is, beside its strategy
         cols.insert(columns.index("strategy") + 1 if "strategy" in columns else 0, COLUMNS["repeat"])
