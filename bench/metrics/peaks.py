@@ -18,18 +18,18 @@ model; only a probe that has to run imports it (``gemm_probe``).
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardbench.paths import atomic_write_text, file_lock, results_home
+from shardbench.metrics import probe_cache
 
 #: the dtypes a step's matrix products run at, as the table and the probe name them
 DTYPES = ("bf16", "fp16", "tf32", "fp32")
+#: the probe cache's name: ``<home>/peaks/measured.json``
+CACHE = "measured"
 TERA = 1e12
 
 
@@ -173,7 +173,7 @@ Measure = Callable[[str, str, int | None], dict[str, Any]]
 
 
 def cache_file(home: Path | None = None) -> Path:
-    return results_home(home) / "peaks" / "measured.json"
+    return probe_cache.cache_path(CACHE, home)
 
 
 def cache_key(device: str, device_name: str, torch_version: str, threads: int | None, dtype: str) -> str:
@@ -185,12 +185,7 @@ def cache_key(device: str, device_name: str, torch_version: str, threads: int | 
 
 def read_cache(home: Path | None = None) -> dict[str, dict[str, Any]]:
     """Every cached probe, by key; an unreadable cache reads as empty (it is measured again)."""
-    try:
-        data = json.loads(cache_file(home).read_text())
-    except (OSError, ValueError):
-        return {}
-    entries = data.get("entries") if isinstance(data, dict) else None
-    return {k: v for k, v in (entries or {}).items() if isinstance(v, dict) and "flops_per_s" in v}
+    return {k: v for k, v in probe_cache.read(CACHE, home).items() if "flops_per_s" in v}
 
 
 def measured_peak(
@@ -206,20 +201,21 @@ def measured_peak(
     """The record's ``peak_flops_per_s`` from the cache, probing (and caching) when absent."""
     check_dtype(dtype)
     key = cache_key(device, device_name, torch_version, threads if device == "cpu" else None, dtype)
-    entry = read_cache(home).get(key)
-    if entry is None:
-        if measure is None:
-            from shardbench.metrics.gemm_probe import probe as measure
-        entry = {
+    if measure is None:
+        from shardbench.metrics.gemm_probe import probe as measure
+
+    def probe() -> dict[str, Any]:
+        threads_here = threads if device == "cpu" else None
+        return {
             **measure(device, dtype, threads),
             "device": device,
             "device_name": device_name,
             "torch": torch_version,
-            "threads": threads if device == "cpu" else None,
+            "threads": threads_here,
             "dtype": dtype,
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        entry = _store(home, key, entry)
+
+    entry = read_cache(home).get(key) or probe_cache.cached(CACHE, key, probe, home)
     return {
         "flops_per_s": entry["flops_per_s"],
         "kind": "measured",
@@ -245,17 +241,3 @@ def probe_source(entry: dict[str, Any]) -> str:
         f"GEMM probe: {n}x{n} @ {n}x{n} {entry.get('dtype')}{threads}, best of {repeats} "
         f"= {entry['flops_per_s'] / TERA:.3g} TFLOP/s{spread}, measured {entry.get('measured_at')}"
     )
-
-
-def _store(home: Path | None, key: str, entry: dict[str, Any]) -> dict[str, Any]:
-    """Cache ``entry`` under ``key`` and return the cached one: a probe that finished first
-    (another rank's, another run's) stays, so a key has one figure."""
-    path = cache_file(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(path):
-        entries = read_cache(home)
-        kept = entries.setdefault(key, entry)
-        atomic_write_text(
-            path, json.dumps({"version": 1, "entries": entries}, indent=1, sort_keys=True) + "\n"
-        )
-    return kept

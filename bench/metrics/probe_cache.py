@@ -1,8 +1,8 @@
-"""A results-home cache for this machine's probes (the network's, ``gloo_probe``, and the
-optimizer update's, ``update_probe``): one JSON file per probe under ``<home>/peaks/``, keyed by
-what makes two probes the same measurement. A probe runs once per key; a probe another process
-finished first stays, so a key has one figure. An unreadable cache reads as empty (measured
-again). Imports no torch."""
+"""A results-home cache for this machine's probes (the GEMM peak's, ``peaks``; the network's,
+``gloo_probe``; the optimizer update's, ``update_probe``): one JSON file per probe under
+``<home>/peaks/``, keyed by what makes two probes the same measurement. A probe runs once per key;
+a probe another process finished first stays, so a key has one figure. An unreadable cache reads
+as empty (measured again). Imports no torch."""
 
 from __future__ import annotations
 
