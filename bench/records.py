@@ -36,7 +36,8 @@ from typing import Any, NamedTuple
 #: which is what every older record measured; so did ``placement``: a record without it is read
 #: from its world size and the host's core count (``oversubscription``). So did the throughput
 #: fields (``flops_per_step``, ``peak_flops_per_s``, ``achieved_flops_per_s``, ``mfu``, ``hfu``,
-#: ``tokens_per_s``): an older record reads with them None, counted by nobody.
+#: ``tokens_per_s``): an older record reads with them None, counted by nobody; and so did
+#: ``predicted_step_time``, None on an older record (no prediction to check).
 SCHEMA = 3
 STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped")
 FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
@@ -206,6 +207,10 @@ class Record:
     hfu: float | None = None
     #: ``samples_per_s`` times the workload's tokens per sample (a sequence workload)
     tokens_per_s: float | None = None
+    #: the step-time model's prediction for this cell (``bench/harness/step_prediction.py``):
+    #: ``step`` and its terms ``compute``, ``update``, ``comm``, ``exposed_comm`` in seconds, the
+    #: ``network`` profile and the rate, efficiency and core share it assumed
+    predicted_step_time: dict[str, Any] | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:

@@ -70,3 +70,13 @@ def apart(text: Callable[..., str], a: int | float | None, b: int | float | None
         if left != right or a == b:
             return left, right
     return left, right
+
+
+def seconds_text(seconds: float, *, signed: bool = False) -> str:
+    """A duration in the unit that keeps three figures readable: "2.47 s", "621 ms", "538 µs"."""
+    size = abs(seconds)
+    value, unit = next(
+        ((seconds / scale, name) for scale, name in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")) if size >= scale),
+        (seconds / 1e-6, "µs"),
+    )
+    return f"{'+' if signed and seconds >= 0 else ''}{_figures(value, 3)} {unit}"

@@ -68,6 +68,11 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         )
         assert 0 < r.mfu == pytest.approx(r.achieved_flops_per_s["model"] / r.peak_flops_per_s["flops_per_s"])
         assert r.tokens_per_s == pytest.approx(r.samples_per_s * flops["tokens_per_sample"])
+        # every measured cell carries the step-time model's prediction, over this CPU's gloo profile
+        p = r.predicted_step_time
+        assert p["network"] == "gloo"
+        assert p["step"] == pytest.approx(p["compute"] + p["update"] + p["exposed_comm"])
+        assert p["compute"] == pytest.approx(flops["hardware"] / p["rate_flops_per_s"]) and p["update"] > 0
     # the math of a rank's step is the same whatever the strategy shards
     assert len({(r.flops_per_step["model"], r.flops_per_step["hardware"]) for r in records}) == 1
 

@@ -169,12 +169,18 @@ def test_mfu_column_and_the_peak_it_is_set_against(records) -> None:
     ok = next(r for r in records if r.status == "ok" and r.step_time_s)
     peak = {"flops_per_s": 2.09e11, "kind": "measured", "dtype": "fp32", "device_name": "Xeon", "threads": 1}
     counted = replace(
-        ok, mfu=0.00426, achieved_flops_per_s={"model": 8.9e8, "hardware": 8.9e8}, peak_flops_per_s=peak
+        ok,
+        mfu=0.00426,
+        achieved_flops_per_s={"model": 8.9e8, "hardware": 8.9e8},
+        peak_flops_per_s=peak,
+        predicted_step_time={"step": ok.step_time_s["median"] * 1.1, "network": "gloo"},
     )
-    assert DEFAULT_COLUMNS[-1] == "mfu"
+    assert DEFAULT_COLUMNS[-2:] == ("mfu", "step/pred")
     text = terminal_table([counted, replace(ok, strategy="zero2")], (*DEFAULT_COLUMNS, "tflops"))
     header, row, other = text.splitlines()[:3]
-    assert header.split()[-2:] == ["MFU", "TFLOP/s"] and row.split()[-2:] == ["0.426%", "0.00089"]
+    assert header.split()[-3:] == ["MFU", "pred/meas", "TFLOP/s"]
+    assert row.split()[-3:] == ["0.426%", "1.10", "0.00089"]
+    assert "predicted step time: median absolute error 10% over 1 cell (network gloo" in text
     assert other.split()[-1] not in ("0.426%", "0.00089")  # a record without a count: blank cells
     assert (
         "MFU against 0.209 TFLOP/s, the measured peak of Xeon at fp32, 1 thread (docs/measuring.md)" in text

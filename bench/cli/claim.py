@@ -155,6 +155,12 @@ def cmd_claim(args: argparse.Namespace) -> int:
             f.write("\n" + gate_section(args.baseline, changes))
         code = 1 if any(c.regressed for c in changes) else 0
     print(report.read_text())
+    from shardbench.records import read_records
+    from shardbench.studies.prediction_check import error_line
+
+    measured = out / "records.jsonl"
+    if measured.exists() and (line := error_line(read_records([measured]))):
+        print(line)
     print(f"report: {report}")
     return code
 

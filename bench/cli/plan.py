@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardbench.cli.common import (
     DEFAULT_RUNS_DIR,
@@ -20,8 +20,11 @@ from shardbench.cli.common import (
     reserve_policy,
 )
 from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, fields_from_flags
+from shardbench.metrics.network_profiles import CHOICES as NETWORKS
 
 if TYPE_CHECKING:
+    from shardbench.records import Record
+    from shardbench.studies.plan import PlanRow
     from shardbench.studies.plan_reserve import ReservePolicy
 
 
@@ -54,6 +57,17 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "--strategy", type=csv_list(str), default=PLAN_STRATEGIES, help="strategies to plan (comma-separated)"
     )
     p.add_argument("--device", default="cpu", choices=DEVICES, help="where the planned cells run")
+    p.add_argument(
+        "--gpu",
+        help="the GPU a CUDA plan's predicted step time is for, by its datasheet name (H100, H200, A100, "
+        "...; default: the CUDA device here)",
+    )
+    p.add_argument(
+        "--network",
+        choices=NETWORKS,
+        help="the network the predicted step time assumes: gloo (measured on this machine at N; "
+        "the CPU's default), nvlink (CUDA's default), ib-200 or ib-400",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per planned cell")
     p.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
 
@@ -74,6 +88,7 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
         budget = parse_budget(args.budget)
         reserves = reserve_policy(args, budget)
         check_timeout(args.timeout)
+        check_gpu(args.gpu)
         check_workload(args.workload, args.preset, timeout_s=args.timeout)  # one's own: bounded first
         workload = get_workload(args.workload)
         preset = args.preset or next(iter(workload.presets))
@@ -91,10 +106,65 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
     return cells, unplanned, budget, reserves
 
 
+def predicted_rows(rows: list[PlanRow], network: str, gpu: str | None = None) -> tuple[PlanRow, ...]:
+    """Each planned row with its predicted step time over ``network`` (``step_prediction``),
+    against the device's peak (the record's, else this machine's GEMM probe at a real rank's
+    threads, or the datasheet of the CUDA device here), or with why none could be made."""
+    from dataclasses import replace
+
+    from shardbench.harness.prediction import comm_shape
+    from shardbench.harness.step_prediction import predict_record
+
+    out = []
+    for row in rows:
+        r = row.record
+        if row.unplanned or row.failed or r.status != "ok":
+            out.append(row)
+            continue
+        try:
+            shape = comm_shape(r.workload, r.preset)
+        except Exception:  # noqa: BLE001 - the record's own predicted bytes stand in
+            shape = None
+        try:
+            peak = r.peak_flops_per_s or _device_peak(r, gpu)
+            predicted, why = predict_record(r, network=network, peak=peak, shape=shape)
+        except Exception as e:  # noqa: BLE001 - a failed probe costs the plan its prediction only
+            predicted, why = None, f"no step time predicted ({type(e).__name__}: {e})"
+        out.append(replace(row, predicted=predicted, not_predicted=why))
+    return tuple(out)
+
+
+def _device_peak(record: Record, gpu: str | None = None) -> dict[str, Any] | None:
+    """The planned device's peak: this CPU's probe, or the datasheet's for ``gpu`` (``--gpu``)
+    or the CUDA device here."""
+    from shardbench.metrics.flops import matmul_dtype
+    from shardbench.metrics.peaks import datasheet_peak, measured_peak
+
+    dtype = (record.flops_per_step or {}).get("dtype") or matmul_dtype(record.precision, record.device)
+    if record.device == "cpu":
+        name = record.env.get("device_name") or "unknown CPU"
+        return measured_peak("cpu", name, dtype, record.threads_per_rank, torch_version=record.env["torch"])
+    if gpu:
+        return datasheet_peak(gpu, dtype)
+    import torch
+
+    return datasheet_peak(torch.cuda.get_device_name(), dtype) if torch.cuda.is_available() else None
+
+
+def check_gpu(gpu: str | None) -> None:
+    """``--gpu`` must name a device of the datasheet table (``bench/metrics/peaks.py``)."""
+    from shardbench.metrics.peaks import DATASHEETS, datasheet_peak
+
+    if gpu is not None and datasheet_peak(gpu, "fp32") is None:
+        names = ", ".join(sheet.model for sheet in DATASHEETS)
+        raise ValueError(f"--gpu {gpu!r} is not in the datasheet table; allowed: {names}")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     cells, unplanned, budget, reserves = resolve_plan(args)
     from shardbench.harness.runner import new_run_id, run_cells
     from shardbench.harness.validate import check_output_dir
+    from shardbench.metrics.network_profiles import default_network
     from shardbench.records import append_record, read_records
     from shardbench.report.build import write_report
     from shardbench.report.plan_report import PLAN_JSON, plan_json, plan_markdown, print_plan, title
@@ -120,8 +190,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         interrupted = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}).interrupted
     records = [r for r in read_records([out]) if r.run_id == run_id]  # not an earlier plan's in --out
     first = (cells or unplanned)[0]
+    network = args.network or default_network(args.device)
     plan = Plan(
-        rows=tuple(rows_from(records, budget, max_batch=args.max_batch, policy=reserves)),
+        rows=predicted_rows(
+            rows_from(records, budget, max_batch=args.max_batch, policy=reserves), network, args.gpu
+        ),
         budget=budget,
         policy=reserves,
         batch=None if args.max_batch else first.batch_size,

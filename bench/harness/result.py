@@ -223,8 +223,27 @@ def build_record(
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
         record.samples_per_s = cell.batch_size * world_size / times["median"]
     _add_throughput(record, cell, results)
+    _add_prediction(record)
     _add_memory(record, cell, results)
     return record
+
+
+def _add_prediction(record: Record) -> None:
+    """A measured cell's predicted step time over its device's default network profile (gloo
+    measured here on a CPU, NVLink on CUDA): what the run checks its step-time model with. Made
+    here, after the ranks ended, so the probes it may run have the cores to themselves; a
+    prediction that cannot be made costs the record its prediction only."""
+    if record.simulated or record.status != "ok" or not record.step_time_s:
+        return
+    from shardbench.harness.step_prediction import predict_record
+    from shardbench.metrics.network_profiles import default_network
+
+    try:
+        record.predicted_step_time, why = predict_record(record, network=default_network(record.device))
+    except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its prediction only
+        why = f"no step time predicted ({type(e).__name__}: {e})"
+    if why and record.flops_per_step:
+        record.note = "; ".join(p for p in (record.note, why) if p)
 
 
 def _add_throughput(record: Record, cell: CellConfig, results: list[RankResult]) -> None:

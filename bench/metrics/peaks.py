@@ -18,18 +18,18 @@ model; only a probe that has to run imports it (``gemm_probe``).
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardbench.paths import atomic_write_text, file_lock, results_home
+from shardbench.metrics import probe_cache
 
 #: the dtypes a step's matrix products run at, as the table and the probe name them
 DTYPES = ("bf16", "fp16", "tf32", "fp32")
+#: the probe cache's name: ``<home>/peaks/measured.json``
+CACHE = "measured"
 TERA = 1e12
 
 
@@ -42,8 +42,14 @@ class Datasheet:
     model: str
     tflops: dict[str, float]
     source: str
+    #: the memory's bandwidth in TB/s, from the same datasheet: what a memory-bound optimizer
+    #: step runs at (the step-time model's update term)
+    memory_tbps: float | None = None
 
 
+#: Memory bandwidths (``memory_tbps``) are the same datasheets' GPU memory figures: H200 4.8 TB/s,
+#: H100 SXM 3.35, PCIe 2.0, NVL 3.9, HGX B200 64 TB/s for 8 GPUs (8 each), A100 40GB 1.555 (the
+#: lower of the A100s: the pattern cannot tell 40GB from 80GB), L40S 864 GB/s, L4 300, A10 600.
 #: Dense figures: a datasheet's tensor-core numbers marked "with sparsity" are halved. The most
 #: specific pattern of a family comes first (``H100 PCIe`` before ``H100``).
 DATASHEETS: tuple[Datasheet, ...] = (
@@ -54,6 +60,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "H200 NVL",
         {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
         "NVIDIA H200 Tensor Core GPU datasheet (H200 NVL; tensor-core figures halved: listed with sparsity)",
+        memory_tbps=4.8,
     ),
     # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column: FP32 67, TF32 989*, BF16 1,979*,
     # FP16 1,979* TFLOPS (* with sparsity)
@@ -62,6 +69,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "H200 SXM",
         {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
         "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM; tensor-core figures halved: listed with sparsity)",
+        memory_tbps=4.8,
     ),
     # NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column: FP32 51, TF32 756*, BF16 1,513*,
     # FP16 1,513* TFLOPS (* with sparsity)
@@ -70,6 +78,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "H100 PCIe",
         {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
         "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe; tensor-core figures halved: listed with sparsity)",
+        memory_tbps=2.0,
     ),
     # NVIDIA H100 Tensor Core GPU datasheet, H100 NVL column: FP32 60, TF32 835*, BF16 1,671*,
     # FP16 1,671* TFLOPS (* with sparsity)
@@ -78,6 +87,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "H100 NVL",
         {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
         "NVIDIA H100 Tensor Core GPU datasheet (H100 NVL; tensor-core figures halved: listed with sparsity)",
+        memory_tbps=3.9,
     ),
     # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column ("NVIDIA H100 80GB HBM3"): FP32 67,
     # TF32 989*, BF16 1,979*, FP16 1,979* TFLOPS (* with sparsity)
@@ -86,6 +96,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "H100 SXM",
         {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
         "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM; tensor-core figures halved: listed with sparsity)",
+        memory_tbps=3.35,
     ),
     # NVIDIA HGX B200 specifications, per 8-GPU board: FP32 600 TFLOPS, TF32 18 PFLOPS*, FP16/BF16
     # 36 PFLOPS* (* with sparsity); one GPU is an eighth
@@ -94,6 +105,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "B200",
         {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0},
         "NVIDIA HGX B200 specifications (one GPU of eight; tensor-core figures halved: listed with sparsity)",
+        memory_tbps=8.0,
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (40GB and 80GB, PCIe and SXM alike): FP32 19.5,
     # TF32 156, BF16 312, FP16 312 TFLOPS dense (312 | 624 | 624 with sparsity)
@@ -102,6 +114,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "A100",
         {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
         "NVIDIA A100 Tensor Core GPU datasheet (dense figures)",
+        memory_tbps=1.555,
     ),
     # NVIDIA L40S datasheet: FP32 91.6, TF32 183 | 366*, BF16 362.05 | 733*, FP16 362.05 | 733*
     # TFLOPS (* with sparsity)
@@ -110,6 +123,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "L40S",
         {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
         "NVIDIA L40S datasheet (dense figures)",
+        memory_tbps=0.864,
     ),
     # NVIDIA L4 datasheet: FP32 30.3, TF32 120*, BF16 242*, FP16 242* TFLOPS (* with sparsity)
     Datasheet(
@@ -117,6 +131,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "L4",
         {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
         "NVIDIA L4 datasheet (tensor-core figures halved: listed with sparsity)",
+        memory_tbps=0.3,
     ),
     # NVIDIA A10 datasheet: FP32 31.2, TF32 62.5 | 125*, BF16 125 | 250*, FP16 125 | 250* TFLOPS
     # (* with sparsity); not the A10G, whose clocks differ
@@ -125,6 +140,7 @@ DATASHEETS: tuple[Datasheet, ...] = (
         "A10",
         {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
         "NVIDIA A10 datasheet (dense figures)",
+        memory_tbps=0.6,
     ),
 )
 
@@ -147,6 +163,7 @@ def datasheet_peak(device_name: str, dtype: str) -> dict[str, Any] | None:
                 "device_name": device_name,
                 "source": f"{sheet.source}: {sheet.model} dense {dtype} {sheet.tflops[dtype]:g} TFLOP/s",
                 "threads": None,
+                "memory_bytes_per_s": sheet.memory_tbps * TERA if sheet.memory_tbps else None,
             }
     return None
 
@@ -156,7 +173,7 @@ Measure = Callable[[str, str, int | None], dict[str, Any]]
 
 
 def cache_file(home: Path | None = None) -> Path:
-    return results_home(home) / "peaks" / "measured.json"
+    return probe_cache.cache_path(CACHE, home)
 
 
 def cache_key(device: str, device_name: str, torch_version: str, threads: int | None, dtype: str) -> str:
@@ -168,12 +185,7 @@ def cache_key(device: str, device_name: str, torch_version: str, threads: int | 
 
 def read_cache(home: Path | None = None) -> dict[str, dict[str, Any]]:
     """Every cached probe, by key; an unreadable cache reads as empty (it is measured again)."""
-    try:
-        data = json.loads(cache_file(home).read_text())
-    except (OSError, ValueError):
-        return {}
-    entries = data.get("entries") if isinstance(data, dict) else None
-    return {k: v for k, v in (entries or {}).items() if isinstance(v, dict) and "flops_per_s" in v}
+    return {k: v for k, v in probe_cache.read(CACHE, home).items() if "flops_per_s" in v}
 
 
 def measured_peak(
@@ -189,20 +201,21 @@ def measured_peak(
     """The record's ``peak_flops_per_s`` from the cache, probing (and caching) when absent."""
     check_dtype(dtype)
     key = cache_key(device, device_name, torch_version, threads if device == "cpu" else None, dtype)
-    entry = read_cache(home).get(key)
-    if entry is None:
-        if measure is None:
-            from shardbench.metrics.gemm_probe import probe as measure
-        entry = {
+    if measure is None:
+        from shardbench.metrics.gemm_probe import probe as measure
+
+    def probe() -> dict[str, Any]:
+        threads_here = threads if device == "cpu" else None
+        return {
             **measure(device, dtype, threads),
             "device": device,
             "device_name": device_name,
             "torch": torch_version,
-            "threads": threads if device == "cpu" else None,
+            "threads": threads_here,
             "dtype": dtype,
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        entry = _store(home, key, entry)
+
+    entry = read_cache(home).get(key) or probe_cache.cached(CACHE, key, probe, home)
     return {
         "flops_per_s": entry["flops_per_s"],
         "kind": "measured",
@@ -228,17 +241,3 @@ def probe_source(entry: dict[str, Any]) -> str:
         f"GEMM probe: {n}x{n} @ {n}x{n} {entry.get('dtype')}{threads}, best of {repeats} "
         f"= {entry['flops_per_s'] / TERA:.3g} TFLOP/s{spread}, measured {entry.get('measured_at')}"
     )
-
-
-def _store(home: Path | None, key: str, entry: dict[str, Any]) -> dict[str, Any]:
-    """Cache ``entry`` under ``key`` and return the cached one: a probe that finished first
-    (another rank's, another run's) stays, so a key has one figure."""
-    path = cache_file(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(path):
-        entries = read_cache(home)
-        kept = entries.setdefault(key, entry)
-        atomic_write_text(
-            path, json.dumps({"version": 1, "entries": entries}, indent=1, sort_keys=True) + "\n"
-        )
-    return kept

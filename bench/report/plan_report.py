@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from shardbench.harness.config import CellConfig
-from shardbench.report.tables import error_file, markdown_table
-from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command
+from shardbench.report.tables import error_file, format_value, markdown_table
+from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command, why_faster
 from shardbench.studies.reference import REFERENCE
-from shardbench.units import in_unit, params_text, size_unit
+from shardbench.units import in_unit, params_text, seconds_text, size_unit
 from shardbench.wording import first_sentence, wrap
 
 MIB = 1 << 20
@@ -26,6 +26,44 @@ def _step(row: PlanRow) -> str:
     if (verdict := row.step_vs_ddp) is not None:
         text += f" ({verdict.ratio:.2f}x, {verdict.note()})"
     return text
+
+
+def _predicted(row: PlanRow) -> list[str]:
+    """The predicted step, the tokens/s and the MFU it would give (``bench/metrics/step_time.py``)."""
+    p = row.predicted
+    if not p:
+        return ["-", "-", "-"]
+    tokens = p.get("tokens_per_s")
+    mfu = p.get("mfu")
+    return [
+        seconds_text(p["step"]),
+        format_value(tokens) if tokens else "-",
+        "-" if mfu is None else f"{mfu:.3g}" if mfu < 0.001 else f"{mfu:.1%}",
+    ]
+
+
+def network_line(plan: Plan) -> str | None:
+    """Which network profile, peak and update rate the predicted steps assumed, and the
+    overlap rule; or why no step was predicted."""
+    p = next((r.predicted for r in plan.rows if r.predicted), None)
+    if p is None:
+        why = next((r.not_predicted for r in plan.rows if r.not_predicted), None)
+        hint = "; --gpu NAME names the GPU to predict for" if "no peak" in (why or "") else ""
+        return why and f"{why}{hint}"
+    update = p.get("seconds_per_update_element") or 0
+    share = p.get("core_share", 1.0)
+    cores = f", x {share:.3g} core share (ranks outnumber cores)" if share < 1 else ""
+    overlap = (
+        "every collective exposed (it shares the compute's cores)"
+        if p.get("shares_compute")
+        else "gradients under backward, unit gathers prefetched, post-step gathers exposed"
+    )
+    return (
+        f"predicted step = FLOPs / ({p['peak_flops_per_s'] / 1e12:.3g} TFLOP/s {p.get('peak_kind')} peak "
+        f"x {p.get('efficiency'):g}{cores}) + optimizer update"
+        + (f" ({update * 1e9:.3g} ns per element)" if update else " (not modelled: no memory bandwidth)")
+        + f" + exposed communication over {p.get('network_source')}; {overlap} (docs/measuring.md)"
+    )
 
 
 def _fits(row: PlanRow) -> str:
@@ -59,6 +97,8 @@ def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
     ]
     columns += ["max batch"] if searched else []
     columns += [f"step time (vs {REFERENCE})"] if timed else []
+    predicted = any(r.predicted for r in rows)
+    columns += ["pred step", "tokens/s", "MFU"] if predicted else []
     out = []
     for r in rows:
         parts = r.record.mem_breakdown_bytes or {}
@@ -71,6 +111,7 @@ def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
         ]
         line += ["-" if r.max_batch is None else str(r.max_batch)] if searched else []
         line += [_step(r)] if timed else []
+        line += _predicted(r) if predicted else []
         out.append(line)
     return columns, out
 
@@ -132,7 +173,15 @@ def verdict(plan: Plan) -> str:
             f"nothing fits {at} in {budget} per rank{least}: try --activation-checkpointing, "
             f"--precision bf16, a smaller batch or more ranks{broken}"
         )
-    why = "the least sharding that fits" if best.level else "nothing needs sharding"
+    least = plan.least
+    if least is not None and best is not least:
+        why = why_faster(best, least)
+    elif best.predicted_step is not None:
+        why = (
+            "the least sharding that fits" if best.level else "nothing needs sharding"
+        ) + ", and the fastest"
+    else:
+        why = "the least sharding that fits" if best.level else "nothing needs sharding"
     batch_part = f", largest batch {best.max_batch}" if best.max_batch is not None else ""
     most = plan.largest_batch
     if most is not None and best.max_batch and most.max_batch and most.max_batch > best.max_batch:
@@ -185,6 +234,8 @@ def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
         "recommended": best.strategy if best else None,
         "verdict": verdict(plan),
         "reserve": reserve_line(plan),
+        "network": network_line(plan),
+        "least_sharding": plan.least.strategy if plan.least else None,
         "rows": [
             {
                 "strategy": r.strategy,
@@ -196,6 +247,7 @@ def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
                 "model_state_bytes": r.model_states,
                 "formula_bytes": r.formula,
                 "max_batch": r.max_batch,
+                "predicted_step_time": r.predicted,
             }
             for r in plan.rows
         ],
@@ -213,6 +265,7 @@ def plan_markdown(plan: Plan, *, title_text: str) -> str:
     kernels = kernels_line(plan)
     tail = f"\n\n{kernels}" if kernels else ""
     lines = [f"# {title_text}", markdown_table(columns, body), verdict(plan), reserve_line(plan)]
+    lines += [n] if (n := network_line(plan)) else []
     return "\n\n".join(lines) + f"{tail}\n"
 
 
@@ -237,7 +290,7 @@ def print_plan(plan: Plan, *, title_text: str) -> None:
     for line in wrap(title_text, width):  # above the table, wrapped here: rich would split words
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(t)
-    for text in (verdict(plan), reserve_line(plan), kernels_line(plan)):
+    for text in (verdict(plan), reserve_line(plan), network_line(plan), kernels_line(plan)):
         if text:
             for line in wrap(text, width):
                 console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -70,6 +70,7 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
     """
     from shardbench.report.chart_types import reading_order
     from shardbench.studies.exposed_comm import exposed_comm
+    from shardbench.studies.prediction_check import predicted_over_measured
     from shardbench.studies.scaling import record_scaling
 
     records = sorted(records, key=reading_order)
@@ -87,6 +88,7 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
         "model_state_vs_peer_estimate": any(_peer_estimate(r) for r in records),
         **dict.fromkeys(THROUGHPUT_COLUMNS, any(r.flops_per_step for r in records)),
         **dict.fromkeys(SCALING_COLUMNS, any(s.efficiency is not None for s in scaled.values())),
+        **dict.fromkeys(("pred_step_ms", "pred_vs_meas"), any(r.predicted_step_time for r in records)),
     }
     for r in records:
         bd = r.mem_breakdown_bytes or {}
@@ -113,6 +115,11 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
                 "oversubscribed": oversubscribed(r),
                 "step_ms": t.get("median", float("nan")) * 1e3 if t else None,
                 "step_mad_ms": t.get("mad", float("nan")) * 1e3 if t else None,
+                # the step-time model's (bench/metrics/step_time.py) and its ratio to the median
+                "pred_step_ms": (r.predicted_step_time or {}).get("step", float("nan")) * 1e3
+                if r.predicted_step_time
+                else None,
+                "pred_vs_meas": predicted_over_measured(r),
                 "samples_per_s": r.samples_per_s,
                 "tokens_per_s": r.tokens_per_s,
                 # per-rank samples/s over ddp's N=1 cell of the run and repeat

@@ -60,6 +60,14 @@ def _comm_vs_pred(r: Record) -> str:
     return f"{sent / predicted:.3f}" if sent is not None and predicted else ""
 
 
+def _predicted_vs_measured(r: Record) -> str:
+    """The step-time model's prediction over the measured median (``studies.prediction_check``)."""
+    from shardbench.studies.prediction_check import predicted_over_measured
+
+    ratio = predicted_over_measured(r)
+    return "" if ratio is None else f"{ratio:.2f}"
+
+
 def flags(r: Record) -> str:
     """Letters for how a cell was measured (see ``LEGEND``)."""
     out = []
@@ -124,6 +132,7 @@ COLUMNS: dict[str, Column] = {
         "sent/step", lambda r: bytes_text((r.comm_per_step or {}).get("sent_per_rank")), right=True
     ),
     "comm/pred": Column("sent/pred", _comm_vs_pred, right=True),
+    "step/pred": Column("pred/meas", _predicted_vs_measured, right=True),
     "error": Column("error", lambda r: first_sentence(r.error) if r.status != "ok" else ""),
 }
 DEFAULT_COLUMNS = (
@@ -138,6 +147,7 @@ DEFAULT_COLUMNS = (
     "step",
     "throughput",
     "mfu",
+    "step/pred",
 )
 
 
@@ -236,6 +246,8 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     """The summary as text: the table (at most ``WIDTH`` columns), the legend of the flags that
     occur and the ratio lines."""
     records = sorted(records, key=reading_order)  # as table.md and the charts list them
+    if not any(r.predicted_step_time for r in records):  # nothing predicted: no column to fill
+        columns = tuple(c for c in columns if c != "step/pred")
     cols = [COLUMNS[c] for c in columns]
     if repeated(records) and "repeat" not in columns:  # which repeat a row is, beside its strategy
         cols.insert(columns.index("strategy") + 1 if "strategy" in columns else 0, COLUMNS["repeat"])
@@ -249,6 +261,10 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     if {"mfu", "hfu", "tflops"} & set(columns):
         extra = "\n".join(part for part in (extra, *peak_lines(records)) if part)
     lines = ratio_lines(records) + verdict_lines(records) + exposed_lines(records) + scaling_lines(records)
+    if "step/pred" in columns:
+        from shardbench.studies.prediction_check import error_line
+
+        lines += wrap(error_line(records) or "", WIDTH, indent="  ")
     return "\n".join(part for part in (text, extra, "\n".join(lines)) if part)
 
 

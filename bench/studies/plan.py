@@ -145,6 +145,13 @@ class PlanRow:
     reserve: Reserve = Reserve()
     #: step time over ddp's and its speed verdict, where both ran and were timed
     step_vs_ddp: SpeedVerdict | None = None
+    #: the step-time model's prediction (``bench/harness/step_prediction.py``), or None and why
+    predicted: dict[str, Any] | None = None
+    not_predicted: str | None = None
+
+    @property
+    def predicted_step(self) -> float | None:
+        return (self.predicted or {}).get("step")
 
     @property
     def level(self) -> int:
@@ -212,6 +219,12 @@ class Plan:
 
     @property
     def best(self) -> PlanRow | None:
+        """The fastest predicted strategy that fits; the least sharding where none is predicted."""
+        return fastest(self.rows) or recommend(self.rows)
+
+    @property
+    def least(self) -> PlanRow | None:
+        """The least sharding that fits (``recommend``)."""
         return recommend(self.rows)
 
     @property
@@ -277,6 +290,36 @@ def _against(row: PlanRow, base: PlanRow | None) -> SpeedVerdict | None:
     if base is None or base is row:
         return None
     return pair_verdict(row.record, base.record)
+
+
+def fastest(rows: Sequence[PlanRow]) -> PlanRow | None:
+    """The fitting strategy that trains fastest by prediction: the least predicted time per
+    sample (its step over its batch); on a tie, the least sharding."""
+    timed = [r for r in rows if r.fits and r.predicted_step is not None]
+
+    def per_sample(r: PlanRow) -> float:  # with --max-batch each strategy's batch is its own
+        return (r.predicted_step or 0.0) / max(1, r.record.batch_size_per_rank)
+
+    return min(timed, key=lambda r: (per_sample(r), r.level, -(r.headroom or 0)), default=None)
+
+
+def why_faster(fast: PlanRow, least: PlanRow) -> str:
+    """Why the fastest strategy beats the least sharding one: the predicted terms that differ."""
+    from shardbench.units import seconds_text
+
+    a, b = fast.predicted or {}, least.predicted or {}
+    names = {"compute": "compute", "update": "optimizer update", "exposed_comm": "exposed communication"}
+    terms = [
+        f"{label} {seconds_text(a[k] - b[k], signed=True)}"
+        for k, label in names.items()
+        if abs(a.get(k, 0) - b.get(k, 0)) > 1e-3 * b["step"]
+    ]
+    ba, bb = fast.record.batch_size_per_rank, least.record.batch_size_per_rank
+    batches = f" (batch {ba} against {bb}: per sample, faster)" if ba != bb else ""
+    return (
+        f"{fast.strategy} is predicted faster than {least.strategy}, the least sharding that fits "
+        f"({seconds_text(a['step'])} against {seconds_text(b['step'])} per step{batches}: {', '.join(terms)})"
+    )
 
 
 def recommend(rows: Sequence[PlanRow]) -> PlanRow | None:

@@ -1,0 +1,202 @@
+"""A record's predicted step time (``bench/metrics/step_time.py``) from what the record carries:
+its FLOPs, the device's peak, the optimizer elements the ZeRO formula gives the rank, and the
+collectives of its step; over a network profile (``--network``: gloo measured here at the
+cell's world size, or a named GPU one).
+
+The bytes of each collective are ``analytic.predicted_comm``'s for the profile's backend (gloo or
+nccl: a strategy reduces its gradients differently on each); the calls are those the cell's own
+step issued (``comm_per_step``: on real ranks, or on a simulated rank's fake group), matched by
+role (the gradients' reduction, the parameters' gathers), since the calls follow the buckets and
+units, whatever the backend. Collectives outside the prediction (buffer broadcasts, flags) are
+costed as the step counted them.
+
+The ``gloo`` profile and the update rate are probed once per machine, torch version, world size
+and threads per rank, and cached in the results home (``peaks/network.json``,
+``peaks/update.json``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardbench.metrics.analytic import _BYTES, Communication, predicted_comm
+from shardbench.metrics.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile, check_network
+from shardbench.metrics.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
+from shardbench.records import Record, placement_of
+
+#: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
+#: moments, and writes the parameter and the moments back
+UPDATE_BYTES = 28
+#: probes as the caches call them: (world size, threads) -> figures; (threads) -> figures
+NetworkMeasure = Callable[[int, int], dict[str, Any]]
+UpdateMeasure = Callable[[int], dict[str, Any]]
+
+
+def gloo_profile(
+    world_size: int,
+    threads: int,
+    device_name: str,
+    torch_version: str,
+    *,
+    home: Path | None = None,
+    measure: NetworkMeasure | None = None,
+) -> NetworkProfile:
+    """The gloo profile of this machine at ``world_size`` ranks of ``threads`` threads each."""
+    from shardbench.harness.config import available_cores
+    from shardbench.metrics.probe_cache import cached
+
+    if measure is None:
+        from shardbench.metrics.gloo_probe import probe as measure
+    key = network_key(world_size, threads, device_name, torch_version, available_cores())
+    entry = cached("network", key, lambda: measure(world_size, threads), home)
+    kinds = {k: LinkCost(v["latency_s"], v["bandwidth"]) for k, v in entry["kinds"].items()}
+    default = kinds.get("all_reduce") or next(iter(kinds.values()))
+    return NetworkProfile(
+        MEASURED,
+        default,
+        f"gloo probe at N={world_size}, {threads} thread(s) per rank, measured {entry.get('measured_at')}",
+        by_kind=kinds,
+        shares_compute=True,
+    )
+
+
+def network_key(world_size: int, threads: int, device_name: str, torch_version: str, cores: int) -> str:
+    """What makes two gloo probes the same measurement: the CPU, torch (gloo comes with it), the
+    ranks, their threads and the cores they share."""
+    return f"{device_name} | torch {torch_version} | {world_size} ranks | {threads} threads | {cores} cores"
+
+
+def update_rate(
+    threads: int,
+    device_name: str,
+    torch_version: str,
+    *,
+    home: Path | None = None,
+    measure: UpdateMeasure | None = None,
+) -> float:
+    """Seconds per element of an AdamW step on this CPU at ``threads`` (``update_probe``)."""
+    from shardbench.metrics.probe_cache import cached
+
+    if measure is None:
+        from shardbench.metrics.update_probe import probe as measure
+    key = f"{device_name} | torch {torch_version} | {threads} threads"
+    return cached("update", key, lambda: measure(threads), home)["seconds_per_element"]
+
+
+def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collective, ...]:
+    """The step's collectives on ``backend``, by role: predicted bytes, the cell's own calls."""
+    from shardbench.strategies.registry import get_strategy
+
+    strategy = get_strategy(record.strategy)
+    counted = (record.comm_per_step or {}).get("ops") or {}
+    target = strategy.communication(record.precision, backend)
+    own = strategy.communication(record.precision, record.backend) if record.backend != "none" else None
+    if target is None or own is None:  # a strategy whose communication is not declared: as counted
+        return tuple(Collective(k, int(v["bytes"]), int(v["calls"])) for k, v in sorted(counted.items()))
+    n = record.world_size
+    if shape is not None:
+        predicted = predicted_comm(target, shape, n)["ops"]
+    else:
+        predicted = (record.predicted_comm or {}).get("ops") or {}
+    grad_kind, own_grad = _gradient_kind(target, n), _gradient_kind(own, n)
+    param_role = "parameters-per-unit" if target.gathers > 1 else "parameters-after-step"
+    roles = {grad_kind: ("gradients", own_grad), target.parameters: (param_role, own.parameters)}
+    out = []
+    for kind, (role, own_kind) in roles.items():
+        if kind is None or kind not in predicted:
+            continue
+        calls = int((counted.get(own_kind) or {}).get("calls") or 1)
+        out.append(Collective(kind, int(predicted[kind]["bytes"]), calls, role))
+    claimed = {own_grad, own.parameters}
+    for kind, v in sorted(counted.items()):  # small collectives outside the prediction
+        if kind not in claimed:
+            out.append(Collective(kind, int(v["bytes"]), int(v["calls"])))
+    return tuple(out)
+
+
+def _gradient_kind(comm: Communication, world_size: int) -> str:
+    if comm.gradients_from is not None and world_size >= comm.gradients_from[0]:
+        return comm.gradients_from[1]
+    return comm.gradients
+
+
+def predict_record(
+    record: Record,
+    *,
+    network: str,
+    peak: dict[str, Any] | None = None,
+    shape: Any | None = None,
+    home: Path | None = None,
+    measure_network: NetworkMeasure | None = None,
+    measure_update: UpdateMeasure | None = None,
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The record's ``predicted_step_time`` (seconds and how they were reached), or None and why
+    not. ``peak``: the device's (default: the record's own); ``shape``: the model's
+    ``CommShape`` (default: the record's predicted bytes, on its own backend)."""
+    from shardbench.strategies.registry import get_strategy
+
+    check_network(network)
+    flops = (record.flops_per_step or {}).get("hardware")
+    peak = peak or record.peak_flops_per_s
+    if not flops:
+        return None, "no step time predicted (no FLOPs counted)"
+    if not peak:
+        return None, "no step time predicted (no peak FLOP/s for the device)"
+    name = record.env.get("device_name") or "unknown"
+    torch_version = record.env.get("torch") or "?"
+    cpu = record.device == "cpu"
+    threads = record.threads_per_rank or 1
+    n = record.world_size
+    placed = placement_of(record)
+    # a simulated rank stands for N ranks on this host: they share its cores as a real run would
+    ranks = n if record.simulated else placed.get("ranks", n)
+    share = core_share(ranks, placed.get("cores"), threads) if cpu else 1.0
+    efficiency = EFFICIENCY.get(peak.get("kind", "measured"), 1.0)
+    rate = peak["flops_per_s"] * efficiency * share
+    strategy = get_strategy(record.strategy)
+    held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
+    per_element = _BYTES[strategy.model_state_precision(record.precision)][2]
+    if cpu:  # on the rank's share of the cores, as its compute
+        spe = update_rate(threads, name, torch_version, home=home, measure=measure_update) / share
+    else:  # memory-bound: the bytes AdamW moves per element over the datasheet's memory bandwidth
+        memory = peak.get("memory_bytes_per_s")
+        spe = UPDATE_BYTES / memory if memory else 0.0
+    if network == MEASURED:
+        if not cpu:
+            return (
+                None,
+                "no step time predicted (the gloo profile is this CPU's: use a named --network on CUDA)",
+            )
+        profile = NetworkProfile(MEASURED, LinkCost(0.0, float("inf")), "one rank", shares_compute=True)
+        if n > 1:
+            profile = gloo_profile(n, threads, name, torch_version, home=home, measure=measure_network)
+        backend = "gloo"
+    else:
+        profile, backend = NAMED[network], "nccl"
+    inputs = StepInputs(
+        flops=flops,
+        rate=rate,
+        update_elements=held // per_element,
+        seconds_per_element=spe,
+        collectives=collectives(record, backend, shape) if n > 1 else (),
+        world_size=n,
+    )
+    seconds = predict_step(inputs, profile)
+    step = seconds["step"]
+    tokens = (record.flops_per_step or {}).get("tokens_per_sample")
+    return {
+        **seconds,
+        "tokens_per_s": record.batch_size_per_rank * n * tokens / step if tokens and step else None,
+        "mfu": record.flops_per_step["model"] / step / peak["flops_per_s"] if step else None,
+        "peak_flops_per_s": peak["flops_per_s"],
+        "shares_compute": profile.shares_compute,
+        "network": profile.name,
+        "network_source": profile.source,
+        "rate_flops_per_s": rate,
+        "peak_kind": peak.get("kind"),
+        "efficiency": efficiency,
+        "core_share": share,
+        "seconds_per_update_element": spe,
+    }, None

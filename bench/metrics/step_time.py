@@ -1,0 +1,104 @@
+"""The step-time model: one rank's predicted step from its FLOPs, its optimizer update, the
+collectives it issues and a network profile.
+
+    step = compute + update + exposed communication
+
+* ``compute = hardware FLOPs / rate``: the FLOPs of the rank's forward and backward
+  (``flops.py``, recompute included) at the rate the device achieves, ``rate = peak x
+  efficiency x core share``. The peak is the record's (a datasheet figure, or this machine's
+  GEMM probe); ``efficiency`` is a stated fraction of it (``EFFICIENCY``); the core share is the
+  cores a rank gets over the cores its threads ask for (below 1 only where ranks outnumber cores).
+* ``update = elements updated x seconds per element``: AdamW is memory-bound, so its time follows
+  the optimizer-state elements a rank holds (all of them under ddp, 1/N under ZeRO), at the rate
+  ``update_probe`` measured on a CPU (over the rank's core share, as its compute), or AdamW's
+  bytes per element over the datasheet's memory bandwidth on CUDA.
+* communication: each collective at the profile's ``calls x latency + ring bytes / bandwidth``
+  (``network_profiles``), and how much of it is *exposed*, by these rules:
+
+  - gradient reduction (DDP's buckets, ZeRO's reduce of each bucket) runs under backward: all but
+    its last call is hidden behind backward compute (two thirds of ``compute``); what exceeds
+    backward, and the last call, are exposed;
+  - the parameters gathered *after* the optimizer step (ZeRO-1/2's all-gather, torch-zero1's
+    broadcasts) wait for the update and are exposed;
+  - the parameters gathered *before each unit* (ZeRO-3, FSDP2: in forward and again in
+    backward) are prefetched while the previous unit computes: all but the first call are hidden
+    behind compute; what exceeds it is exposed;
+  - anything else (buffer broadcasts, flags) is exposed;
+  - a profile whose collectives share the compute's cores (``shares_compute``: gloo on a CPU)
+    hides nothing: every collective is exposed.
+
+What it leaves out: elementwise work and memory traffic outside the update (the FLOPs count
+matrix products only; ``EFFICIENCY`` stands for them), copies into and out of communication
+buckets, the data loader, stragglers, and contention on a link shared by more ranks than the
+profile's figure assumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardbench.metrics.network_profiles import NetworkProfile
+
+#: the fraction of the peak a training step's counted FLOPs run at, by where the peak comes from.
+#: Against a CPU's GEMM probe: 0.3, the order the committed 2-rank CPU records of igpt-s reached
+#: once their update and communication are taken out (the softmax, normalisation and elementwise
+#: work the FLOPs leave out run far below the GEMM rate). Against a datasheet figure, a
+#: boost-clock ceiling: 0.5, the order large dense training steps reach on such GPUs, stated.
+EFFICIENCY = {"measured": 0.3, "datasheet": 0.5}
+#: backward's share of a step's compute: twice forward's FLOPs (a gradient for the input and one
+#: for the weight per product)
+BACKWARD_SHARE = 2 / 3
+ROLES = ("gradients", "parameters-after-step", "parameters-per-unit", "other")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """The collectives of one kind a rank issues in a step: full-tensor bytes in all, the calls,
+    and their role (``ROLES``), which decides what overlaps them."""
+
+    kind: str
+    nbytes: int
+    calls: int
+    role: str = "other"
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    flops: float  # hardware FLOPs of one rank's forward and backward
+    rate: float  # FLOP/s one rank achieves
+    update_elements: int = 0
+    seconds_per_element: float = 0.0
+    collectives: tuple[Collective, ...] = ()
+    world_size: int = 1
+
+
+def core_share(ranks: int, cores: int | None, threads: int | None) -> float:
+    """The fraction of its threads' cores a rank gets: ``cores / (ranks x threads)``, at most 1."""
+    if not cores or not ranks:
+        return 1.0
+    return min(1.0, cores / (ranks * max(1, threads or 1)))
+
+
+def predict_step(inputs: StepInputs, profile: NetworkProfile) -> dict[str, float]:
+    """The step's predicted seconds: ``step`` and its terms ``compute``, ``update``, ``comm``
+    (every collective's time) and ``exposed_comm`` (the part the rules above leave exposed)."""
+    compute = inputs.flops / inputs.rate if inputs.rate > 0 else 0.0
+    update = inputs.update_elements * inputs.seconds_per_element
+    backward = BACKWARD_SHARE * compute
+    total = exposed = 0.0
+    for c in inputs.collectives:
+        t = profile.seconds(c.kind, c.nbytes, c.calls, inputs.world_size)
+        total += t
+        if profile.shares_compute or c.role in ("parameters-after-step", "other") or c.calls < 1:
+            exposed += t
+            continue
+        first = t / c.calls  # the last bucket's reduce, or the first unit's gather
+        under = backward if c.role == "gradients" else compute
+        exposed += first + max(0.0, t - first - under)
+    return {
+        "step": compute + update + exposed,
+        "compute": compute,
+        "update": update,
+        "comm": total,
+        "exposed_comm": exposed,
+    }

@@ -1,0 +1,158 @@
+"""The step-time model (``bench/metrics/step_time.py``): its arithmetic on stand-in figures, the
+probe's fit, and, on committed CPU records, that it ranks ddp, zero1, zero2, zero3 and
+fsdp2-zero3 as they measured wherever their measured times differ beyond noise."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from shardbench.harness.step_prediction import predict_record
+from shardbench.metrics.gloo_probe import fit
+from shardbench.metrics.network_profiles import NAMED, LinkCost, NetworkProfile
+from shardbench.metrics.step_time import Collective, StepInputs, core_share, predict_step
+from shardbench.records import Record, read_records
+from shardbench.studies.compare_rules import TIME_PCT
+from shardbench.studies.prediction_check import error_line, median_absolute_error
+from tests.records import make_record
+
+ROOT = Path(__file__).resolve().parent.parent
+LINK = LinkCost(latency_s=1e-3, bandwidth=1e9)
+
+
+def test_ring_cost_is_latency_per_call_plus_ring_bytes_over_bandwidth() -> None:
+    # all-reduce on 4 ranks sends 2 * 3/4 of the bytes; all-gather 3/4
+    assert LINK.seconds("all_reduce", 4e9, 10, 4) == pytest.approx(10e-3 + 1.5 * 4e9 / 1e9)
+    assert LINK.seconds("all_gather", 4e9, 2, 4) == pytest.approx(2e-3 + 0.75 * 4)
+    assert LINK.seconds("all_reduce", 4e9, 10, 1) == 0.0
+
+
+def test_overlap_rules_and_shared_cores() -> None:
+    inputs = StepInputs(
+        flops=3e12,
+        rate=1e12,  # compute 3 s, backward 2 s
+        update_elements=10**9,
+        seconds_per_element=1e-9,  # update 1 s
+        collectives=(
+            Collective("all_reduce", 1e9, 4, "gradients"),  # 4e-3 + 1 s: its last call exposed
+            Collective("all_gather", 2e9, 2, "parameters-after-step"),  # 2e-3 + 1 s, all exposed
+        ),
+        world_size=2,
+    )
+    gpu = NetworkProfile("t", LINK, "stand-in")
+    got = predict_step(inputs, gpu)
+    reduce, gather = 4e-3 + 1.0 * 1e9 / 1e9, 2e-3 + 0.5 * 2e9 / 1e9
+    assert got["compute"] == pytest.approx(3.0) and got["update"] == pytest.approx(1.0)
+    assert got["comm"] == pytest.approx(reduce + gather)
+    assert got["exposed_comm"] == pytest.approx(reduce / 4 + gather)  # 3/4 of it fits in backward
+    assert got["step"] == pytest.approx(3.0 + 1.0 + reduce / 4 + gather)
+    shared = predict_step(inputs, NetworkProfile("t", LINK, "stand-in", shares_compute=True))
+    assert shared["exposed_comm"] == pytest.approx(reduce + gather)
+    # per-unit gathers beyond the compute they hide behind are exposed
+    units = StepInputs(
+        flops=1e12, rate=1e12, collectives=(Collective("all_gather", 8e9, 4, "parameters-per-unit"),)
+    )
+    t = 4e-3 + 0.5 * 8
+    assert predict_step(units, gpu)["exposed_comm"] == 0.0  # world size 1: nothing sent
+    units = StepInputs(**{**units.__dict__, "world_size": 2})
+    assert predict_step(units, gpu)["exposed_comm"] == pytest.approx(t / 4 + (t - t / 4 - 1.0))
+
+
+def test_core_share_and_probe_fit() -> None:
+    assert core_share(4, 2, 1) == 0.5 and core_share(2, 2, 1) == 1.0 and core_share(1, None, 1) == 1.0
+    got = fit([(x, 2e-4 + x / 5e8) for x in (1e4, 1e6, 1e7)])
+    assert got["latency_s"] == pytest.approx(2e-4) and got["bandwidth"] == pytest.approx(5e8)
+    assert NAMED["ib-400"].default.bandwidth == 2 * NAMED["ib-200"].default.bandwidth
+
+
+#: committed 2- and 4-rank CPU records of one run each, and the hardware FLOPs of one rank's step
+#: of their cells as ``shardbench plan`` counts them (the records predate the FLOPs fields)
+RANKED = {
+    "results/cpu/20261202-peers-transformer-base": 134090606592,  # transformer base, batch 2
+    "results/cpu/20261202-zero-step-time-imagegpt-paper": 620085903360,  # imagegpt igpt-s, batch 1
+}
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2-zero3")
+#: probe figures this 2-core CPU measured (GEMM peak, AdamW update, gloo per kind at N=2, 1
+#: thread per rank), while other work shared its cores: the model's ranking, not its seconds, is
+#: what this test checks, and it holds only with gloo's slower all-gather and reduce-scatter
+PEAK = {"flops_per_s": 0.213e12, "kind": "measured"}
+UPDATE = {"seconds_per_element": 2.14e-8}
+GLOO = {
+    2: {
+        "all_reduce": {"latency_s": 2.36e-3, "bandwidth": 1.38e9},
+        "all_gather": {"latency_s": 0.0, "bandwidth": 0.354e9},
+        "reduce_scatter": {"latency_s": 0.0, "bandwidth": 0.240e9},
+        "broadcast": {"latency_s": 2.7e-4, "bandwidth": 1.24e9},
+        "reduce": {"latency_s": 1.8e-4, "bandwidth": 0.359e9},
+    },
+}
+
+
+def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path) -> None:
+    checked = 0
+    for folder, flops in RANKED.items():
+        # N = 2: one rank per core (at N = 4 the model is known to miss: docs/measuring.md)
+        records = [
+            r
+            for r in read_records([ROOT / folder])
+            if r.strategy in STRATEGIES and r.status == "ok" and r.world_size == 2
+        ]
+        cells: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
+        for r in records:
+            r.flops_per_step = {"hardware": flops, "model": flops}
+            predicted, why = predict_record(
+                r,
+                network="gloo",
+                peak=PEAK,
+                home=tmp_path,
+                measure_network=lambda n, threads: {"kinds": GLOO[n]},
+                measure_update=lambda threads: UPDATE,
+            )
+            assert why is None, why
+            cells.setdefault((r.world_size, r.repeat), {})[r.strategy] = (
+                r.step_time_s["median"],
+                predicted["step"],
+            )
+        for strategies in cells.values():
+            for a, b in itertools.combinations(strategies, 2):
+                (ma, pa), (mb, pb) = strategies[a], strategies[b]
+                if abs(ma - mb) > TIME_PCT["cpu"] / 100 * min(ma, mb):  # beyond what compare calls noise
+                    checked += 1
+                    assert (ma < mb) == (pa < pb), (
+                        f"{folder} {a} vs {b}: measured {ma:.2f}/{mb:.2f}, predicted {pa:.2f}/{pb:.2f}"
+                    )
+    assert checked >= 8
+
+
+def test_median_absolute_error_line() -> None:
+    def record(measured: float, predicted: float) -> Record:
+        predicted_step_time = {"step": predicted, "network": "gloo"}
+        measured_step_time = {"median": measured, "mad": 0.0}
+        return make_record(step_time_s=measured_step_time, predicted_step_time=predicted_step_time)
+
+    records = [record(1.0, 1.1), record(2.0, 1.0), record(4.0, 4.0)]
+    assert median_absolute_error(records) == (pytest.approx(0.1), 3)
+    line = error_line(records)
+    assert line.startswith("predicted step time: median absolute error 10% over 3 cells (network gloo")
+
+
+def test_plan_recommends_the_fastest_that_fits_and_says_why() -> None:
+    from shardbench.studies.plan import PlanRow, fastest, recommend, why_faster
+
+    def row(strategy: str, peak: int, **seconds: float) -> PlanRow:
+        predicted = {"step": sum(seconds.values()), **seconds}
+        return PlanRow(
+            strategy, make_record(strategy=strategy, peak_mem_bytes={"max": peak}), 100, predicted=predicted
+        )
+
+    ddp = row("ddp", 60, compute=2.0, update=1.0, exposed_comm=0.25)
+    zero2 = row("zero2", 40, compute=2.0, update=0.5, exposed_comm=0.5)
+    zero3 = row("zero3", 120, compute=2.0, update=0.1, exposed_comm=0.1)  # fastest, but does not fit
+    rows = [ddp, zero2, zero3]
+    assert recommend(rows) is ddp and fastest(rows) is zero2
+    assert why_faster(zero2, ddp) == (
+        "zero2 is predicted faster than ddp, the least sharding that fits (3.00 s against 3.25 s per step: "
+        "optimizer update -500 ms, exposed communication +250 ms)"
+    )
