@@ -186,8 +186,9 @@ def test_refuses_optimizers_that_are_not_elementwise() -> None:
         ShardedOptimizer([nn.Parameter(torch.ones(2))], optim=LAMB)
 
 
-#: the collectives a reduction issues, each held on after completion by ``_held_after_wait``
-_REDUCING = ("all_reduce", "reduce_scatter_tensor", "reduce")
+#: the collectives that pass our ZeRO's own buffers (its reductions' and the forward's buffer
+#: broadcast's), each held on after completion by ``_held_after_wait``
+_HELD = ("all_reduce", "reduce_scatter_tensor", "reduce", "broadcast")
 
 
 @pytest.mark.parametrize(
@@ -198,7 +199,7 @@ def test_the_peak_does_not_depend_on_when_a_collective_lets_go(strategy, collect
     """A finished collective's tensors are still held by its work until the process group's own
     thread lets go of it (gloo's worker thread needs the GIL to drop them): on a loaded machine
     that came after the next gradient shard was allocated, and the peak was higher by a whole
-    bucket. Here every reduction's tensors are held until the next step clears its gradients, as
+    bucket. Here every collective's tensors are held until the next step clears its gradients, as
     by a thread that gets to run only then: the peak and what holds it are the same bytes as when
     they are let go at once, for gloo's all-reduce at N=2 (the used-gradient flags in its last
     bucket), the reduce-scatter of other backends and stage 3 (the flags in an all-reduce of
@@ -223,7 +224,7 @@ def test_the_peak_does_not_depend_on_when_a_collective_lets_go(strategy, collect
 
         return holding
 
-    for name in _REDUCING:
+    for name in _HELD:
         monkeypatch.setattr(dist, name, _held_after_wait(getattr(dist, name)))
     zero_grad = ShardedOptimizer.zero_grad
 

@@ -31,7 +31,7 @@ Memory is the same bytes whatever the timing of the collectives, so that a peak 
 is the same peak: a reduction completes only at fixed points (a launch past the bound, ``drain``),
 never because it happened to have finished, and what it leaves behind (the bucket buffer, a
 reduce-scatter's output added into the shard, the used-gradient flags) is freed there, by
-emptying its storage (``_release``) rather than by dropping our references to it.
+emptying its storage (``release.py``) rather than by dropping our references to it.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import torch.distributed as dist
 from shardbench.strategies.sharded.fake import is_fake
 from shardbench.strategies.sharded.layout import Bucket, whole_shape
 from shardbench.strategies.sharded.profiling import profiled
+from shardbench.strategies.sharded.release import release
 
 #: buckets whose reduction may be in flight at once before another launch waits for the oldest
 MAX_IN_FLIGHT = 2
@@ -94,19 +95,6 @@ def _views_like(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torc
         return list(unflatten(flat, list(params)))
     views = flat.split([s.numel() for s in shapes])
     return [v.view(s) for v, s in zip(views, shapes, strict=True)]
-
-
-def _release(tensor: torch.Tensor) -> None:
-    """Free ``tensor``'s memory now, whoever else still refers to it.
-
-    A finished collective's tensors are held by its work until the process group's own thread
-    lets go of it too (gloo's worker thread, which needs the GIL to drop the last reference to a
-    tensor Python knows, so waits for the main thread to release the GIL; NCCL's watchdog). Freed
-    by dropping our references, a buffer then dies at a moment thread scheduling decides: on a
-    loaded machine, after the next gradient shard was allocated, with the peak raised by the whole
-    buffer. Emptying its storage frees the bytes here, at the same point of every step (the
-    storage, now of no bytes, goes whenever its last holder lets go)."""
-    tensor.untyped_storage().resize_(0)
 
 
 @dataclass
@@ -375,7 +363,7 @@ class GradientReducer:
 
     def _complete_oldest(self) -> None:
         """Wait for the oldest reduction; its result becomes (or is added to) this rank's chunk,
-        and what held it is freed (``_release``)."""
+        and what held it is freed (``release.py``)."""
         work, bucket, buf, out, folded = self._in_flight.popleft()
         if work is not None:
             work.wait()
@@ -383,7 +371,7 @@ class GradientReducer:
         if self.keep == "full":
             if out is not None:
                 buf[start:end].copy_(out)
-                _release(out)
+                release(out)
             if self.world_size > 1:  # the other ranks' chunks: ready for the next backward
                 buf[:start].zero_()
                 buf[end:].zero_()
@@ -401,8 +389,8 @@ class GradientReducer:
             self._shards[bucket.index] = out
         else:
             shard.add_(out)
-            _release(out)
-        _release(buf)  # the bucket buffer dies here
+            release(out)
+        release(buf)  # the bucket buffer dies here
 
     def start_agreeing(self, extra: Sequence[int] = ()) -> Agreement:
         """Once every bucket of a backward pass is launched: start learning which parameters
@@ -428,7 +416,7 @@ class GradientReducer:
         """Wait for ``agreement``; record the parameters used on any rank; the agreed extras."""
         values = agreement.read()
         if not agreement.in_bucket:
-            _release(agreement.flags)
+            release(agreement.flags)
         n = agreement.slots
         used = {k for k in range(n) if values[k]}
         self._globally_used = used if self._globally_used is None else self._globally_used | used
