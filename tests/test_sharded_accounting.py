@@ -185,3 +185,57 @@ def test_refuses_optimizers_that_are_not_elementwise() -> None:
     with pytest.raises(ValueError, match="LAMB.*Allowed: SGD, Adam, AdamW"):
         ShardedOptimizer([nn.Parameter(torch.ones(2))], optim=LAMB)
 
+
+#: the collectives that pass our ZeRO's own buffers (its reductions' and the forward's buffer
+#: broadcast's), each held on after completion by ``_held_after_wait``
+_HELD = ("all_reduce", "reduce_scatter_tensor", "reduce", "broadcast")
+
+
+@pytest.mark.parametrize(
+    "strategy, collective",
+    [("zero2", "all_reduce"), ("zero2", "reduce_scatter"), ("zero3", "all_reduce")],
+)
+def test_the_peak_does_not_depend_on_when_a_collective_lets_go(strategy, collective, monkeypatch) -> None:
+    """A finished collective's tensors are still held by its work until the process group's own
+    thread lets go of it (gloo's worker thread needs the GIL to drop them): on a loaded machine
+    that came after the next gradient shard was allocated, and the peak was higher by a whole
+    bucket. Here every collective's tensors are held until the next step clears its gradients, as
+    by a thread that gets to run only then: the peak and what holds it are the same bytes as when
+    they are let go at once, for gloo's all-reduce at N=2 (the used-gradient flags in its last
+    bucket), the reduce-scatter of other backends and stage 3 (the flags in an all-reduce of
+    their own). (Each chunk reduced to its owner, gloo's from N=4, frees as the all-reduce does.)"""
+    import torch.distributed as dist
+
+    from shardbench.strategies.sharded import data_parallel
+    from tests.cells import run_cell_here, tiny_cell
+
+    monkeypatch.setattr(data_parallel, "default_collective", lambda backend, world_size: collective)
+    cell = tiny_cell(strategy=strategy, simulate=True, steps=1, warmup=0)
+    prompt = run_cell_here(cell)
+    held: list[tuple] = []
+    calls = []
+
+    def _held_after_wait(call):
+        def holding(*args, **kwargs):
+            work = call(*args, **kwargs)
+            held.append((args, kwargs, work))
+            calls.append(call)
+            return work
+
+        return holding
+
+    for name in _HELD:
+        monkeypatch.setattr(dist, name, _held_after_wait(getattr(dist, name)))
+    zero_grad = ShardedOptimizer.zero_grad
+
+    def let_go_then_zero_grad(self, set_to_none: bool = True) -> None:
+        held.clear()
+        zero_grad(self, set_to_none)
+
+    monkeypatch.setattr(ShardedOptimizer, "zero_grad", let_go_then_zero_grad)
+    late = run_cell_here(cell)
+    assert prompt.status == late.status == "ok", (prompt.error, late.error)
+    assert prompt.strategy_settings["gradient_reduction"] == collective
+    assert len(calls) >= 6  # a timed step and two measured ones, each reducing every bucket
+    assert late.peak_mem_bytes == prompt.peak_mem_bytes
+    assert late.mem_breakdown_bytes == prompt.mem_breakdown_bytes

@@ -24,7 +24,9 @@ wrapper's ``state_dict()`` or ``summon_full_params()`` (``reads.py``).
 
 How it is put together: ``ShardedDataParallel`` (``data_parallel.py``) composes a
 ``GradientReducer`` (``reducer.py``, every stage) and, for stage 3, a ``UnitGatherer``
-(``gatherer.py``). The optimizer knows the wrapper only through ``attach`` (the reducer becomes
+(``gatherer.py``). A buffer a collective used is freed at a fixed point, not whenever the
+process group's thread lets go of it (``release.py``): the peak is the same bytes run to run.
+The optimizer knows the wrapper only through ``attach`` (the reducer becomes
 its ``GradientSource``) and, for stage 3, ``shard_parameters`` (it keeps only its chunks). The
 optimizer owns only what it optimizes: stage 3's frozen parameters are kept, as chunks, by the
 gatherer (``FrozenShards``), and stages 1 and 2 leave them whole in the module.

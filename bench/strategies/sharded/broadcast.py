@@ -14,6 +14,8 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from shardbench.strategies.sharded.release import release
+
 
 @torch.no_grad()
 def broadcast_coalesced(
@@ -40,3 +42,4 @@ def broadcast_coalesced(
             sizes = [b.numel() * b.element_size() for b in bufs]
             for b, value in zip(bufs, flat.split(sizes), strict=True):
                 b.copy_(value.view(b.dtype).view_as(b))
+        release(flat)  # here, not whenever the process group's thread lets go of it (release.py)

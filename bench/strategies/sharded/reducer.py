@@ -26,6 +26,12 @@ than either; see ``default_collective`` for which gloo uses.
 
 At most ``max_in_flight`` reductions run at once; launching one more first waits for the oldest.
 That bound, not the number of buckets, is what limits the memory in communication buffers.
+
+Memory is the same bytes whatever the timing of the collectives, so that a peak measured twice
+is the same peak: a reduction completes only at fixed points (a launch past the bound, ``drain``),
+never because it happened to have finished, and what it leaves behind (the bucket buffer, a
+reduce-scatter's output added into the shard, the used-gradient flags) is freed there, by
+emptying its storage (``release.py``) rather than by dropping our references to it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import torch.distributed as dist
 from shardbench.strategies.sharded.fake import is_fake
 from shardbench.strategies.sharded.layout import Bucket, whole_shape
 from shardbench.strategies.sharded.profiling import profiled
+from shardbench.strategies.sharded.release import release
 
 #: buckets whose reduction may be in flight at once before another launch waits for the oldest
 MAX_IN_FLIGHT = 2
@@ -98,6 +105,20 @@ class Agreement:
     flags: torch.Tensor
     local: list[int]  # this rank's flags: the answer where values do not exist (fake tensors)
     slots: int  # how many of the flags are parameters' (the rest are the caller's extras)
+    #: the flags ride in a bucket's buffer (``folds_flags``): they are read when that bucket's
+    #: reduction completes, and freed with its buffer
+    in_bucket: bool = False
+    values: list[int] | None = None  # the agreed flags, once read
+
+    def read(self) -> list[int]:
+        """Wait for the all-reduce; the agreed flags. Planning under FakeTensorMode the values do
+        not exist, and no other rank of the fake world contributes, so this rank's own flags are
+        the answer."""
+        if self.values is None:
+            if self.work is not None:
+                self.work.wait()
+            self.values = self.local if is_fake(self.flags) else self.flags.tolist()
+        return self.values
 
 
 class GradientReducer:
@@ -138,7 +159,11 @@ class GradientReducer:
         self._filling: dict[int, torch.Tensor] = {}  # keep="shards": buffers not launched yet
         self._full: list[torch.Tensor | None] = [None] * len(self.buckets)  # keep="full"
         self._shards: list[torch.Tensor | None] = [None] * len(self.buckets)  # keep="shards"
-        self._in_flight: deque[tuple[Any, Bucket, torch.Tensor, torch.Tensor | None]] = deque()
+        #: launched reductions, oldest first: (work, bucket, buffer, reduce-scatter output or None,
+        #: the agreement whose flags ride in the buffer or None)
+        self._in_flight: deque[tuple[Any, Bucket, torch.Tensor, torch.Tensor | None, Agreement | None]] = (
+            deque()
+        )
         self._first_slot: list[int] = []  # a parameter's slot: its bucket's first + its index
         slots = 0
         for b in self.buckets:
@@ -293,9 +318,9 @@ class GradientReducer:
     # ----- reducing ----------------------------------------------------------------------------
     def launch(self, bucket: Bucket) -> None:
         """Start reducing ``bucket`` (zeros for parameters that added nothing)."""
-        # Release reductions that have finished, without waiting; block only when the limit of
-        # reductions in flight would be exceeded (that wait is what bounds the memory).
-        self.release_finished()
+        # Complete reductions only when the limit of reductions in flight would be exceeded (that
+        # wait is what bounds the memory), never one because it has finished already: which ones
+        # have would decide which buffers are alive when the next is allocated, and so the peak.
         while len(self._in_flight) >= self.max_in_flight:
             self._complete_oldest()
         buf = self._buffer(bucket) if self.keep == "full" else self._take_filled(bucket)
@@ -326,14 +351,10 @@ class GradientReducer:
                     kept = self.keep == "shards" and self._shards[bucket.index] is None
                     self._observe(out, "grads" if kept else "comm")
                     work = dist.reduce_scatter_tensor(out, buf, group=self.process_group, async_op=True)
+        folded = None
         if flags is not None:
-            self._folded = Agreement(work, flags, local, len(local))
-        self._in_flight.append((work, bucket, buf, out))
-
-    def release_finished(self) -> None:
-        """Complete the reductions that have finished, oldest first, without waiting."""
-        while self._in_flight and (self._in_flight[0][0] is None or self._in_flight[0][0].is_completed()):
-            self._complete_oldest()
+            folded = self._folded = Agreement(work, flags, local, len(local), in_bucket=True)
+        self._in_flight.append((work, bucket, buf, out, folded))
 
     def drain(self) -> None:
         """Wait for every reduction in flight."""
@@ -341,28 +362,35 @@ class GradientReducer:
             self._complete_oldest()
 
     def _complete_oldest(self) -> None:
-        """Wait for the oldest reduction; its result becomes (or is added to) this rank's chunk."""
-        work, bucket, buf, out = self._in_flight.popleft()
+        """Wait for the oldest reduction; its result becomes (or is added to) this rank's chunk,
+        and what held it is freed (``release.py``)."""
+        work, bucket, buf, out, folded = self._in_flight.popleft()
         if work is not None:
             work.wait()
         start, end = bucket.chunk_start, bucket.chunk_start + bucket.chunk
         if self.keep == "full":
             if out is not None:
                 buf[start:end].copy_(out)
+                release(out)
             if self.world_size > 1:  # the other ranks' chunks: ready for the next backward
                 buf[:start].zero_()
                 buf[end:].zero_()
             return
+        if folded is not None:  # the flags are read before their buffer goes
+            folded.read()
         shard = self._shards[bucket.index]
         if out is None:  # all-reduced or reduced to owners (or one rank): this rank's chunk
-            out = buf[start:end]
             if shard is None:
-                out = out.clone()  # the bucket buffer dies here
-                self._observe(out, "grads")
-        if shard is None:
+                self._shards[bucket.index] = shard = buf[start:end].clone()
+                self._observe(shard, "grads")
+            else:
+                shard.add_(buf[start:end])
+        elif shard is None:  # the reduce-scatter's output is the shard
             self._shards[bucket.index] = out
         else:
             shard.add_(out)
+            release(out)
+        release(buf)  # the bucket buffer dies here
 
     def start_agreeing(self, extra: Sequence[int] = ()) -> Agreement:
         """Once every bucket of a backward pass is launched: start learning which parameters
@@ -386,11 +414,9 @@ class GradientReducer:
 
     def agreed(self, agreement: Agreement) -> list[int]:
         """Wait for ``agreement``; record the parameters used on any rank; the agreed extras."""
-        if agreement.work is not None:
-            agreement.work.wait()
-        # Planning under FakeTensorMode the values do not exist, and no other rank of the fake
-        # world contributes, so this rank's own flags are the answer.
-        values = agreement.local if is_fake(agreement.flags) else agreement.flags.tolist()
+        values = agreement.read()
+        if not agreement.in_bucket:
+            release(agreement.flags)
         n = agreement.slots
         used = {k for k in range(n) if values[k]}
         self._globally_used = used if self._globally_used is None else self._globally_used | used
