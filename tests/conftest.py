@@ -12,6 +12,7 @@ import shardbench
 from shardbench.harness.config import CellConfig
 from tests import cells
 from tests.dist import close_shared_worlds
+from tests.probes import seed_probes
 
 torch.set_num_threads(1)
 
@@ -41,32 +42,12 @@ def _results_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     measured peak FLOP/s) never lands in the checkout's results/, and is measured once."""
     before = os.environ.get("SHARDBENCH_HOME")
     os.environ["SHARDBENCH_HOME"] = str(home := tmp_path_factory.mktemp("home"))
-    _seed_network_profiles(home)
+    seed_probes(home)
     yield
     if before is None:
         os.environ.pop("SHARDBENCH_HOME", None)
     else:
         os.environ["SHARDBENCH_HOME"] = before
-
-
-#: the gloo profile every test's cell is predicted over: a stand-in, so that no test pays the
-#: probe's few seconds of forked ranks (tests/test_step_time.py tests the probe's fit)
-STAND_IN_GLOO = {"all_reduce": {"latency_s": 2e-4, "bandwidth": 1e9}}
-
-
-def _seed_network_profiles(home: Path) -> None:
-    """Cache ``STAND_IN_GLOO`` in ``home`` for every world size and thread count a test runs."""
-    from shardbench.harness.config import available_cores
-    from shardbench.harness.step_prediction import network_key
-    from shardbench.metrics.probe_cache import cached
-    from shardbench.records import capture_env
-
-    env = capture_env("cpu")
-    cores = available_cores()
-    for n in range(2, 9):
-        for threads in range(1, cores + 1):
-            key = network_key(n, threads, env.get("device_name") or "unknown", env["torch"], cores)
-            cached("network", key, lambda: {"kinds": STAND_IN_GLOO, "stand_in": True}, home)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,6 +23,7 @@ from shardbench.studies.claim_gate import compare_claims
 from shardbench.studies.claim_result import WorkloadResult, results_from_records
 from shardbench.studies.claim_specs import SPECS, ClaimWorkload
 from tests.cells import run_cell_here
+from tests.probes import seed_probes
 
 #: the pipeline on two workloads: one whose max-size probes are planned under --fake and one
 #: whose probes run real tensors (every workload's tiny cells run in test_workloads)
@@ -39,6 +40,7 @@ def test_claim_end_to_end_on_tiny_presets(tmp_path: Path, capsys, monkeypatch) -
     monkeypatch.setattr(claim, "run_cell", run_cell_here)
     monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
     monkeypatch.setenv("SHARDBENCH_HOME", str(tmp_path))
+    seed_probes(tmp_path)
     held, n, env = tmp_path / "held.jsonl", SPECS["tiny"].world_size, capture_env("cpu")
     for w, ac in ((w, ac) for w in WORKLOADS for ac in (False, True)):
         for strategy, peak in (("ddp", 100), ("zero2", 40)):

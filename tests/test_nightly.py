@@ -11,6 +11,7 @@ import pytest
 
 from shardbench.cli import main
 from shardbench.records import read_records
+from tests.probes import seed_probes
 
 SUITE = """
 description = "nightly test: two simulated tiny cells, memory compared (3 timed steps)"
@@ -29,6 +30,7 @@ timeout_s = 120
 @pytest.fixture
 def baselines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SHARDBENCH_HOME", str(tmp_path))
+    seed_probes(tmp_path)
     return tmp_path / "baselines"
 
 

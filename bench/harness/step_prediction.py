@@ -81,8 +81,13 @@ def update_rate(
 
     if measure is None:
         from shardbench.metrics.update_probe import probe as measure
-    key = f"{device_name} | torch {torch_version} | {threads} threads"
+    key = update_key(threads, device_name, torch_version)
     return cached("update", key, lambda: measure(threads), home)["seconds_per_element"]
+
+
+def update_key(threads: int, device_name: str, torch_version: str) -> str:
+    """What makes two update probes the same measurement: the CPU, torch and the threads."""
+    return f"{device_name} | torch {torch_version} | {threads} threads"
 
 
 def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collective, ...]:

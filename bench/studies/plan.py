@@ -292,15 +292,26 @@ def _against(row: PlanRow, base: PlanRow | None) -> SpeedVerdict | None:
     return pair_verdict(row.record, base.record)
 
 
+#: how much faster per sample a strategy must be predicted than the least sharding that fits to
+#: be recommended over it: closer than this the two are a tie, as the model's own error on the
+#: CPU (docs/measuring.md, "Predicted step time") is larger, and the least sharding wins the tie
+FASTER_BY = 0.10
+
+
 def fastest(rows: Sequence[PlanRow]) -> PlanRow | None:
     """The fitting strategy that trains fastest by prediction: the least predicted time per
-    sample (its step over its batch); on a tie, the least sharding."""
+    sample (its step over its batch), where that beats the least sharding that fits by more
+    than ``FASTER_BY``; otherwise the least sharding."""
     timed = [r for r in rows if r.fits and r.predicted_step is not None]
 
     def per_sample(r: PlanRow) -> float:  # with --max-batch each strategy's batch is its own
         return (r.predicted_step or 0.0) / max(1, r.record.batch_size_per_rank)
 
-    return min(timed, key=lambda r: (per_sample(r), r.level, -(r.headroom or 0)), default=None)
+    best = min(timed, key=lambda r: (per_sample(r), r.level, -(r.headroom or 0)), default=None)
+    least = recommend(rows)
+    if best is None or least is None or least.predicted_step is None:
+        return best
+    return best if per_sample(best) < (1 - FASTER_BY) * per_sample(least) else least
 
 
 def why_faster(fast: PlanRow, least: PlanRow) -> str:

@@ -1,0 +1,32 @@
+"""Stand-ins for the probes a cell's predicted step time reads (``bench/harness/step_prediction.py``),
+cached in a results home before a test's cells run there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: the gloo profile every test's cell is predicted over: a stand-in, so that no test pays the
+#: probe's few seconds of forked ranks (tests/test_step_time.py tests the probe's fit)
+STAND_IN_GLOO = {"all_reduce": {"latency_s": 2e-4, "bandwidth": 1e9}}
+#: the AdamW update rate likewise: measured, it moves with the load of the minute (3-21 ns per
+#: element on the 2-core machine), and so would a plan's fastest strategy in a test about reserves
+STAND_IN_UPDATE_S_PER_ELEMENT = 5e-9
+
+
+def seed_probes(home: Path) -> None:
+    """Cache ``STAND_IN_GLOO`` and the update rate in ``home`` for every world size and thread
+    count a test runs."""
+    from shardbench.harness.config import available_cores
+    from shardbench.harness.step_prediction import network_key, update_key
+    from shardbench.metrics.probe_cache import cached
+    from shardbench.records import capture_env
+
+    env = capture_env("cpu")
+    cores = available_cores()
+    device = env.get("device_name") or "unknown"
+    for threads in range(1, cores + 1):
+        for n in range(2, 9):
+            key = network_key(n, threads, device, env["torch"], cores)
+            cached("network", key, lambda: {"kinds": STAND_IN_GLOO, "stand_in": True}, home)
+        rate = {"seconds_per_element": STAND_IN_UPDATE_S_PER_ELEMENT, "stand_in": True}
+        cached("update", update_key(threads, device, env["torch"]), rate.copy, home)
