@@ -214,10 +214,11 @@ NARROWEST = 12
 def _fit_widths(cols: Sequence[Column], rows: Sequence[Sequence[str]]) -> list[int]:
     """Each column's width: its longest value, the widest text columns narrowed (down to
     ``NARROWEST``, or the longest piece a value cannot break in) until the table fits in
-    ``WIDTH``; their values then wrap (``_render``)."""
+    ``WIDTH``; their values then wrap (``_render``). Figures keep their width."""
     widths = [max([len(c.header), *(len(row[i]) for row in rows)]) for i, c in enumerate(cols)]
+    # a figure ("3.97 ± 0.15 s") is never broken over lines: only text columns narrow
     floors = [
-        len(c.header) if c.right else max(len(c.header), NARROWEST, *(longest_piece(row[i]) for row in rows))
+        widths[i] if c.right else max(len(c.header), NARROWEST, *(longest_piece(row[i]) for row in rows))
         for i, c in enumerate(cols)
     ]
     while sum(widths) + 2 * (len(cols) - 1) > WIDTH:
