@@ -30,14 +30,6 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules pinned to one worker (``xdist_group``: a module-scoped fixture of real ranks or
-    subprocess jobs, 15-60 s each) go first, the short tests after them: the workers then start
-    on the long units and fill in with short ones, rather than one worker running a long unit
-    alone at the end. The order within each part is collection's."""
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
-
-
 @pytest.fixture
 def tiny_cell() -> Callable[..., CellConfig]:
     """``tiny_cell(**overrides)``: a CellConfig of the tiny transformer (tests/cells.py)."""
