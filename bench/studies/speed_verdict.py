@@ -108,7 +108,7 @@ def speed_verdict(
     if n == 1:
         ((ours, base),) = pairs
         band = step_noise(ours, base) / base.step_time_s["median"]  # relative, as the ratio is
-        if abs(r - 1.0) <= band and abs(r - 1.0) + band <= tolerance:
+        if _as_fast(r, band, tolerance):
             why = f"{r:.3f}x against 1 ± {band:.3f}: {t.k_mad:g} x the combined MAD of the two cells' steps"
             return SpeedVerdict(r, WITHIN_NOISE, 1, band, rule=why)
         return SpeedVerdict(r, NOT_JUDGED, 1, band, reason=ONE_RUN, rule=REPEAT_HINT)
@@ -116,10 +116,14 @@ def speed_verdict(
     if abs(r - 1.0) > max(band, tolerance):  # the gate's rule: beyond the noise and the tolerance
         word = FASTER if r < 1.0 else SLOWER
     else:
-        # as fast as each other only where the whole band lies within the tolerance
-        word = WITHIN_NOISE if abs(r - 1.0) <= band and abs(r - 1.0) + band <= tolerance else NOT_JUDGED
+        word = WITHIN_NOISE if _as_fast(r, band, tolerance) else NOT_JUDGED
     why = f"{r:.3f}x ± {band:.3f} ({t.k_mad:g} x its standard error over {n} pairs): {RULE}"
     return SpeedVerdict(r, word, n, band, rule=why)
+
+
+def _as_fast(ratio: float, band: float, tolerance: float) -> bool:
+    """As fast as each other: the band holds 1 and the whole band lies within the tolerance."""
+    return abs(ratio - 1.0) <= band and abs(ratio - 1.0) + band <= tolerance
 
 
 def unpaired(ours: Record, base: Record) -> SpeedVerdict | None:
