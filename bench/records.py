@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 #: from its world size and the host's core count (``oversubscription``). So did the throughput
 #: fields (``flops_per_step``, ``peak_flops_per_s``, ``achieved_flops_per_s``, ``mfu``, ``hfu``,
 #: ``tokens_per_s``): an older record reads with them None, counted by nobody; and so did
-#: ``predicted_step_time``, None on an older record (no prediction to check).
+#: ``predicted_step_time``, None on an older record (no prediction to check), and
+#: ``compute_replay``, None on an older record (its prediction counts compute from its FLOPs).
 SCHEMA = 3
 STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped")
 FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
@@ -211,6 +212,10 @@ class Record:
     #: ``step`` and its terms ``compute``, ``update``, ``comm``, ``exposed_comm`` in seconds, the
     #: ``network`` profile and the rate, efficiency and core share it assumed
     predicted_step_time: dict[str, Any] | None = None
+    #: a CPU cell's forward and backward replayed op by op at a rank's threads
+    #: (``bench/metrics/op_replay.py``): ``seconds``, ``calls``, ``distinct``,
+    #: ``unreplayed_calls``, ``threads``, ``measured_at``; the step-time model's compute term
+    compute_replay: dict[str, Any] | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:

@@ -72,7 +72,12 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         p = r.predicted_step_time
         assert p["network"] == "gloo"
         assert p["step"] == pytest.approx(p["compute"] + p["update"] + p["exposed_comm"])
-        assert p["compute"] == pytest.approx(flops["hardware"] / p["rate_flops_per_s"]) and p["update"] > 0
+        # its compute: the step's own operator calls replayed at a rank's threads, every one of them
+        c = r.compute_replay
+        assert c["threads"] == r.threads_per_rank and c["calls"] > c["distinct"] > 0
+        assert c["unreplayed_calls"] == 0 and c["seconds"] > 0
+        assert p["compute_source"] == "op replay" and p["update"] > 0
+        assert p["compute"] == pytest.approx(c["seconds"] / p["core_share"])
     # the math of a rank's step is the same whatever the strategy shards
     assert len({(r.flops_per_step["model"], r.flops_per_step["hardware"]) for r in records}) == 1
 

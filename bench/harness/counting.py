@@ -26,9 +26,11 @@ _COUNTED: dict[tuple[Any, ...], StepFlops] = {}
 
 def cell_flops(
     cell: CellConfig, workload: Any, model: nn.Module, device: torch.device, data_rank: int
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> tuple[dict[str, Any] | None, str | None, list[list[Any]] | None]:
     """The record's ``flops_per_step`` for ``data_rank``'s batch of the cell, or None and why
-    not (a count that fails costs the cell its FLOPs, never its measurement)."""
+    not (a count that fails costs the cell its FLOPs, never its measurement); and the counted
+    pass's operator calls, which the launcher replays for the step's compute time
+    (``bench/metrics/op_replay.py``)."""
     tensors = "active" if cell.fake else "real" if workload.not_plannable else "fake"
     key = (
         cell.workload,
@@ -59,10 +61,10 @@ def cell_flops(
         tokens = workload.tokens_per_sample(cell.preset)
     except Exception as e:  # noqa: BLE001 - an uncountable op must not fail the measurement
         text = str(e).strip().splitlines()
-        return None, f"FLOPs not counted ({type(e).__name__}: {text[0][:160] if text else ''})"
+        return None, f"FLOPs not counted ({type(e).__name__}: {text[0][:160] if text else ''})", None
     out = counted.to_record(cell.batch_size, tokens, matmul_dtype(cell.precision, device.type))
     out["count_s"] = time.perf_counter() - started
-    return out, None
+    return out, None, counted.trace
 
 
 def cuda_peak(dtype: str) -> dict[str, Any]:

@@ -77,6 +77,9 @@ class RankResult:
     #: they were not counted
     flops: dict[str, Any] | None = None
     flops_note: str | None = None
+    #: rank 0: the counted pass's operator calls (``bench/metrics/op_replay.py``), which the
+    #: launcher replays for the step's compute time; not part of the record
+    op_trace: list[list[Any]] | None = None
     #: rank 0 of a CUDA cell: its device's peak FLOP/s (``bench/metrics/peaks.py``)
     peak: dict[str, Any] | None = None
 
@@ -223,9 +226,41 @@ def build_record(
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
         record.samples_per_s = cell.batch_size * world_size / times["median"]
     _add_throughput(record, cell, results)
+    _add_compute_replay(record, results)
     _add_prediction(record)
     _add_memory(record, cell, results)
     return record
+
+
+def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
+    """A CPU cell's forward and backward replayed op by op at a rank's threads, cached in the
+    results home (``step_prediction.replayed_compute``): the step-time model's compute term. Made
+    here, after the ranks ended, so the replay has the cores to itself; one whose calls would not
+    fit in half the free memory is not made (the model falls back to FLOPs at a stated
+    efficiency), and a failed one costs the record its replay only."""
+    trace = next((r.op_trace for r in results if r.op_trace), None)
+    if record.device != "cpu" or record.status != "ok" or not trace:
+        return
+    from shardbench.harness.step_prediction import replayed_compute
+    from shardbench.metrics.op_replay import largest_call_bytes
+
+    why = None
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        need = 2 * largest_call_bytes(trace)  # its inputs, and an output of their order
+        if need > free / 2:
+            why = f"compute not replayed (one call needs about {need:,} bytes, over half the free memory)"
+        else:
+            record.compute_replay = replayed_compute(
+                trace,
+                record.threads_per_rank or 1,
+                record.env.get("device_name") or "unknown CPU",
+                record.env.get("torch") or "?",
+            )
+    except Exception as e:  # noqa: BLE001 - a failed replay costs the cell its replay only
+        why = f"compute not replayed ({type(e).__name__}: {e})"
+    if why:
+        record.note = "; ".join(p for p in (record.note, why) if p)
 
 
 def _add_prediction(record: Record) -> None:

@@ -29,6 +29,12 @@ from shardbench.records import Record, placement_of
 #: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
 #: moments, and writes the parameter and the moments back
 UPDATE_BYTES = 28
+#: the share of a step's calls a replay may miss and still be its compute term; past it the model
+#: counts compute from the FLOPs at a stated efficiency
+UNREPLAYED_MAX = 0.05
+#: replays made or read by this process, by ``compute_key``: a process that assembles many cells
+#: (a suite, the tests' runs) replays each step once
+_REPLAYED: dict[str, dict[str, Any]] = {}
 #: probes as the caches call them: (world size, threads) -> figures; (threads) -> figures
 NetworkMeasure = Callable[[int, int], dict[str, Any]]
 UpdateMeasure = Callable[[int], dict[str, Any]]
@@ -88,6 +94,42 @@ def update_rate(
 def update_key(threads: int, device_name: str, torch_version: str) -> str:
     """What makes two update probes the same measurement: the CPU, torch and the threads."""
     return f"{device_name} | torch {torch_version} | {threads} threads"
+
+
+def replayed_compute(
+    trace: list[list[Any]],
+    threads: int,
+    device_name: str,
+    torch_version: str,
+    *,
+    home: Path | None = None,
+) -> dict[str, Any]:
+    """One rank's forward and backward replayed op by op on this CPU at ``threads``
+    (``op_replay``): its compute ``seconds`` and how the replay went, cached by the step's calls
+    in the results home and for the life of the process."""
+    from shardbench.metrics.op_replay import replay, signature
+    from shardbench.metrics.probe_cache import cached
+
+    def measure() -> dict[str, Any]:
+        return {**replay(trace, threads=threads, device="cpu"), "threads": threads}
+
+    key = compute_key(signature(trace), threads, device_name, torch_version)
+    if key not in _REPLAYED:
+        _REPLAYED[key] = cached("compute", key, measure, home)
+    return _REPLAYED[key]
+
+
+def replay_usable(replayed: dict[str, Any] | None) -> bool:
+    """Whether a replay stands for the step: it replayed all but ``UNREPLAYED_MAX`` of the calls."""
+    if not replayed or not replayed.get("calls"):
+        return False
+    return replayed.get("unreplayed_calls", 0) <= UNREPLAYED_MAX * replayed["calls"]
+
+
+def compute_key(trace_signature: str, threads: int, device_name: str, torch_version: str) -> str:
+    """What makes two replays the same measurement: the step's calls, the CPU, torch and the
+    threads."""
+    return f"{device_name} | torch {torch_version} | {threads} threads | step {trace_signature}"
 
 
 def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collective, ...]:
@@ -160,6 +202,7 @@ def predict_record(
     share = core_share(ranks, placed.get("cores"), threads) if cpu else 1.0
     efficiency = EFFICIENCY.get(peak.get("kind", "measured"), 1.0)
     rate = peak["flops_per_s"] * efficiency * share
+    replayed = record.compute_replay if cpu and replay_usable(record.compute_replay) else None
     strategy = get_strategy(record.strategy)
     held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
     per_element = _BYTES[strategy.model_state_precision(record.precision)][2]
@@ -183,6 +226,7 @@ def predict_record(
     inputs = StepInputs(
         flops=flops,
         rate=rate,
+        compute_s=replayed["seconds"] / share if replayed else None,
         update_elements=held // per_element,
         seconds_per_element=spe,
         collectives=collectives(record, backend, shape) if n > 1 else (),
@@ -199,9 +243,10 @@ def predict_record(
         "shares_compute": profile.shares_compute,
         "network": profile.name,
         "network_source": profile.source,
-        "rate_flops_per_s": rate,
+        "compute_source": "op replay" if replayed else "FLOPs at peak x efficiency",
+        "rate_flops_per_s": None if replayed else rate,
         "peak_kind": peak.get("kind"),
-        "efficiency": efficiency,
+        "efficiency": None if replayed else efficiency,
         "core_share": share,
         "seconds_per_update_element": spe,
     }, None

@@ -223,8 +223,8 @@ def _train_and_measure(
     num_params = sum(p.numel() for p in model.parameters())
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     # before the strategy wraps the model: no collective, no hook sees the count (counting.py)
-    flops, flops_note = (
-        cell_flops(cell, workload, model, ctx.device, data_rank=0) if rank == 0 else (None, None)
+    flops, flops_note, op_trace = (
+        cell_flops(cell, workload, model, ctx.device, data_rank=0) if rank == 0 else (None, None, None)
     )
     if (units := workload.shard_units(model)) is not None:
         ctx = dataclasses.replace(ctx, shard_units=tuple(units))
@@ -293,6 +293,7 @@ def _train_and_measure(
         comm_shape=comm_shape_of(cell) if rank == 0 else None,
         flops=flops,
         flops_note=flops_note,
+        op_trace=op_trace,
         peak=peak,
     )
 

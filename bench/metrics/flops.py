@@ -132,6 +132,9 @@ class StepFlops:
     hardware: int
     by_op: dict[str, int]
     counted_on: str
+    #: every operator call of the counted (hardware) pass, for the op replay of the step's
+    #: compute time (``op_replay.OpTrace.to_json``); not part of the record
+    trace: list[list[Any]] | None = None
 
     def to_record(self, batch: int, tokens_per_sample: int | None, dtype: str) -> dict[str, Any]:
         """The record's ``flops_per_step``: the counts, per sample and per token (where the
@@ -229,12 +232,12 @@ def count_step_flops(
             state = {**params, **{n: b.clone() for n, b in step.named_buffers()}}
         inputs = make_inputs()
         checkpointed = any(is_checkpointed(m) for m in model.modules())
-        executed, scores, by_op = _count(step, state, inputs)
+        executed, scores, by_op, trace = _count(step, state, inputs, trace=True)
         hardware = executed + scores
         if checkpointed:
             _clear_grads(state)
             with without_recompute():
-                model_flops, _, _ = _count(step, state, inputs)
+                model_flops, _, _, _ = _count(step, state, inputs)
         else:
             model_flops = executed
         del state, inputs
@@ -243,6 +246,7 @@ def count_step_flops(
         hardware=hardware,
         by_op=by_op,
         counted_on="real tensors" if tensors == "real" else "fake tensors",
+        trace=trace,
     )
 
 
@@ -255,18 +259,24 @@ def _clear_grads(state: dict[str, torch.Tensor]) -> None:
         t.grad = None
 
 
-def _count(step: _Step, state: dict[str, torch.Tensor], inputs: Any) -> tuple[int, int, dict[str, int]]:
-    """One pass: its model FLOPs, the fused attention's score recompute, and per op both
-    (the recompute under ``SCORE_RECOMPUTE``)."""
+def _count(
+    step: _Step, state: dict[str, torch.Tensor], inputs: Any, *, trace: bool = False
+) -> tuple[int, int, dict[str, int], list[list[Any]] | None]:
+    """One pass: its model FLOPs, the fused attention's score recompute, per op both (the
+    recompute under ``SCORE_RECOMPUTE``), and with ``trace`` its operator calls."""
     from torch.func import functional_call
     from torch.utils.flop_counter import FlopCounterMode
 
+    from shardbench.metrics.op_replay import OpTrace
+
     recomputed: list[int] = []
-    with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter:
+    tracer = OpTrace() if trace else contextlib.nullcontext()
+    with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter, tracer:
         functional_call(step, state, (inputs,))
     by_op = {
         str(op): int(n) for op, n in sorted(counter.get_flop_counts().get("Global", {}).items(), key=str)
     }
     if recomputed:
         by_op[SCORE_RECOMPUTE] = sum(recomputed)
-    return counter.get_total_flops(), sum(recomputed), by_op
+    calls = tracer.to_json() if isinstance(tracer, OpTrace) else None
+    return counter.get_total_flops(), sum(recomputed), by_op, calls

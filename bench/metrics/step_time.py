@@ -3,11 +3,12 @@ collectives it issues and a network profile.
 
     step = compute + update + exposed communication
 
-* ``compute = hardware FLOPs / rate``: the FLOPs of the rank's forward and backward
-  (``flops.py``, recompute included) at the rate the device achieves, ``rate = peak x
-  efficiency x core share``. The peak is the record's (a datasheet figure, or this machine's
-  GEMM probe); ``efficiency`` is a stated fraction of it (``EFFICIENCY``); the core share is the
-  cores a rank gets over the cores its threads ask for (below 1 only where ranks outnumber cores).
+* ``compute``: the rank's forward and backward. On a CPU it is measured: the step's own operator
+  calls replayed one by one at the rank's threads (``op_replay``), over the rank's core share (the
+  cores a rank gets over the cores its threads ask for, below 1 only where ranks outnumber cores).
+  Elsewhere (a GPU, planned from its datasheet) it is ``hardware FLOPs / rate``, ``rate = peak x
+  efficiency``: the FLOPs of ``flops.py`` (recompute included) at a stated fraction
+  (``EFFICIENCY``) of the peak.
 * ``update = elements updated x seconds per element``: AdamW is memory-bound, so its time follows
   the optimizer-state elements a rank holds (all of them under ddp, 1/N under ZeRO), at the rate
   ``update_probe`` measured on a CPU (over the rank's core share, as its compute), or AdamW's
@@ -27,10 +28,11 @@ collectives it issues and a network profile.
   - a profile whose collectives share the compute's cores (``shares_compute``: gloo on a CPU)
     hides nothing: every collective is exposed.
 
-What it leaves out: elementwise work and memory traffic outside the update (the FLOPs count
-matrix products only; ``EFFICIENCY`` stands for them), copies into and out of communication
-buckets, the data loader, stragglers, and contention on a link shared by more ranks than the
-profile's figure assumes.
+What it leaves out: where compute is FLOPs over a rate, the elementwise work and memory traffic
+the FLOPs do not count (``EFFICIENCY`` stands for them); where it is replayed, what ``op_replay``
+leaves out (the autograd engine between ops, fresh memory for activations); copies into and out
+of communication buckets, the data loader, stragglers, and contention on a link shared by more
+ranks than the profile's figure assumes.
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ from dataclasses import dataclass
 
 from shardbench.metrics.network_profiles import NetworkProfile
 
-#: the fraction of the peak a training step's counted FLOPs run at, by where the peak comes from.
-#: Against a CPU's GEMM probe: 0.3, the order the committed 2-rank CPU records of igpt-s reached
-#: once their update and communication are taken out (the softmax, normalisation and elementwise
-#: work the FLOPs leave out run far below the GEMM rate). Against a datasheet figure, a
-#: boost-clock ceiling: 0.5, the order large dense training steps reach on such GPUs, stated.
+#: the fraction of the peak a training step's counted FLOPs run at, by where the peak comes from,
+#: where the compute was not replayed. Against a CPU's GEMM probe: 0.3, the order the committed
+#: 2-rank CPU records of igpt-s reached once their update and communication are taken out (the
+#: softmax, normalisation and elementwise work the FLOPs leave out run far below the GEMM rate).
+#: Against a datasheet figure, a boost-clock ceiling: 0.5, the order large dense training steps
+#: reach on such GPUs, stated.
 EFFICIENCY = {"measured": 0.3, "datasheet": 0.5}
 #: backward's share of a step's compute: twice forward's FLOPs (a gradient for the input and one
 #: for the weight per product)
@@ -66,6 +69,9 @@ class Collective:
 class StepInputs:
     flops: float  # hardware FLOPs of one rank's forward and backward
     rate: float  # FLOP/s one rank achieves
+    #: the forward and backward's seconds where they were measured (an op replay on this CPU):
+    #: taken over ``flops / rate``
+    compute_s: float | None = None
     update_elements: int = 0
     seconds_per_element: float = 0.0
     collectives: tuple[Collective, ...] = ()
@@ -82,7 +88,10 @@ def core_share(ranks: int, cores: int | None, threads: int | None) -> float:
 def predict_step(inputs: StepInputs, profile: NetworkProfile) -> dict[str, float]:
     """The step's predicted seconds: ``step`` and its terms ``compute``, ``update``, ``comm``
     (every collective's time) and ``exposed_comm`` (the part the rules above leave exposed)."""
-    compute = inputs.flops / inputs.rate if inputs.rate > 0 else 0.0
+    if inputs.compute_s is not None:
+        compute = inputs.compute_s
+    else:
+        compute = inputs.flops / inputs.rate if inputs.rate > 0 else 0.0
     update = inputs.update_elements * inputs.seconds_per_element
     backward = BACKWARD_SHARE * compute
     total = exposed = 0.0

@@ -58,9 +58,17 @@ def network_line(plan: Plan) -> str | None:
         if p.get("shares_compute")
         else "gradients under backward, unit gathers prefetched, post-step gathers exposed"
     )
+    if p.get("compute_source") == "op replay":
+        compute = "forward and backward replayed op by op on this CPU" + (
+            f" / {share:.3g} core share (ranks outnumber cores)" if share < 1 else ""
+        )
+    else:
+        compute = (
+            f"FLOPs / ({p['peak_flops_per_s'] / 1e12:.3g} TFLOP/s {p.get('peak_kind')} peak "
+            f"x {p.get('efficiency'):g}{cores})"
+        )
     return (
-        f"predicted step = FLOPs / ({p['peak_flops_per_s'] / 1e12:.3g} TFLOP/s {p.get('peak_kind')} peak "
-        f"x {p.get('efficiency'):g}{cores}) + optimizer update"
+        f"predicted step = {compute} + optimizer update"
         + (f" ({update * 1e9:.3g} ns per element)" if update else " (not modelled: no memory bandwidth)")
         + f" + exposed communication over {p.get('network_source')}; {overlap} (docs/measuring.md)"
     )

@@ -1,0 +1,87 @@
+"""The op replay behind the step-time model's compute term: what a trace records of a step, that
+its JSON form rebuilds the same calls, and what a replay counts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from shardbench.harness.step_prediction import replay_usable
+from shardbench.metrics.flops import count_step_flops
+from shardbench.metrics.network_profiles import NAMED
+from shardbench.metrics.op_replay import decode, encode, largest_call_bytes, operator, replay, signature
+from shardbench.metrics.step_time import StepInputs, predict_step
+
+
+def _loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).square().mean()
+
+
+def _trace(batch: int) -> list[list]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    counted = count_step_flops(model, _loss, lambda: torch.randn(batch, 16), device=torch.device("cpu"))
+    return json.loads(json.dumps(counted.trace))  # as a rank hands it to the launcher
+
+
+def test_the_trace_holds_every_call_of_forward_and_backward_with_its_shapes() -> None:
+    trace = _trace(8)
+    calls = {name: 0 for name, *_ in trace}
+    for name, _, _, n in trace:
+        calls[name] += n
+    # two layers forward (addmm), and backward's products for the inputs and the weights (mm)
+    assert calls["aten.addmm.default"] == 2 and calls["aten.mm.default"] == 3
+    assert "aten.gelu.default" in calls and "aten.gelu_backward.default" in calls
+    addmm = [args["list"] for name, args, _, _ in trace if name == "aten.addmm.default"]
+    # the first layer's: bias, the batch (8 x 16, row-major) and the weight transposed (16 x 32)
+    first = [a for a in addmm if a[1]["t"][0] == [8, 16]]
+    assert len(first) == 1
+    bias, x, weight_t = first[0]
+    assert x["t"][1:3] == [[16, 1], "float32"] and weight_t["t"][:2] == [[16, 32], [1, 16]]
+    assert bias["t"][0] == [32]
+    # the same step gives the same signature; another batch another
+    assert signature(_trace(8)) == signature(trace) != signature(_trace(4))
+
+
+def test_arguments_rebuild_as_recorded() -> None:
+    expanded = torch.ones(3, 1).expand(3, 5)  # stride 0: one element per row is all it reaches
+    encoded = json.loads(json.dumps(encode([expanded, [1, 2], (3, 4), -math.inf, torch.bfloat16, None])))
+    t, as_list, as_tuple, minus_inf, dtype, none = decode(encoded)
+    assert t.shape == (3, 5) and t.stride() == (1, 0) and t.untyped_storage().nbytes() == 3 * 4
+    assert as_list == [1, 2] and as_tuple == (3, 4) and minus_inf == -math.inf
+    assert dtype is torch.bfloat16 and none is None
+    assert operator("aten.mul.Tensor") is torch.ops.aten.mul.Tensor
+    # the largest call: bias, input and weight of the first addmm (float32)
+    assert largest_call_bytes(_trace(8)) == 4 * (32 + 8 * 16 + 16 * 32)
+
+
+def test_a_replay_counts_every_call_and_leaves_out_none_it_can_make() -> None:
+    trace = _trace(8)
+    out = replay(trace, threads=1)
+    assert out["calls"] == sum(n for *_, n in trace) and out["distinct"] == len(trace)
+    assert out["unreplayed_calls"] == 0 and out["seconds"] > 0
+    assert torch.get_num_threads() >= 1  # restored
+
+
+def test_a_call_fresh_tensors_cannot_make_is_counted_out() -> None:
+    # an in-place write through an expanded view: torch refuses it on any real tensor
+    expanded = torch.ones(3, 1).expand(3, 5)
+    bad = ["aten.add_.Tensor", encode([expanded, torch.ones(3, 5)]), {}, 7]
+    missing = ["aten.no_such_op.default", encode([torch.ones(2)]), {}, 2]
+    out = replay([*_trace(8), bad, missing], threads=1)
+    assert out["unreplayed_calls"] == 9
+    assert not replay_usable({**out, "calls": 100, "unreplayed_calls": 6})
+    assert replay_usable({**out, "calls": 100, "unreplayed_calls": 5})
+    assert not replay_usable(None)
+
+
+def test_a_measured_compute_replaces_flops_over_rate() -> None:
+    profile = NAMED["nvlink"]
+    by_flops = predict_step(StepInputs(flops=1e9, rate=1e9), profile)
+    measured = predict_step(StepInputs(flops=1e9, rate=1e9, compute_s=0.25), profile)
+    assert by_flops["compute"] == pytest.approx(1.0) and measured["compute"] == 0.25
+    assert measured["step"] == pytest.approx(0.25)
