@@ -14,11 +14,12 @@ STAND_IN_UPDATE_S_PER_ELEMENT = 5e-9
 
 
 def seed_probes(home: Path) -> None:
-    """Cache ``STAND_IN_GLOO`` and the update rate in ``home`` for every world size and thread
-    count a test runs."""
+    """Cache ``STAND_IN_GLOO`` and the update rate in ``home`` for every world size, thread
+    count, size and copies a test runs."""
     from shardbench.harness.config import available_cores
     from shardbench.harness.step_prediction import network_key, update_key
     from shardbench.metrics.probe_cache import cached
+    from shardbench.metrics.update_probe import SIZES
     from shardbench.records import capture_env
 
     env = capture_env("cpu")
@@ -29,4 +30,6 @@ def seed_probes(home: Path) -> None:
             key = network_key(n, threads, device, env["torch"], cores)
             cached("network", key, lambda: {"kinds": STAND_IN_GLOO, "stand_in": True}, home)
         rate = {"seconds_per_element": STAND_IN_UPDATE_S_PER_ELEMENT, "stand_in": True}
-        cached("update", update_key(threads, device, env["torch"]), rate.copy, home)
+        for size in SIZES:
+            for copies in range(1, cores + 1):
+                cached("update", update_key(threads, size, copies, device, env["torch"]), rate.copy, home)

@@ -108,7 +108,7 @@ def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path)
                 peak=PEAK,
                 home=tmp_path,
                 measure_network=lambda n, threads: {"kinds": GLOO[n]},
-                measure_update=lambda threads: UPDATE,
+                measure_update=lambda threads, size, copies: UPDATE,
             )
             assert why is None, why
             cells.setdefault((r.world_size, r.repeat), {})[r.strategy] = (
@@ -159,3 +159,12 @@ def test_plan_recommends_the_fastest_that_fits_and_says_why() -> None:
     # within FASTER_BY (10%) of the least sharding: a tie the model cannot call, so the least sharding
     close = row("zero2", 40, compute=2.0, update=0.5, exposed_comm=0.5)  # 3.00 s against 3.25 s: 7.7%
     assert fastest([ddp, close, zero3]) is ddp
+
+
+def test_the_update_probe_runs_at_a_ranks_size_beside_its_peers() -> None:
+    from shardbench.metrics.update_probe import SIZES, probe, size_for
+
+    assert size_for(1) == SIZES[0] and size_for(SIZES[2] + 1) == SIZES[3] and size_for(10**12) == SIZES[-1]
+    out = probe(1, elements=1 << 14, copies=2)
+    assert out["elements"] == 1 << 14 and out["copies"] == 2 and out["threads"] == 1
+    assert out["seconds_per_element"] > 0 and out["mad_seconds_per_element"] >= 0

@@ -233,27 +233,30 @@ def build_record(
 
 
 def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
-    """A CPU cell's forward and backward replayed op by op at a rank's threads, cached in the
-    results home (``step_prediction.replayed_compute``): the step-time model's compute term. Made
-    here, after the ranks ended, so the replay has the cores to itself; one whose calls would not
-    fit in half the free memory is not made (the model falls back to FLOPs at a stated
-    efficiency), and a failed one costs the record its replay only."""
+    """A CPU cell's forward and backward replayed op by op at a rank's threads, as many copies at
+    once as the cell has ranks on this host's cores (``replay_copies``), cached in the results
+    home (``step_prediction.replayed_compute``): the step-time model's compute term. Made here,
+    after the ranks ended, so the replay has the cores to itself; one whose calls would not fit
+    in half the free memory is not made (the model falls back to FLOPs at a stated efficiency),
+    and a failed one costs the record its replay only."""
     trace = next((r.op_trace for r in results if r.op_trace), None)
     if record.device != "cpu" or record.status != "ok" or not trace:
         return
-    from shardbench.harness.step_prediction import replayed_compute
+    from shardbench.harness.step_prediction import replay_copies, replayed_compute
     from shardbench.metrics.op_replay import largest_call_bytes
 
     why = None
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        need = 2 * largest_call_bytes(trace)  # its inputs, and an output of their order
+        copies = replay_copies(record)
+        need = 2 * copies * largest_call_bytes(trace)  # each copy's inputs and an output their size
         if need > free / 2:
             why = f"compute not replayed (one call needs about {need:,} bytes, over half the free memory)"
         else:
             record.compute_replay = replayed_compute(
                 trace,
                 record.threads_per_rank or 1,
+                copies,
                 record.env.get("device_name") or "unknown CPU",
                 record.env.get("torch") or "?",
             )

@@ -35,9 +35,10 @@ UNREPLAYED_MAX = 0.05
 #: replays made or read by this process, by ``compute_key``: a process that assembles many cells
 #: (a suite, the tests' runs) replays each step once
 _REPLAYED: dict[str, dict[str, Any]] = {}
-#: probes as the caches call them: (world size, threads) -> figures; (threads) -> figures
+#: probes as the caches call them: (world size, threads) -> figures; (threads, elements,
+#: copies) -> figures
 NetworkMeasure = Callable[[int, int], dict[str, Any]]
-UpdateMeasure = Callable[[int], dict[str, Any]]
+UpdateMeasure = Callable[[int, int, int], dict[str, Any]]
 
 
 def gloo_profile(
@@ -76,44 +77,51 @@ def network_key(world_size: int, threads: int, device_name: str, torch_version: 
 
 def update_rate(
     threads: int,
+    elements: int,
+    copies: int,
     device_name: str,
     torch_version: str,
     *,
     home: Path | None = None,
     measure: UpdateMeasure | None = None,
 ) -> float:
-    """Seconds per element of an AdamW step on this CPU at ``threads`` (``update_probe``)."""
+    """Seconds per element of an AdamW step on this CPU at ``threads`` for a rank that updates
+    ``elements``, ``copies`` ranks at once (``update_probe``)."""
     from shardbench.metrics.probe_cache import cached
+    from shardbench.metrics.update_probe import size_for
 
     if measure is None:
         from shardbench.metrics.update_probe import probe as measure
-    key = update_key(threads, device_name, torch_version)
-    return cached("update", key, lambda: measure(threads), home)["seconds_per_element"]
+    size = size_for(elements)
+    key = update_key(threads, size, copies, device_name, torch_version)
+    return cached("update", key, lambda: measure(threads, size, copies), home)["seconds_per_element"]
 
 
-def update_key(threads: int, device_name: str, torch_version: str) -> str:
-    """What makes two update probes the same measurement: the CPU, torch and the threads."""
-    return f"{device_name} | torch {torch_version} | {threads} threads"
+def update_key(threads: int, size: int, copies: int, device_name: str, torch_version: str) -> str:
+    """What makes two update probes the same measurement: the CPU, torch, the threads, the
+    elements probed and the copies at once."""
+    return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | {size} elements"
 
 
 def replayed_compute(
     trace: list[list[Any]],
     threads: int,
+    copies: int,
     device_name: str,
     torch_version: str,
     *,
     home: Path | None = None,
 ) -> dict[str, Any]:
-    """One rank's forward and backward replayed op by op on this CPU at ``threads``
-    (``op_replay``): its compute ``seconds`` and how the replay went, cached by the step's calls
-    in the results home and for the life of the process."""
+    """One rank's forward and backward replayed op by op on this CPU at ``threads``, ``copies``
+    at once (``op_replay``; ``replay_copies``): its compute ``seconds`` and how the replay went,
+    cached by the step's calls in the results home and for the life of the process."""
     from shardbench.metrics.op_replay import replay, signature
     from shardbench.metrics.probe_cache import cached
 
     def measure() -> dict[str, Any]:
-        return {**replay(trace, threads=threads, device="cpu"), "threads": threads}
+        return {**replay(trace, threads=threads, device="cpu", copies=copies), "threads": threads}
 
-    key = compute_key(signature(trace), threads, device_name, torch_version)
+    key = compute_key(signature(trace), threads, copies, device_name, torch_version)
     if key not in _REPLAYED:
         _REPLAYED[key] = cached("compute", key, measure, home)
     return _REPLAYED[key]
@@ -126,10 +134,22 @@ def replay_usable(replayed: dict[str, Any] | None) -> bool:
     return replayed.get("unreplayed_calls", 0) <= UNREPLAYED_MAX * replayed["calls"]
 
 
-def compute_key(trace_signature: str, threads: int, device_name: str, torch_version: str) -> str:
-    """What makes two replays the same measurement: the step's calls, the CPU, torch and the
-    threads."""
-    return f"{device_name} | torch {torch_version} | {threads} threads | step {trace_signature}"
+def compute_key(trace_signature: str, threads: int, copies: int, device_name: str, torch_version: str) -> str:
+    """What makes two replays the same measurement: the step's calls, the CPU, torch, the
+    threads and the copies replayed at once."""
+    return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | step {trace_signature}"
+
+
+def replay_copies(record: Record) -> int:
+    """How many copies of a rank's step to replay at once: the cell's ranks on this host (a
+    simulated rank stands for N), as many as have their threads' cores. Ranks past the cores
+    take turns on them, which the core share (``core_share``) counts instead of more copies."""
+    from shardbench.harness.config import available_cores
+
+    placed = placement_of(record)
+    ranks = record.world_size if record.simulated else placed.get("ranks", record.world_size)
+    cores = placed.get("cores") or available_cores()
+    return max(1, min(ranks, cores // max(1, record.threads_per_rank or 1)))
 
 
 def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collective, ...]:
@@ -206,8 +226,11 @@ def predict_record(
     strategy = get_strategy(record.strategy)
     held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
     per_element = _BYTES[strategy.model_state_precision(record.precision)][2]
-    if cpu:  # on the rank's share of the cores, as its compute
-        spe = update_rate(threads, name, torch_version, home=home, measure=measure_update) / share
+    elements = held // per_element
+    if cpu:  # the rank's size, beside the other ranks, on the rank's share of the cores
+        copies = replay_copies(record)
+        spe = update_rate(threads, elements, copies, name, torch_version, home=home, measure=measure_update)
+        spe /= share
     else:  # memory-bound: the bytes AdamW moves per element over the datasheet's memory bandwidth
         memory = peak.get("memory_bytes_per_s")
         spe = UPDATE_BYTES / memory if memory else 0.0
@@ -227,7 +250,7 @@ def predict_record(
         flops=flops,
         rate=rate,
         compute_s=replayed["seconds"] / share if replayed else None,
-        update_elements=held // per_element,
+        update_elements=elements,
         seconds_per_element=spe,
         collectives=collectives(record, backend, shape) if n > 1 else (),
         world_size=n,

@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import statistics
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -160,37 +161,65 @@ def _time_call(func: Any, args: list[Any], kwargs: dict[str, Any], device: str) 
 
 
 def replay(
-    trace: list[list[Any]], *, threads: int | None = None, device: str | None = None
+    trace: list[list[Any]], *, threads: int | None = None, device: str | None = None, copies: int = 1
 ) -> dict[str, Any]:
     """Each distinct call of ``trace`` (``OpTrace.to_json``) timed on real tensors at ``threads``
-    (the rank's), on ``device`` (default: each call's own). Returns the compute ``seconds``, the
-    step's ``calls``, the ``distinct`` calls replayed, the ``unreplayed_calls`` and how long
-    the replay took (``replay_s``)."""
+    (the rank's), on ``device`` (default: each call's own), in ``copies`` threads at once: the
+    ranks of a cell that share a host compete for its caches and memory bandwidth, so a rank's
+    compute is measured beside the others'. Returns the compute ``seconds`` (the slowest copy's,
+    as the slowest rank paces a step), each copy's, the step's ``calls``, the ``distinct`` calls,
+    the ``unreplayed_calls`` and how long the replay took (``replay_s``)."""
     started = time.perf_counter()
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
-    seconds, unreplayed = 0.0, 0
+    start = threading.Barrier(copies)
+    results: list[tuple[float, int] | BaseException] = [(0.0, 0)] * copies
+
+    def one(index: int) -> None:
+        try:
+            start.wait()
+            results[index] = _replay_once(trace, device)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            results[index] = e
+
     try:
-        with torch.no_grad():
-            for name, args, kwargs, count in trace:
-                try:
-                    real_args = decode(args, device)
-                    real_kwargs = {k: decode(v, device) for k, v in kwargs.items()}
-                    dev = device or _first_device(args) or "cpu"
-                    seconds += count * _time_call(operator(name), real_args, real_kwargs, dev)
-                except Exception:  # noqa: BLE001 - a call fresh tensors cannot make is counted out
-                    unreplayed += count
-                real_args = real_kwargs = None
+        workers = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(copies)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
     finally:
         torch.set_num_threads(before)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    per_copy = [r[0] for r in results]  # type: ignore[index]
     return {
-        "seconds": seconds,
+        "seconds": max(per_copy),
+        "seconds_per_copy": per_copy,
+        "copies": copies,
         "calls": sum(n for *_, n in trace),
         "distinct": len(trace),
-        "unreplayed_calls": unreplayed,
+        "unreplayed_calls": results[0][1],  # type: ignore[index]
         "replay_s": time.perf_counter() - started,
     }
+
+
+def _replay_once(trace: list[list[Any]], device: str | None) -> tuple[float, int]:
+    """One copy's replay: its compute seconds and the calls it could not make."""
+    seconds, unreplayed = 0.0, 0
+    with torch.no_grad():
+        for name, args, kwargs, count in trace:
+            try:
+                real_args = decode(args, device)
+                real_kwargs = {k: decode(v, device) for k, v in kwargs.items()}
+                dev = device or _first_device(args) or "cpu"
+                seconds += count * _time_call(operator(name), real_args, real_kwargs, dev)
+            except Exception:  # noqa: BLE001 - a call fresh tensors cannot make is counted out
+                unreplayed += count
+            real_args = real_kwargs = None
+    return seconds, unreplayed
 
 
 def largest_call_bytes(trace: list[list[Any]]) -> int:

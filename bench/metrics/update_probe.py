@@ -6,50 +6,80 @@ reads a parameter, its gradient and two moments and writes three of them back, s
 grows with the elements a rank updates (all of them under ddp, its 1/N share under ZeRO), not
 with FLOPs. The method is fixed: ``torch.optim.AdamW`` with the implementation the harness pins
 for the CPU (``kernels.pin_implementation``) over ``TENSORS`` fp32 tensors of ``ELEMENTS``
-elements in all (large enough to stream from memory, not cache), gradients of ones; one untimed
-step, then ``REPEATS`` timed; the median over the elements is the figure. About a tenth of a
-second on a 2-core CPU.
+elements in all, gradients of ones; one untimed step, then ``REPEATS`` timed; the median over
+the elements is the figure. Its rate depends on where the optimizer state lives: a few million
+elements stay in a large last-level cache, a base model's hundred million stream from memory at
+a third of that rate. So the step-time model probes at the size a rank updates (``size_for``:
+the next power of two, within ``SIZES``), and with its ranks' ``copies`` stepping at once in as
+many threads, since the ranks of a host update at the same moment and share its memory
+bandwidth. Under a second on a 2-core CPU at the largest size.
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from typing import Any
 
 ELEMENTS = 1 << 22
 TENSORS = 8
 REPEATS = 3
+#: the sizes probed: from a cache-resident 1M elements to 128M (2 GiB of parameter, gradient
+#: and moments, past any cache)
+SIZES = tuple(1 << k for k in range(20, 28))
 
 
-def probe(threads: int) -> dict[str, Any]:
-    """Measure: ``seconds_per_element`` (the median), ``mad_seconds_per_element``, ``elements``,
-    ``repeats``, ``threads``."""
+def size_for(elements: int) -> int:
+    """The probed size standing for a rank that updates ``elements``."""
+    return next((s for s in SIZES if s >= elements), SIZES[-1])
+
+
+def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, Any]:
+    """Measure ``elements`` at ``threads``, ``copies`` at once: ``seconds_per_element`` (the
+    median of the slowest copy's steps), ``mad_seconds_per_element``, ``elements``, ``repeats``,
+    ``threads``, ``copies``."""
     import torch
 
     from shardbench.metrics.kernels import pin_implementation
 
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        params = [torch.nn.Parameter(torch.zeros(ELEMENTS // TENSORS)) for _ in range(TENSORS)]
+    def optimizer() -> torch.optim.Optimizer:
+        params = [torch.nn.Parameter(torch.zeros(elements // TENSORS)) for _ in range(TENSORS)]
         for p in params:
             p.grad = torch.ones_like(p)
-        optimizer = pin_implementation(torch.optim.AdamW(params, lr=1e-3), "cpu")
-        optimizer.step()
-        times = []
+        return pin_implementation(torch.optim.AdamW(params, lr=1e-3), "cpu")
+
+    before = torch.get_num_threads()
+    start = threading.Barrier(copies)
+    times: list[list[float]] = [[] for _ in range(copies)]
+
+    def steps(index: int) -> None:
+        opt = optimizer()
+        opt.step()
         for _ in range(REPEATS):
+            start.wait()
             started = time.perf_counter()
-            optimizer.step()
-            times.append(time.perf_counter() - started)
+            opt.step()
+            times[index].append(time.perf_counter() - started)
+
+    try:
+        torch.set_num_threads(threads)
+        workers = [threading.Thread(target=steps, args=(i,), daemon=True) for i in range(copies)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
     finally:
         torch.set_num_threads(before)
-    per = [t / ELEMENTS for t in times]
+    if any(len(t) < REPEATS for t in times):
+        raise RuntimeError("the update probe's copies did not finish their steps")
+    per = [max(t[i] for t in times) / elements for i in range(REPEATS)]
     median = statistics.median(per)
     return {
         "seconds_per_element": median,
         "mad_seconds_per_element": statistics.median(abs(p - median) for p in per),
-        "elements": ELEMENTS,
+        "elements": elements,
         "repeats": REPEATS,
         "threads": threads,
+        "copies": copies,
     }
