@@ -242,7 +242,7 @@ def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
     trace = next((r.op_trace for r in results if r.op_trace), None)
     if record.device != "cpu" or record.status != "ok" or not trace:
         return
-    from shardbench.harness.step_prediction import replay_copies, replayed_compute
+    from shardbench.harness.step_prediction import rank_threads, replay_copies, replayed_compute
     from shardbench.metrics.op_replay import largest_call_bytes
 
     why = None
@@ -255,7 +255,7 @@ def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
         else:
             record.compute_replay = replayed_compute(
                 trace,
-                record.threads_per_rank or 1,
+                rank_threads(record),
                 copies,
                 record.env.get("device_name") or "unknown CPU",
                 record.env.get("torch") or "?",

@@ -140,6 +140,17 @@ def compute_key(trace_signature: str, threads: int, copies: int, device_name: st
     return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | step {trace_signature}"
 
 
+def rank_threads(record: Record) -> int:
+    """The threads one of the cell's ranks computes with: the record's own, but a simulated rank
+    stands for N ranks on this host, each with the threads a real run would give it
+    (``threads_per_rank``), whatever the one simulated process had."""
+    if record.simulated and record.device == "cpu":
+        from shardbench.harness.config import threads_per_rank
+
+        return threads_per_rank(record.world_size)
+    return record.threads_per_rank or 1
+
+
 def replay_copies(record: Record) -> int:
     """How many copies of a rank's step to replay at once: the cell's ranks on this host (a
     simulated rank stands for N), as many as have their threads' cores. Ranks past the cores
@@ -149,7 +160,7 @@ def replay_copies(record: Record) -> int:
     placed = placement_of(record)
     ranks = record.world_size if record.simulated else placed.get("ranks", record.world_size)
     cores = placed.get("cores") or available_cores()
-    return max(1, min(ranks, cores // max(1, record.threads_per_rank or 1)))
+    return max(1, min(ranks, cores // rank_threads(record)))
 
 
 def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collective, ...]:
@@ -214,7 +225,7 @@ def predict_record(
     name = record.env.get("device_name") or "unknown"
     torch_version = record.env.get("torch") or "?"
     cpu = record.device == "cpu"
-    threads = record.threads_per_rank or 1
+    threads = rank_threads(record)
     n = record.world_size
     placed = placement_of(record)
     # a simulated rank stands for N ranks on this host: they share its cores as a real run would
