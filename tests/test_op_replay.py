@@ -85,3 +85,24 @@ def test_a_measured_compute_replaces_flops_over_rate() -> None:
     measured = predict_step(StepInputs(flops=1e9, rate=1e9, compute_s=0.25), profile)
     assert by_flops["compute"] == pytest.approx(1.0) and measured["compute"] == 0.25
     assert measured["step"] == pytest.approx(0.25)
+
+
+def test_copies_run_at_once_and_one_that_raises_frees_the_others() -> None:
+    from shardbench.metrics.at_once import at_once
+
+    before = torch.get_num_threads()
+    assert at_once(lambda i, together: (together(), i * 10, torch.get_num_threads())[1:], 3, 1) == [
+        (0, 1),
+        (10, 1),
+        (20, 1),
+    ]
+    assert torch.get_num_threads() == before
+
+    def first_fails(index: int, together) -> int:
+        if index == 0:
+            raise ValueError("copy 0 could not allocate")
+        together()  # would wait forever for copy 0 without the abort
+        return index
+
+    with pytest.raises(ValueError, match="copy 0"):
+        at_once(first_fails, 2, None)

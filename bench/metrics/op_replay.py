@@ -29,9 +29,9 @@ import hashlib
 import json
 import math
 import statistics
-import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -169,39 +169,23 @@ def replay(
     compute is measured beside the others'. Returns the compute ``seconds`` (the slowest copy's,
     as the slowest rank paces a step), each copy's, the step's ``calls``, the ``distinct`` calls,
     the ``unreplayed_calls`` and how long the replay took (``replay_s``)."""
+    from shardbench.metrics.at_once import at_once
+
     started = time.perf_counter()
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    start = threading.Barrier(copies)
-    results: list[tuple[float, int] | BaseException] = [(0.0, 0)] * copies
 
-    def one(index: int) -> None:
-        try:
-            start.wait()
-            results[index] = _replay_once(trace, device)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller below
-            results[index] = e
+    def one(index: int, together: Callable[[], None]) -> tuple[float, int]:
+        together()
+        return _replay_once(trace, device)
 
-    try:
-        workers = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(copies)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-    finally:
-        torch.set_num_threads(before)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    per_copy = [r[0] for r in results]  # type: ignore[index]
+    results = at_once(one, copies, threads)
+    per_copy = [seconds for seconds, _ in results]
     return {
         "seconds": max(per_copy),
         "seconds_per_copy": per_copy,
         "copies": copies,
         "calls": sum(n for *_, n in trace),
         "distinct": len(trace),
-        "unreplayed_calls": results[0][1],  # type: ignore[index]
+        "unreplayed_calls": results[0][1],
         "replay_s": time.perf_counter() - started,
     }
 

@@ -18,8 +18,8 @@ bandwidth. Under a second on a 2-core CPU at the largest size.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 ELEMENTS = 1 << 22
@@ -41,6 +41,7 @@ def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, 
     ``threads``, ``copies``."""
     import torch
 
+    from shardbench.metrics.at_once import at_once
     from shardbench.metrics.kernels import pin_implementation
 
     def optimizer() -> torch.optim.Optimizer:
@@ -49,30 +50,18 @@ def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, 
             p.grad = torch.ones_like(p)
         return pin_implementation(torch.optim.AdamW(params, lr=1e-3), "cpu")
 
-    before = torch.get_num_threads()
-    start = threading.Barrier(copies)
-    times: list[list[float]] = [[] for _ in range(copies)]
-
-    def steps(index: int) -> None:
+    def steps(index: int, together: Callable[[], None]) -> list[float]:
         opt = optimizer()
         opt.step()
+        times = []
         for _ in range(REPEATS):
-            start.wait()
+            together()
             started = time.perf_counter()
             opt.step()
-            times[index].append(time.perf_counter() - started)
+            times.append(time.perf_counter() - started)
+        return times
 
-    try:
-        torch.set_num_threads(threads)
-        workers = [threading.Thread(target=steps, args=(i,), daemon=True) for i in range(copies)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-    finally:
-        torch.set_num_threads(before)
-    if any(len(t) < REPEATS for t in times):
-        raise RuntimeError("the update probe's copies did not finish their steps")
+    times = at_once(steps, copies, threads)
     per = [max(t[i] for t in times) / elements for i in range(REPEATS)]
     median = statistics.median(per)
     return {
