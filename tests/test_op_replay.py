@@ -72,8 +72,11 @@ def test_a_call_fresh_tensors_cannot_make_is_counted_out() -> None:
     expanded = torch.ones(3, 1).expand(3, 5)
     bad = ["aten.add_.Tensor", encode([expanded, torch.ones(3, 5)]), {}, 7]
     missing = ["aten.no_such_op.default", encode([torch.ones(2)]), {}, 2]
-    out = replay([*_trace(8), bad, missing], threads=1)
-    assert out["unreplayed_calls"] == 9
+    # lengths must be positive: zeros are refused, ones are not
+    lengths = torch.tensor([3, 2], dtype=torch.int64)
+    packed = ["aten._pack_padded_sequence.default", encode([torch.ones(3, 2, 4), lengths, False]), {}, 4]
+    out = replay([*_trace(8), bad, missing, packed], threads=1)
+    assert out["unreplayed_calls"] == 9 and out["calls"] == sum(n for *_, n in _trace(8)) + 13
     assert not replay_usable({**out, "calls": 100, "unreplayed_calls": 6})
     assert replay_usable({**out, "calls": 100, "unreplayed_calls": 5})
     assert not replay_usable(None)

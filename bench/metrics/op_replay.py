@@ -16,11 +16,12 @@ What it leaves out: the autograd engine's bookkeeping between ops; the memory a 
 activations grow into (a replayed call reuses memory its previous repeat freed and finds its
 inputs in cache, where a step's kernel faults in fresh pages and reads activations written long
 before, so memory-bound ops on large activations replay faster than they run); and the values
-(floating inputs are uniform in [0, 1), integer ones zeros, a valid index anywhere). A call
-fresh tensors cannot make is counted out (``unreplayed_calls``), never guessed.
+(floating inputs are uniform in [0, 1), integer ones zeros, a valid index anywhere, or ones where
+zeros are refused). A call fresh tensors cannot make is counted out (``unreplayed_calls``), never
+guessed.
 
-The trace is plain JSON (``to_json``/``from_json``), so a rank can hand it to the launcher,
-which replays it once the ranks have ended and the cores are free.
+The trace is plain JSON (``OpTrace.to_json``), so a rank can hand it to the launcher, which
+replays it once the ranks have ended and the cores are free.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 #: one distinct call: up to this many timed repeats after a warm-up, fewer past the budget
 REPEATS = 5
 BUDGET_S = 0.02
+#: the values integer inputs are given, tried in turn
+INTEGER_FILLS = (0, 1)
 
 
 def encode(x: Any) -> Any:
@@ -105,9 +108,10 @@ def _reach(shape: list[int], stride: list[int]) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
 
 
-def decode(x: Any, device: str | None = None) -> Any:
+def decode(x: Any, device: str | None = None, integers: int = 0) -> Any:
     """``encode``'s argument rebuilt with real data: a tensor of the recorded strides over
-    storage of the size they reach (an expanded view's stride 0 reaches one element per row)."""
+    storage of the size they reach (an expanded view's stride 0 reaches one element per row),
+    floating values uniform in [0, 1), integer ones all ``integers``."""
     if not isinstance(x, dict):
         return x
     if "t" in x:
@@ -118,14 +122,14 @@ def decode(x: Any, device: str | None = None) -> Any:
         if dtype.is_floating_point or dtype.is_complex:
             base = torch.rand(size, dtype=dtype, device=dev)
         else:
-            base = torch.zeros(size, dtype=dtype, device=dev)
+            base = torch.full((size,), integers, dtype=dtype, device=dev)
         return base.as_strided(shape, stride)
     if "float" in x:
         return float(x["float"])
     if "list" in x:
-        return [decode(v, device) for v in x["list"]]
+        return [decode(v, device, integers) for v in x["list"]]
     if "tuple" in x:
-        return tuple(decode(v, device) for v in x["tuple"])
+        return tuple(decode(v, device, integers) for v in x["tuple"])
     if "dtype" in x:
         return _dtype(x["dtype"])
     if "device" in x:
@@ -191,18 +195,23 @@ def replay(
 
 
 def _replay_once(trace: list[list[Any]], device: str | None) -> tuple[float, int]:
-    """One copy's replay: its compute seconds and the calls it could not make."""
+    """One copy's replay: its compute seconds and the calls it could not make. Integer inputs are
+    zeros, a valid index anywhere; a call that refuses them (lengths must be positive: CTC loss,
+    packed sequences) is tried with ones."""
     seconds, unreplayed = 0.0, 0
     with torch.no_grad():
         for name, args, kwargs, count in trace:
-            try:
-                real_args = decode(args, device)
-                real_kwargs = {k: decode(v, device) for k, v in kwargs.items()}
-                dev = device or _first_device(args) or "cpu"
-                seconds += count * _time_call(operator(name), real_args, real_kwargs, dev)
-            except Exception:  # noqa: BLE001 - a call fresh tensors cannot make is counted out
+            dev = device or _first_device(args) or "cpu"
+            for integers in INTEGER_FILLS:
+                try:
+                    real_args = decode(args, device, integers)
+                    real_kwargs = {k: decode(v, device, integers) for k, v in kwargs.items()}
+                    seconds += count * _time_call(operator(name), real_args, real_kwargs, dev)
+                    break
+                except Exception:  # noqa: BLE001 - a call fresh tensors cannot make is counted out
+                    real_args = real_kwargs = None
+            else:
                 unreplayed += count
-            real_args = real_kwargs = None
     return seconds, unreplayed
 
 
