@@ -124,6 +124,21 @@ def available_cores() -> int:
     return len(own_cpus()) or os.cpu_count() or 1
 
 
+def available_memory() -> int | None:
+    """The bytes of memory this machine can give without swapping: Linux's ``MemAvailable``
+    (free memory and the page cache it can drop), else the free pages; None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
 def threads_per_rank(local_world_size: int) -> int:
     """Share the cores among the ranks on this host: N ranks with default threads each
     oversubscribe the CPU (measured: 4 ranks on 2 cores ran 2x slower)."""

@@ -56,6 +56,7 @@ def cell_flops(
                 device=device,
                 tensors=tensors,
                 autocast=torch.bfloat16 if cell.precision == "bf16" else None,
+                trace=device.type == "cpu",  # the step-time model replays a CPU step only
             )
             _COUNTED[key] = counted
         tokens = workload.tokens_per_sample(cell.preset)

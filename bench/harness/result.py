@@ -242,16 +242,17 @@ def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
     trace = next((r.op_trace for r in results if r.op_trace), None)
     if record.device != "cpu" or record.status != "ok" or not trace:
         return
+    from shardbench.harness.config import available_memory
     from shardbench.harness.step_prediction import rank_threads, replay_copies, replayed_compute
-    from shardbench.metrics.op_replay import largest_call_bytes
+    from shardbench.metrics.op_trace import largest_call_bytes
 
     why = None
     try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         copies = replay_copies(record)
-        need = 2 * copies * largest_call_bytes(trace)  # each copy's inputs and an output their size
-        if need > free / 2:
-            why = f"compute not replayed (one call needs about {need:,} bytes, over half the free memory)"
+        need = copies * largest_call_bytes(trace)  # each copy's largest call, inputs and output
+        free = available_memory()
+        if free is not None and need > free / 2:
+            why = f"compute not replayed (its largest call needs {need:,} bytes, over half the free memory)"
         else:
             record.compute_replay = replayed_compute(
                 trace,

@@ -87,12 +87,13 @@ def update_rate(
 ) -> float:
     """Seconds per element of an AdamW step on this CPU at ``threads`` for a rank that updates
     ``elements``, ``copies`` ranks at once (``update_probe``)."""
+    from shardbench.harness.config import available_memory
     from shardbench.metrics.probe_cache import cached
     from shardbench.metrics.update_probe import size_for
 
     if measure is None:
         from shardbench.metrics.update_probe import probe as measure
-    size = size_for(elements)
+    size = size_for(elements, copies, available_memory())
     key = update_key(threads, size, copies, device_name, torch_version)
     return cached("update", key, lambda: measure(threads, size, copies), home)["seconds_per_element"]
 
@@ -115,7 +116,8 @@ def replayed_compute(
     """One rank's forward and backward replayed op by op on this CPU at ``threads``, ``copies``
     at once (``op_replay``; ``replay_copies``): its compute ``seconds`` and how the replay went,
     cached by the step's calls in the results home and for the life of the process."""
-    from shardbench.metrics.op_replay import replay, signature
+    from shardbench.metrics.op_replay import replay
+    from shardbench.metrics.op_trace import signature
     from shardbench.metrics.probe_cache import cached
 
     def measure() -> dict[str, Any]:
@@ -192,6 +194,16 @@ def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collec
         if kind not in claimed:
             out.append(Collective(kind, int(v["bytes"]), int(v["calls"])))
     return tuple(out)
+
+
+def _compute_source(replay: dict[str, Any] | None, used: bool) -> str:
+    """How the prediction reached its compute, and why not by the replay where one was made."""
+    if used:
+        return "op replay"
+    if replay:
+        missed = f"{replay.get('unreplayed_calls', 0):,} of {replay.get('calls', 0):,}"
+        return f"FLOPs at peak x efficiency (the op replay missed {missed} calls)"
+    return "FLOPs at peak x efficiency"
 
 
 def _gradient_kind(comm: Communication, world_size: int) -> str:
@@ -277,7 +289,7 @@ def predict_record(
         "shares_compute": profile.shares_compute,
         "network": profile.name,
         "network_source": profile.source,
-        "compute_source": "op replay" if replayed else "FLOPs at peak x efficiency",
+        "compute_source": _compute_source(record.compute_replay if cpu else None, replayed is not None),
         "rate_flops_per_s": None if replayed else rate,
         "peak_kind": peak.get("kind"),
         "efficiency": None if replayed else efficiency,

@@ -133,7 +133,7 @@ class StepFlops:
     by_op: dict[str, int]
     counted_on: str
     #: every operator call of the counted (hardware) pass, for the op replay of the step's
-    #: compute time (``op_replay.OpTrace.to_json``); not part of the record
+    #: compute time (``op_trace.OpTrace.to_json``), where asked for; not part of the record
     trace: list[list[Any]] | None = None
 
     def to_record(self, batch: int, tokens_per_sample: int | None, dtype: str) -> dict[str, Any]:
@@ -212,14 +212,17 @@ def count_step_flops(
     device: torch.device,
     tensors: str = "fake",
     autocast: torch.dtype | None = None,
+    trace: bool = False,
 ) -> StepFlops:
     """Count one step of ``loss(model, make_inputs())``, forward and backward.
 
     ``tensors``: "fake" counts under a FakeTensorMode of its own; "active" under the
     FakeTensorMode already active (a ``--fake`` cell, whose model is made of fake tensors); "real"
     on real tensors (a workload fake tensors cannot run). ``autocast``: the dtype of the cell's
-    autocast, if any. The model is left as it was: its parameters get no gradient, its buffers
-    keep their values, the RNG its state."""
+    autocast, if any. ``trace``: record the counted pass's operator calls too (``op_trace``); a
+    pass the recording fails is counted again without it, so the count never depends on it. The
+    model is left as it was: its parameters get no gradient, its buffers keep their values, the
+    RNG its state."""
     if tensors not in ("fake", "active", "real"):
         raise ValueError(f"tensors must be 'fake', 'active' or 'real', got {tensors!r}")
     step = _Step(model, loss, autocast, device.type)
@@ -232,7 +235,14 @@ def count_step_flops(
             state = {**params, **{n: b.clone() for n, b in step.named_buffers()}}
         inputs = make_inputs()
         checkpointed = any(is_checkpointed(m) for m in model.modules())
-        executed, scores, by_op, trace = _count(step, state, inputs, trace=True)
+        calls = None
+        try:
+            executed, scores, by_op, calls = _count(step, state, inputs, trace=trace)
+        except Exception:  # noqa: BLE001 - the recording's failure costs the trace only
+            if not trace:
+                raise
+            _clear_grads(state)
+            executed, scores, by_op, _ = _count(step, state, inputs)
         hardware = executed + scores
         if checkpointed:
             _clear_grads(state)
@@ -246,7 +256,7 @@ def count_step_flops(
         hardware=hardware,
         by_op=by_op,
         counted_on="real tensors" if tensors == "real" else "fake tensors",
-        trace=trace,
+        trace=calls,
     )
 
 
@@ -267,10 +277,12 @@ def _count(
     from torch.func import functional_call
     from torch.utils.flop_counter import FlopCounterMode
 
-    from shardbench.metrics.op_replay import OpTrace
-
     recomputed: list[int] = []
-    tracer = OpTrace() if trace else contextlib.nullcontext()
+    tracer: Any = contextlib.nullcontext()
+    if trace:
+        from shardbench.metrics.op_trace import OpTrace
+
+        tracer = OpTrace()
     with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter, tracer:
         functional_call(step, state, (inputs,))
     by_op = {
@@ -278,5 +290,5 @@ def _count(
     }
     if recomputed:
         by_op[SCORE_RECOMPUTE] = sum(recomputed)
-    calls = tracer.to_json() if isinstance(tracer, OpTrace) else None
+    calls = tracer.to_json() if trace else None
     return counter.get_total_flops(), sum(recomputed), by_op, calls

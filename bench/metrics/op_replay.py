@@ -1,6 +1,6 @@
-"""One rank's compute time, measured op by op: every operator its training step dispatches is
-recorded once with its arguments' shapes (during the FLOP count, under fake tensors: nothing
-computed), then each distinct call is replayed on real tensors on this device and timed.
+"""One rank's compute time, measured op by op: every operator call its training step dispatches
+(``op_trace``: recorded during the FLOP count, under fake tensors, nothing computed) is replayed,
+each distinct call once, on real tensors on this device, and timed.
 
     compute = sum over distinct calls of (times the step makes it x its median replayed time)
 
@@ -16,96 +16,32 @@ What it leaves out: the autograd engine's bookkeeping between ops; the memory a 
 activations grow into (a replayed call reuses memory its previous repeat freed and finds its
 inputs in cache, where a step's kernel faults in fresh pages and reads activations written long
 before, so memory-bound ops on large activations replay faster than they run); and the values
-(floating inputs are uniform in [0, 1), integer ones zeros, a valid index anywhere, or ones where
-zeros are refused). A call fresh tensors cannot make is counted out (``unreplayed_calls``), never
+(floating inputs are uniform in [0, 1); integer ones, unless recorded, zeros, a valid index
+anywhere, or ones where zeros are refused: a call whose work follows an integer input's values,
+such as a packed LSTM's batch sizes, is timed right only where the count ran on real tensors and
+recorded them). A call fresh tensors cannot make is counted out (``unreplayed_calls``), never
 guessed.
-
-The trace is plain JSON (``OpTrace.to_json``), so a rank can hand it to the launcher, which
-replays it once the ranks have ended and the cores are free.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import statistics
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from shardbench.metrics.op_trace import dtype_of, reach
 
 #: one distinct call: up to this many timed repeats after a warm-up, fewer past the budget
 REPEATS = 5
 BUDGET_S = 0.02
 #: the values integer inputs are given, tried in turn
 INTEGER_FILLS = (0, 1)
-
-
-def encode(x: Any) -> Any:
-    """An argument as JSON: a tensor by its shape, strides, dtype and device; scalars as
-    themselves (a non-finite float as its name); lists and tuples kept apart."""
-    if isinstance(x, torch.Tensor):
-        return {"t": [list(x.shape), list(x.stride()), str(x.dtype).removeprefix("torch."), x.device.type]}
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else {"float": repr(x)}
-    if isinstance(x, list):
-        return {"list": [encode(v) for v in x]}
-    if isinstance(x, tuple):
-        return {"tuple": [encode(v) for v in x]}
-    if isinstance(x, torch.dtype):
-        return {"dtype": str(x).removeprefix("torch.")}
-    if isinstance(x, torch.device):
-        return {"device": x.type}
-    if isinstance(x, torch.layout):
-        return {"layout": str(x).removeprefix("torch.")}
-    if isinstance(x, torch.memory_format):
-        return {"memory_format": str(x).removeprefix("torch.")}
-    return {"opaque": type(x).__name__}  # not data (a generator): replayed as None
-
-
-class OpTrace(TorchDispatchMode):
-    """Counts each distinct operator call of the pass it is active over, by its operator and
-    its arguments as ``encode`` writes them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        try:
-            key = json.dumps([str(func), encode(list(args)), {k: encode(v) for k, v in kwargs.items()}])
-        except Exception:  # noqa: BLE001 - a layout without strides: kept, and replayed as unreplayable
-            key = json.dumps([str(func), [{"opaque": "unrecorded"}], {}])
-        self.calls[key] += 1
-        return func(*args, **kwargs)
-
-    def to_json(self) -> list[list[Any]]:
-        """``[[operator, args, kwargs, count], ...]``, in a fixed order."""
-        return [[*json.loads(k), n] for k, n in sorted(self.calls.items())]
-
-
-def signature(trace: list[list[Any]]) -> str:
-    """A digest of a trace's calls and counts: two steps with the same digest replay alike."""
-    return hashlib.sha256(json.dumps(trace, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
-
-
-def _reach(shape: list[int], stride: list[int]) -> int:
-    """The elements of storage a view of ``shape`` and ``stride`` reaches."""
-    return 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
+#: a whole replay's time: the calls not reached by then count as not replayed, so a step too
+#: large to replay in time falls back to its FLOPs (``step_prediction.replay_usable``)
+TOTAL_BUDGET_S = 120.0
 
 
 def decode(x: Any, device: str | None = None, integers: int = 0) -> Any:
@@ -116,9 +52,11 @@ def decode(x: Any, device: str | None = None, integers: int = 0) -> Any:
         return x
     if "t" in x:
         shape, stride, dtype_name, recorded = x["t"]
-        dtype = _dtype(dtype_name)
+        dtype = dtype_of(dtype_name)
         dev = torch.device(device or recorded)
-        size = _reach(shape, stride)
+        if "values" in x:  # recorded as they were (``op_trace``): contiguous
+            return torch.tensor(x["values"], dtype=dtype, device=dev).reshape(shape)
+        size = reach(shape, stride)
         if dtype.is_floating_point or dtype.is_complex:
             base = torch.rand(size, dtype=dtype, device=dev)
         else:
@@ -131,7 +69,7 @@ def decode(x: Any, device: str | None = None, integers: int = 0) -> Any:
     if "tuple" in x:
         return tuple(decode(v, device, integers) for v in x["tuple"])
     if "dtype" in x:
-        return _dtype(x["dtype"])
+        return dtype_of(x["dtype"])
     if "device" in x:
         return torch.device(device or x["device"])
     if "layout" in x:
@@ -177,9 +115,9 @@ def replay(
 
     started = time.perf_counter()
 
-    def one(index: int, together: Callable[[], None]) -> tuple[float, int]:
+    def one(_: int, together: Callable[[], None]) -> tuple[float, int]:
         together()
-        return _replay_once(trace, device)
+        return _replay_once(trace, device, started + TOTAL_BUDGET_S)
 
     results = at_once(one, copies, threads)
     per_copy = [seconds for seconds, _ in results]
@@ -187,20 +125,23 @@ def replay(
         "seconds": max(per_copy),
         "seconds_per_copy": per_copy,
         "copies": copies,
-        "calls": sum(n for *_, n in trace),
+        "calls": sum(count for _, _, _, count, _ in trace),
         "distinct": len(trace),
-        "unreplayed_calls": results[0][1],
+        "unreplayed_calls": max(unreplayed for _, unreplayed in results),
         "replay_s": time.perf_counter() - started,
     }
 
 
-def _replay_once(trace: list[list[Any]], device: str | None) -> tuple[float, int]:
-    """One copy's replay: its compute seconds and the calls it could not make. Integer inputs are
-    zeros, a valid index anywhere; a call that refuses them (lengths must be positive: CTC loss,
-    packed sequences) is tried with ones."""
+def _replay_once(trace: list[list[Any]], device: str | None, deadline: float) -> tuple[float, int]:
+    """One copy's replay: its compute seconds and the calls it could not make (or did not reach
+    by ``deadline``). Integer inputs not recorded with their values are zeros, a valid index
+    anywhere; a call that refuses them (lengths must be positive) is tried with ones."""
     seconds, unreplayed = 0.0, 0
     with torch.no_grad():
-        for name, args, kwargs, count in trace:
+        for name, args, kwargs, count, _ in trace:
+            if time.perf_counter() > deadline:
+                unreplayed += count
+                continue
             dev = device or _first_device(args) or "cpu"
             for integers in INTEGER_FILLS:
                 try:
@@ -209,26 +150,10 @@ def _replay_once(trace: list[list[Any]], device: str | None) -> tuple[float, int
                     seconds += count * _time_call(operator(name), real_args, real_kwargs, dev)
                     break
                 except Exception:  # noqa: BLE001 - a call fresh tensors cannot make is counted out
-                    real_args = real_kwargs = None
+                    real_args = real_kwargs = None  # the failed try's tensors go before the next
             else:
                 unreplayed += count
     return seconds, unreplayed
-
-
-def largest_call_bytes(trace: list[list[Any]]) -> int:
-    """The most bytes one call's tensor arguments take: what replaying it allocates at least."""
-
-    def nbytes(x: Any) -> int:
-        if isinstance(x, dict) and "t" in x:
-            shape, stride, dtype_name, _ = x["t"]
-            return _reach(shape, stride) * _dtype(dtype_name).itemsize
-        if isinstance(x, dict):
-            return sum(nbytes(v) for v in x.values() if isinstance(v, (list, dict)))
-        if isinstance(x, list):
-            return sum(nbytes(v) for v in x)
-        return 0
-
-    return max((nbytes(args) + nbytes(kwargs) for _, args, kwargs, _ in trace), default=0)
 
 
 def _first_device(args: Any) -> str | None:

@@ -30,9 +30,18 @@ REPEATS = 3
 SIZES = tuple(1 << k for k in range(20, 28))
 
 
-def size_for(elements: int) -> int:
-    """The probed size standing for a rank that updates ``elements``."""
-    return next((s for s in SIZES if s >= elements), SIZES[-1])
+#: bytes a probed element holds: parameter, gradient, two moments, and foreach AdamW's temporaries
+BYTES_PER_ELEMENT = 32
+
+
+def size_for(elements: int, copies: int = 1, memory: int | None = None) -> int:
+    """The probed size standing for a rank that updates ``elements``: the next in ``SIZES``, but
+    no larger than ``copies`` of it fit in half of ``memory`` (the bytes free, where known)."""
+    size = next((s for s in SIZES if s >= elements), SIZES[-1])
+    if memory is not None:
+        fitting = [s for s in SIZES if copies * s * BYTES_PER_ELEMENT <= memory / 2]
+        size = min(size, fitting[-1] if fitting else SIZES[0])
+    return size
 
 
 def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, Any]:
