@@ -57,6 +57,21 @@ def _shared_worlds() -> Iterator[None]:
     close_shared_worlds()
 
 
+@pytest.fixture(scope="session")
+def smoke_suite_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """``shardbench run --suite smoke`` on this machine, once for the session: its exit code and
+    folder. tests/test_job.py compares its jobs' runs with it, tests/test_run_end_to_end.py reads
+    what it wrote; both modules share an xdist group, so one worker runs it once. Its report is
+    written without charts (``charts_only_where_tested``: neither module reads them)."""
+    from shardbench.cli import main
+    from shardbench.report import build
+
+    out = tmp_path_factory.mktemp("smoke")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(build, "plot_all", lambda records, out_dir: {})
+        return {"code": main(["run", "--suite", "smoke", "--out", str(out)]), "out": out}
+
+
 @pytest.fixture(autouse=True)
 def charts_only_where_tested(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reports are written without their charts except in tests marked ``charts`` (the report's

@@ -22,8 +22,9 @@ from shardbench.harness.job import Job, current_job, detect_job, expand_nodelist
 from shardbench.records import read_records
 from tests.procs import with_environment
 
-#: one worker runs this module: its module-scoped job runs once (pytest-xdist, loadgroup)
-pytestmark = pytest.mark.xdist_group("test_job")
+#: one worker runs this module and tests/test_run_end_to_end.py: the module-scoped jobs run once,
+#: and the smoke suite's local run (conftest.py) once for both (pytest-xdist, loadgroup)
+pytestmark = pytest.mark.xdist_group("smoke_suite")
 
 TORCHRUN = {
     "RANK": "3", "WORLD_SIZE": "16", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "node01",
@@ -193,12 +194,11 @@ def _outcome(procs: list[subprocess.Popen[str]], deadline: float) -> dict[str, l
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def jobs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, object]:
     """At once, on this host: the smoke suite as a torchrun job of two processes and as a Slurm
     job of two (its variables played), three cells in a Slurm job of two with rank 1 raising in
-    one, and the smoke suite run locally (in this process, while the jobs run)."""
-    from shardbench.cli import main
-
+    one, and the smoke suite run locally (in this process, while the jobs run, unless the
+    session ran it already: ``smoke_suite_run``)."""
     root = tmp_path_factory.mktemp("jobs")
     marker = uuid.uuid4().hex
     marked = {"SHARDBENCH_TEST_JOB": marker}
@@ -212,7 +212,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     }
     deadline = time.monotonic() + JOBS_TIMEOUT_S
     try:
-        local_code = main(["run", "--suite", "smoke", "--out", str(root / "local")])
+        local = request.getfixturevalue("smoke_suite_run")
         ran = {name: {**_outcome(procs, deadline), "out": root / name} for name, procs in started.items()}
         left = _left_after(marker, LEFT_S)
     finally:
@@ -221,8 +221,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
                 os.kill(pid, signal.SIGKILL)
     for run in ran.values():
         run["records"] = {(r.workload, r.strategy): r for r in read_records([run["out"]])}
-    ran["local"] = {"code": local_code, "out": root / "local"}
-    ran["local"]["records"] = {(r.workload, r.strategy): r for r in read_records([root / "local"])}
+    ran["local"] = {**local, "records": {(r.workload, r.strategy): r for r in read_records([local["out"]])}}
     return {**ran, "left": left}
 
 
