@@ -11,6 +11,8 @@
 #   peers     DeepSpeed ZeRO-2 and FairScale OSS + ShardedDataParallel train on CUDA (one rank:
 #             one card cannot host a multi-rank NCCL world), from the carried wheels;
 #   suite     the gpu-check suite (each workload's paper preset under ddp, transformer base dp/ddp);
+#   torchrun  the same suite as a one-process torchrun job (torchrun --nproc-per-node 1 -m
+#             shardbench), then `compare` of the two runs (after `suite`; its exit code is logged);
 #   max-size  max-size on an emulated 16 GiB card (allocator fraction), simulated N=8.
 # Each step has a wall-clock cap (GNU timeout signals the step's whole process group, so no rank
 # outlives it) and writes its records before the next starts. Before the steps, the CUDA context
@@ -66,16 +68,21 @@ for s in "${steps[@]}"; do
             --out "$out/peers" ;;
     suite)
         step suite 170 "${SB[@]}" run --suite gpu-check --out "$out/suite" ;;
+    torchrun)
+        step torchrun-suite 200 python3 -m torch.distributed.run --nproc-per-node 1 --standalone -m shardbench run --suite gpu-check \
+            --out "$out/torchrun-suite"
+        [ -d "$out/suite" ] && step torchrun-compare 60 "${SB[@]}" compare "$out/suite" "$out/torchrun-suite" \
+            --out "$out/torchrun-compare" ;;
     max-size)
         step max-size 170 "${SB[@]}" max-size --workload transformer --strategy ddp,zero2 --world-size 8 \
             --simulate --device cuda --budget 16GiB --batch-size 8 --timeout 60 \
             --ladder base,large,h1024-l40,h1536-l32,1b,h2048-l32,2.5b,h3072-l32,6b --out "$out/max-size-16gib" ;;
-    *) echo "gpu-check: unknown step $s (steps: plan own peers suite max-size)" >&2; exit 2 ;;
+    *) echo "gpu-check: unknown step $s (steps: plan own peers suite torchrun max-size)" >&2; exit 2 ;;
     esac
     pack
 done
 echo "== steps"; cat "$out/steps.txt"
-for t in plan-real plan-fake own-real own-fake peers suite max-size-16gib; do
+for t in plan-real plan-fake own-real own-fake peers suite torchrun-suite max-size-16gib; do
     [ -f "$out/$t/table.md" ] && { echo "== $t"; cat "$out/$t/table.md"; }
 done
 echo "results: $out"

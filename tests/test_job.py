@@ -375,3 +375,21 @@ def test_a_cell_of_one_process_stays_on_rank_0(monkeypatch, tiny_cell) -> None:
         with pytest.raises(StartedHere):
             launch.run_cell(simulated, run_id="t")
     assert sent == [real]
+
+
+def test_a_job_of_one_process_runs_its_cells_ranks_here(monkeypatch, tiny_cell) -> None:
+    """``torchrun --nproc-per-node 1``: the process is this machine, and the ranks its cells
+    start are not torchrun's workers. Its agent's variables (TORCHELASTIC_USE_AGENT_STORE would
+    have torch's rendezvous join the agent's store at the cell's port, where nothing serves)
+    do not reach them: a two-rank cell trains."""
+    from shardbench.harness import launch
+    from shardbench.harness.validate import plan_cells
+
+    torchrun = {**TORCHRUN, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}  # fmt: skip
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    assert current_job() is None
+    [cell] = plan_cells([tiny_cell(steps=1, warmup=0, timeout_s=60)])
+    record = launch.run_cell(cell, run_id="t")
+    assert record.status == "ok" and record.world_size == 2, record.error

@@ -155,6 +155,12 @@ def _die_with_parent() -> None:
         pass
 
 
+#: the prefix of what torchrun's agent tells the workers it starts. A rank this launcher starts
+#: is not one of them: given TORCHELASTIC_USE_AGENT_STORE, torch's env:// rendezvous would join
+#: the agent's store as a client at the cell's own port, where nothing serves, and wait there
+AGENT_VARIABLES = "TORCHELASTIC_"
+
+
 def local_places(processes: int) -> dict[int, dict[str, str]]:
     """The variables of each rank of a cell started on this host alone: what torchrun would
     set, meeting at a free local port, the cores shared among the ranks."""
@@ -198,7 +204,7 @@ class RankWorld:
         cell_file.write_text(json.dumps(cell.to_json()))
         try:
             for rank in self.ranks:
-                env = dict(os.environ)
+                env = {k: v for k, v in os.environ.items() if not k.startswith(AGENT_VARIABLES)}
                 env.update(
                     self.places[rank],
                     # where the command runs: a relative ``file.py:factory`` workload is resolved
