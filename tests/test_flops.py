@@ -137,3 +137,21 @@ def test_the_matmul_dtype_picks_the_peak() -> None:
         assert matmul_dtype("fp32", "cuda") == "tf32"
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_a_commands_cells_count_a_step_once(tiny_cell) -> None:
+    """The launcher takes each count back from the cell's rank 0 and hands it to the next cell
+    of the same step (another strategy): that rank does not count again, and records the same."""
+    from shardbench.harness import counting, launch
+    from shardbench.harness.validate import plan_cells
+
+    first, second = plan_cells(
+        [tiny_cell(steps=1, warmup=0, seed=5), tiny_cell(steps=1, warmup=0, seed=5, strategy="zero2")]
+    )
+    counting._COUNTED.clear()
+    a = launch.run_cell(first, run_id="t")
+    assert [k[:4] for k in counting._COUNTED] == [("transformer", "tiny", first.batch_size, 5)]
+    b = launch.run_cell(second, run_id="t")
+    counted, handed = dict(a.flops_per_step), dict(b.flops_per_step)
+    assert handed.pop("count_s") < counted.pop("count_s") / 10
+    assert handed == counted and a.compute_replay["calls"] == b.compute_replay["calls"]

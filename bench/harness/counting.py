@@ -6,12 +6,18 @@ finished and the cores are free, see ``harness.result``).
 Counting runs once per cell on rank 0, on the model as built, before the strategy wraps it
 (every rank's micro-batch is the same shape, and counting on the unwrapped model runs no
 collective). A count is kept for the life of the process, keyed by everything it depends on:
-a process that runs many cells (the tests' shared worlds) counts each shape once.
+a process that runs many cells (the tests' shared worlds) counts each shape once. A command
+runs each cell in fresh rank processes, so the launcher hands rank 0 what earlier cells of the
+same command counted (``HANDED``, beside the cell's result files) and takes back what it counted
+anew (``COUNTED``): a suite's cells that differ only in strategy or world size count once. Only
+within one command: a model's code may change between two.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +28,24 @@ from shardbench.metrics.flops import StepFlops, count_step_flops, matmul_dtype
 from shardbench.metrics.peaks import datasheet_peak, measured_peak
 
 _COUNTED: dict[tuple[Any, ...], StepFlops] = {}
+#: the keys this process counted itself (the others were handed to it)
+_OWN: set[tuple[Any, ...]] = set()
+#: in a cell's result folder: the counts the launcher hands its rank 0, and those rank 0 made
+HANDED, COUNTED = "counts-handed.json", "counts-counted.json"
+
+
+def adopt_counts(path: Path) -> None:
+    """Take the counts in ``path`` (``export_counts``'s file), where it exists."""
+    if path.exists():
+        for key, counted in json.loads(path.read_text()):
+            _COUNTED.setdefault(tuple(key), StepFlops.from_json(counted))
+
+
+def export_counts(path: Path, *, own_only: bool) -> None:
+    """Write this process's counts (``own_only``: those it made itself) to ``path``."""
+    keys = _OWN if own_only else _COUNTED.keys()
+    if keys:
+        path.write_text(json.dumps([[list(k), _COUNTED[k].to_json()] for k in keys if k in _COUNTED]))
 
 
 def cell_flops(
@@ -59,6 +83,7 @@ def cell_flops(
                 trace=device.type == "cpu",  # the step-time model replays a CPU step only
             )
             _COUNTED[key] = counted
+            _OWN.add(key)
         tokens = workload.tokens_per_sample(cell.preset)
     except Exception as e:  # noqa: BLE001 - an uncountable op must not fail the measurement
         text = str(e).strip().splitlines()

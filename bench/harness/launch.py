@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from shardbench.harness import guardian
+from shardbench.harness import counting, guardian
 from shardbench.harness.config import CellConfig, threads_per_rank
 from shardbench.harness.result import RankResult, build_record, signal_name
 from shardbench.records import Record
@@ -202,6 +202,7 @@ class RankWorld:
         self.exited_at: dict[int, float] = {}
         cell_file = tmpdir / "cell.json"
         cell_file.write_text(json.dumps(cell.to_json()))
+        counting.export_counts(tmpdir / counting.HANDED, own_only=False)
         try:
             for rank in self.ranks:
                 env = {k: v for k, v in os.environ.items() if not k.startswith(AGENT_VARIABLES)}
@@ -285,6 +286,7 @@ class RankWorld:
                 print(f"shardbench: rank process {p.pid} did not exit after SIGKILL", file=sys.stderr)
 
     def results(self, timed_out: bool) -> list[RankResult]:
+        counting.adopt_counts(self.tmpdir / counting.COUNTED)
         out = []
         for rank, proc in self._by_rank():
             path = self.tmpdir / f"rank{rank}.json"

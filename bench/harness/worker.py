@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
+from shardbench.harness import counting
 from shardbench.harness.counting import cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
@@ -341,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         local_world_size=_env_int("LOCAL_WORLD_SIZE", processes),
     )
     start = time.perf_counter()
+    if args.result_dir is not None:  # what earlier cells of the launcher's command counted
+        counting.adopt_counts(args.result_dir / counting.HANDED)
     try:
         kw["fault"] = next((f for f in faults_from_env() if f.applies_to(cell.strategy)), None)
     except ValueError as e:
@@ -348,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = run_rank_safely(cell, **kw)
     if args.result_dir is not None:  # launched by shardbench.harness.launch: it assembles the record
+        counting.export_counts(args.result_dir / counting.COUNTED, own_only=True)
         result.write(args.result_dir / f"rank{rank}.json")
         if dist.is_initialized() and result.status == "ok":
             dist.destroy_process_group()

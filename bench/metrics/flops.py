@@ -38,6 +38,7 @@ it is made of rather than as a fused kernel torch has no formula for.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -135,6 +136,13 @@ class StepFlops:
     #: every operator call of the counted (hardware) pass, for the op replay of the step's
     #: compute time (``op_trace.OpTrace.to_json``), where asked for; not part of the record
     trace: list[list[Any]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StepFlops:
+        return cls(**d)
 
     def to_record(self, batch: int, tokens_per_sample: int | None, dtype: str) -> dict[str, Any]:
         """The record's ``flops_per_step``: the counts, per sample and per token (where the
