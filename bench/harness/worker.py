@@ -38,8 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
 from shardbench.harness import counting
+from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
 from shardbench.harness.counting import cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
