@@ -1,6 +1,6 @@
-"""The four workloads: reference parameter counts (meta device), ladders, tiny presets that
-learn, and runs under ddp and zero2 at world size 2 through the harness's rank code (on a shared
-gloo world: tests/cells.py)."""
+"""The four workloads: reference parameter counts (meta device), ladders and tiny presets that
+learn. Their runs under ddp and zero2 at world size 2 are the smoke suite's, checked cell by cell
+in tests/test_run_end_to_end.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import torch
 from shardbench.models import registry
 from shardbench.models.registry import get_workload, workload_names
 from shardbench.models.swav import WideResNet50Trunk
-from tests.cells import run_cell_here
 
 WORKLOADS = ["transformer", "imagegpt", "swav", "deepspeech2"]
 REPO = Path(__file__).resolve().parents[1]
@@ -88,20 +87,6 @@ def test_tiny_loss_falls_on_a_fixed_batch(name: str) -> None:
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < 0.9 * losses[0], losses
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
-@pytest.mark.parametrize("name", WORKLOADS)
-def test_tiny_runs_under_strategy_at_world_size_2(name: str, strategy: str, tiny_cell) -> None:
-    """On the session's shared gloo world of 2 (tests/cells.py): the worker's rank code, the
-    launcher's record."""
-    record = run_cell_here(
-        tiny_cell(
-            workload=name, strategy=strategy, world_size=2, batch_size=4, steps=2, warmup=1, timeout_s=120
-        )
-    )
-    assert record.status == "ok", record.error
-    assert record.world_size == 2 and record.peak_mem_bytes["max"] > 0
 
 
 @pytest.mark.parametrize(
