@@ -155,3 +155,23 @@ def test_a_commands_cells_count_a_step_once(tiny_cell) -> None:
     counted, handed = dict(a.flops_per_step), dict(b.flops_per_step)
     assert handed.pop("count_s") < counted.pop("count_s") / 10
     assert handed == counted and a.compute_replay["calls"] == b.compute_replay["calls"]
+
+
+def test_a_count_file_that_is_not_whole_hands_nothing(tmp_path) -> None:
+    """A rank killed while writing its counts leaves a file cut short: the launcher takes
+    nothing from it (the next cell counts again) and goes on."""
+    from shardbench.harness import counting
+    from shardbench.metrics.flops import StepFlops
+
+    counting.forget_counts()
+    whole = tmp_path / "whole.json"
+    counting._COUNTED[("k", 1)] = StepFlops(model=2, hardware=3, by_op={"mm": 3}, counted_on="fake tensors")
+    counting.export_counts(whole, own_only=False)
+    counting.forget_counts()
+    (tmp_path / "cut.json").write_text(whole.read_text()[:-7])
+    for path in (tmp_path / "cut.json", tmp_path / "absent.json"):
+        counting.adopt_counts(path)
+        assert counting._COUNTED == {}
+    counting.adopt_counts(whole)
+    assert counting._COUNTED == {("k", 1): StepFlops(2, 3, {"mm": 3}, "fake tensors")}
+    counting.forget_counts()

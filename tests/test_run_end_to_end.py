@@ -80,7 +80,8 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
             assert c["unreplayed_calls"] == 0
         assert p["compute_source"] == "op replay" and p["update"] > 0
         assert p["compute"] == pytest.approx(c["seconds"] / p["core_share"])
-    # the math of a rank's step is the same whatever the strategy shards
+    # a command counts a step once and hands the count on (harness/counting.py): every cell of
+    # a workload carries that one count (that it holds whatever the strategy: test_dp_on_cpu...)
     for workload in {r.workload for r in records}:
         flops = {
             (r.flops_per_step["model"], r.flops_per_step["hardware"])

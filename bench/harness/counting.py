@@ -26,6 +26,7 @@ from torch import nn
 from shardbench.harness.config import CellConfig
 from shardbench.metrics.flops import StepFlops, count_step_flops, matmul_dtype
 from shardbench.metrics.peaks import datasheet_peak, measured_peak
+from shardbench.paths import atomic_write_text
 
 _COUNTED: dict[tuple[Any, ...], StepFlops] = {}
 #: the keys this process counted itself (the others were handed to it)
@@ -34,18 +35,31 @@ _OWN: set[tuple[Any, ...]] = set()
 HANDED, COUNTED = "counts-handed.json", "counts-counted.json"
 
 
+def forget_counts() -> None:
+    """Start a new command: no count made for an earlier one is handed on (its model's code
+    may have changed since)."""
+    _COUNTED.clear()
+    _OWN.clear()
+
+
 def adopt_counts(path: Path) -> None:
-    """Take the counts in ``path`` (``export_counts``'s file), where it exists."""
-    if path.exists():
-        for key, counted in json.loads(path.read_text()):
-            _COUNTED.setdefault(tuple(key), StepFlops.from_json(counted))
+    """Take the counts in ``path`` (``export_counts``'s file), where it exists and reads whole.
+    A file that does not (its writer killed) hands nothing: the next cell counts again."""
+    try:
+        entries = json.loads(path.read_text())
+        adopted = {tuple(key): StepFlops.from_json(counted) for key, counted in entries}
+    except (OSError, ValueError, TypeError, KeyError):  # absent, or not whole
+        return
+    for key, counted in adopted.items():
+        _COUNTED.setdefault(key, counted)
 
 
 def export_counts(path: Path, *, own_only: bool) -> None:
-    """Write this process's counts (``own_only``: those it made itself) to ``path``."""
-    keys = _OWN if own_only else _COUNTED.keys()
+    """Write this process's counts (``own_only``: those it made itself) to ``path``, whole or
+    not at all."""
+    keys = [k for k in (_OWN if own_only else _COUNTED) if k in _COUNTED]
     if keys:
-        path.write_text(json.dumps([[list(k), _COUNTED[k].to_json()] for k in keys if k in _COUNTED]))
+        atomic_write_text(path, json.dumps([[list(k), _COUNTED[k].to_json()] for k in keys]))
 
 
 def cell_flops(
@@ -64,6 +78,8 @@ def cell_flops(
         data_rank,
         cell.activation_checkpointing,
         cell.precision,
+        cell.dropout,
+        cell.device,  # a CUDA cell planned on the CPU counts the CUDA kernels' FLOPs
         device.type,
         tensors,
     )
