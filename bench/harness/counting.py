@@ -54,12 +54,19 @@ def adopt_counts(path: Path) -> None:
         _COUNTED.setdefault(key, counted)
 
 
-def export_counts(path: Path, *, own_only: bool) -> None:
-    """Write this process's counts (``own_only``: those it made itself) to ``path``, whole or
-    not at all."""
+def export_counts(path: Path, *, own_only: bool = False, cell: CellConfig | None = None) -> None:
+    """Write this process's counts to ``path``, whole or not at all: those it made itself
+    (``own_only``), or those of ``cell``'s step (``_step_of``), the only ones its rank 0 reads."""
     keys = [k for k in (_OWN if own_only else _COUNTED) if k in _COUNTED]
+    if cell is not None:
+        keys = [k for k in keys if k[: len(_step_of(cell))] == _step_of(cell)]
     if keys:
         atomic_write_text(path, json.dumps([[list(k), _COUNTED[k].to_json()] for k in keys]))
+
+
+def _step_of(cell: CellConfig) -> tuple[Any, ...]:
+    """The leading fields of the keys (``cell_flops``) of ``cell``'s step."""
+    return (cell.workload, cell.preset, cell.batch_size, cell.seed)
 
 
 def cell_flops(
@@ -71,10 +78,7 @@ def cell_flops(
     (``bench/metrics/op_replay.py``)."""
     tensors = "active" if cell.fake else "real" if workload.not_plannable else "fake"
     key = (
-        cell.workload,
-        cell.preset,
-        cell.batch_size,
-        cell.seed,
+        *_step_of(cell),
         data_rank,
         cell.activation_checkpointing,
         cell.precision,

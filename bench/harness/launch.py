@@ -202,7 +202,7 @@ class RankWorld:
         self.exited_at: dict[int, float] = {}
         cell_file = tmpdir / "cell.json"
         cell_file.write_text(json.dumps(cell.to_json()))
-        counting.export_counts(tmpdir / counting.HANDED, own_only=False)
+        counting.export_counts(tmpdir / counting.HANDED, cell=cell)
         try:
             for rank in self.ranks:
                 env = {k: v for k, v in os.environ.items() if not k.startswith(AGENT_VARIABLES)}

@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         local_world_size=_env_int("LOCAL_WORLD_SIZE", processes),
     )
     start = time.perf_counter()
-    if args.result_dir is not None:  # what earlier cells of the launcher's command counted
+    if args.result_dir is not None and rank == 0:  # the counter: what earlier cells counted
         counting.adopt_counts(args.result_dir / counting.HANDED)
     try:
         kw["fault"] = next((f for f in faults_from_env() if f.applies_to(cell.strategy)), None)
