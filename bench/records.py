@@ -450,12 +450,33 @@ def first_line(text: str | None, limit: int = 120) -> str:
     return lines[0][:limit] if lines else ""
 
 
-def _git_sha() -> str | None:
+#: the checkout this code runs from, if it is one: bench/ sits in it
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _git_sha(root: Path = CHECKOUT) -> str | None:
     """The commit of the shardbench checkout this code runs from; None for an installed package
-    (whose folder may sit inside some other repository, a user's, whose commit says nothing)."""
-    root = Path(__file__).resolve().parents[1]  # the checkout: bench/ sits in it
-    if not (root / ".git").exists():
+    (whose folder may sit inside some other repository, a user's, whose commit says nothing).
+    Read from the repository's files: every record asks, and a ``git`` process forked from a
+    launcher holding torch costs milliseconds each time. A layout the files do not settle (a
+    worktree's ``.git`` file, a ref in neither place) asks ``git``."""
+    git = root / ".git"
+    if not git.exists():
         return None
+    if git.is_dir():
+        try:
+            head = (git / "HEAD").read_text().strip()
+            if not head.startswith("ref: "):
+                return head or None  # a detached HEAD holds the commit itself
+            ref = head[len("ref: ") :]
+            if (git / ref).is_file():
+                return (git / ref).read_text().strip() or None
+            for line in (git / "packed-refs").read_text().splitlines():
+                sha, _, name = line.partition(" ")
+                if name == ref:
+                    return sha
+        except OSError:
+            pass
     try:
         r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         return r.stdout.strip() if r.returncode == 0 else None
@@ -483,15 +504,22 @@ PACKAGES = ("deepspeed", "fairscale", "lightning", "transformers")
 def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str]:
     """Each package's installed version, "not installed" where it is absent; read from the
     installed metadata, so nothing is imported (DeepSpeed's import alone takes seconds)."""
+    return dict(_installed_versions(tuple(names)))
+
+
+@functools.cache
+def _installed_versions(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Read once a process: the metadata search walks every installed distribution (milliseconds
+    for each record), and a package installed while a process runs is not the one it imported."""
     from importlib import metadata
 
-    versions = {}
+    versions = []
     for name in names:
         try:
-            versions[name] = metadata.version(name)
+            versions.append((name, metadata.version(name)))
         except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
+            versions.append((name, "not installed"))
+    return tuple(versions)
 
 
 def capture_env(device: str) -> dict[str, Any]:

@@ -103,6 +103,15 @@ def test_report_from_samples(report, samples: list[Record]) -> None:
     assert "timeout" in page and "2.11.0+cu130" in page
 
 
+@pytest.mark.charts  # the drawing is not stubbed here: leaving it out is the flag's own doing
+def test_a_report_without_charts_says_how_to_draw_them(tmp_path: Path) -> None:
+    result = build_report([SAMPLES], tmp_path, charts=False)
+    assert result.charts == [] and not [p for p in tmp_path.iterdir() if p.suffix in (".png", ".svg")]
+    said = f"Charts not drawn (--no-charts); shardbench report {tmp_path} draws them"
+    assert said in result.index_html.read_text()
+    assert result.table_md.is_file() and result.records > 0
+
+
 def test_xdist_keeps_this_module_on_one_worker(request: pytest.FixtureRequest) -> None:
     """Under ``--dist loadgroup`` every test of this module carries its group in its node id,
     so they all go to one worker and the module's fixtures run once; pytest 9.2 broke that

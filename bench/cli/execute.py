@@ -73,9 +73,10 @@ def execute_run(
     searches: Sequence[SuiteSearch] = (),
     columns: Sequence[str] | None = None,
     suite: str | None = None,
+    charts: bool = True,
 ) -> Executed:
     """Run validated cells into ``out`` (a new run directory by default), then the suite's
-    max-size searches, print the table and write the report."""
+    max-size searches, print the table and write the report (without its charts: ``charts``)."""
     from shardbench.harness.runner import done_keys, new_run_id, run_cells
     from shardbench.harness.validate import check_output_dir
     from shardbench.records import RecordWriteError, read_records
@@ -135,7 +136,7 @@ def execute_run(
 
     if outcome.records:
         print(terminal_table(outcome.records, columns or DEFAULT_COLUMNS))
-    print(f"report: {write_report(out)} (every column: {out / 'table.md'})")
+    print(f"report: {write_report(out, charts=charts)} (every column: {out / 'table.md'})")
     records = outcome.records
     ok = sum(r.status == "ok" for r in records)
     skipped = f", {outcome.skipped} skipped (already ok)" if outcome.skipped else ""

@@ -138,6 +138,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         "run's drill-down/, our phases labelled shardbench::...; the report links it",
     )
     run.add_argument(
+        "--no-charts",
+        dest="charts",
+        action="store_false",
+        help="write the report without its charts, seconds less a run where only the records and "
+        "tables are read (a CI gate, a job's runs); 'shardbench report RUN_DIR' draws them later",
+    )
+    run.add_argument(
         "--columns",
         type=csv_list(str),
         help="columns of the terminal table (table.md has them all); default: "
@@ -225,6 +232,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         searches=searches,
         columns=columns,
         suite=args.suite or DEFAULT_SUITE,
+        charts=args.charts,
     ).code
 
 

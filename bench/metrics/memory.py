@@ -74,6 +74,9 @@ class _GlobalPeakTracker:
         if base not in cls._cache:
             from copy import deepcopy
 
+            from torch.distributed._tools.common_utils import get_untyped_storages
+            from torch.distributed._tools.mem_tracker import _TOTAL_KEY, _MemRefType
+
             def _update_peak_stats(self: Any, peak_state: Any) -> None:
                 if getattr(self, "per_module", False):
                     before = dict(self._peak_mem)
@@ -83,14 +86,11 @@ class _GlobalPeakTracker:
                             self.peak_comm[dev] = comm_bytes(self, dev)
                     return
                 for dev, dev_snap in self._curr_mem_snap.items():
-                    total = sum(int(v) for k, v in dev_snap.items() if _is_total(k))
+                    total = int(dev_snap.get(_TOTAL_KEY, 0))  # the tracker keeps the sum there
                     if self._peak_mem.get(dev, 0) < total:
                         self._peak_mem[dev] = total
                         self._peak_mem_snap[dev] = deepcopy(dev_snap)
                         self.peak_comm[dev] = comm_bytes(self, dev)
-
-            from torch.distributed._tools.common_utils import get_untyped_storages
-            from torch.distributed._tools.mem_tracker import _MemRefType
 
             def _update_and_maybe_create_winfos(
                 self: Any, t: torch.Tensor, reftype: Any, update_existing: bool = False

@@ -51,32 +51,34 @@ def _links_rebased(r: Record, run_dir: Path, report_dir: Path) -> Record:
     return replace(r, artifacts=moved)
 
 
-def build_report(paths: Sequence[Path | str], out_dir: Path) -> ReportResult:
+def build_report(paths: Sequence[Path | str], out_dir: Path, *, charts: bool = True) -> ReportResult:
     """Merge the records of ``paths`` and write table.md, table.csv, the charts and index.html.
     The report of one plan run leads with the plan (its ``plan.json``); merged runs have no
-    one plan to lead with."""
+    one plan to lead with. ``charts=False`` leaves the charts out (``run --no-charts``), and the
+    page says how to draw them."""
     out_dir = Path(out_dir)
     records = report_records(paths, links_from=out_dir)
     inputs = records_files(paths)
     plan = read_plan(inputs[0].parent) if len(inputs) == 1 else None
     out_dir.mkdir(parents=True, exist_ok=True)
     write_tables(records, out_dir)
-    charts = plot_all(records, out_dir)
+    drawn = plot_all(records, out_dir) if charts else {}
     frame = records_to_frame(records, tracebacks=True)  # written beside it by write_tables
-    index = write_index(records, frame=frame, charts=charts, out_dir=out_dir, plan=plan)
+    undrawn = None if charts else f"Charts not drawn (--no-charts); shardbench report {out_dir} draws them."
+    index = write_index(records, frame=frame, charts=drawn, out_dir=out_dir, plan=plan, charts_note=undrawn)
     return ReportResult(
         table_md=out_dir / "table.md",
         table_csv=out_dir / "table.csv",
         index_html=index,
-        charts=[p for paths_ in charts.values() for p in paths_],
+        charts=[p for paths_ in drawn.values() for p in paths_],
         records=len(records),
     )
 
 
-def write_report(run_dir: Path) -> Path | str:
+def write_report(run_dir: Path, *, charts: bool = True) -> Path | str:
     """The run's report (charts, index.html) beside its records. A chart that cannot be drawn
     must not cost the run its measurements: they are already on disk, so say so and go on."""
     try:
-        return build_report([run_dir], run_dir).index_html
+        return build_report([run_dir], run_dir, charts=charts).index_html
     except Exception as e:  # noqa: BLE001 - the records are written; the report is a by-product
         return f"not written ({type(e).__name__}: {e}); rebuild with: shardbench report {run_dir}"

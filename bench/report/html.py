@@ -125,9 +125,11 @@ def write_index(
     charts: Mapping[str, Sequence[Path]],
     out_dir: Path,
     plan: Mapping[str, Any] | None = None,
+    charts_note: str | None = None,
 ) -> Path:
     """Write ``out_dir/index.html``; ``charts`` maps a chart kind to its PNG and SVG files in
-    ``out_dir``; ``plan``: a plan run's summary (``plan_html.read_plan``), shown first."""
+    ``out_dir``; ``plan``: a plan run's summary (``plan_html.read_plan``), shown first;
+    ``charts_note``: why there are no charts, where they were left out on purpose."""
     statuses = pd.Series([r.status for r in records]).value_counts().to_dict() if records else {}
     summary = ", ".join(f"{n} {s}" for s, n in statuses.items())
     what = "plan" if plan else "report"
@@ -148,6 +150,8 @@ def write_index(
     if scaled := scaling_table(records):
         parts += ["<h2>Scaling efficiency</h2>", scaled]
     parts += ["<h2>Environment</h2>", _environment(records)]
+    if charts_note:
+        parts.append(f'<p class="how">{_e(charts_note)}</p>')
     for kind, (title, how) in SECTIONS.items():
         if charts.get(kind):  # a section with nothing to show is left out, not shown empty
             parts += [f"<h2>{_e(title)}</h2>", f'<p class="how">{_e(how)}</p>', _figures(charts[kind])]
