@@ -59,7 +59,8 @@ def export_counts(path: Path, *, own_only: bool = False, cell: CellConfig | None
     (``own_only``), or those of ``cell``'s step (``_step_of``), the only ones its rank 0 reads."""
     keys = [k for k in (_OWN if own_only else _COUNTED) if k in _COUNTED]
     if cell is not None:
-        keys = [k for k in keys if k[: len(_step_of(cell))] == _step_of(cell)]
+        step = _step_of(cell)
+        keys = [k for k in keys if k[: len(step)] == step]
     if keys:
         atomic_write_text(path, json.dumps([[list(k), _COUNTED[k].to_json()] for k in keys]))
 
