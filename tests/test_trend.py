@@ -225,7 +225,11 @@ def test_cli_bad_input_exits_2(tmp_path: Path, capsys, content: str | None, need
 
 
 def test_cli_import_stays_light() -> None:
-    """``shardbench`` starts without matplotlib or torch; ``trend`` imports what it draws with."""
-    code = "import sys, shardbench.cli; print(sorted({'matplotlib', 'torch', 'pandas'} & set(sys.modules)))"
+    """``shardbench`` starts without matplotlib or torch; ``trend`` imports what it draws with,
+    and a report imports matplotlib only when it draws a chart (``run --no-charts`` never does)."""
+    code = (
+        "import sys, shardbench.cli; print(sorted({'matplotlib', 'torch', 'pandas'} & set(sys.modules)));"
+        "import shardbench.report.build; print('matplotlib' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.split() == ["[]", "False"]

@@ -44,6 +44,7 @@ from shardbench.harness.counting import cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
 from shardbench.harness.job import STORE_PREFIX
+from shardbench.harness.nvml_check import drop_where_nvml_cannot_answer
 from shardbench.harness.phases import (
     CellSteps,
     Diverged,
@@ -221,6 +222,7 @@ def _train_and_measure(
     """Build and wrap the model, then run the phases (``phases.py``) and assemble the result."""
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
     model = build_model(workload, cell, ctx.device)
+    drop_where_nvml_cannot_answer()  # a model's library may have set it on import (nvml_check.py)
     num_params = sum(p.numel() for p in model.parameters())
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     # before the strategy wraps the model: no collective, no hook sees the count (counting.py)
@@ -234,6 +236,7 @@ def _train_and_measure(
     if cell.fake:  # FakeTensors would make torch fall back to its loop: pin what the device runs
         optimizer_factory = pinned_factory(optimizer_factory, cell.device)
     model, optimizer = strategy.setup(model, optimizer_factory, ctx)
+    drop_where_nvml_cannot_answer()  # and a peer's, imported by its setup
     setup_s = time.perf_counter() - started
     model.train()
     per_process = 1 if cell.simulate else ctx.world_size // processes

@@ -55,7 +55,7 @@ def _mem_tracker_class() -> type:
             f"this torch ({torch.__version__}) lacks torch.distributed._tools.mem_tracker.MemTracker, "
             "which shardbench needs to measure tensor memory by category (torch >= 2.5)"
         ) from e
-    if not hasattr(MemTracker, "_update_peak_stats"):
+    if not all(hasattr(MemTracker, name) for name in ("_update_peak_stats", "_track")):
         return MemTracker  # internals changed: keep the stock (slower) tracker
     return _GlobalPeakTracker.of(MemTracker)
 
@@ -73,9 +73,14 @@ class _GlobalPeakTracker:
     def of(cls, base: type) -> type:
         if base not in cls._cache:
             from copy import deepcopy
+            from functools import partial
 
             from torch.distributed._tools.common_utils import get_untyped_storages
-            from torch.distributed._tools.mem_tracker import _TOTAL_KEY, _MemRefType
+            from torch.distributed._tools.mem_tracker import _TOTAL_KEY, _MemRefType, _ModState
+            from torch.distributed.tensor import DTensor
+            from torch.utils._pytree import tree_map_only
+
+            wait_tensor = torch.ops._c10d_functional.wait_tensor.default
 
             def _update_peak_stats(self: Any, peak_state: Any) -> None:
                 if getattr(self, "per_module", False):
@@ -137,7 +142,28 @@ class _GlobalPeakTracker:
             ) -> Any:
                 if shape_propagation.running():  # DTensor's metadata, not the rank's memory
                     return func(*args, **(kwargs or {}))
-                return base.__torch_dispatch__(self, func, types, args, kwargs)
+                if func is wait_tensor or any(t is DTensor for t in types):
+                    return base.__torch_dispatch__(self, func, types, args, kwargs)
+                # the stock dispatch, whose walk over the outputs (a pytree map that builds a
+                # wrapper on every call) is about 15% of a tracked step's CPU; an operator returns
+                # a tensor or a flat tuple of them, typed here directly, in the same order
+                res = func(*args, **(kwargs or {}))
+                if self._in_opt:
+                    reftype = _MemRefType.OPT
+                elif self._mod_tracker.is_bw and not self._in_ac:
+                    reftype = _MemRefType.TEMP
+                else:
+                    reftype = _MemRefType.ACT
+                if isinstance(res, torch.Tensor):
+                    self._track(reftype, res)
+                elif type(res) in (tuple, list) and all(isinstance(x, torch.Tensor | None) for x in res):
+                    for x in res:
+                        if x is not None:
+                            self._track(reftype, x)
+                else:
+                    tree_map_only(torch.Tensor, partial(self._track, reftype), res)
+                self._update_peak_stats(_ModState.PEAK_BW if self._mod_tracker.is_bw else _ModState.PEAK_FW)
+                return res
 
             methods = {
                 "__torch_dispatch__": __torch_dispatch__,

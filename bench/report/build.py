@@ -14,10 +14,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shardbench.records import Record, load_records, records_files
-from shardbench.report.chart_drawing import plot_all
 from shardbench.report.html import write_index
 from shardbench.report.plan_html import read_plan
 from shardbench.report.tables import records_to_frame, write_tables
+
+
+def plot_all(records: Sequence[Record], out_dir: Path) -> dict[str, list[Path]]:
+    """Every chart of ``records`` drawn into ``out_dir`` (``chart_drawing.plot_all``). Imported
+    here, at the first chart: matplotlib costs a command that writes no chart (``--no-charts``,
+    a report of plans) half a second of CPU."""
+    from shardbench.report.chart_drawing import plot_all as draw
+
+    return draw(records, out_dir)
 
 
 @dataclass(frozen=True)
