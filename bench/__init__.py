@@ -4,6 +4,7 @@ The public API, for your own models and training loops::
 
     from shardbench import ModelSpec, Input, Workload                # a workload of your own
     from shardbench import ShardedOptimizer, ShardedDataParallel     # our ZeRO, stages 1-3
+    from shardbench import ShardedGradScaler                         # fp16 loss scaling for it
 
 Each name is imported on first use, so ``import shardbench`` (and the CLI's commands that never
 train: ``list``, ``report``, ``compare``) does not load torch.
@@ -21,6 +22,7 @@ _PUBLIC = {
     "Workload": "shardbench.models.base",
     "ShardedOptimizer": "shardbench.strategies.sharded",
     "ShardedDataParallel": "shardbench.strategies.sharded",
+    "ShardedGradScaler": "shardbench.strategies.sharded",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -8,6 +8,7 @@ killed by a signal."""
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -58,8 +59,7 @@ def test_trainability_changes_and_live_groups_match_one_process(stage: int, worl
         for rank, by_variant in enumerate(results):
             state = by_variant[(live_group, accumulate)]
             where = (
-                f"stage {stage} N={world_size} rank {rank} "
-                f"live_group={live_group} accumulate={accumulate}"
+                f"stage {stage} N={world_size} rank {rank} live_group={live_group} accumulate={accumulate}"
             )
             assert not isinstance(state, str), f"{where}: {state}"
             diff, name = max_rel_diff(state, ref)
@@ -130,7 +130,7 @@ def _reads(rank: int, world_size: int) -> dict:
     loss.backward()
     opt.step()
     out["covered"] = all(_storage_covers(p) for p in model.parameters())
-    out["sum"] = float(sum(p.detach().sum() for p in model.parameters()))  # safe, not a value
+    out["value_reads"] = _value_reads(model)
     for name, read in (("state_dict", model.state_dict), ("deepcopy", lambda: copy.deepcopy(model))):
         try:
             read()
@@ -173,9 +173,44 @@ def _reads(rank: int, world_size: int) -> dict:
     return out
 
 
+def _value_reads(model: torch.nn.Module) -> dict[str, str]:
+    """Each way user code reads a parameter's values between steps: "" where it gave a value,
+    else the error's text (none may return a wrong number silently)."""
+    reads = {
+        "sum": lambda p: p.sum(),
+        "detach_sum": lambda p: p.detach().sum(),
+        "norm": lambda p: p.norm(),
+        "clone": lambda p: p.clone(),
+        "data": lambda p: p.data,
+        "element": lambda p: p.view(-1)[0],
+        "save": lambda p: torch.save(p, io.BytesIO()),
+        "to_double": lambda p: p.double(),
+        "print": lambda p: repr(p),
+    }
+    out: dict[str, str] = {}
+    for name, read in reads.items():
+        errors = []
+        for p in model.parameters():
+            try:
+                read(p)
+            except RuntimeError as e:
+                errors.append(str(e))
+        out[name] = errors[0] if len(errors) == len(list(model.parameters())) else f"{len(errors)} refused"
+    p = next(model.parameters())
+    out["describes"] = f"{p.dtype} {p.requires_grad} {p.cpu() is p} {p.device}"
+    return out
+
+
 def test_stage3_reads_between_steps_are_safe() -> None:
     """Each read runs in a rank process: one killed by a signal fails the world call."""
     for out in run_in_world(_reads, 2):
+        for name, text in out["value_reads"].items():
+            if name == "describes":  # what describes the tensor still answers
+                assert text == "torch.float32 False True cpu" or text.startswith("torch.float32 True"), text
+                continue
+            # every parameter refuses, in one line naming the ways to the values
+            assert "summon_full_params" in text and "full_state_dict" in text, (name, text)
+            assert "\n" not in text, text
         assert out["covered_mid_step"] and out["covered"] and out["covered_after"] and out["covered_inside"]
         for k, v in out["full"].items():
             assert torch.equal(out["loaded"][k], v + 1 if v.is_floating_point() else v), k

@@ -64,11 +64,15 @@ Usage in a training loop::
         loss_fn(model(batch)).backward()
         opt.clip_grad_norm_(1.0)                     # global norm across shards
         opt.step()
+    # fp16: scaler = ShardedGradScaler(device); scaler.scale(loss).backward(); scaler.unscale_(opt)
+    # before clipping; scaler.step(opt); scaler.update() (``scaler.py``: torch's own GradScaler
+    # sees no sharded gradient)
     opt.consolidate_state_dict(to=0)                 # collective; then on rank 0:
     if rank == 0: torch.save(opt.state_dict(), path) # plain optimizer format, any world size
 """
 
 from shardbench.strategies.sharded.data_parallel import ShardedDataParallel
 from shardbench.strategies.sharded.optimizer import ELEMENTWISE_OPTIMIZERS, ShardedOptimizer
+from shardbench.strategies.sharded.scaler import ShardedGradScaler
 
-__all__ = ["ELEMENTWISE_OPTIMIZERS", "ShardedDataParallel", "ShardedOptimizer"]
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "ShardedDataParallel", "ShardedGradScaler", "ShardedOptimizer"]

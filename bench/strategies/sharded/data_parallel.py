@@ -228,9 +228,7 @@ class ShardedDataParallel(nn.Module):
                     dist.broadcast(flat, src=self._src, group=self.process_group)
                 in_flats = {id(p) for b in self.optimizer.buckets for p in b.params}
                 rest = [p for p in self.module.parameters() if id(p) not in in_flats]
-                broadcast_coalesced(
-                    [*rest, *self.module.buffers()], src=self._src, group=self.process_group
-                )
+                broadcast_coalesced([*rest, *self.module.buffers()], src=self._src, group=self.process_group)
             self.optimizer.refresh_master_weights()  # (16-bit parameters: masters of rank 0's values)
 
     def close(self) -> None:
@@ -287,8 +285,11 @@ class ShardedDataParallel(nn.Module):
         holds at most one unit's full parameters)."""
         if self.gatherer is None or self._reads is None:
             return self.module.state_dict()
-        with self._reads.values_whole():
-            state = self.module.state_dict()
+        with self._reads.values_whole():  # (the parameters themselves: their values come below)
+            state = self.module.state_dict(keep_vars=True)
+        for name, value in state.items():
+            if not isinstance(value, nn.Parameter):
+                state[name] = value.detach()
         names: dict[int, list[str]] = {}
         for name, p in self.module.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), []).append(name)

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardbench.strategies.sharded.free_parameter import make_freeable, make_plain, set_freed
 from shardbench.strategies.sharded.frozen import FrozenShards
 from shardbench.strategies.sharded.layout import remember_whole_shape
 from shardbench.strategies.sharded.optimizer import ShardedOptimizer
@@ -131,6 +132,7 @@ class UnitGatherer:
         for places in self._places:
             for p, _, _, shape in places:
                 remember_whole_shape(p, shape)
+                make_freeable(p)
                 self._empty[id(p)] = torch.empty((0, len(self._empty) + 1), dtype=p.dtype, device=p.device)
         #: while set (``pinned``), every unit stays gathered: nothing is freed
         self._pinned = False
@@ -158,11 +160,18 @@ class UnitGatherer:
             ]
 
     def close(self) -> None:
+        """Remove the hooks and free every unit. A parameter given whole values of its own
+        meanwhile (a trainer's teardown writes the consolidated state into the module) is a
+        plain parameter again; the others keep refusing reads: their values are gone."""
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
         for u in list(self._gathered):
             self.free(u)
+        for places in self._places:
+            for p, _, _, shape in places:
+                if p.numel() == shape.numel():
+                    make_plain(p)
 
     @torch.no_grad()
     def unshard(self) -> None:
@@ -173,6 +182,7 @@ class UnitGatherer:
             self.gather(u.index)
             for p, _, _, _ in self._places[u.index]:
                 p.data = p.detach().clone()
+                make_plain(p)
             self._gathered.discard(u.index)
             for flat, _ in self._buffers(u.index):
                 flat.untyped_storage().resize_(0)
@@ -210,6 +220,7 @@ class UnitGatherer:
                 self.frozen.release_chunks(u)  # a copy of part of the whole now (frozen.py)
                 for p, flat, offset, shape in self._places[u]:
                     p.data = flat[offset : offset + shape.numel()].view(shape)
+                    set_freed(p, False)
 
     def free(self, u: int, *, force: bool = False) -> None:
         if self._pinned and not force:
@@ -219,12 +230,13 @@ class UnitGatherer:
                 work.wait()
             self.frozen.restore_chunks(u)
             # Between uses a parameter is an empty tensor, never its full shape over a storage
-            # of zero bytes: any read of it by user code (a sum, a state dict, a deep copy) is
-            # then safe, where one past the end of a freed storage kills the process. Autograd
-            # saved the parameter itself, not its data: it sees the full view again once the
-            # unit is gathered for its backward.
+            # of zero bytes (a read past the end of a freed storage kills the process), and
+            # it refuses reads of its values (``free_parameter.py``: an empty tensor's sum is a
+            # silent 0). Autograd saved the parameter itself, not its data: it sees the full
+            # view again once the unit is gathered for its backward.
             for p, _, _, _ in self._places[u]:
                 p.data = self._empty[id(p)]
+                set_freed(p, True)
             for flat, _ in self._buffers(u):
                 flat.untyped_storage().resize_(0)
             self._gathered.discard(u)

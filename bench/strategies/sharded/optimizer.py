@@ -181,6 +181,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._parked: dict[int, tuple[nn.Parameter, int, int, dict[str, Any]]] = {}
         #: steps taken (a wrapper tells from it whether gradients it holds were stepped)
         self.steps_taken = 0
+        #: the inverse loss scale still owed by 16-bit gradients, applied as each is converted
+        #: to fp32 for the step (``unscale_grads_``): none are copied early just to unscale them
+        self._owed_unscale: torch.Tensor | None = None
         self._ready = False
         super().__init__(params, optim_kwargs)
         self._ready = True
@@ -460,10 +463,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
             else _as(chunk[pc.chunk_offset : pc.chunk_offset + pc.numel], shard)
             for pc, shard in zip(b.pieces, self._shards[b.index], strict=True)
         ]
+        if self._owed_unscale is not None:
+            for g in grads:
+                if g is not None and g.dtype != chunk.dtype:  # type: ignore[union-attr]
+                    g.mul_(self._owed_unscale.to(g.dtype))
         # a converted copy is a gradient, made outside the optimizer's own step: say so to
         # memory accounting (the source's observer), which would otherwise see a temporary
         observe = getattr(source, "memory_observer", None)
-        if observe is not None and chunk is not None and chunk.dtype != self._shards[b.index][0].dtype:
+        if observe is not None and chunk is not None and self._masters[b.index] is not None:
             for g in grads:
                 if g is not None:
                     observe(g, "grads")
@@ -548,7 +555,35 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for shard, g in zip(shards, bucket_grads, strict=True):
                 shard.grad = g
         self._grads_ready = False
+        self._owed_unscale = None
         return loss
+
+    @torch.no_grad()
+    def unscale_grads_(self, inv_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
+        """Multiply this rank's gradient shards by ``inv_scale`` and set ``found_inf`` to 1 if
+        any element is not finite (what ``GradScaler.unscale_`` does to a plain optimizer's
+        gradients; ``ShardedGradScaler`` calls it and agrees ``found_inf`` across ranks). Full-
+        precision gradients are unscaled in place; 16-bit ones are only checked here and
+        unscaled as they are converted to fp32, for clipping or the step."""
+        source = None if self._grads_ready else self._attached()
+        if source is None:
+            self.prepare_grads()
+            grads = [s.grad for shards in self._shards for s in shards if s.grad is not None]
+            _check_and_unscale(grads, found_inf, inv_scale)
+            return
+        converted = []
+        for b, master in zip(self.buckets, self._masters, strict=True):
+            chunk = source.gradient_chunk(b.index)
+            if chunk is None:
+                continue
+            if master is None:  # the step reads the chunk itself
+                _check_and_unscale([chunk], found_inf, inv_scale)
+            else:
+                converted.append(chunk)
+        if converted:
+            # 16-bit values hold inf/NaN exactly as their fp32 copies will: checked now, scaled later
+            _check_and_unscale(converted, found_inf, torch.ones_like(inv_scale))
+            self._owed_unscale = inv_scale.clone()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
@@ -556,6 +591,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for shard in shards:
                 shard.grad = None
         self._grads_ready = False
+        self._owed_unscale = None
         source = self._attached()
         if source is not None:
             source.on_zero_grad(set_to_none)
@@ -663,6 +699,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
             local_group.update(hyperparameters(group))
         self.refresh_master_weights()
         self._consolidated = None
+
+
+def _check_and_unscale(grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
+    """torch's fused check-and-unscale over ``grads``, one call per device and dtype."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    for (device, _), same in groups.items():
+        flag = found_inf if found_inf.device == device else torch.zeros_like(found_inf, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(same, flag, inv_scale.to(device))
+        if flag is not found_inf:
+            found_inf.copy_(torch.maximum(found_inf, flag.to(found_inf.device)))
 
 
 def _as(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

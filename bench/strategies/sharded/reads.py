@@ -1,7 +1,8 @@
 """Stage 3 between steps: what user code can read of a module whose parameters are sharded.
 
-Between uses a stage-3 parameter is an empty tensor (``gatherer.py``): any read is safe, none
-sees a value. The ways to the values, each a collective (every rank calls it):
+Between uses a stage-3 parameter holds no values and refuses every read of them in one line
+(``free_parameter.py``), while its shape, dtype and ``requires_grad`` still answer. The ways to
+the values, each a collective (every rank calls it):
 
 - ``ShardedDataParallel.full_state_dict()`` (and the wrapper's own ``state_dict()``): whole
   values, gathered one unit at a time;
@@ -27,11 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-SHARDED = (
-    "the parameters of a module wrapped in ShardedDataParallel(stage=3) are sharded between uses; "
-    "read them with wrapper.full_state_dict() or inside `with wrapper.summon_full_params():` "
-    "(each a collective: call it on every rank)"
-)
+from shardbench.strategies.sharded.free_parameter import SHARDED, make_plain
 
 #: where ``nn.Module`` keeps hooks, by handle id (a deep copy strips ours from them), and the
 #: per-hook flags kept under the same ids
@@ -112,6 +109,8 @@ class StageThreeReads:
             clone = copy.deepcopy(module, memo)
         finally:
             module.__dict__["__deepcopy__"] = self._copier
+        for p in clone.parameters():
+            make_plain(p)
         for m in clone.modules():
             keys = {k for attr in _HOOKS for k, fn in getattr(m, attr).items() if id(fn) in ours}
             for attr in (*_HOOKS, *_HOOK_FLAGS):
