@@ -1,4 +1,4 @@
-"""A model of your own, as shardbench takes it (README: "Your own model").
+"""A model of your own, as shardbench takes it (docs/own-models.md).
 
 ``factory`` returns a ``ModelSpec``: how to build the module (called once per rank, after the
 seed is set, under the device and FakeTensorMode contexts the harness needs) and what a sample

@@ -128,3 +128,17 @@ def test_suite_matrices_and_overrides(tmp_path) -> None:
     path.write_text("[[matrix]]\nworkload = ['x']\n")
     with pytest.raises(ValueError, match="unknown key 'workload'"):
         load_suite(str(path))
+
+
+def test_no_help_states_a_switch_default_backwards() -> None:
+    """``--no-charts`` draws charts unless given: its help must not end in "(default: True)"."""
+    import argparse
+
+    from shardbench.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subs.choices.items():
+        text = sub.format_help()
+        assert "(default: True)" not in text and "(default: False)" not in text, name
+    assert "--no-charts" in subs.choices["run"].format_help()

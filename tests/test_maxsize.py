@@ -34,10 +34,13 @@ def probes_here(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_parse_budget() -> None:
     assert maxsize.parse_budget("16GiB") == 16 * 2**30
     assert maxsize.parse_budget("1.5 GB") == 1_500_000_000
-    assert maxsize.parse_budget("4096") == 4096
-    for bad in ("16 gigs", "", "-1GiB", "0"):
+    assert maxsize.parse_budget("4096B") == 4096
+    for bad in ("16 gigs", "", "-1GiB", "0", "12"):
         with pytest.raises(ValueError, match="budget"):
             maxsize.parse_budget(bad)
+    with pytest.raises(ValueError, match="unit"):  # a bare number could mean any unit
+        maxsize.parse_budget("12")
+    assert maxsize.parse_size("0", what="--reserve", zero=True) == 0  # nothing needs no unit
 
 
 def test_ladder_search_returns_the_boundary_of_the_probes(tmp_path: Path, probes_here) -> None:

@@ -167,3 +167,27 @@ def test_a_link_to_a_missing_or_ignored_file_or_heading_is_reported() -> None:
         "docs/a.md:6: ../README.md#none",
     ]
     assert anchors(readme["README.md"]) == {"shardbench", "the-plan-fake"}
+
+
+#: what the CLI, the models and the examples print or say to read: a docs page (and heading), or
+#: a README heading by name
+POINTER = re.compile(r"(docs/[a-z0-9_-]+\.md)(#[a-z0-9-]+)?|README: \"?([A-Z][^\")\n]*)")
+
+
+def test_every_pointer_the_code_and_examples_print_resolves() -> None:
+    files = repo_files()
+    sources = sorted(
+        f for f in files if f.endswith(".py") and f.split("/")[0] in ("bench", "models", "examples")
+    )
+    broken = []
+    for source in sources:
+        for m in POINTER.finditer(read_page(source)):
+            page, anchor, heading = m.groups()
+            if heading is not None:
+                if slug(heading) not in anchors(read_page("README.md")):
+                    broken.append(f"{source}: README heading {heading!r}")
+            elif page not in files:
+                broken.append(f"{source}: {page}")
+            elif anchor and anchor[1:] not in anchors(read_page(page)):
+                broken.append(f"{source}: {page}{anchor}")
+    assert not broken, broken

@@ -34,8 +34,9 @@ __all__ = ["UsageError", "build_parser", "entry", "main", "resolve_cells"]
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Every option's help ends with its default, where it has one worth saying (not None,
-    False or an empty list) and the help does not state it already. Lines break only at spaces:
+    """Every option's help ends with its default, where it has one worth saying (not None, an
+    empty list, nor a switch's: ``--no-charts`` defaults to drawing them, which "(default: True)"
+    would say backwards) and the help does not state it already. Lines break only at spaces:
     a name with a hyphen (``torch-zero1``, ``--max-batch``) is never split across two lines."""
 
     def _split_lines(self, text: str, width: int) -> list[str]:
@@ -62,6 +63,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         if (
             "default" in text
             or default in (None, False, argparse.SUPPRESS)
+            or isinstance(default, bool)  # a switch: its default is the opposite of its name
             or (isinstance(default, list | tuple) and not default)
             or not action.option_strings
         ):

@@ -68,7 +68,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {name}: {presets or 'error: ' + w.get('error', '')}")
         if w["sizes"]:
             print(f"    any size: {w['sizes']}")
-    print(f"  and your own: {data['workload_forms']} (README: Your own model)")
+    print(f"  and your own: {data['workload_forms']} (docs/own-models.md)")
     print("strategies:")
     for name, s in data["strategies"].items():
         alias = f" (alias: {', '.join(s['aliases'])})" if s["aliases"] else ""

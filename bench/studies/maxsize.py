@@ -50,12 +50,13 @@ VARY = ("params", "batch")
 #: a params search stops when the largest fit and the smallest non-fit are this close (3%)
 DEFAULT_RESOLUTION = 0.03
 MAX_BATCH = 1 << 16  # the doubling phase stops here: a search must end
-_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _UNITS |= {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
 
 def parse_budget(text: str) -> int:
-    """Bytes from a size such as ``16GiB``, ``512MiB``, ``1.5GB`` or ``1048576``."""
+    """Bytes from a size such as ``16GiB``, ``512MiB``, ``1.5GB`` or ``1048576B``: the unit is
+    required (a bare ``12`` could mean 12 GiB as easily as 12 bytes)."""
     return parse_size(text, what="memory budget")
 
 
@@ -63,9 +64,11 @@ def parse_size(text: str, *, what: str, zero: bool = False) -> int:
     """Bytes from a size (``parse_budget``'s forms); ``zero``: 0 is allowed."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
+    if m and zero and not unit and float(m.group(1)) == 0:  # nothing needs no unit
+        return 0
     if not m or unit not in _UNITS:
         raise ValueError(
-            f"cannot read {what} {text!r}: give a number and a unit, e.g. 16GiB, 512MiB, "
+            f"cannot read {what} {text!r}: give a number and its unit, e.g. 16GiB, 512MiB, "
             "2GB (units: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
         )
     nbytes = int(float(m.group(1)) * _UNITS[unit])
