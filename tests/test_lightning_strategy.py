@@ -243,3 +243,20 @@ def test_the_strategies_are_registered() -> None:
     for stage in STAGES:
         strategy = StrategyRegistry.get(f"shardbench_zero{stage}")
         assert strategy.stage == stage
+
+
+def test_16_mixed_gets_the_sharded_scaler_with_the_stock_ones_settings() -> None:
+    """Lightning builds fp16 AMP with torch's scaler, which sees no sharded gradient: the strategy
+    swaps in ``ShardedGradScaler``, keeping the scaler's settings (fp16 AMP runs on CUDA only, so
+    on a CPU machine the swap is what can be checked; the loop itself: test_sharded_scaler.py)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from shardbench.integrations.lightning import ShardbenchStrategy
+    from shardbench.strategies.sharded import ShardedGradScaler
+
+    stock = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
+    strategy = ShardbenchStrategy(stage=3)
+    strategy.precision_plugin = MixedPrecision("16-mixed", "cpu", scaler=stock)
+    scaler = strategy.precision_plugin.scaler
+    assert isinstance(scaler, ShardedGradScaler)
+    assert scaler.get_growth_interval() == 7 and scaler.get_scale() == 1024.0

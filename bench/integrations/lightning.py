@@ -30,8 +30,11 @@ parameters back into the module, so it can be evaluated, saved or trained again.
 
 Precision: ``"32-true"``, ``"bf16-mixed"`` (parameters, gradients and the shards the optimizer
 updates stay fp32; autocast runs the forward in bf16) and ``"bf16-true"`` (bf16 parameters and
-gradients; each rank keeps fp32 master weights for its own shard only). ``"16-mixed"`` is refused:
-its gradient scaler unscales ``param.grad``, which a sharded gradient does not fill.
+gradients; each rank keeps fp32 master weights for its own shard only). ``"16-mixed"`` is fp16
+autocast over fp32 parameters, its gradient scaler replaced by ``ShardedGradScaler``
+(torch's scaler unscales ``param.grad``, which a sharded gradient leaves empty; ours unscales the
+shards and agrees on an overflow across ranks). Lightning runs fp16 AMP only on CUDA: on the CPU
+it says so in one line and trains ``"bf16-mixed"`` instead.
 
 Trainability may change between steps, as Lightning's ``BackboneFinetuning`` changes it: a
 ``requires_grad`` flipped or a param group added (``optimizer.add_param_group``) is laid out at the
@@ -74,11 +77,16 @@ except ModuleNotFoundError as e:
 
 from shardbench.blocks import repeated_blocks
 from shardbench.integrations.lightning_callbacks import gather_around_hooks, refuse_unsupported
-from shardbench.strategies.sharded import ELEMENTWISE_OPTIMIZERS, ShardedDataParallel, ShardedOptimizer
+from shardbench.strategies.sharded import (
+    ELEMENTWISE_OPTIMIZERS,
+    ShardedDataParallel,
+    ShardedGradScaler,
+    ShardedOptimizer,
+)
 from shardbench.strategies.sharded.data_parallel import STAGES
 
 #: the ``Trainer(precision=...)`` values the strategy trains with (see the module docstring)
-PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
 
 #: ``unit=``: which modules stage 3 gathers together; a policy, or module classes
 UnitSpec = Callable[[nn.Module], bool] | type[nn.Module] | Iterable[type[nn.Module]]
@@ -169,12 +177,10 @@ class ShardbenchStrategy(DDPStrategy):
             raise MisconfigurationException(
                 f"`Trainer(strategy={self.name!r})` does not support precision {precision!r} "
                 f"({type(plugin).__name__}); choose one of {', '.join(PRECISIONS)}"
-                + (
-                    ": 16-mixed's gradient scaler unscales param.grad, which sharded gradients leave empty"
-                    if precision == "16-mixed"
-                    else ""
-                )
             )
+        stock = getattr(plugin, "scaler", None)
+        if stock is not None and not isinstance(stock, ShardedGradScaler):
+            plugin.scaler = _sharded_scaler(stock, getattr(plugin, "device", "cuda"))  # type: ignore[union-attr]
         DDPStrategy.precision_plugin.fset(self, plugin)  # type: ignore[attr-defined]
 
     # ----- setup -------------------------------------------------------------------------------
@@ -358,6 +364,20 @@ class ShardbenchStrategy(DDPStrategy):
                     description=f"shardbench's ZeRO stage {stage} (ShardedDataParallel)",
                     stage=stage,
                 )
+
+
+def _sharded_scaler(stock: torch.amp.GradScaler, device: str) -> ShardedGradScaler:
+    """``ShardedGradScaler`` with the stock scaler's settings and state."""
+    scaler = ShardedGradScaler(
+        device,
+        growth_factor=stock.get_growth_factor(),
+        backoff_factor=stock.get_backoff_factor(),
+        growth_interval=stock.get_growth_interval(),
+        enabled=stock.is_enabled(),
+    )
+    if stock.is_enabled():
+        scaler.load_state_dict(stock.state_dict())
+    return scaler
 
 
 def _unshard(module: nn.Module | None, state: dict[str, torch.Tensor]) -> None:
