@@ -19,7 +19,8 @@ In anyone's loop: wrapping starts every rank from rank 0's parameters (frozen on
 buffers (``broadcast.py``); a ``requires_grad`` flipped or a group added with
 ``add_param_group`` between steps is laid out again at the next forward, optimizer state kept
 (``ShardedDataParallel._relayout_if_changed``, ``ShardedOptimizer.relayout``); between uses a
-stage-3 parameter is an empty tensor, and its values are read through ``full_state_dict()``, the
+stage-3 parameter refuses reads of its values in one line (``free_parameter.py``), and they are
+read through ``full_state_dict()``, the
 wrapper's ``state_dict()`` or ``summon_full_params()`` (``reads.py``).
 
 How it is put together: ``ShardedDataParallel`` (``data_parallel.py``) composes a
