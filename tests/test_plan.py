@@ -96,7 +96,7 @@ def test_budget_between_ddp_and_zero2(in_process, tmp_path: Path, capsys) -> Non
     out = tmp_path / "plan"
     strategies = ("ddp", "zero1", "zero2")  # every strategy: test_examples.py
     assert (
-        main(["plan", *ARGS, "--budget", str(budget), "--strategy", ",".join(strategies), "--out", str(out)])
+        main(["plan", *ARGS, "--budget", f"{budget}B", "--strategy", ",".join(strategies), "--out", str(out)])
         == 0
     )
     rows = {r.strategy: r for r in rows_from(read_records([out]), budget, max_batch=False)}
@@ -134,7 +134,7 @@ def test_max_batch_is_adjacent_to_the_first_that_does_not_fit(in_process, tmp_pa
                 "plan",
                 *ARGS,
                 "--budget",
-                str(budget),
+                f"{budget}B",
                 "--max-batch",
                 "--strategy",
                 "ddp,zero2",
@@ -197,10 +197,10 @@ def test_a_reserve_moves_the_recommendation_and_the_headroom_is_after_it(
     peaks = {c.strategy: in_process(c, run_id="t").peak_mem_bytes["max"] for c in _cells(8, ("ddp", "zero2"))}
     budget = peaks["ddp"] + (1 << 10)
     reserve = budget - peaks["zero2"] - (1 << 10)  # zero2 keeps 1 KiB after it, ddp is over
-    argv = ["plan", *ARGS, "--budget", str(budget), "--strategy", "ddp,zero2"]
+    argv = ["plan", *ARGS, "--budget", f"{budget}B", "--strategy", "ddp,zero2"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     assert "recommended: ddp" in capsys.readouterr().out
-    assert main([*argv, "--reserve", str(reserve), "--out", str(tmp_path / "b")]) == 0
+    assert main([*argv, "--reserve", f"{reserve}B", "--out", str(tmp_path / "b")]) == 0
     printed = capsys.readouterr().out
     assert "recommended: zero2" in printed and "(--reserve)" in printed
     rows = {
@@ -214,7 +214,7 @@ def test_a_reserve_moves_the_recommendation_and_the_headroom_is_after_it(
     written = json.loads((tmp_path / "b" / "plan.json").read_text())
     assert written["recommended"] == "zero2" and written["budget_bytes"] == budget
     assert written["rows"][1]["headroom_bytes"] == 1 << 10 and "--reserve" in written["reserve"]
-    for bad, needle in (("lots", "cannot read --reserve"), (str(budget), "leaves nothing of --budget")):
+    for bad, needle in (("lots", "cannot read --reserve"), (f"{budget}B", "leaves nothing of --budget")):
         assert main([*argv, "--reserve", bad, "--out", str(tmp_path / "c")]) == 2
         assert needle in capsys.readouterr().err
 

@@ -143,6 +143,8 @@ def test_every_subcommand_says_what_it_is_for_and_shows_its_defaults(monkeypatch
             flag, default = action.option_strings[-1], action.default
             if isinstance(default, list | tuple) and default:
                 assert ",".join(map(str, default)) in text, (path, flag)
+            elif isinstance(default, bool):  # a switch: "(default: True)" would read backwards
+                assert f"default: {default}" not in text.split(flag, 1)[1].split(" --", 1)[0], (path, flag)
             elif default not in (None, False, [], ()):
                 assert f"default: {default}" in text or f"default {default}" in text, (path, flag)
             elif action.nargs != 0 and flag not in OFF_WHEN_ABSENT and (path[0], flag) not in OFF_WHEN_ABSENT:
