@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from shardbench.wording import count
+
 #: version of the record layout; 2 added ``schema``, ``failure`` and the statuses
 #: ``diverged`` and ``interrupted``; 3 added the run's ``name`` and ``tags`` and the cell's
 #: ``repeat`` index. Records without ``schema`` are version 1; every older record still loads.
@@ -304,7 +306,8 @@ def _quarantine_partial_line(f: Any, path: Path) -> None:
     with open(f"{path}.corrupt", "ab") as bad:
         bad.write(tail[cut:] + b"\n")
     f.truncate(keep)
-    warnings.warn(f"{path}: moved a partial last line ({size - keep} bytes) to {path}.corrupt", stacklevel=3)
+    moved = f"moved a partial last line ({count(size - keep, 'byte')}) to {path}.corrupt"
+    warnings.warn(f"{path}: {moved}", stacklevel=3)
 
 
 def read_records(paths: Iterable[Path], *, strict: bool = False) -> list[Record]:

@@ -209,10 +209,11 @@ def test_compare_page_shows_every_note_within_the_window(browser: Browser, tmp_p
     from shardbench.report.compare_report import write_comparison
     from shardbench.studies.compare import compare_runs
 
-    base = [
-        _cell(w, s, shard=i, step_ms=20.0)
+    base = [  # two repeats: a ratio of one pair is not judged, and no row would regress
+        _cell(w, s, shard=i, step_ms=20.0, repeat=repeat)
         for w in ("transformer", "imagegpt")
         for i, s in enumerate(("ddp", "zero2"))
+        for repeat in (0, 1)
     ]
     now = [
         replace(r, step_time_s={"median": 0.04, "mad": 0.0005, "n": 5}) if r.strategy == "zero2" else r

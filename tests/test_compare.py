@@ -432,8 +432,13 @@ def test_every_regressed_row_comes_before_any_other(tmp_path: Path) -> None:
     from shardbench.report.compare_report import rows, to_html
 
     slow = {"step_time_s": timed(0.200, 0.001)}  # twice the baseline's 100 ms, ddp's unchanged
-    baseline = [rec(), rec(strategy="zero2"), rec(strategy="zero3"), rec(strategy="zero1")]
-    current = [rec(), rec(strategy="zero2", **slow), rec(strategy="zero3"), rec(strategy="zero1", **slow)]
+    # two repeats a side: a ratio of one pair is not judged
+    baseline = [rec(strategy=s, repeat=i) for s in ("ddp", "zero2", "zero3", "zero1") for i in (0, 1)]
+    current = [
+        rec(strategy=s, repeat=i, **(slow if s in ("zero2", "zero1") else {}))
+        for s in ("ddp", "zero2", "zero3", "zero1")
+        for i in (0, 1)
+    ]
     comparison = compare_runs(baseline, current)
     verdicts = [row[0] for row in rows(comparison)]
     assert verdicts[:2] == ["regressed", "regressed"] and "regressed" not in verdicts[2:], verdicts

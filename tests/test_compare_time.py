@@ -15,6 +15,7 @@ from shardbench.studies.compare import compare_runs
 from shardbench.studies.compare_rules import Rules, load_rules
 from shardbench.studies.compare_strategy import CellChange, strategy_deltas
 from shardbench.studies.machines import machine_of, machines
+from shardbench.studies.speed_verdict import NOT_JUDGED, ONE_RUN, speed_verdicts
 from tests.records import make_record
 
 GIB = 1 << 30
@@ -100,11 +101,52 @@ def test_ratios_pair_by_run_and_repeat() -> None:
     so their spread is no noise; a pair whose ddp is missing is left out."""
     fast, slow = {"ddp": [60, 60], "zero2": [72, 72]}, {"ddp": [90, 90], "zero2": [108, 108]}
     base = run(fast, name="a") + run(slow, name="b")
-    night = run({"ddp": [100], "zero2": [120, 150]}, name="n")
+    night = run({"ddp": [100, 100], "zero2": [120, 120, 150]}, name="n")
     ratio = metric(cell(compare_runs(base, night), "zero2"), "step_time_vs_ddp")
     assert ratio.baseline == pytest.approx(1.2) and ratio.current == pytest.approx(1.2)
-    assert "4 pair(s) with ddp in the baseline, 1 now" in ratio.note
+    assert "4 pairs with ddp in the baseline, 2 now" in ratio.note
     assert "relative threshold" in ratio.note  # no spread: the 15% decides
+
+
+def test_a_ratio_of_one_pair_is_not_judged_and_cannot_fail_the_gate() -> None:
+    """A smoke run (one run, no repeats) against a baseline of two runs of two repeats: zero2's
+    ratio moved 1.11x -> 2.00x, which one pair cannot tell from drift between its two cells.
+    ``run`` says "one run: not judged" of that ratio; ``compare`` says the same and exits 0, the
+    strategy-wide test leaves it out, and only memory can still fail it."""
+    base = run({"ddp": [100, 100], "zero2": [111.4, 111.4]}, name="a")
+    base += run({"ddp": [100, 100], "zero2": [111.4, 111.4]}, name="b")
+    smoke = run({"ddp": [100], "zero2": [199.8]}, name="smoke")
+    c = compare_runs(base, smoke)
+    ratio = metric(cell(c, "zero2"), "step_time_vs_ddp")
+    assert (ratio.baseline, ratio.current) == (pytest.approx(1.114), pytest.approx(1.998))
+    assert ratio.verdict == "not judged" and ratio.low is None and ratio.error is None
+    assert ratio.note.startswith("not judged: one run now (1 pair with ddp")
+    assert c.exit_code == 0 and not c.strategies and cell(c, "zero2").verdict == "unchanged"
+    assert "1 ratio not judged, which cannot fail the gate" in to_text(c)
+    (verdict,) = [v for k, v in speed_verdicts(smoke).items() if k.strategy == "zero2"]
+    assert verdict.word == NOT_JUDGED and verdict.reason == ONE_RUN  # what `run` printed
+    # a baseline of one pair is as blind, whatever the night
+    night = run({"ddp": [100, 100], "zero2": [199.8, 199.8]}, name="n")
+    backwards = metric(cell(compare_runs(smoke, night), "zero2"), "step_time_vs_ddp")
+    assert backwards.verdict == "not judged" and "one run the baseline" in backwards.note
+    # memory still fails it
+    grown = [replace(r, peak_mem_bytes={"max": 2 * GIB}) if r.strategy == "zero2" else r for r in smoke]
+    assert compare_runs(base, grown).exit_code == 1
+    # two pairs a side judge the same move
+    assert compare_runs(base, night).exit_code == 1
+
+
+def test_a_crowded_cells_ratio_is_not_judged_by_compare_as_by_run() -> None:
+    """Ranks that outnumbered the cores they ran on waited for their turn: ``run`` never judges
+    that step time, and neither does ``compare``, with repeats or without."""
+    crowded = dict(placement={"ranks": 8, "cores": 2})
+    base = run({"ddp": [100, 100], "zero2": [110, 110]}, name="b", **crowded)
+    night = run({"ddp": [100, 100], "zero2": [220, 220]}, name="n", **crowded)
+    c = compare_runs(base, night)
+    ratio = metric(cell(c, "zero2"), "step_time_vs_ddp")
+    assert ratio.verdict == "not judged" and "more ranks than cores" in ratio.note and c.exit_code == 0
+    (verdict,) = [v for k, v in speed_verdicts(night).items() if k.strategy == "zero2"]
+    assert verdict.word == NOT_JUDGED and verdict.reason == "more ranks than cores"
 
 
 def test_the_ratio_band_widens_with_the_pairs_spread() -> None:
@@ -148,7 +190,7 @@ def test_a_dedicated_runner_gates_absolute_time_with_three_repeats_a_side() -> N
     two = compare_runs(base, run({"ddp": [180, 180]}), dedicated)
     time = metric(cell(two, "ddp"), "step_time_s")
     assert time.verdict == "not gated" and two.exit_code == 0
-    assert "3 timed repeat(s) in the baseline, 2 now; absolute time needs 3 on each side" in time.note
+    assert "3 timed repeats in the baseline, 2 now; absolute time needs 3 on each side" in time.note
     three = compare_runs(base, run({"ddp": [180, 180, 180]}), dedicated)
     assert metric(cell(three, "ddp"), "step_time_s").verdict == "regressed" and three.exit_code == 1
     assert "and as time itself (dedicated runner" in to_text(three)
@@ -196,7 +238,7 @@ def test_the_committed_cpu_baseline_has_ratios_to_gate() -> None:
         assert c.exit_code == 0
         timed = [x for x in c.cells if not x.identity["simulated"] and x.identity["strategy"] != "ddp"]
         assert timed and all(metric(x, "step_time_vs_ddp").verdict == "unchanged" for x in timed)
-        assert all("6 pair(s)" in metric(x, "step_time_vs_ddp").note for x in timed)
+        assert all("6 pairs with ddp" in metric(x, "step_time_vs_ddp").note for x in timed)
 
 
 def _suite(slower: float, *, name: str, runs: int = 1, scale: float = 1.0) -> list[Record]:

@@ -67,7 +67,7 @@ def test_the_measured_peak_is_probed_once_per_cpu_torch_threads_and_dtype(tmp_pa
 
     first = peak()
     assert first["flops_per_s"] == 1e11 and first["kind"] == "measured" and first["threads"] == 1
-    assert "GEMM probe: 1024x1024 @ 1024x1024 fp32, 1 thread(s), best of 7 = 0.1 TFLOP/s" in first["source"]
+    assert "GEMM probe: 1024x1024 @ 1024x1024 fp32, 1 thread, best of 7 = 0.1 TFLOP/s" in first["source"]
     assert peak() == first and len(calls) == 1  # cached: not measured again
     assert peak(threads=2)["flops_per_s"] == 2e11
     assert peak(dtype="bf16")["flops_per_s"] == 3e11

@@ -205,6 +205,6 @@ def test_the_throughput_chart_draws_ideal_scaling_from_the_n1_cell_and_mfu_per_s
     (mfu,) = mfu_charts(rounds)
     bars = [(b.series, b.value) for b in mfu.panels[0].bars]
     assert sorted(v for _, v in bars) == pytest.approx(sorted([20.0, 20.0, 16.0, 10.0, 20.0, 18.0]))
-    assert "1 simulated or fake cell(s) left out" in " ".join(mfu.notes)
+    assert "1 simulated or fake cell left out" in " ".join(mfu.notes)
     assert not mfu_charts([replace(r, mfu=None) for r in rounds])
     draw(chart)  # the line chart draws with its dashed ideal

@@ -28,6 +28,7 @@ from shardbench.studies.speed_verdict import (
     speed_verdicts,
 )
 from shardbench.studies.versus import against_reference
+from shardbench.wording import count
 from tests.records import make_record
 
 NIGHTLY = Path(__file__).resolve().parents[1] / "results" / "baselines" / "cpu" / "nightly-cpu.jsonl"
@@ -211,3 +212,19 @@ def test_plan_and_claim_judge_one_pair_as_a_run_does() -> None:
         pair_verdict(replace(ours, step_time_s={**ours.step_time_s, "median": 0.1005}), base).note()
         == WITHIN_NOISE
     )
+
+
+def test_counts_in_verdicts_agree_with_their_nouns() -> None:
+    """The claim's memory cells time one step: its verdict reads "1 timed step", not "1 timed
+    steps"; three read "3 timed steps", in ``run``'s verdicts and ``compare``'s step-time rule."""
+    base, ours = _cell("ddp", 100.0), _cell("zero2", 64.0)
+
+    def stepped(r: Record, n: int) -> Record:
+        return replace(r, steps=n, step_time_s={**r.step_time_s, "n": n})
+
+    assert pair_verdict(stepped(ours, 1), stepped(base, 1)).note() == "1 timed step: not judged"
+    assert pair_verdict(stepped(ours, 3), stepped(base, 3)).note() == "3 timed steps: not judged"
+    one = step_time_noise(stepped(ours, 1), stepped(base, 1), base_label="ddp")
+    assert one == "1 timed step: too few to tell from noise"
+    assert count(1, "cell") == "1 cell" and count(0, "cell") == "0 cells"
+    assert count(2, "process", "processes") == "2 processes"

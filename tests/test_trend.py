@@ -19,7 +19,10 @@ import pytest
 
 from shardbench.cli import main
 from shardbench.report.trend_charts import draw_metric
-from shardbench.studies.trend import alarms, last_night, read_history, series
+from shardbench.studies.compare import compare_runs
+from shardbench.studies.history import history_lines as history_lines_of
+from shardbench.studies.trend import EVERY_METRIC_SCHEMA, alarms, last_night, read_history, series, unrecorded
+from tests.records import make_record
 
 MIB = 2**20
 A, B, NEW = (
@@ -233,3 +236,91 @@ def test_cli_import_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[]", "False"]
+
+
+NO_BAND = {"low": None, "high": None}
+
+
+def _gate_line(night: int, *, schema: int, metrics: dict, dedicated: bool | None = None) -> dict:
+    out = line(night, B, mem=60 * MIB)
+    out["schema"] = schema
+    out["metrics"] = {**out["metrics"], **metrics}
+    if dedicated is not None:
+        out["dedicated"] = dedicated
+    return out
+
+
+def test_only_what_the_gate_gates_has_a_band_and_a_verdict() -> None:
+    """Absolute step time is gated on a dedicated runner only: an older shardbench's lines
+    (schema 1, which say nothing of the runner) carry a band and verdicts for it, which the chart
+    leaves out, as it does on a shared runner's night; a dedicated runner's night keeps both.
+    Memory keeps its band, and a ratio of one run ("not judged") has none."""
+    history = [
+        _gate_line(1, schema=1, metrics={"step_time_s": metric(0.012, 0.010, unit="s", verdict="regressed")}),
+        _gate_line(2, schema=2, dedicated=False, metrics={
+            "step_time_s": {**metric(0.011, 0.010, unit="s", verdict="not gated"), **NO_BAND},
+            "step_time_vs_ddp": {**metric(2.0, 1.1, unit="x", verdict="not judged"), **NO_BAND},
+        }),
+        _gate_line(3, schema=2, dedicated=True, metrics={
+            "step_time_s": metric(0.010, 0.010, unit="s"),
+            "step_time_vs_ddp": metric(1.1, 1.1, unit="x"),
+        }),
+    ]  # fmt: skip
+    s = series(history)
+    time = s[(B, "step_time_s")]
+    assert time.gated == (False, False, True) and time.verdicts == ("not gated", "not gated", "unchanged")
+    assert time.lows == (None, None, pytest.approx(0.0099)) and time.highs[:2] == (None, None)
+    ratio = s[(B, "step_time_vs_ddp")]
+    assert ratio.gated == (False, False, True) and ratio.recorded == (False, True, True)
+    assert ratio.lows[:2] == (None, None) and ratio.lows[2] == pytest.approx(1.089)
+    assert s[(B, "peak_mem_bytes")].gated == (True, True, True)
+    # a shared runner's (or an older shardbench's) nights only: no band, no mark, and the title says why
+    shared = series(history[:2])
+    fig = draw_metric("step_time_s", [shared[(B, "step_time_s")]], suite="x")
+    (panel,) = [ax for ax in fig.axes if ax.get_visible()]
+    assert not [ln for ln in panel.lines if ln.get_marker() == "X"] and panel.get_title(loc="left") == B
+    title = " ".join(fig.texts[0].get_text().split())
+    assert "reported, not gated (absolute time drifts between runs on a shared runner" in title
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert not any("band" in x for x in labels) and "regressed" not in labels
+    mem = draw_metric("peak_mem_bytes", [shared[(B, "peak_mem_bytes")]], suite="x")
+    legend = [t.get_text() for t in mem.legends[0].get_texts()]
+    assert "the gate's band (outside: improved / regressed)" in legend
+    assert "not gated" not in mem.texts[0].get_text()
+    # the night whose line does not hold the ratio is marked so, not as the cell's verdict
+    drawn = draw_metric("step_time_vs_ddp", [ratio], suite="x")
+    (panel,) = [ax for ax in drawn.axes if ax.get_visible()]
+    assert [t.get_text() for t in panel.texts] == ["not recorded"]
+
+
+def test_gated_metrics_no_night_holds_are_named(tmp_path: Path, capsys) -> None:
+    """The committed nightly-cpu history comes from an older shardbench: it holds neither the
+    step-time ratio nor bytes sent, which the gate gates. The page and the command say so; a
+    night written by ``nightly`` now holds both, and a history of such nights is not told off
+    for cells that have none."""
+    committed = Path(__file__).resolve().parents[1] / "results" / "history" / "nightly-cpu.jsonl"
+    nights = read_history(committed)
+    held = {m for x in nights for m in x["metrics"]}
+    assert {"comm_sent_bytes", "step_time_vs_ddp"} <= held | set(unrecorded(nights))
+    path = tmp_path / "h.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in history_lines()))
+    assert main(["trend", str(path), "--out", str(tmp_path / "o")]) == 0
+    said = "comm_sent_bytes and step_time_vs_ddp, which the gate gates; no night of this history records them"
+    assert said in capsys.readouterr().out
+    page = (tmp_path / "o" / "trend.html").read_text()
+    assert 'id="unrecorded">Not charted: model_state_bytes, held_after_step_bytes, comm_sent_bytes' in page
+    assert 'id="older"' in page
+    assert "trend-step_time_s.png; reported, not gated" in page
+    # what nightly writes now
+    records = [
+        make_record(strategy=s, repeat=i, step_time_s={"median": ms / 1e3, "mad": 1e-4, "n": 20}, steps=20,
+                    peak_mem_bytes={"max": MIB, "per_rank": [MIB, MIB]}, comm_per_step={"sent_per_rank": 10})
+        for s, ms in (("ddp", 100), ("zero2", 110))
+        for i in (0, 1)
+    ]  # fmt: skip
+    lines = history_lines_of(compare_runs(records, records), suite="s", run_id="r", name="n", baseline="b",
+                             git_sha=None)  # fmt: skip
+    zero2 = next(x for x in lines if "/zero2/" in x["cell"])
+    assert {"comm_sent_bytes", "step_time_vs_ddp"} <= set(zero2["metrics"])
+    assert zero2["schema"] >= EVERY_METRIC_SCHEMA and zero2["dedicated"] is False
+    assert unrecorded([{**x, "metrics": {}} for x in lines]) == []

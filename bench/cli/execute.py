@@ -106,7 +106,7 @@ def execute_run(
     if recorded and not {c.key() for c in cells} & recorded:
         # a resume without the run's own suite and flags would append a different run to it
         raise UsageError(
-            f"--resume {out}: none of the {len(cells)} cells asked for is a cell of that run "
+            f"--resume {out}: none of the {count(len(cells), 'cell')} asked for is a cell of that run "
             f"({name!r}); give the same --suite and flags it was started with"
         )
     if skip:

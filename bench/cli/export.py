@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from shardbench.cli.common import UsageError
+from shardbench.wording import count
 
 FORMATS = ("pytest-benchmark",)
 
@@ -62,7 +63,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     meta = doc["shardbench"]
     where = "standard output" if args.out is None else args.out
     print(
-        f"exported {meta['exported']} benchmarks, skipped {len(meta['skipped'])} records; wrote {where}",
+        f"exported {count(meta['exported'], 'benchmark')}, skipped {count(len(meta['skipped']), 'record')}; "
+        f"wrote {where}",
         file=sys.stderr,
     )
     return 0

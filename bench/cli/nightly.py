@@ -28,6 +28,7 @@ from shardbench.cli.common import (
     require_env_of,
     tag_pair,
 )
+from shardbench.wording import count
 
 if TYPE_CHECKING:
     from shardbench.records import Record
@@ -155,7 +156,7 @@ def _gate_files(
             comparison, out, baseline=f"{baseline_name} ({baseline_path})", current=str(out), extra_html=extra
         ),
     )
-    return f"nightly: {out / 'compare.html'}; history: {history} (+{len(lines)} lines)"
+    return f"nightly: {out / 'compare.html'}; history: {history} (+{count(len(lines), 'line')})"
 
 
 def _write_trend(history: Path, out: Path) -> str:

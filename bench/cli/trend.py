@@ -26,6 +26,7 @@ def cmd_trend(args: argparse.Namespace) -> int:
     from shardbench.harness.validate import check_output_dir
     from shardbench.paths import inside, path_component
     from shardbench.report.trend_charts import write_trend
+    from shardbench.report.trend_html import unrecorded_line
     from shardbench.studies.trend import alarms, last_night, night_of, read_history
     from shardbench.wording import count
 
@@ -51,4 +52,6 @@ def cmd_trend(args: argparse.Namespace) -> int:
     cells = count(len({line["cell"] for line in history}), "cell")
     news = count(len(found), "regression or newly failing cell", "regressions or newly failing cells")
     print(f"{count(nights, 'night')}, {cells}; last night: {news}; open {page}")
+    if line := unrecorded_line(history):
+        print(line)
     return 0

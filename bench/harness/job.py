@@ -20,6 +20,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shardbench.wording import count
+
 #: the variable a cell's rank processes find their key prefix in (the job's store is at
 #: MASTER_ADDR:MASTER_PORT): they meet there instead of in a store of their own
 STORE_PREFIX = "SHARDBENCH_STORE_PREFIX"
@@ -50,7 +52,8 @@ class Job:
     nodes: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        return f"{self.launcher} job of {self.world_size} processes (this is rank {self.rank})"
+        processes = count(self.world_size, "process", "processes")
+        return f"{self.launcher} job of {processes} (this is rank {self.rank})"
 
 
 def detect_job(environ: Mapping[str, str]) -> Job | None:

@@ -36,6 +36,7 @@ from shardbench.harness.job_link import POLL_S, SILENT_S, JobError, JobLink
 from shardbench.harness.launch import CellEndsRun, RankWorld, launcher_dir
 from shardbench.harness.result import RankResult, build_record
 from shardbench.records import Record
+from shardbench.wording import count
 
 #: rank 0 waits this long past a cell's timeout for another process's result (one whose
 #: heartbeat goes on): the time that process takes to notice the cell, dump its rank's stack
@@ -118,7 +119,8 @@ class Leader:
         self.cells += 1
         if plan.processes > world:  # (validation refuses such a cell; a stand-in for a bug)
             error = (
-                f"the cell needs {plan.processes} processes and the {self.link.job.describe()} has {world}"
+                f"the cell needs {count(plan.processes, 'process', 'processes')} and the "
+                f"{self.link.job.describe()} has {world}"
             )
             results = [
                 RankResult(rank=r, status="error", error=f"rank {r}: {error}") for r in range(plan.processes)

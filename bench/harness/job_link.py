@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from shardbench.harness.config import own_cpus
 from shardbench.harness.job import Job
+from shardbench.wording import count
 
 #: how long the processes of a job may take to start and meet (imports on a busy node, srun
 #: starting tasks node by node)
@@ -83,7 +84,8 @@ class JobLink:
             if time.monotonic() > deadline:
                 joined = sum(self.store.check([k]) for k in keys)
                 raise JobError(
-                    f"{self.job.describe()}: only {joined} of its {self.job.world_size} processes "
+                    f"{self.job.describe()}: only {joined} of its "
+                    f"{count(self.job.world_size, 'process', 'processes')} "
                     f"joined within {timeout_s:g}s (is every process running this same command, "
                     "started by torchrun or srun?)"
                 )

@@ -25,6 +25,7 @@ from shardbench.metrics.analytic import _BYTES, Communication, predicted_comm
 from shardbench.metrics.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile, check_network
 from shardbench.metrics.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
 from shardbench.records import Record, placement_of
+from shardbench.wording import count
 
 #: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
 #: moments, and writes the parameter and the moments back
@@ -63,7 +64,8 @@ def gloo_profile(
     return NetworkProfile(
         MEASURED,
         default,
-        f"gloo probe at N={world_size}, {threads} thread(s) per rank, measured {entry.get('measured_at')}",
+        f"gloo probe at N={world_size}, {count(threads, 'thread')} per rank, "
+        f"measured {entry.get('measured_at')}",
         by_kind=kinds,
         shares_compute=True,
     )

@@ -20,6 +20,7 @@ from typing import Any
 
 from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig
 from shardbench.harness.job import current_job
+from shardbench.wording import count
 
 #: a fake world is a few tensors per rank-0 partition; past this the partition bookkeeping is
 #: the bottleneck and no real job is that wide
@@ -68,8 +69,8 @@ def check_world_size(n: Any, *, simulate: bool) -> None:
     if not simulate and job is None and n > limit:
         raise ValueError(
             f"world size {n} needs {n} rank processes; this host runs at most {limit} "
-            f"({os.cpu_count()} cores x 4, capped at 64); for larger N use --simulate or --fake "
-            "(one process plays rank 0 of the world)"
+            f"({count(os.cpu_count() or 1, 'core')} x 4, capped at 64); for larger N use --simulate or "
+            "--fake (one process plays rank 0 of the world)"
         )
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.metrics import probe_cache
+from shardbench.wording import count
 
 #: the dtypes a step's matrix products run at, as the table and the probe name them
 DTYPES = ("bf16", "fp16", "tf32", "fp32")
@@ -232,7 +233,7 @@ def measured_peak(
 def probe_source(entry: dict[str, Any]) -> str:
     """How a cached figure was measured, in a line."""
     n, repeats = entry.get("n"), entry.get("repeats")
-    threads = f", {entry['threads']} thread(s)" if entry.get("threads") else ""
+    threads = f", {count(entry['threads'], 'thread')}" if entry.get("threads") else ""
     median, mad = entry.get("median_flops_per_s"), entry.get("mad_flops_per_s")
     spread = (
         f" (median {median / TERA:.3g} ± {mad / TERA:.3g})" if median is not None and mad is not None else ""

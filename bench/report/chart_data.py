@@ -31,6 +31,7 @@ from shardbench.report.chart_types import (
 from shardbench.report.styles import strategy_key
 from shardbench.studies.maxsize import kept_reserve
 from shardbench.studies.reference import REFERENCE
+from shardbench.wording import count
 
 BREAKDOWN_PARTS = ("params", "grads", "optimizer", "activations", "comm", "other")
 #: the model states held after a step, stacked beside the peak's breakdown
@@ -177,9 +178,9 @@ def step_time_charts(records: Sequence[Record]) -> list[Chart]:
         n_sim = sum(1 for r in all_recs if r.simulated)
         n_fake = sum(1 for r in all_recs if r.fake and not r.simulated)
         if n_sim:
-            notes.append(f"{n_sim} simulated cell(s) left out: their step time has no communication.")
+            notes.append(f"{count(n_sim, 'simulated cell')} left out: their step time has no communication.")
         if n_fake:
-            notes.append(f"{n_fake} fake (planned) cell(s) left out: nothing ran.")
+            notes.append(f"{count(n_fake, 'fake (planned) cell')} left out: nothing ran.")
         title = f"{workload}: step time and throughput by strategy"
         out.append(_chart("step_time", slug("step_time", workload), title, recs, panels, notes))
     return out
@@ -206,7 +207,8 @@ def mfu_charts(records: Sequence[Record]) -> list[Chart]:
             f"against the device's peak ({' / '.join(kinds)}; which peak: the table's peak columns).",
         ]
         if left := sum(1 for r in all_recs if r.simulated or r.fake):
-            notes.append(f"{left} simulated or fake cell(s) left out: their step time has no communication.")
+            left_out = count(left, "simulated or fake cell")
+            notes.append(f"{left_out} left out: their step time has no communication.")
         title = f"{workload}: MFU by strategy"
         out.append(_chart("mfu", slug("mfu", workload), title, recs, (panel,), notes))
     return out

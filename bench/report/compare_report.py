@@ -12,7 +12,7 @@ from pathlib import Path
 
 from shardbench.report.html import CSS
 from shardbench.report.tables import markdown_table
-from shardbench.studies.compare import COMM_METRIC, VERDICTS, CellDelta, Comparison, MetricDelta
+from shardbench.studies.compare import COMM_METRIC, NOT_JUDGED, VERDICTS, CellDelta, Comparison, MetricDelta
 from shardbench.studies.compare_strategy import POWER
 from shardbench.studies.reference import REFERENCE
 from shardbench.wording import count
@@ -129,16 +129,25 @@ def detection_line(comparison: Comparison) -> str | None:
 
 
 def time_rule_line(comparison: Comparison) -> str:
-    """How step time was gated: on a shared runner, only the ratios within a run are."""
+    """How step time was gated: on a shared runner, only the ratios within a run are; and how
+    many ratios were too uncertain to judge (one run, a crowded cell), which nothing else says."""
     if comparison.dedicated:
-        return (
+        line = (
             f"step time: gated as each strategy's ratio to {REFERENCE} within its run, and as time itself "
             "(dedicated runner, where each side has enough repeats)"
         )
-    return (
-        f"step time: gated as each strategy's ratio to {REFERENCE} within its run; the time itself is "
-        "reported, not gated (shared runner)"
-    )
+    else:
+        line = (
+            f"step time: gated as each strategy's ratio to {REFERENCE} within its run; the time itself is "
+            "reported, not gated (shared runner)"
+        )
+    unjudged = [m for c in comparison.cells for m in c.metrics if m.verdict == NOT_JUDGED]
+    if unjudged:
+        line += (
+            f"; {count(len(unjudged), 'ratio')} not judged, which cannot fail the gate "
+            "(one run without repeats, too few timed steps, or ranks that waited for a core: see each row)"
+        )
+    return line
 
 
 def env_lines(comparison: Comparison) -> list[str]:
@@ -256,12 +265,12 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
         f"<p><b>{html.escape(summary_line(comparison))}</b></p>"
         f"{f'<ul>{env}</ul>' if env else ''}"
         f"{f'<h2>Each strategy vs {REFERENCE}, over all its cells</h2><ul>{wide}</ul>' if wide else ''}"
-        "<p class='how'>Memory regresses beyond max(tolerance %, tolerance MiB) of the baseline, "
-        f"bytes sent on any change; step time (its ratio to {REFERENCE}'s in the same run, and on a "
-        "dedicated runner the time itself) only beyond both the relative threshold and k x the "
-        "combined noise (the band column); each strategy's ratio is also judged over all its "
-        "cells at once, where noise averages out and a slowdown in every workload does not. "
-        "Regressions first.</p>"
+        "<p class='how'>Memory regresses beyond max(tolerance %, a floor, the spread between the "
+        "baseline's repeats) of the baseline (the band column), bytes sent on any change; step time "
+        f"(its ratio to {REFERENCE}'s in the same run, and on a dedicated runner the time itself) only "
+        "beyond both the relative threshold and k x the combined noise, and a ratio of one run is "
+        "not judged; each strategy's ratio is also judged over all its cells at once, where noise "
+        "averages out and a slowdown in every workload does not. Regressions first.</p>"
         f"<div class='scroll'><table class='compare'><thead><tr>{head}</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
         f"{extra_html}</body></html>"

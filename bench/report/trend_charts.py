@@ -5,11 +5,14 @@ orders of magnitude, and what matters is each cell against its own baseline, so 
 its own y axis while all panels share the nights on x (a bad night lines up down the page).
 
 A panel shows the night's value (line and dots), the baseline it was compared with (dashed),
-the tolerance band the compare allowed (shaded; outside it a night is improved or regressed),
-red X marks on nights the metric regressed, and a triangle on the bottom edge for nights with no
+the tolerance band the gate applied (shaded; outside it a night is improved or regressed), red
+X marks on nights the metric regressed, and a triangle on the bottom edge for nights with no
 value: red and labelled with the status where the cell became failing, grey where it was still
-failing or missing. Baseline and band are drawn as steps centred on each night, so a baseline
-refresh shows as a step on the night it happened and a single night still has a visible band.
+failing or missing, or where the night's line does not hold the metric ("not recorded"). Baseline
+and band are drawn as steps centred on each night, so a baseline refresh shows as a step on the
+night it happened and a single night still has a visible band. Band and marks are the gate's
+only (``studies.trend``: ``Series.gated``): a metric it does not gate (absolute step time on a
+shared runner, MFU) is drawn with its values and baseline, and its title says why it has neither.
 
 Drawn on the Agg canvas directly, never through ``pyplot``, like ``bench/report/chart_drawing.py``.
 """
@@ -33,7 +36,8 @@ from matplotlib.ticker import MaxNLocator
 
 from shardbench.report.chart_types import slug
 from shardbench.report.trend_html import write_page
-from shardbench.studies.trend import Series, display_unit, read_history, series
+from shardbench.studies.trend import Series, display_unit, not_gated_title, read_history, series
+from shardbench.wording import count
 
 COLUMNS = 4  # 50 cells make 13 rows: tall, but every panel stays legible at 100 dpi
 PANEL_IN = (3.7, 2.3)  # width, height of one cell's panel in inches, gaps included
@@ -44,6 +48,8 @@ BAND_COLOR = "#2ca02c"
 ALARM_COLOR = "#d62728"
 QUIET_COLOR = "#7f7f7f"
 FAILED_VERDICT = "now failing"
+#: a night whose line does not hold the metric, though its cell ran (an older shardbench's line)
+NOT_RECORDED = "not recorded"
 
 
 def write_trend(
@@ -78,12 +84,14 @@ def draw_metric(metric: str, items: Sequence[Series], *, suite: str) -> Figure:
     width = cols * PANEL_IN[0]
     label, scale = display_unit(items[0].unit)
     times = [t for s in items for t in s.times]
-    cells = f"{n} cell" + ("s" if n != 1 else "")
+    judged = any(g for s in items for g in s.gated)
+    nights = f"{min(times):%Y-%m-%d} to {max(times):%Y-%m-%d}"
+    text = f"{metric} ({label}) per cell, {suite}: {count(n, 'cell')}, {nights}"
     title = textwrap.wrap(
-        f"{metric} ({label}) per cell, {suite}: {cells}, {min(times):%Y-%m-%d} to {max(times):%Y-%m-%d}",
+        text if judged else f"{text}; {not_gated_title(metric)}",
         int(width * 9),  # characters of 12 pt bold per inch, so one column's title still fits
     )
-    handles = _legend()
+    handles = _legend(gated=judged, unrecorded=not all(r for s in items for r in s.recorded))
     legend_cols = min(cols, 3)
     below_title = 0.2 + 0.22 * len(title)
     # legend rows, then room for the first row's panel titles
@@ -173,11 +181,13 @@ def _mark_no_value(ax: Axes, s: Series, x: Sequence[float]) -> None:
     """A triangle on the bottom edge for each night without a value; the status is written where
     a failing stretch starts, so 20 failed nights are not 20 overlapping labels."""
     prev = None
-    for xi, v, verdict, status in zip(x, s.values, s.cell_verdicts, s.statuses, strict=True):
+    for xi, v, verdict, status, held in zip(
+        x, s.values, s.cell_verdicts, s.statuses, s.recorded, strict=True
+    ):
         if v is not None:
             prev = None
             continue
-        what = status if status not in (None, "ok") else verdict or "no value"
+        what = status if status not in (None, "ok") else (verdict or "no value") if held else NOT_RECORDED
         color = ALARM_COLOR if verdict == FAILED_VERDICT else QUIET_COLOR
         ax.plot(xi, 0.0, "^", color=color, markersize=7, transform=ax.get_xaxis_transform(), clip_on=False,
                 zorder=5)  # fmt: skip
@@ -196,15 +206,22 @@ def _edges(x: Sequence[float]) -> tuple[list[float], list[float]]:
     return [x[0] - half, *mids], [*mids, x[-1] + half]
 
 
-def _legend() -> list[Line2D | Patch]:
+def _legend(*, gated: bool, unrecorded: bool) -> list[Line2D | Patch]:
+    """The legend of a chart: the band and the regressed mark only where the gate gated the
+    metric on some night (``gated``), the mark of a night that did not record it where one did not."""
+
     def mark(marker: str, color: str, label: str, **kw: Any) -> Line2D:
         return Line2D([], [], marker=marker, color=color, linestyle="", label=label, **kw)
 
+    gate = [
+        Patch(color=BAND_COLOR, alpha=0.18, label="the gate's band (outside: improved / regressed)"),
+        mark("X", ALARM_COLOR, "regressed", markeredgecolor="darkred", markersize=9),
+    ]
+    missing = f"still failing, missing or {NOT_RECORDED}" if unrecorded else "still failing or missing"
     return [
         Line2D([], [], color=VALUE_COLOR, marker="o", markersize=3.5, label="value each night"),
         Line2D([], [], color="black", linestyle="--", label="baseline compared with"),
-        Patch(color=BAND_COLOR, alpha=0.18, label="tolerance band (outside: improved / regressed)"),
-        mark("X", ALARM_COLOR, "regressed", markeredgecolor="darkred", markersize=9),
+        *(gate if gated else []),
         mark("^", ALARM_COLOR, "now failing (no value; status shown)", markersize=7),
-        mark("^", QUIET_COLOR, "still failing or missing (no value)", markersize=7),
+        mark("^", QUIET_COLOR, f"{missing} (no value)", markersize=7),
     ]

@@ -17,23 +17,50 @@ from typing import Any
 
 from shardbench.report.html import CSS
 from shardbench.studies.trend import (
+    EVERY_METRIC_SCHEMA,
     alarms,
     display_unit,
     last_night,
     metric_key,
+    night_gated,
     night_of,
+    not_gated_title,
     parse_time,
+    schema_of,
     unit_of,
+    unrecorded,
 )
 from shardbench.wording import count
 
 HOW = (
     "One panel per cell, oldest night on the left; all panels share the nights. The line is the "
     "night's value, the dashed line the baseline it was compared with and the shaded band the "
-    "tolerance: a value outside it is improved or regressed. A red X marks a night the metric "
-    "regressed. A triangle on the bottom edge is a night without a value: red (with the status) "
-    "where the cell became failing, grey where it was still failing or missing."
+    "gate's tolerance: a value outside it is improved or regressed. A red X marks a night the "
+    "metric regressed. A metric the gate does not gate (absolute step time on a shared runner, "
+    "MFU) has neither, and its chart says so. A triangle on the bottom edge is a night without a "
+    "value: red (with the status) where the cell became failing, grey where it was still failing "
+    "or missing, or where the night's line does not hold the metric."
 )
+
+
+OLDER = (
+    "Nights written by an older shardbench (history schema 1) show the bands its gate applied "
+    "then, and no band for absolute step time, which the gate gates on a dedicated runner only "
+    "and those lines do not say whether theirs was."
+)
+
+
+def unrecorded_line(history: Sequence[dict[str, Any]]) -> str | None:
+    """What the page and the command say of gated metrics no night of ``history`` holds."""
+    missing = unrecorded(history)
+    if not missing:
+        return None
+    names = " and ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
+    return (
+        f"not charted: {names}, which the gate gates; no night of this history records "
+        f"{'them' if len(missing) > 1 else 'it'} (its lines come from an older shardbench, which did "
+        "not keep them; a night written by nightly now does)"
+    )
 
 
 def write_page(
@@ -57,11 +84,17 @@ def write_page(
         "<h2>Trends</h2>",
         f'<p class="how">{_e(HOW)}</p>',
     ]
+    if line := unrecorded_line(history):
+        parts.append(f'<p class="missing" id="unrecorded">{_e(line[0].upper() + line[1:])}.</p>')
+    if any(schema_of(line) < EVERY_METRIC_SCHEMA for line in history):
+        parts.append(f'<p class="how" id="older">{_e(OLDER)}</p>')
     for metric in sorted(charts, key=metric_key):
         path = charts[metric]
+        gated = any(night_gated(line, metric) for line in history)
+        caption = f"{metric} — {path.name}" + ("" if gated else f"; {not_gated_title(metric)}")
         parts.append(
             f'<figure id="{_e(path.stem)}"><img src="{_e(path.name)}" alt="{_e(metric)} per cell over time">'
-            f"<figcaption>{_e(metric)} — {_e(path.name)}</figcaption></figure>"
+            f"<figcaption>{_e(caption)}</figcaption></figure>"
         )
     parts.append("</body></html>")
     page = out_dir / "trend.html"

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy, WorldPlan
+from shardbench.wording import count
 
 
 class DPStrategy(Strategy, card="dp"):
@@ -30,7 +31,8 @@ class DPStrategy(Strategy, card="dp"):
         gpus = torch.cuda.device_count() if device_type == "cuda" and torch.cuda.is_available() else 0
         if gpus >= 2:
             used = min(requested, gpus)
-            note = "" if used == requested else f"requested {requested} devices, {gpus} visible: used {used}"
+            asked = count(requested, "device")
+            note = "" if used == requested else f"requested {asked}, {gpus} visible: used {used}"
             return WorldPlan(processes=1, world_size=used, note=note)
         note = (
             ""

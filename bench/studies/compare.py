@@ -13,7 +13,10 @@ threshold (per device: CPU 15%, CUDA 5%) *and* k=3 times the combined noise of t
 (absolute: the step-time MAD, or with ``run --repeat`` the larger of the repeats' median MAD and
 the MAD of their medians; ratios: a standard error, see ``compare_ratios``). A change within
 those bounds is "unchanged" whatever its sign. Cells with fewer than ``min_steps`` timed steps
-are compared for memory only.
+are compared for memory only. A ratio that ``run`` would not judge faster or slower is "not
+judged" here, and cannot fail the gate (``compare_ratios.not_judged``, the one rule for both): one
+pair with ddp on a side (a run without repeats) cannot tell a change from the drift between its
+two cells, nor can a cell whose ranks waited for a core.
 
 Verdicts per cell: ``regressed``, ``improved``, ``unchanged``, ``new`` (only in the current run),
 ``missing`` (only in the baseline), ``now failing`` (ok in the baseline, not now), ``now
@@ -36,6 +39,7 @@ from shardbench.studies.compare_ratios import (
     RATIO_METRIC,
     Ratio,
     cell_ratios,
+    not_judged,
     pair_spread,
     pooled_error,
     ratio_band,
@@ -44,6 +48,7 @@ from shardbench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
 from shardbench.studies.compare_strategy import CellChange, StrategyDelta, strategy_deltas
 from shardbench.studies.machines import env_changes, for_machine
 from shardbench.studies.reference import REFERENCE
+from shardbench.wording import count
 
 #: what makes two records the same cell (the device's name comes from the record's env)
 IDENTITY = CELL_FIELDS
@@ -65,6 +70,29 @@ MAX_SIZE_METRICS = {
     "batch": ("max_trainable_batch", "batch_size"),
 }
 VERDICTS = ("regressed", "now failing", "improved", "now passing", "new", "missing", "unchanged")
+#: a metric's verdict where the gate reports it and counts it for nothing: absolute step time on
+#: a shared runner, MFU; and a ratio too uncertain to judge (``compare_ratios.not_judged``)
+NOT_GATED, NOT_JUDGED = "not gated", "not judged"
+#: what the gate can fail a cell on, on every runner; absolute step time too on a dedicated one
+#: (``gated``); anything else (MFU) it reports only
+GATED_METRICS = (
+    *MEMORY_METRICS,
+    COMM_METRIC,
+    RATIO_METRIC,
+    *(metric for metric, _ in MAX_SIZE_METRICS.values()),
+)
+#: why a metric the gate reports is not gated, in words
+NOT_GATED_WHY = {
+    TIME_METRIC: "absolute time drifts between runs on a shared runner; its ratio to ddp is gated",
+    MFU_METRIC: "MFU moves with the step time, which is gated",
+}
+
+
+def gated(metric: str, *, dedicated: bool) -> bool:
+    """Whether the gate can fail a cell on ``metric``: memory, bytes sent, the step-time ratio
+    and a max-size answer everywhere; absolute step time only where the rules declare the runner
+    ``dedicated``; nothing else."""
+    return metric in GATED_METRICS or (metric == TIME_METRIC and dedicated)
 
 
 def _what_differs(baseline: set[tuple[Any, ...]], current: set[tuple[Any, ...]]) -> str:
@@ -433,10 +461,10 @@ def _compare_cell(
         ratio = _ratio_delta(base, cur, t, spread=spread, spreads=spreads)
         delta.metrics += [ratio] if ratio is not None else []
     else:
-        delta.notes.append(f"fewer than {t.min_steps} timed steps: compared for memory only")
+        delta.notes.append(f"fewer than {count(t.min_steps, 'timed step')}: compared for memory only")
     if base.mfu is not None or cur.mfu is not None:
-        note = "reported, not gated: MFU moves with the step time, which is gated"
-        delta.metrics.append(MetricDelta(MFU_METRIC, "fraction", base.mfu, cur.mfu, "not gated", note=note))
+        note = f"reported, not gated: {NOT_GATED_WHY[MFU_METRIC]}"
+        delta.metrics.append(MetricDelta(MFU_METRIC, "fraction", base.mfu, cur.mfu, NOT_GATED, note=note))
     verdicts = {m.verdict for m in delta.metrics}
     delta.verdict = next((v for v in ("regressed", "improved") if v in verdicts), "unchanged")
     return delta
@@ -471,7 +499,7 @@ def _time_delta(base: Side, cur: Side, t: Thresholds, *, reference: bool) -> Met
         return None
     if not t.dedicated or min(base.timed, cur.timed) < t.min_repeats:
         note = _not_gated(base, cur, t, reference=reference)
-        return MetricDelta(TIME_METRIC, "s", base.time_s, cur.time_s, "not gated", note=note)
+        return MetricDelta(TIME_METRIC, "s", base.time_s, cur.time_s, NOT_GATED, note=note)
     relative = t.time_pct / 100.0 * base.time_s
     noise = t.k_mad * math.hypot(base.noise_s or 0.0, cur.noise_s or 0.0)
     bound = max(relative, noise)
@@ -492,7 +520,7 @@ def _not_gated(base: Side, cur: Side, t: Thresholds, *, reference: bool) -> str:
     """Why absolute step time is only reported, and what gates this cell's speed instead."""
     if t.dedicated:
         why = (
-            f"not gated: {base.timed} timed repeat(s) in the baseline, {cur.timed} now; absolute "
+            f"not gated: {count(base.timed, 'timed repeat')} in the baseline, {cur.timed} now; absolute "
             f"time needs {t.min_repeats} on each side"
         )
     else:
@@ -507,10 +535,19 @@ def _not_gated(base: Side, cur: Side, t: Thresholds, *, reference: bool) -> str:
 def _ratio_delta(
     base: Side, cur: Side, t: Thresholds, *, spread: float, spreads: tuple[float, float]
 ) -> MetricDelta | None:
-    """Step time over the group's ddp's in the same run: baseline ratio against current ratio."""
+    """Step time over the group's ddp's in the same run: baseline ratio against current ratio;
+    "not judged" where either side's ratio is one ``run`` would not judge (``not_judged``)."""
     b, c = base.ratio, cur.ratio
-    if b is None or c is None or min(b.steps, c.steps) < t.min_steps:
+    if b is None or c is None:
         return None
+    skipped = [
+        (side, s)
+        for side, r in (("the baseline", b), ("now", c))
+        if (s := not_judged(r, min_steps=t.min_steps))
+    ]
+    if skipped:
+        why = "; ".join(f"{s.reason} {side} ({s.why})" for side, s in skipped)
+        return MetricDelta(RATIO_METRIC, "x", b.value, c.value, NOT_JUDGED, note=f"not judged: {why}")
     bound, relative, noise = ratio_band(b, c, k=t.k_mad, pct=t.time_pct, spread=spread)
     which = "relative threshold" if relative >= noise else f"{t.k_mad:g} x combined standard error"
     return MetricDelta(
@@ -523,7 +560,7 @@ def _ratio_delta(
         high=b.value + bound,
         note=(
             f"band +/-{bound:.3f}x ({which}; {t.time_pct:g}% = {relative:.3f}x, noise {noise:.3f}x); "
-            f"{b.pairs} pair(s) with {REFERENCE} in the baseline, {c.pairs} now"
+            f"{count(b.pairs, 'pair')} with {REFERENCE} in the baseline, {c.pairs} now"
         ),
         error=pooled_error(b, c, spreads=spreads) * b.value,
     )

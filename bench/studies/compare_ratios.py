@@ -18,6 +18,12 @@ of a median of n steps), either over the square root of a side's pairs; and the 
 runs (a baseline saved from several runs: the standard deviation of their ratios, over the
 square root of each side's runs), since a run can sit in one mode as a whole. ``compare``
 allows ``k`` times the two sides' combined error, and never less than the relative threshold.
+
+Some ratios are judged by neither ``run`` nor ``compare`` (``not_judged``, the one rule both
+follow): a ratio of one pair (one run without repeats) holds the drift between its two cells
+and nothing to measure it by, so a 2x move from one pair is as likely the machine as the code; a
+cell with too few timed steps has no median to speak of; and a cell whose ranks outnumbered the
+cores (or devices) they ran on measured the wait for its turn.
 """
 
 from __future__ import annotations
@@ -28,15 +34,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardbench.records import CellKey, Record
+from shardbench.records import CellKey, Record, oversubscription
 from shardbench.studies.compare_rules import RATIO_METRIC
 from shardbench.studies.reference import REFERENCE, step_time_ratio
+from shardbench.wording import count
 
 __all__ = [
+    "MIN_PAIRS",
+    "ONE_RUN",
     "RATIO_METRIC",
+    "NotJudged",
     "Ratio",
     "cell_ratios",
     "group_of",
+    "not_judged",
     "pair_spread",
     "pairs_of",
     "pooled_error",
@@ -48,6 +59,11 @@ __all__ = [
 _MAD_TO_SD = 1.4826
 #: standard deviation -> standard error of a median, times sqrt(n)
 _SD_TO_MEDIAN_SE = 1.2533
+#: the fewest pairs a ratio is judged from: one pair cannot tell a change from drift between
+#: its two cells, which only the spread of several pairs (or runs) measures
+MIN_PAIRS = 2
+#: why a ratio of fewer pairs is not judged
+ONE_RUN = "one run"
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,8 @@ class Ratio:
     steps: int
     #: each pair's run
     runs: tuple[str, ...] = ()
+    #: why some pair's ranks waited for their turn ("more ranks than cores"); "" where none did
+    crowded: str = ""
 
     @property
     def value(self) -> float:
@@ -94,6 +112,35 @@ class Ratio:
         return {
             run: math.log(statistics.median(rs) / self.value) for run, rs in by_run.items() if self.value > 0
         }
+
+
+@dataclass(frozen=True)
+class NotJudged:
+    """Why a ratio is not judged: ``reason`` in a few words ("one run", "3 timed steps", "more
+    ranks than cores"), ``why`` the rule behind it."""
+
+    reason: str
+    why: str
+
+
+def not_judged(ratio: Ratio, *, min_steps: int) -> NotJudged | None:
+    """Why ``ratio`` can be neither faster nor slower in ``run``, nor regressed nor improved in
+    ``compare``; None where it can. A crowded cell's step time is partly its wait for a core; a
+    cell of fewer than ``min_steps`` timed steps has too few to tell from noise; a ratio of fewer
+    than ``MIN_PAIRS`` pairs cannot tell a change from the drift between its cells."""
+    if ratio.crowded:
+        why = f"{ratio.crowded}: the ranks waited for their turn, so the step time is not the strategy's"
+        return NotJudged(ratio.crowded, why)
+    if ratio.steps < min_steps:
+        steps = count(ratio.steps, "timed step")
+        return NotJudged(steps, f"{steps}: too few to tell from noise (at least {min_steps})")
+    if ratio.pairs < MIN_PAIRS:
+        why = (
+            f"{count(ratio.pairs, 'pair')} with {REFERENCE}: one run cannot tell a change from drift "
+            f"between its cells; a ratio is judged from at least {MIN_PAIRS} pairs (run --repeat)"
+        )
+        return NotJudged(ONE_RUN, why)
+    return None
 
 
 def group_of(key: CellKey) -> tuple[Any, ...]:
@@ -130,6 +177,7 @@ def ratio_of(records: Sequence[Record], reference: Sequence[Record]) -> Ratio | 
     ratios = tuple(step_time_ratio(a, b) or 0.0 for a, b in pairs)  # (_timed: both timed)
     return Ratio(
         runs=tuple(a.run_id for a, _ in pairs),
+        crowded=next((o for pair in pairs for r in pair if (o := oversubscription(r))), ""),
         ratios=ratios,
         errors=tuple(
             r * math.hypot(_se(a.step_time_s), _se(b.step_time_s))

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardbench.records import CellKey
+from shardbench.wording import count
 
 if TYPE_CHECKING:
     from shardbench.records import Record
@@ -112,7 +113,7 @@ def step_time_noise(ours: Record, base: Record, *, base_label: str) -> str | Non
     t = Thresholds()
     steps = min(ours.steps, base.steps)
     if steps < t.min_steps:
-        return f"{steps} timed steps: too few to tell from noise"
+        return f"{count(steps, 'timed step')}: too few to tell from noise"
     noise = step_noise(ours, base)
     if abs(a["median"] - b["median"]) <= noise:
         return "within noise"

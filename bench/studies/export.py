@@ -28,6 +28,7 @@ from typing import Any
 
 from shardbench.records import Record, finite
 from shardbench.studies.scaling import Scaling, record_scaling
+from shardbench.wording import count
 
 #: the format version written when pytest-benchmark is not installed to ask
 FALLBACK_FORMAT_VERSION = "5.1.0"
@@ -209,7 +210,8 @@ def to_pytest_benchmark(records: Iterable[Record], *, exported_at: datetime | No
     if not chosen:
         summaries = sum(why_skipped(r) == NO_STEP_TIMES for r in records)
         why = f"; {summaries} of them hold {NO_STEP_TIMES}" if summaries else ""
-        raise ValueError(f"nothing to export: none of the {len(records)} records is ok with step times{why}")
+        none = f"none of the {count(len(records), 'record')} is ok with step times"
+        raise ValueError(f"nothing to export: {none}{why}")
     seen: dict[str, str] = {}
     for r in chosen:
         name = benchmark_name(r)

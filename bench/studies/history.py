@@ -1,8 +1,13 @@
 """The nightly history: one small line per cell per night in ``results/history/<suite>.jsonl``.
 
 Only what the trend charts draw is kept (the compared metrics with their baseline and the band
-the gate used, the verdicts), so a year of nights stays a small file that can be committed or
-cached by CI; the full records stay in each night's run directory.
+the gate used, the verdicts, whether the runner was dedicated: what decides if absolute step time
+was gated), so a year of nights stays a small file that can be committed or cached by CI; the
+full records stay in each night's run directory.
+
+Schema 2 lines hold every metric ``compare`` compared for the cell, ``step_time_vs_ddp`` and
+``comm_sent_bytes`` included, and ``dedicated``. A schema 1 line may come from a shardbench that
+gated other metrics, with other bands (``studies.trend`` reads it by today's gate).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from typing import Any
 
 from shardbench.paths import atomic_write_text, file_lock, split_partial_line
 from shardbench.studies.compare import CellDelta, Comparison
+from shardbench.wording import count
 
-SCHEMA = 1
+SCHEMA = 2
 
 
 def history_lines(
@@ -37,6 +43,8 @@ def history_lines(
             "verdict": c.verdict,
             #: a rule ignores this cell's regression (the gate passed it): the reason, or ""
             "ignored": c.ignored,
+            #: the rules declared the runner dedicated: absolute step time was gated too
+            "dedicated": comparison.dedicated,
             "metrics": _metrics(c),
         }
         for c in comparison.cells
@@ -73,6 +81,6 @@ def append_history(path: Path, lines: list[dict[str, Any]]) -> None:
         if partial:
             with open(f"{path}.corrupt", "a") as bad:
                 bad.write(partial + "\n")
-            moved = f"moved a partial last line ({len(partial)} bytes) to {path}.corrupt"
+            moved = f"moved a partial last line ({count(len(partial), 'byte')}) to {path}.corrupt"
             warnings.warn(f"{path}: {moved}", stacklevel=2)
         atomic_write_text(path, kept + text)

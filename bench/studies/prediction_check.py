@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Sequence
 
 from shardbench.records import Record
+from shardbench.wording import count
 
 
 def predicted_over_measured(r: Record) -> float | None:
@@ -32,8 +33,7 @@ def error_line(records: Sequence[Record]) -> str | None:
         return None
     error, cells = found
     networks = sorted({(r.predicted_step_time or {}).get("network") for r in records} - {None})
-    plural = "s" if cells != 1 else ""
     return (
-        f"predicted step time: median absolute error {error:.0%} over {cells} cell{plural} "
+        f"predicted step time: median absolute error {error:.0%} over {count(cells, 'cell')} "
         f"(network {', '.join(networks)}; the model: docs/measuring.md#predicted-step-time)"
     )

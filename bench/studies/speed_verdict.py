@@ -34,14 +34,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from shardbench.records import CellKey, Record, oversubscription
-from shardbench.studies.compare_ratios import cell_ratios, pair_spread, pairs_of, ratio_noise, ratio_of
+from shardbench.records import CellKey, Record
+from shardbench.studies.compare_ratios import (
+    ONE_RUN,
+    cell_ratios,
+    not_judged,
+    pair_spread,
+    pairs_of,
+    ratio_noise,
+    ratio_of,
+)
 from shardbench.studies.compare_rules import TIME_PCT, Thresholds, step_noise
 from shardbench.studies.reference import REFERENCE, step_time_ratio
 
 FASTER, SLOWER, WITHIN_NOISE, NOT_JUDGED = "faster", "slower", "within noise", "not judged"
-#: why one pair's ratio is not judged
-ONE_RUN = "one run"
 RULE = (
     f"a step-time ratio is faster or slower where ratio ± {Thresholds.k_mad:g} standard errors of its "
     "repeats lies wholly below or above 1 and the ratio is beyond the tolerance, within noise where "
@@ -97,15 +103,11 @@ def speed_verdict(
         return None
     pairs = pairs_of(records, reference)
     t, r, n = Thresholds(), ratio.value, ratio.pairs
-    crowded = next((o for pair in pairs for cell in pair if (o := oversubscription(cell))), None)
-    if crowded:
-        why = f"{crowded}: the ranks waited for their turn, so the step time is not the strategy's"
-        return SpeedVerdict(r, NOT_JUDGED, n, reason=crowded, rule=why)
-    if ratio.steps < t.min_steps:
-        why = f"{ratio.steps} timed steps: too few to tell from noise (at least {t.min_steps})"
-        return SpeedVerdict(r, NOT_JUDGED, n, reason=f"{ratio.steps} timed steps", rule=why)
+    skipped = not_judged(ratio, min_steps=t.min_steps)  # compare's rule too: never faster or slower
+    if skipped and skipped.reason != ONE_RUN:
+        return SpeedVerdict(r, NOT_JUDGED, n, reason=skipped.reason, rule=skipped.why)
     tolerance = TIME_PCT.get(pairs[0][0].device, TIME_PCT["cpu"]) / 100.0
-    if n == 1:
+    if skipped:  # one pair: as fast as ddp at most, where its steps' noise says so
         ((ours, base),) = pairs
         band = step_noise(ours, base) / base.step_time_s["median"]  # relative, as the ratio is
         if _as_fast(r, band, tolerance):

@@ -13,6 +13,13 @@ file and line, skipped with a warning, and never hides the good ones.
 
 A failed night stays in every series of its cell, with no value: a chart must show the night a
 cell started failing, not close the gap over it.
+
+A chart shows the gate as it is (``compare.gated``): a band and a verdict only on nights where
+the gate can fail the metric. Absolute step time is gated on a dedicated runner only, so a night
+of a shared one, or of a line that does not say which (schema 1, whose band for it may come from
+another rule), shows its value and baseline without either. A metric the gate gates that the
+nights do not hold (a schema 1 line may lack the step-time ratio and bytes sent) is named
+(``unrecorded``), never silently absent.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.records import parse_json_object
+from shardbench.studies.compare import GATED_METRICS, MAX_SIZE_METRICS, NOT_GATED, NOT_GATED_WHY, gated
+from shardbench.studies.compare_rules import Thresholds
 
 #: fields a line must have to be placed on a chart at all
 REQUIRED = ("suite", "cell", "time")
@@ -36,12 +45,17 @@ METRIC_ORDER = (
     "peak_mem_bytes",
     "model_state_bytes",
     "held_after_step_bytes",
-    "step_time_s",
+    "comm_sent_bytes",
     "step_time_vs_ddp",
+    "step_time_s",
     "mfu",
 )
 #: cell verdicts the last night's table lists
 ALARMS = ("regressed", "now failing")
+#: a metric verdict the gate gave: the band it was judged by is the gate's
+GATE_VERDICTS = ("regressed", "improved", "unchanged")
+#: the history schema from which a line holds every metric ``compare`` compared, and ``dedicated``
+EVERY_METRIC_SCHEMA = 2
 
 
 @dataclass(frozen=True)
@@ -50,7 +64,10 @@ class Series:
 
     ``verdicts`` are the metric's own (``regressed`` marks the night); ``cell_verdicts`` and
     ``statuses`` are the cell's, which say why a night has no value (``now failing``, ``oom``,
-    ``missing``) even where the metric itself was not written that night.
+    ``missing``) even where the metric itself was not written that night. ``gated``: the gate
+    could fail the night on this metric (``night_gated``); where it could not, the night has no
+    band, and its verdict is ``not gated`` whatever the line says. ``recorded``: the night's line
+    holds the metric (a line of an older shardbench may not).
     """
 
     cell: str
@@ -65,6 +82,8 @@ class Series:
     cell_verdicts: tuple[str | None, ...]
     statuses: tuple[str | None, ...]
     runs: tuple[str, ...]
+    gated: tuple[bool, ...]
+    recorded: tuple[bool, ...]
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:
@@ -142,9 +161,31 @@ def series(history: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Series]:
     return out
 
 
+def night_gated(line: dict[str, Any], metric: str) -> bool:
+    """Whether the gate, as it is, can fail this night's cell on ``metric``: the metric is one it
+    gates on that night's runner (``compare.gated``; a line that does not say whether the runner
+    was dedicated is read by the gate's default), and the night's own verdict is a gate verdict
+    (not "not gated", nor "not judged": a ratio of one run)."""
+    entry = (line.get("metrics") or {}).get(metric) or {}
+    dedicated = line.get("dedicated", Thresholds.dedicated) is True
+    return gated(metric, dedicated=dedicated) and entry.get("verdict") in GATE_VERDICTS
+
+
 def _series(cell: str, metric: str, lines: Sequence[dict[str, Any]]) -> Series:
     entries = [(line.get("metrics") or {}).get(metric) or {} for line in lines]
     units = [e["unit"] for e in entries if isinstance(e.get("unit"), str)]  # the newest one wins
+    judged = tuple(night_gated(line, metric) for line in lines)
+
+    def band(values: Iterable[object]) -> tuple[float | None, ...]:
+        return tuple(_number(v) if g else None for v, g in zip(values, judged, strict=True))
+
+    def verdict(e: dict[str, Any], line: dict[str, Any], gate: bool) -> str | None:
+        if e.get("verdict") in GATE_VERDICTS and not gate:
+            return NOT_GATED  # an older gate's verdict on what today's does not gate
+        if line.get("ignored") and e.get("verdict") == "regressed":
+            return "ignored"  # a rule let the gate pass it: drawn as such, not as an alarm
+        return _text(e.get("verdict"))
+
     return Series(
         cell=cell,
         metric=metric,
@@ -152,13 +193,11 @@ def _series(cell: str, metric: str, lines: Sequence[dict[str, Any]]) -> Series:
         times=tuple(parse_time(line["time"]) for line in lines),
         values=tuple(_number(e.get("value")) for e in entries),
         baselines=tuple(_number(e.get("baseline")) for e in entries),
-        lows=tuple(_number(e.get("low")) for e in entries),
-        highs=tuple(_number(e.get("high")) for e in entries),
-        # a regression a rule ignores passed the gate: it is drawn as such, not as an alarm
-        verdicts=tuple(
-            "ignored" if line.get("ignored") and e.get("verdict") == "regressed" else _text(e.get("verdict"))
-            for e, line in zip(entries, lines, strict=True)
-        ),
+        lows=band(e.get("low") for e in entries),
+        highs=band(e.get("high") for e in entries),
+        verdicts=tuple(verdict(e, line, g) for e, line, g in zip(entries, lines, judged, strict=True)),
+        gated=judged,
+        recorded=tuple(metric in (line.get("metrics") or {}) for line in lines),
         cell_verdicts=tuple(
             "ignored" if line.get("ignored") and line.get("verdict") in ALARMS else _text(line.get("verdict"))
             for line in lines
@@ -166,6 +205,35 @@ def _series(cell: str, metric: str, lines: Sequence[dict[str, Any]]) -> Series:
         statuses=tuple(_text(line.get("status")) for line in lines),
         runs=tuple(str(line.get("name") or line.get("run_id") or "") for line in lines),
     )
+
+
+def not_gated_title(metric: str) -> str:
+    """What a chart of a metric the gate gated on none of its nights says of it, and why: one it
+    gates was judged on none (no baseline; ``compare.NOT_JUDGED``: a ratio of one run), another it
+    reports only."""
+    if metric in GATED_METRICS:
+        return "judged on no night (new cells, ratios of one run or too few steps): no tolerance band"
+    why = NOT_GATED_WHY.get(metric, "the gate does not gate it")
+    return f"reported, not gated ({why}): no tolerance band"
+
+
+def unrecorded(history: Sequence[dict[str, Any]]) -> list[str]:
+    """The metrics the gate gates on every runner that no line of ``history`` holds, where some
+    line is of a schema before every compared metric was kept (an older shardbench's nights): a
+    chart that would be missing, said instead. A max-size answer is left out (a suite without
+    searches has none); so is everything where every line is of today's schema, whose cells
+    simply have no such metric."""
+    if all(schema_of(line) >= EVERY_METRIC_SCHEMA for line in history):
+        return []
+    held = {m for line in history for m in line.get("metrics") or {}}
+    searches = {metric for metric, _ in MAX_SIZE_METRICS.values()}
+    return [m for m in GATED_METRICS if m not in held and m not in searches]
+
+
+def schema_of(line: dict[str, Any]) -> int:
+    """The history schema a line was written in (1 where it does not say: the first)."""
+    schema = line.get("schema")
+    return schema if isinstance(schema, int) and not isinstance(schema, bool) else 1
 
 
 def metric_key(metric: str) -> tuple[int, str]:

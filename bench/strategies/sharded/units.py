@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from shardbench.blocks import repeated_blocks
+from shardbench.wording import count
 
 UnitPolicy = Callable[[nn.Module], bool]
 
@@ -89,8 +90,9 @@ def find_units(
     missing = [p for p in (*sharded, *frozen) if id(p) not in users]
     if missing:
         raise ValueError(
-            f"{len(missing)} parameter(s) to shard (first of shape {tuple(missing[0].shape)}) are not "
-            "registered in the wrapped module: stage 3 gathers only the module's own parameters"
+            f"{count(len(missing), 'parameter')} to shard (first of shape {tuple(missing[0].shape)}) "
+            f"{'is' if len(missing) == 1 else 'are'} not registered in the wrapped module: stage 3 gathers "
+            "only the module's own parameters"
         )
 
     def ancestors(u: int) -> list[int]:
