@@ -30,6 +30,52 @@ def test_bad_input_exits_2_and_writes_nothing(argv, needle, tmp_path, capsys) ->
     assert not out.exists()
 
 
+PLAN = ["plan", "--workload", "transformer", "--world-size", "2", "--budget", "1GiB"]
+MAX_SIZE = [
+    "max-size",
+    "--workload",
+    "transformer",
+    "--strategy",
+    "ddp",
+    "--world-size",
+    "2",
+    "--budget",
+    "1GiB",
+]
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (
+            [*PLAN, "--gpu", "H100", "--device", "cpu"],
+            "--gpu H100 names the GPU of a CUDA plan; --device cpu",
+        ),
+        ([*MAX_SIZE, "--vary", "batch", "--batch-size", "4"], "--batch-size shapes a --vary params search"),
+        ([*MAX_SIZE, "--vary", "batch", "--resolution", "0.1"], "--resolution shapes a --vary params search"),
+        ([*MAX_SIZE, "--vary", "batch", "--ladder", "tiny,small"], "--ladder shapes a --vary params search"),
+        (
+            [*MAX_SIZE, "--ladder", "tiny,small", "--preset", "tiny"],
+            "--preset tiny (or --model-config) would be",
+        ),
+        (["claim", "--spec", "tiny", "--batch-size", "4"], "the spec's workloads (transformer"),
+        (["claim", "--spec", "tiny", "--root", "elsewhere"], "--root is where --baseline is looked up"),
+        (
+            ["run", "--resume", "some-run", "--name", "again"],
+            "goes on under that run's own name; drop --name",
+        ),
+    ],
+)
+def test_a_flag_another_flag_would_leave_unused_is_refused(argv, needle, tmp_path, capsys) -> None:
+    """A flag that would change nothing, given what the other flags say, is refused in one line
+    before anything runs, rather than silently ignored."""
+    out = tmp_path / "out"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
 def test_unreadable_suite_file(tmp_path, capsys) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("workloads = [")

@@ -269,3 +269,80 @@ def test_a_long_model_config_title_breaks_only_between_its_items(capsys) -> None
     assert "".join(title).replace(" ", "") == heading.replace(" ", "")
     for item in config.split(":"):
         assert any(item in line for line in title), item
+
+
+PEERS = ("fairscale-zero1", "deepspeed-zero1", "fairscale-zero2", "deepspeed-zero2", "fairscale-zero3")
+
+
+def test_each_row_of_the_plan_is_one_line_at_120_columns(monkeypatch, capsys) -> None:
+    """Every column of a predicted CUDA plan, with a sequence model's tokens/s, and the peers
+    measured only on real ranks: at 120 columns each strategy is one line (its fits cell short,
+    the verdict under the table naming them), and plan.md keeps the words whole."""
+    from shardbench.report.plan_report import UNPLANNED_SHORT, plan_markdown, print_plan
+    from shardbench.studies.plan import Plan, PlanRow
+    from tests.records import make_record
+
+    monkeypatch.setenv("COLUMNS", "120")
+    mib, budget, cuda = 1 << 20, 160 << 20, policy("cuda")
+    predicted = {
+        "step": 6.05e-4,
+        "tokens_per_s": 51545091.0,
+        "mfu": 0.408,
+        "peak_flops_per_s": 6.7e13,
+        "peak_kind": "datasheet",
+        "efficiency": 0.5,
+        "network_source": "NVLink 4",
+    }
+    rows = [
+        PlanRow(
+            s,
+            make_record(
+                strategy=s,
+                device="cuda",
+                world_size=8,
+                peak_mem_bytes={"max": peak * mib},
+                model_state_bytes={"total": 38 * mib},
+                predicted_mem_bytes={"total": 38 * mib},
+                mem_breakdown_bytes={"activations": 80 * mib, "other": 0, "comm": 0},
+            ),
+            budget,
+            reserve=cuda.of(s),
+            predicted=predicted,
+        )
+        for s, peak in (("ddp", 193), ("zero2", 116), ("fsdp2-zero3", 91))
+    ]
+    rows += [
+        PlanRow(p, make_record(strategy=p, status="skipped", predicted_mem_bytes={"total": 38 * mib}), budget)
+        for p in PEERS
+    ]
+    plan = Plan(rows=tuple(rows), budget=budget, policy=cuda, batch=8)
+    print_plan(plan, title_text="plan: transformer tiny, N=8 on cuda H100")
+    lines = capsys.readouterr().out.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("strategy "))
+    shown = lines[top + 1 : top + 1 + len(rows)]
+    assert [line.split()[0] for line in shown] == [r.strategy for r in rows]
+    assert lines[top + 1 + len(rows)].startswith("recommended: ")  # no row went on to a second line
+    assert max(map(len, lines)) <= 120
+    assert all(line.split()[2] == UNPLANNED_SHORT for line in shown[3:])
+    assert f"{UNPLANNED}: {', '.join(PEERS)}, measure with" in " ".join(lines)
+    written = plan_markdown(plan, title_text="plan")
+    assert all(f"| {p} | " in written and f"| {UNPLANNED} |" in written for p in PEERS)
+
+
+def test_gpu_without_device_plans_for_cuda_and_says_so(in_process, tmp_path: Path, capsys) -> None:
+    """--gpu H100 alone is a CUDA plan (a CPU plan would ignore it): the cells are CUDA's, the
+    step is predicted from the H100's datasheet over NVLink, and the title says the device and why."""
+    out = tmp_path / "plan"
+    assert (
+        main(["plan", *ARGS, "--budget", "1GiB", "--strategy", "ddp", "--gpu", "H100", "--out", str(out)])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert (
+        printed.startswith("plan: transformer tiny (Ψ = ")
+        and "N=2 on cuda H100 (--gpu implies --device cuda)" in printed
+    )
+    assert [r.device for r in read_records([out])] == ["cuda"]
+    predicted = json.loads((out / PLAN_JSON).read_text())["rows"][0]["predicted_step_time"]
+    assert predicted["peak_kind"] == "datasheet" and "NVLink" in predicted["network_source"]
+    assert "N=2 on cuda H100 (--gpu implies --device cuda)" in (out / "plan.md").read_text()

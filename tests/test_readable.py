@@ -70,20 +70,24 @@ def test_the_measure_command_never_breaks_inside_an_argument() -> None:
         assert any("--batch-size 1" in line for line in lines), width
 
 
-def test_an_hf_preset_wraps_at_its_separators_in_the_terminal_table() -> None:
-    """An hf: preset is its config, items joined by colons: in the table it breaks between
-    items, never inside a name or a number (rich folded it into 25-character pieces)."""
-    preset = "n_embd=128:n_layer=4:n_head=4:vocab_size=8192:seq_len=64"
+def test_an_hf_preset_too_long_for_its_column_is_shortened_in_its_middle(tmp_path: Path) -> None:
+    """An hf: preset is its config, items joined by colons: in the terminal table each row stays
+    on one line, the preset keeping its first and last items around an ellipsis (rich folded it
+    into 25-character pieces); table.md has it whole."""
+    preset = ":".join(["n_embd=128:n_layer=4:n_head=4:vocab_size=8192:seq_len=64"] * 2)
     hf = {"workload": "hf:GPT2LMHeadModel", "preset": preset}
-    text = terminal_table([make_record(strategy=s, **hf) for s in ("ddp", "zero2")] + [_failed(**hf)])
+    records = [make_record(strategy=s, **hf) for s in ("ddp", "zero2")] + [_failed(**hf)]
+    text = terminal_table(records)
     header, *lines = text.splitlines()
     assert max(map(len, text.splitlines())) <= WIDTH
     start, end = header.index("preset"), header.index("strategy")
-    continued = next(i for i, line in enumerate(lines[1:], 1) if not line.startswith(" "))
-    first_row = lines[:continued]  # a row's further lines start blank, under its workload
-    pieces = [line[start:end].strip() for line in first_row]
-    assert "".join(pieces) == preset and all(p.endswith(":") for p in pieces[:-1]), pieces
-    assert lines[0].startswith("hf:GPT2LMHeadModel ")
+    rows = lines[:3]
+    assert all(line.startswith("hf:GPT2LMHeadModel ") for line in rows), rows
+    shown = [line[start:end].strip() for line in rows]
+    assert all(p.startswith("n_embd=128:") and p.endswith(":seq_len=64") and "…" in p for p in shown)
+    assert SENTENCE in re.sub(r"\s+", " ", _joined(lines))  # the failed cell's error: whole, under the table
+    write_tables(records, tmp_path)
+    assert f"| {preset} |" in (tmp_path / "table.md").read_text()
 
 
 def test_no_none_and_no_exponent_in_the_tables() -> None:

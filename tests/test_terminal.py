@@ -17,9 +17,11 @@ from shardbench.report.tables import write_tables
 from shardbench.report.terminal import (
     COLUMNS,
     DEFAULT_COLUMNS,
+    SHORTENED,
     WIDTH,
     check_columns,
     flags,
+    middle_ellipsis,
     ratio_lines,
     terminal_table,
 )
@@ -177,8 +179,8 @@ def test_mfu_column_and_the_peak_it_is_set_against(records) -> None:
         peak_flops_per_s=peak,
         predicted_step_time={"step": ok.step_time_s["median"] * 1.1, "network": "gloo"},
     )
-    assert DEFAULT_COLUMNS[-2:] == ("mfu", "step/pred")
-    text = terminal_table([counted, replace(ok, strategy="zero2")], (*DEFAULT_COLUMNS, "tflops"))
+    assert DEFAULT_COLUMNS[-2:] == ("MFU", "pred/meas")
+    text = terminal_table([counted, replace(ok, strategy="zero2")], (*DEFAULT_COLUMNS, "TFLOP/s"))
     header, row, other = text.splitlines()[:3]
     assert header.split()[-3:] == ["MFU", "pred/meas", "TFLOP/s"]
     assert row.split()[-3:] == ["0.426%", "1.10", "0.00089"]
@@ -187,3 +189,86 @@ def test_mfu_column_and_the_peak_it_is_set_against(records) -> None:
     assert (
         "MFU against 0.209 TFLOP/s, the measured peak of Xeon at fp32, 1 thread (docs/measuring.md)" in text
     )
+
+
+def test_every_header_shown_is_the_key_that_chooses_it(records) -> None:
+    """What a person reads above a column is what they type to --columns (any case; the older
+    keys still answer), and the table shows by default the columns --help lists as its default."""
+    every = [r for r in records if r.status == "ok"][:1]
+    every = [replace(every[0], predicted_step_time={"step": 0.01, "network": "gloo"})]
+    shown = terminal_table(every, list(COLUMNS)).splitlines()[0].split()
+    assert shown == list(COLUMNS)  # no header has a space: one word each, as typed
+    assert check_columns(shown) == tuple(shown)
+    assert check_columns(["workload", "pred/meas", "mfu", "Samples/S"]) == (
+        "workload",
+        "pred/meas",
+        "MFU",
+        "samples/s",
+    )
+    assert check_columns(["step/pred", "throughput", "comm", "step", "precision"]) == (
+        "pred/meas",
+        "samples/s",
+        "sent/step",
+        "step",
+        "prec",
+    )
+    assert terminal_table(every).splitlines()[0].split() == list(DEFAULT_COLUMNS)
+
+
+def test_the_help_lists_the_default_columns_the_table_shows(monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    sub = next(a for a in build_parser()._actions if a.choices and "run" in a.choices).choices
+    text = " ".join(sub["run"].format_help().split())
+    listed = re.search(r"--columns COLUMNS .*?default: (\S+); also: (\S+)", text)
+    assert listed, text
+    assert tuple(listed.group(1).split(",")) == DEFAULT_COLUMNS
+    assert set(listed.group(2).split(",")) == set(COLUMNS) - set(DEFAULT_COLUMNS)
+
+
+def test_the_run_command_takes_the_header_it_shows(tmp_path, capsys) -> None:
+    """--columns is checked before anything runs: a header is taken (the run then fails on the
+    workload, the next thing checked), a name that is no header is refused."""
+    argv = ["run", "--workload", "nope", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--columns", "workload,pred/meas,step,samples/s,MFU"]) == 2
+    assert "unknown workload" in capsys.readouterr().err
+
+
+LONG = "lightning:examples/lightning_gpt.py:GPTLit"  # docs/lightning.md's
+
+
+def test_a_long_workload_name_keeps_each_row_on_one_line(tmp_path) -> None:
+    """At 120 columns, a lightning: name too long for its column is shortened in its middle
+    (its start and its class name kept) and its row stays on one line; table.md has it whole."""
+    from tests.records import make_record
+
+    cells = [
+        make_record(
+            workload=LONG,
+            preset="default",
+            strategy=s,
+            simulated=sim,
+            peak_mem_bytes={"max": 123_456_789},
+            step_time_s={"median": 0.0312, "mad": 0.0011},
+            samples_per_s=512.0,
+            mfu=0.0978,
+            predicted_step_time={"step": 0.03, "network": "gloo"},
+        )
+        for s in ("ddp", "zero2", "fsdp2-zero3")
+        for sim in (False, True)
+    ]
+    text = terminal_table(cells)
+    lines = text.splitlines()
+    header, rows = lines[0], lines[1 : 1 + len(cells)]
+    assert header.split() == list(DEFAULT_COLUMNS)
+    assert all(row.startswith("lightning") and "…" in row.split()[0] for row in rows), rows
+    assert all(row.split()[0].endswith(":GPTLit") for row in rows), rows
+    assert max(map(len, lines)) <= WIDTH
+    assert lines[1 + len(cells)] == SHORTENED  # not a row: what the ellipsis means
+    assert {row.split()[2] for row in rows} == {"ddp", "zero2", "fsdp2-zero3"}
+    write_tables(cells, tmp_path)
+    assert f"| {LONG} |" in (tmp_path / "table.md").read_text()
+
+
+def test_a_name_that_fits_is_not_shortened(records) -> None:
+    assert "…" not in terminal_table(records) and SHORTENED not in terminal_table(records)
+    assert middle_ellipsis("abcdefghij", 7) == "abc…hij" and middle_ellipsis("abc", 7) == "abc"

@@ -54,8 +54,7 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--batch-size",
         type=int,
-        default=1,
-        help="per-rank batch of your own workloads (the spec's workloads keep theirs)",
+        help=f"per-rank batch of your own workloads (the spec's workloads keep theirs; default {OWN_BATCH})",
     )
     c.add_argument(
         "--peers",
@@ -85,6 +84,8 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     add_root_argument(c)
 
 
+#: the per-rank batch of a workload of your own, where --batch-size does not set one
+OWN_BATCH = 1
 #: peers a simulated rank can stand for, and those measured on real ranks (the 'peers' extra)
 SIMULATED_PEERS = ("torch-zero1", "fsdp2-zero2")
 REAL_PEERS = ("fairscale-zero2", "deepspeed-zero2")
@@ -126,6 +127,10 @@ def cmd_claim(args: argparse.Namespace) -> int:
         spec, own = _with_own_workloads(spec, args)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.root is not None and not args.baseline:
+        raise UsageError(
+            "--root is where --baseline is looked up; without --baseline claim reads none: drop --root"
+        )
     baseline = _baseline(args.baseline, spec, args.root) if args.baseline else None
     require_cuda_if(spec.device)
     out = args.out or Path("results/claim") / (spec.name + (f"-{_slug(own)}" if own else ""))
@@ -188,7 +193,14 @@ def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[Clai
     except UsageError as e:
         raise ValueError(str(e)) from None
     if not own:
+        if args.batch_size is not None:  # the spec's workloads keep their own batch
+            raise ValueError(
+                f"--batch-size sets the batch of your own workloads (--workload hf:<Arch>, file.py:factory, "
+                f"...); the spec's workloads ({', '.join(names)}) keep theirs: drop --batch-size"
+            )
         return spec, []
+    if args.batch_size is None:
+        args.batch_size = OWN_BATCH
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     added = []

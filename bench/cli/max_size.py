@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from shardbench.studies.plan_reserve import ReservePolicy
 
 DEFAULT_RESOLUTION = 0.03  # = shardbench.studies.maxsize's (a test checks), here to keep --help light
+DEFAULT_BATCH = 8
+#: flags that shape a search over the size family: with --vary batch the batch is what grows
+#: and there is no family, so one of them given there would be silently ignored
+PARAMS_ONLY = ("batch_size", "resolution", "ladder")
 PROBES_PER_SEARCH = 16  # about what a 3% search of a family takes, for the disk-space check
 
 
@@ -43,21 +47,26 @@ def add_max_size_parser(sub: argparse._SubParsersAction) -> None:
     ms.add_argument("--budget", required=True, help="per-rank memory budget, e.g. 16GiB, 2GiB, 512MiB")
     add_reserve_argument(ms)
     ms.add_argument("--vary", default="params", choices=("params", "batch"), help="what grows")
-    ms.add_argument("--preset", help="the preset (--vary batch; default: the workload's first)")
+    ms.add_argument(
+        "--preset",
+        help="the model whose batch grows (--vary batch), or whose size family is searched (--vary "
+        "params, without --ladder); default: the workload's first",
+    )
     ms.add_argument(
         "--ladder",
         type=csv_list(str),
-        help="search these presets, smallest first, instead of the size family",
+        help="--vary params: search these presets, smallest first, instead of the size family",
     )
     ms.add_argument(
         "--resolution",
         type=float,
-        default=DEFAULT_RESOLUTION,
-        help="stop when the largest fit and the smallest non-fit differ by at most this fraction "
-        "of parameters (default 0.03)",
+        help="--vary params: stop when the largest fit and the smallest non-fit differ by at most this "
+        f"fraction of parameters (default {DEFAULT_RESOLUTION})",
     )
     add_model_config_args(ms)
-    ms.add_argument("--batch-size", type=int, default=8, help="per-rank batch (--vary params; default 8)")
+    ms.add_argument(
+        "--batch-size", type=int, help=f"--vary params: the per-rank batch (default {DEFAULT_BATCH})"
+    )
     ms.add_argument("--precision", default="fp32", choices=PRECISIONS, help="training precision")
     ms.add_argument("--device", default="cpu", choices=DEVICES, help="where the probes run")
     ms.add_argument("--simulate", action="store_true", help="one process as rank 0 of each world size")
@@ -84,12 +93,26 @@ def resolve_max_size(
     from shardbench.models.registry import get_workload
     from shardbench.studies.maxsize import parse_budget
 
+    if args.vary == "batch" and (given := [f for f in PARAMS_ONLY if getattr(args, f, None) is not None]):
+        flag = "--" + given[0].replace("_", "-")
+        raise UsageError(
+            f"{flag} shapes a --vary params search; --vary batch grows the batch from 1: drop {flag}"
+        )
+    if getattr(args, "batch_size", None) is None:
+        args.batch_size = DEFAULT_BATCH
+    if getattr(args, "resolution", None) is None:
+        args.resolution = DEFAULT_RESOLUTION
     if (preset := model_config_preset(args, [args.workload])) is not None:
         args.preset = preset
+    if args.vary == "params" and args.ladder and args.preset:
+        raise UsageError(
+            f"--ladder names every preset the search walks; --preset {args.preset} (or --model-config) "
+            "would be ignored: give one of them"
+        )
     try:
         budget = parse_budget(args.budget)
         reserves = reserve_policy(args, budget)
-        resolution = getattr(args, "resolution", DEFAULT_RESOLUTION)
+        resolution = args.resolution
         if not 0 < resolution < 1:
             raise ValueError(f"--resolution must be a fraction between 0 and 1 (e.g. 0.03), got {resolution}")
         check_timeout(args.timeout)

@@ -56,11 +56,15 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy", type=csv_list(str), default=PLAN_STRATEGIES, help="strategies to plan (comma-separated)"
     )
-    p.add_argument("--device", default="cpu", choices=DEVICES, help="where the planned cells run")
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="where the planned cells run (default: cuda with --gpu, else cpu)",
+    )
     p.add_argument(
         "--gpu",
         help="the GPU a CUDA plan's predicted step time is for, by its datasheet name (H100, H200, A100, "
-        "...; default: the CUDA device here)",
+        "...); implies --device cuda (default: the CUDA device here)",
     )
     p.add_argument(
         "--network",
@@ -75,13 +79,15 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
 def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellConfig], int, ReservePolicy]:
     """Validated cells, one per strategy that can be planned; the cells of those that cannot
     (a peer measured only on real ranks: they get a row, not a run); the budget in bytes; the
-    reserves. UsageError if anything is wrong."""
+    reserves. UsageError if anything is wrong. Sets ``args.device`` to where the plan is for
+    (``plan_device``)."""
     from shardbench.harness.bounded import check_workload
     from shardbench.harness.validate import check_timeout, plan_cells
     from shardbench.models.registry import get_workload
     from shardbench.studies.maxsize import parse_budget
     from shardbench.studies.plan import plannable, planning_cells
 
+    args.device = plan_device(args.device, args.gpu)
     if (preset := model_config_preset(args, [args.workload])) is not None:
         args.preset = preset
     try:
@@ -151,6 +157,18 @@ def _device_peak(record: Record, gpu: str | None = None) -> dict[str, Any] | Non
     return datasheet_peak(torch.cuda.get_device_name(), dtype) if torch.cuda.is_available() else None
 
 
+def plan_device(device: str | None, gpu: str | None) -> str:
+    """Where the plan is for: ``--device``, else cuda where ``--gpu`` names a GPU (a GPU's
+    prediction on a CPU plan would be ignored), else cpu; UsageError for ``--gpu`` with
+    ``--device cpu``, which has no GPU to predict for."""
+    if gpu is not None and device == "cpu":
+        raise UsageError(
+            f"--gpu {gpu} names the GPU of a CUDA plan; --device cpu has none: drop --gpu, or give "
+            "--device cuda (or no --device)"
+        )
+    return device or ("cuda" if gpu is not None else "cpu")
+
+
 def check_gpu(gpu: str | None) -> None:
     """``--gpu`` must name a device of the datasheet table (``bench/metrics/peaks.py``)."""
     from shardbench.metrics.peaks import DATASHEETS, datasheet_peak
@@ -161,6 +179,7 @@ def check_gpu(gpu: str | None) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    implied = args.device is None and args.gpu is not None  # the title says so
     cells, unplanned, budget, reserves = resolve_plan(args)
     from shardbench.harness.runner import new_run_id, run_cells
     from shardbench.harness.validate import check_output_dir
@@ -199,7 +218,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         policy=reserves,
         batch=None if args.max_batch else first.batch_size,
     )
-    heading = title(plan, first, budget_text=args.budget)
+    heading = title(plan, first, budget_text=args.budget, gpu=args.gpu, gpu_implied=implied)
     (out / "plan.md").write_text(plan_markdown(plan, title_text=heading))
     (out / PLAN_JSON).write_text(json.dumps(plan_json(plan, title_text=heading), indent=2) + "\n")
     write_tables(records, out)

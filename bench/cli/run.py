@@ -144,12 +144,14 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         help="write the report without its charts, seconds less a run where only the records and "
         "tables are read (a CI gate, a job's runs); 'shardbench report RUN_DIR' draws them later",
     )
+    from shardbench.report.terminal import COLUMNS, DEFAULT_COLUMNS
+
     run.add_argument(
         "--columns",
         type=csv_list(str),
-        help="columns of the terminal table (table.md has them all); default: "
-        "workload,preset,strategy,N,flags,status,peak,states/pred,step,throughput; also: "
-        "params,precision,batch,comm,error",
+        help="columns of the terminal table by their headers, comma-separated, any case (table.md has "
+        f"them all); default: {','.join(DEFAULT_COLUMNS)}; also: "
+        + ",".join(c for c in COLUMNS if c not in DEFAULT_COLUMNS),
     )
     run.add_argument(
         "--resume",
@@ -196,6 +198,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--columns: {e}") from None
     if args.resume is not None:
+        if args.name is not None:  # the records already written carry the run's name
+            raise UsageError("--resume RUN_DIR goes on under that run's own name; drop --name")
         if args.out is not None and args.out.resolve() != args.resume.resolve():
             raise UsageError("--resume RUN_DIR writes into RUN_DIR; drop --out or give the same directory")
         if not (args.resume / "records.jsonl").is_file():

@@ -214,13 +214,19 @@ def kernels_line(plan: Plan) -> str | None:
     return "kernels assumed" + where + ": " + "; ".join(parts)
 
 
-def title(plan: Plan, cell: CellConfig, *, budget_text: str) -> str:
-    """What was planned: the model and Ψ, N, precision, budget, batch and how it was planned."""
+def title(
+    plan: Plan, cell: CellConfig, *, budget_text: str, gpu: str | None = None, gpu_implied: bool = False
+) -> str:
+    """What was planned: the model and Ψ, N and the device it is for (the GPU ``--gpu`` named,
+    and that it chose CUDA where ``--device`` was not given), precision, budget, batch and how
+    it was planned."""
     mode = "fake" if cell.fake else "simulated, real tensors"
     batch = "largest batch" if plan.batch is None else f"batch {plan.batch}"
+    device = cell.device + (f" {gpu}" if gpu else "")
+    device += " (--gpu implies --device cuda)" if gpu_implied else ""
     return (
         f"plan: {cell.workload} {cell.preset} (Ψ = {params_text(plan.params)} parameters), "
-        f"N={cell.world_size}, {cell.precision}, budget {budget_text} per rank, {batch}"
+        f"N={cell.world_size} on {device}, {cell.precision}, budget {budget_text} per rank, {batch}"
         + (", AC" if cell.activation_checkpointing else "")
         + f" ({mode}); sizes in {size_unit(plan.budget)[1]}"
     )
@@ -277,9 +283,20 @@ def plan_markdown(plan: Plan, *, title_text: str) -> str:
     return "\n\n".join(lines) + f"{tail}\n"
 
 
+#: the fits cell of a strategy that cannot be planned, in the terminal: ``UNPLANNED`` in full
+#: would wrap its row over four lines at 120 columns; the verdict under the table names these
+#: strategies with ``UNPLANNED`` and the command that measures them, and plan.md keeps it whole
+UNPLANNED_SHORT = "unplanned"
+
+
 def print_plan(plan: Plan, *, title_text: str) -> None:
-    """The plan table on the terminal (rich, at most 120 columns; plain text without rich)."""
+    """The plan table on the terminal (rich, at most 120 columns, a strategy's row on one line
+    but for a failed cell's error; plain text without rich)."""
     columns, body = table(plan)
+    fits = columns.index("fits")
+    for row, line in zip(plan.rows, body, strict=True):
+        if row.unplanned:
+            line[fits] = UNPLANNED_SHORT
     try:
         from rich.console import Console
         from rich.table import Table

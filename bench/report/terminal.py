@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from shardbench.records import CellKey, Record, oversubscription
 from shardbench.report.chart_types import reading_order
-from shardbench.report.tables import format_value
 from shardbench.studies.reference import REFERENCE
 from shardbench.studies.speed_verdict import ONE_RUN, REPEAT_HINT, RULE
 from shardbench.studies.versus import against_reference, group_key, model_states, repeated
@@ -58,6 +57,13 @@ def _comm_vs_pred(r: Record) -> str:
     sent = (r.comm_per_step or {}).get("sent_per_rank")
     predicted = (r.predicted_comm or {}).get("sent_per_rank")
     return f"{sent / predicted:.3f}" if sent is not None and predicted else ""
+
+
+def _number(value: float | None) -> str:
+    # imported here: the help of ``run`` lists the columns, and tables.py brings pandas
+    from shardbench.report.tables import format_value
+
+    return format_value(value) if value else ""
 
 
 def _predicted_vs_measured(r: Record) -> str:
@@ -105,35 +111,45 @@ class Column:
     right: bool = False
 
 
+#: the terminal table's columns, each chosen by its header: the key ``--columns`` takes is the
+#: header a person reads above it
 COLUMNS: dict[str, Column] = {
-    "workload": Column("workload", lambda r: r.workload),
-    "preset": Column("preset", lambda r: r.preset),
-    "params": Column("params", lambda r: f"{r.params / 1e6:.1f}M", right=True),
-    "strategy": Column("strategy", lambda r: r.strategy),
-    "N": Column("N", lambda r: str(r.world_size), right=True),
-    "precision": Column("prec", lambda r: r.precision),
-    "batch": Column("batch", lambda r: str(r.batch_size_per_rank), right=True),
-    "flags": Column("flags", flags),
-    "repeat": Column("repeat", lambda r: str(r.repeat), right=True),
-    "status": Column("status", lambda r: r.status),
-    "peak": Column("peak", lambda r: bytes_text((r.peak_mem_bytes or {}).get("max")), right=True),
-    "states/pred": Column("states/pred", _states, right=True),
-    "step": Column("step time", step_text, right=True),
-    "throughput": Column(
-        "samples/s", lambda r: format_value(r.samples_per_s) if r.samples_per_s else "", right=True
-    ),
-    "tokens/s": Column(
-        "tokens/s", lambda r: format_value(r.tokens_per_s) if r.tokens_per_s else "", right=True
-    ),
-    "tflops": Column("TFLOP/s", tflops_text, right=True),
-    "mfu": Column("MFU", lambda r: percent_text(r.mfu), right=True),
-    "hfu": Column("HFU", lambda r: percent_text(r.hfu), right=True),
-    "comm": Column(
-        "sent/step", lambda r: bytes_text((r.comm_per_step or {}).get("sent_per_rank")), right=True
-    ),
-    "comm/pred": Column("sent/pred", _comm_vs_pred, right=True),
-    "step/pred": Column("pred/meas", _predicted_vs_measured, right=True),
-    "error": Column("error", lambda r: first_sentence(r.error) if r.status != "ok" else ""),
+    c.header: c
+    for c in (
+        Column("workload", lambda r: r.workload),
+        Column("preset", lambda r: r.preset),
+        Column("params", lambda r: f"{r.params / 1e6:.1f}M", right=True),
+        Column("strategy", lambda r: r.strategy),
+        Column("N", lambda r: str(r.world_size), right=True),
+        Column("prec", lambda r: r.precision),
+        Column("batch", lambda r: str(r.batch_size_per_rank), right=True),
+        Column("flags", flags),
+        Column("repeat", lambda r: str(r.repeat), right=True),
+        Column("status", lambda r: r.status),
+        Column("peak", lambda r: bytes_text((r.peak_mem_bytes or {}).get("max")), right=True),
+        Column("states/pred", _states, right=True),
+        Column("step", step_text, right=True),
+        Column("samples/s", lambda r: _number(r.samples_per_s), right=True),
+        Column("tokens/s", lambda r: _number(r.tokens_per_s), right=True),
+        Column("TFLOP/s", tflops_text, right=True),
+        Column("MFU", lambda r: percent_text(r.mfu), right=True),
+        Column("HFU", lambda r: percent_text(r.hfu), right=True),
+        Column("sent/step", lambda r: bytes_text((r.comm_per_step or {}).get("sent_per_rank")), right=True),
+        Column("sent/pred", _comm_vs_pred, right=True),
+        Column("pred/meas", _predicted_vs_measured, right=True),
+        Column("error", lambda r: first_sentence(r.error) if r.status != "ok" else ""),
+    )
+}
+#: other names a column answers to (scripts written against them keep working); a key is
+#: matched without regard to case, so ``mfu`` is ``MFU``
+ALIASES = {
+    "precision": "prec",
+    "step time": "step",
+    "throughput": "samples/s",
+    "tflops": "TFLOP/s",
+    "comm": "sent/step",
+    "comm/pred": "sent/pred",
+    "step/pred": "pred/meas",
 }
 DEFAULT_COLUMNS = (
     "workload",
@@ -145,17 +161,19 @@ DEFAULT_COLUMNS = (
     "peak",
     "states/pred",
     "step",
-    "throughput",
-    "mfu",
-    "step/pred",
+    "samples/s",
+    "MFU",
+    "pred/meas",
 )
+_KEYS = {k.lower(): k for k in COLUMNS} | {a.lower(): k for a, k in ALIASES.items()}
 
 
 def check_columns(names: Sequence[str]) -> tuple[str, ...]:
-    """``names`` if every one is a column; ValueError naming the allowed ones otherwise."""
-    if unknown := [n for n in names if n not in COLUMNS]:
-        raise ValueError(f"unknown column {unknown[0]!r}; allowed: {', '.join(COLUMNS)}")
-    return tuple(names)
+    """``names`` as the headers they choose (a header in any case, or an alias); ValueError
+    naming the allowed ones otherwise."""
+    if unknown := [n for n in names if n.strip().lower() not in _KEYS]:
+        raise ValueError(f"unknown column {unknown[0]!r}; allowed: {', '.join(COLUMNS)} (the headers)")
+    return tuple(_KEYS[n.strip().lower()] for n in names)
 
 
 def ratio_lines(records: Sequence[Record]) -> list[str]:
@@ -207,18 +225,26 @@ def group_how(key: CellKey, repeat: int | None = None) -> str:
     return " ".join(h for h in how if h)
 
 
-#: the narrowest a text column is made to fit the table in ``WIDTH`` (its values then wrap)
+#: the narrowest a text column is made to fit the table in ``WIDTH``
 NARROWEST = 12
+#: the one text column whose values wrap within it rather than being shortened: a sentence cut
+#: in its middle would no longer say what went wrong
+SENTENCE_COLUMNS = ("error",)
+ELLIPSIS = "…"
+SHORTENED = f"{ELLIPSIS} = shortened to fit {WIDTH} columns; table.md has each name whole"
 
 
 def _fit_widths(cols: Sequence[Column], rows: Sequence[Sequence[str]]) -> list[int]:
     """Each column's width: its longest value, the widest text columns narrowed (down to
-    ``NARROWEST``, or the longest piece a value cannot break in) until the table fits in
-    ``WIDTH``; their values then wrap (``_render``). Figures keep their width."""
+    ``NARROWEST``; an error down to the longest piece it cannot break in) until the table fits
+    in ``WIDTH``. Figures keep their width: "3.97 ± 0.15 s" is never shortened nor broken."""
     widths = [max([len(c.header), *(len(row[i]) for row in rows)]) for i, c in enumerate(cols)]
-    # a figure ("3.97 ± 0.15 s") is never broken over lines: only text columns narrow
     floors = [
-        widths[i] if c.right else max(len(c.header), NARROWEST, *(longest_piece(row[i]) for row in rows))
+        widths[i]
+        if c.right
+        else max(len(c.header), NARROWEST, *(longest_piece(row[i]) for row in rows))
+        if c.header in SENTENCE_COLUMNS
+        else min(widths[i], max(len(c.header), NARROWEST))
         for i, c in enumerate(cols)
     ]
     while sum(widths) + 2 * (len(cols) - 1) > WIDTH:
@@ -229,14 +255,32 @@ def _fit_widths(cols: Sequence[Column], rows: Sequence[Sequence[str]]) -> list[i
     return widths
 
 
+def middle_ellipsis(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, its middle replaced by an ellipsis: a long name
+    keeps its start and its end, where names differ (``lightning:…:LitTransformer``,
+    ``hf:GPT2LMHeadModel``'s first and last config items)."""
+    if len(text) <= width:
+        return text
+    keep = width - len(ELLIPSIS)
+    head = (keep + 1) // 2
+    return text[:head] + ELLIPSIS + text[len(text) - (keep - head) :]
+
+
+def _cell_lines(column: Column, value: str, width: int) -> list[str]:
+    """A value's lines in its column: a name or a figure on one line (a name too long for the
+    column shortened in its middle), a sentence wrapped at word and argument boundaries."""
+    if column.header in SENTENCE_COLUMNS:
+        return wrap(value, width) or [""]
+    return [middle_ellipsis(value, width)]
+
+
 def _render(cols: Sequence[Column], rows: Sequence[Sequence[str]], widths: Sequence[int]) -> str:
-    """The table as aligned text, two spaces between columns; a value wider than its column
-    wraps within it at word and argument boundaries (``wording.wrap``: an ``hf:`` preset breaks
-    after a colon, never inside a name or a number)."""
+    """The table as aligned text, two spaces between columns, one line per row (but for an
+    error's sentence, which wraps within its column)."""
     justify = [str.rjust if c.right else str.ljust for c in cols]
     lines = ["  ".join(f(c.header, w) for c, f, w in zip(cols, justify, widths, strict=True)).rstrip()]
     for row in rows:
-        cells = [wrap(v, w) or [""] for v, w in zip(row, widths, strict=True)]
+        cells = [_cell_lines(c, v, w) for c, v, w in zip(cols, row, widths, strict=True)]
         for k in range(max(len(c) for c in cells)):
             parts = [f(c[k] if k < len(c) else "", w) for c, f, w in zip(cells, justify, widths, strict=True)]
             lines.append("  ".join(parts).rstrip())
@@ -244,25 +288,38 @@ def _render(cols: Sequence[Column], rows: Sequence[Sequence[str]], widths: Seque
 
 
 def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
-    """The summary as text: the table (at most ``WIDTH`` columns), the legend of the flags that
-    occur and the ratio lines."""
+    """The summary as text: the table (at most ``WIDTH`` columns, one line per cell), the
+    legend of the flags that occur and the ratio lines. ``columns``: headers or their aliases
+    (``check_columns``)."""
+    columns = check_columns(columns)
     records = sorted(records, key=reading_order)  # as table.md and the charts list them
     if not any(r.predicted_step_time for r in records):  # nothing predicted: no column to fill
-        columns = tuple(c for c in columns if c != "step/pred")
+        columns = tuple(c for c in columns if c != "pred/meas")
     cols = [COLUMNS[c] for c in columns]
     if repeated(records) and "repeat" not in columns:  # which repeat a row is, beside its strategy
         cols.insert(columns.index("strategy") + 1 if "strategy" in columns else 0, COLUMNS["repeat"])
     rows = [[c.value(r) for c in cols] for r in records]
-    text = _render(cols, rows, _fit_widths(cols, rows))
+    widths = _fit_widths(cols, rows)
+    text = _render(cols, rows, widths)
     if "error" not in columns:  # under the table, each on lines of its own: a column would be narrow
         text = "\n".join([text, *error_lines(records)])
+    shortened = any(
+        len(v) > w and c.header not in SENTENCE_COLUMNS
+        for row in rows
+        for c, v, w in zip(cols, row, widths, strict=True)
+    )
     used = sorted({f for r in records for f in flags(r).split()}, key=list(LEGEND).index)
     legend = [f"{f} = {LEGEND[f]}" for f in used]
-    extra = "\n".join(wrap("flags: " + "; ".join(legend), WIDTH)) if legend else ""
-    if {"mfu", "hfu", "tflops"} & set(columns):
+    extra = "\n".join(
+        [
+            *([SHORTENED] if shortened else []),
+            *(wrap("flags: " + "; ".join(legend), WIDTH) if legend else []),
+        ]
+    )
+    if {"MFU", "HFU", "TFLOP/s"} & set(columns):
         extra = "\n".join(part for part in (extra, *peak_lines(records)) if part)
     lines = ratio_lines(records) + verdict_lines(records) + exposed_lines(records) + scaling_lines(records)
-    if "step/pred" in columns:
+    if "pred/meas" in columns:
         from shardbench.studies.prediction_check import error_line
 
         lines += wrap(error_line(records) or "", WIDTH, indent="  ")
