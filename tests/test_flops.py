@@ -175,3 +175,63 @@ def test_a_count_file_that_is_not_whole_hands_nothing(tmp_path) -> None:
     counting.adopt_counts(whole)
     assert counting._COUNTED == {("k", 1): StepFlops(2, 3, {"mm": 3}, "fake tensors")}
     counting.forget_counts()
+
+
+def test_grouped_query_attention_counts_as_its_key_and_value_repeated_to_the_query_heads() -> None:
+    """Key and value with fewer heads than the query (Llama 2/3, Mistral, Qwen; SDPA's
+    ``enable_gqa``), which torch's formulas refuse: counted exactly as the same attention with
+    key and value repeated to the query's heads, a forward F = 4·B·Hq·Lq·Lk·D, a backward 2F of
+    model FLOPs and F/2 of score recompute, whichever way the kernel is handed them."""
+    from shardbench.metrics.flops import sdpa_backward_flops, sdpa_forward_flops
+
+    b, hq, hkv, lq, lk, d = 2, 8, 2, 12, 20, 16
+    q, kv = (b, hq, lq, d), (b, hkv, lk, d)
+    repeated = (b, hq, lk, d)
+    forward = 4 * b * hq * lq * lk * d
+    assert sdpa_forward_flops(q, kv, kv) == sdpa_forward_flops(q, repeated, repeated) == forward
+    assert (
+        sdpa_backward_flops(q, q, kv, kv)
+        == sdpa_backward_flops(q, q, repeated, repeated)
+        == 2 * forward + forward // 2
+    )
+
+    def attention(gqa: bool):
+        def loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            query = model.weight * x[..., :lq, :]
+            key = value = x[:, :hkv] if gqa else x[:, :hkv].repeat_interleave(hq // hkv, dim=1)
+            return F.scaled_dot_product_attention(query, key, value, enable_gqa=gqa).sum()
+
+        return count_step_flops(nn.Linear(1, 1), loss, lambda: torch.randn(b, hq, lk, d), device=CPU)
+
+    grouped, plain = attention(gqa=True), attention(gqa=False)
+    assert (
+        (grouped.model, grouped.hardware)
+        == (plain.model, plain.hardware)
+        == (3 * forward, 3 * forward + forward // 2)
+    )
+    assert grouped.by_op == plain.by_op
+    assert grouped.by_op["aten._scaled_dot_product_flash_attention_for_cpu"] == forward
+
+
+@pytest.mark.parametrize("kernel", ["flash", "efficient"])
+def test_cudas_fused_kernels_count_grouped_query_attention(kernel: str) -> None:
+    """CUDA's flash and memory-efficient kernels handed key and value of fewer heads (counted
+    here on their fake-tensor shapes): the forward and backward of the query's heads."""
+    b, hq, hkv, s, d = 2, 8, 2, 16, 16
+    aten = torch.ops.aten
+
+    def loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        q, kv = (model.weight * x).to(torch.bfloat16), x[:, :hkv].to(torch.bfloat16)
+        if kernel == "flash":
+            return aten._scaled_dot_product_flash_attention(q, kv, kv, 0.0, False, False)[0].float().sum()
+        return (
+            aten._scaled_dot_product_efficient_attention(q, kv, kv, None, True, 0.0, False)[0].float().sum()
+        )
+
+    flops = count_step_flops(nn.Linear(1, 1), loss, lambda: torch.randn(b, hq, s, d), device=CPU)
+    forward = 4 * b * hq * s * s * d
+    assert flops.by_op == {
+        f"aten._scaled_dot_product_{kernel}_attention": forward,
+        f"aten._scaled_dot_product_{kernel}_attention_backward": 2 * forward,
+        SCORE_RECOMPUTE: forward // 2,
+    }

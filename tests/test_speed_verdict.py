@@ -160,7 +160,8 @@ def test_repeats_judge_a_real_difference_and_not_drift() -> None:
     assert fast.note(with_ratio=False) == "3 repeats: faster"
     drift = _verdict(_rounds((0.64, 1.01)))
     assert drift.word == NOT_JUDGED and drift.band > abs(drift.ratio - 1)
-    lines = terminal_table(_rounds(ratios["fast"])).splitlines()[7:]
+    text = terminal_table(_rounds(ratios["fast"])).splitlines()
+    lines = text[next(i for i, line in enumerate(text) if " vs ddp: " in line) :]
     assert [line.split(" vs ddp: ")[0] for line in lines[:3]] == [
         f"transformer tiny N=2 fp32 b=8 repeat {i}" for i in range(3)
     ]

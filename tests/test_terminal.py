@@ -272,3 +272,98 @@ def test_a_long_workload_name_keeps_each_row_on_one_line(tmp_path) -> None:
 def test_a_name_that_fits_is_not_shortened(records) -> None:
     assert "…" not in terminal_table(records) and SHORTENED not in terminal_table(records)
     assert middle_ellipsis("abcdefghij", 7) == "abc…hij" and middle_ellipsis("abc", 7) == "abc"
+
+
+def _timed(**overrides):
+    from tests.records import make_record
+
+    return make_record(**{"step_time_s": {"median": 0.05, "mad": 0.001}, "samples_per_s": 320.0, **overrides})
+
+
+def test_a_blank_figure_says_why_under_the_table() -> None:
+    """An ok row whose MFU, TFLOP/s or pred/meas is blank says why under the table, once per
+    reason, in the record's own words: a count torch refused (its reason whole, "; " inside its
+    parenthesis and all), a peak that could not be had, a simulated row's throughput."""
+    flops = {"model": 1e9, "hardware": 1e9, "tokens_per_sample": 16, "dtype": "fp32"}
+    refused = "FLOPs not counted (AssertionError: shapes are incompatible; heads 4 and 2)"
+    cells = [
+        _timed(strategy="ddp", note=f"slow start: import 9 s; {refused}"),
+        _timed(strategy="zero2", note=refused),
+        _timed(
+            strategy="zero3",
+            flops_per_step=flops,
+            achieved_flops_per_s={"model": 2e10, "hardware": 2e10},
+            note="no peak FLOP/s (RuntimeError: the probe failed)",
+        ),
+        _timed(
+            strategy="fsdp2-zero3",
+            flops_per_step=flops,
+            achieved_flops_per_s={"model": 2e10, "hardware": 2e10},
+            peak_flops_per_s={
+                "flops_per_s": 1e11,
+                "kind": "measured",
+                "dtype": "fp32",
+                "device_name": "Xeon",
+            },
+            mfu=0.2,
+            predicted_step_time={"step": 0.05, "network": "gloo"},
+        ),
+        _timed(strategy="ddp", world_size=8, simulated=True, samples_per_s=None, note=refused),
+    ]
+    text = terminal_table(cells, (*DEFAULT_COLUMNS, "TFLOP/s")).replace("\n  ", " ")
+    assert f"MFU, pred/meas, TFLOP/s blank for ddp N=2, zero2 N=2: {refused}" in text, text
+    assert f"MFU, TFLOP/s blank for ddp N=8: {refused}" in text
+    assert "MFU blank for zero3 N=2: no peak FLOP/s (RuntimeError: the probe failed)" in text
+    assert "pred/meas blank for zero3 N=2: no step time predicted" in text
+    assert (
+        "samples/s, pred/meas blank for ddp N=8: simulated: its step time has no communication in it" in text
+    )
+    # a row with every figure: named in no such line
+    assert not [line for line in text.splitlines() if "blank for" in line and "fsdp2-zero3" in line]
+    # a cell whose error says what went wrong, or a fake cell's flag (nothing timed): no line
+    failed = _timed(strategy="zero2", status="error", error="RuntimeError: boom", note=refused)
+    fake = _timed(strategy="zero2", fake=True, step_time_s=None, samples_per_s=None, note=refused)
+    assert "blank for" not in terminal_table([failed, fake])
+
+
+def test_each_peak_line_says_which_rows_it_is_set_against() -> None:
+    """run --scaling on a CPU: N=1's rank has every thread, each of N=2's ranks half, so their
+    MFUs are set against two peaks: each line names the rows it holds for."""
+
+    def peak(tflops: float, threads: int) -> dict:
+        return {
+            "flops_per_s": tflops * 1e12,
+            "kind": "measured",
+            "dtype": "fp32",
+            "device_name": "Xeon",
+            "threads": threads,
+        }
+
+    two, one = peak(0.342, 2), peak(0.169, 1)
+    cells = [
+        _timed(strategy=s, world_size=n, mfu=0.1, peak_flops_per_s=p)
+        for s, n, p in (("ddp", 1, two), ("ddp", 2, one), ("zero2", 2, one))
+    ]
+    text = terminal_table(cells)
+    assert (
+        "MFU at N=1 against 0.342 TFLOP/s, the measured peak of Xeon at fp32, 2 threads (docs/measuring.md)"
+        in text
+    )
+    assert (
+        "MFU at N=2 against 0.169 TFLOP/s, the measured peak of Xeon at fp32, 1 thread (docs/measuring.md)"
+        in text
+    )
+    # told apart by precision where the world sizes do not, by the rows themselves where neither
+    bf16 = [*cells[1:], _timed(strategy="ddp", precision="bf16", mfu=0.1, peak_flops_per_s=two)]
+    assert {
+        line.split(" against ")[0] for line in terminal_table(bf16).splitlines() if " against " in line
+    } == {
+        "MFU at fp32",
+        "MFU at bf16",
+    }
+    mixed = [cells[1], replace(cells[2], peak_flops_per_s=two)]
+    lines = [line for line in terminal_table(mixed).splitlines() if " against " in line]
+    assert [line.split(" against ")[0] for line in lines] == [
+        "MFU of transformer tiny ddp N=2 fp32",
+        "MFU of transformer tiny zero2 N=2 fp32",
+    ]

@@ -43,6 +43,7 @@ def _trains_and_plans(workload: str, preset: str) -> None:
         record = run_cell_here(tiny_cell(workload=workload, preset=preset, strategy=strategy, steps=1))
         assert record.status == "ok", record.error
         assert record.loss is not None and torch.isfinite(torch.tensor(record.loss["last"]))
+        assert record.flops_per_step, record.note  # Llama's grouped-query attention counted too
         # where its ranks ran: two processes on this host's cores (records.oversubscription)
         assert record.placement == {"ranks": 2, "cores": available_cores()}
     planned = run_cell_here(

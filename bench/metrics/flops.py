@@ -31,6 +31,10 @@ score matrix, causal or not, whichever kernel runs: torch has no formula for the
 kernel, so it is given CUDA's; and a fused kernel's backward recomputes the scores (``Q Kᵀ``
 again), which torch counts in: that product goes to the hardware count only (``by_op``'s
 ``SCORE_RECOMPUTE``), so the plain ``bmm`` path and a fused kernel count the same model FLOPs.
+Grouped-query attention (key and value with fewer heads than the query, as Llama 2/3, Mistral
+and Qwen have) is counted as the attention with key and value repeated to the query's heads:
+each query head still multiplies against a whole key and value, so the products are the same;
+torch's formulas refuse the shapes, so ours widen them first.
 On CUDA the count runs with cuDNN off, so a recurrent layer is counted as the matrix products
 it is made of rather than as a fused kernel torch has no formula for.
 """
@@ -51,45 +55,75 @@ from shardbench.models.checkpointing import is_checkpointed, without_recompute
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 
-#: the attention backward kernels torch has formulas for, and the CPU's, which it has not
-_ATTENTION_BACKWARD = (
-    "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_cudnn_attention_backward",
-    "_flash_attention_backward",
-    "_efficient_attention_backward",
-    "_scaled_dot_product_flash_attention_for_cpu_backward",
+#: the fused attention kernels whose arguments start ``(query, key, value, ...)``, their
+#: backward ``(grad_out, query, key, value, ...)``: heads on dimension 1, as SDPA takes them
+_SDPA_KERNELS = (
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",  # torch has no formula for the CPU's
 )
+#: the lower-level backward kernels torch has formulas for (query, key and value laid out
+#: differently, counted by torch's formula as they are)
+_KERNEL_BACKWARD = ("_flash_attention_backward", "_efficient_attention_backward")
 #: the key ``by_op`` gives the score recompute of the fused attention kernels' backward
 SCORE_RECOMPUTE = "attention score recompute"
 
 
+def _heads_as_query(query: Any, kv: Any) -> Any:
+    """A key or value shape ``(b, h_kv, s, d)`` grouped under the query's ``h_q`` heads (``h_q``
+    a multiple of ``h_kv``), as ``(b, h_q, s, d)``: the shape it has repeated to them, which
+    the kernel does in effect. Any other shape is left for torch's formula to judge."""
+    if len(query) == len(kv) == 4 and kv[1] and kv[1] != query[1] and query[1] % kv[1] == 0:
+        return (kv[0], query[1], *kv[2:])
+    return kv
+
+
+def sdpa_forward_flops(query: Any, key: Any, value: Any) -> int:
+    """torch's forward count of ``(query, key, value)`` shapes, grouped-query attention's key
+    and value taken repeated to the query's heads (see the module docstring)."""
+    from torch.utils import flop_counter
+
+    return flop_counter.sdpa_flop_count(query, _heads_as_query(query, key), _heads_as_query(query, value))
+
+
+def sdpa_backward_flops(grad_out: Any, query: Any, key: Any, value: Any) -> int:
+    """torch's backward count (score recompute included) of the shapes, grouped-query
+    attention's key and value taken repeated to the query's heads: their gradients are the
+    repeated ones' summed over each group, and a sum is no product."""
+    from torch.utils import flop_counter
+
+    return flop_counter.sdpa_backward_flop_count(
+        grad_out, query, _heads_as_query(query, key), _heads_as_query(query, value)
+    )
+
+
 def _attention_mapping(recomputed: list[int]) -> dict[Any, Any]:
-    """FlopCounterMode formulas for attention: the CPU's fused kernel counted as torch counts
-    the CUDA ones, and every fused backward counted without its recompute of the score matrix
-    (the 5th of its products torch counts: ``Q Kᵀ`` again), which goes to ``recomputed``
-    instead. A fused kernel and the plain ``bmm`` path then count the same model FLOPs, and the
-    recompute is the hardware's."""
+    """FlopCounterMode formulas for attention: the fused kernels (the CPU's too, which torch
+    has no formula for) counted as torch counts CUDA's but for grouped-query attention too, and
+    every fused backward counted without its recompute of the score matrix (the 5th of its
+    products torch counts: ``Q Kᵀ`` again), which goes to ``recomputed`` instead. A fused kernel
+    and the plain ``bmm`` path then count the same model FLOPs, and the recompute is the
+    hardware's."""
     from torch.utils import flop_counter
 
     aten, mapping = torch.ops.aten, {}
-    registry = dict(flop_counter.flop_registry)
-    cpu = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if cpu is not None:  # (q, k, v, ...) forward and (grad, q, k, v, ...) backward, as CUDA's
-        mapping[cpu] = _raw(
-            flop_counter.shape_wrapper(
-                lambda q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_flop_count(q, k, v)
-            )
-        )
-        registry[aten._scaled_dot_product_flash_attention_for_cpu_backward] = flop_counter.shape_wrapper(
-            lambda grad, q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_backward_flop_count(
-                grad, q, k, v
-            )
-        )
-    for name in _ATTENTION_BACKWARD:
+    forward = flop_counter.shape_wrapper(
+        lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_forward_flops(q, k, v)
+    )
+    backward = flop_counter.shape_wrapper(
+        lambda grad, q, k, v, *args, out_shape=None, **kwargs: sdpa_backward_flops(grad, q, k, v)
+    )
+    for name in _SDPA_KERNELS:
+        kernel, kernel_backward = getattr(aten, name, None), getattr(aten, f"{name}_backward", None)
+        if kernel is not None:
+            mapping[kernel] = _raw(forward)
+        if kernel_backward is not None:
+            mapping[kernel_backward] = _raw(_without_score_recompute(backward, recomputed))
+    for name in _KERNEL_BACKWARD:
         packet = getattr(aten, name, None)
-        if packet is not None and packet in registry:
-            mapping[packet] = _raw(_without_score_recompute(registry[packet], recomputed))
+        if packet is not None and packet in flop_counter.flop_registry:
+            mapping[packet] = _raw(_without_score_recompute(flop_counter.flop_registry[packet], recomputed))
     return mapping
 
 

@@ -318,6 +318,7 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     )
     if {"MFU", "HFU", "TFLOP/s"} & set(columns):
         extra = "\n".join(part for part in (extra, *peak_lines(records)) if part)
+    extra = "\n".join(part for part in (extra, *blank_lines(records, columns)) if part)
     lines = ratio_lines(records) + verdict_lines(records) + exposed_lines(records) + scaling_lines(records)
     if "pred/meas" in columns:
         from shardbench.studies.prediction_check import error_line
@@ -328,18 +329,147 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
 
 def peak_lines(records: Sequence[Record]) -> list[str]:
     """Which peak each MFU was set against, once per distinct peak: "MFU against 0.212 TFLOP/s,
-    the measured peak of <CPU> at fp32, 1 thread (docs/measuring.md)"."""
-    seen: dict[str, None] = {}
+    the measured peak of <CPU> at fp32, 1 thread (docs/measuring.md)". Where the rows were set
+    against different peaks (a CPU's at N=1 with every thread, at N=2 with half as many each),
+    each line says whose: "MFU at N=1 against ...", "MFU at N=2 against ..."."""
+    seen: dict[str, list[Record]] = {}
     for r in records:
         p = r.peak_flops_per_s
         if r.mfu is None or not p:
             continue
         threads = f", {p['threads']} thread{'s' if p['threads'] != 1 else ''}" if p.get("threads") else ""
-        seen[
-            f"MFU against {p['flops_per_s'] / 1e12:.3g} TFLOP/s, the {p.get('kind')} peak of "
-            f"{p.get('device_name')} at {p.get('dtype')}{threads} (docs/measuring.md)"
-        ] = None
-    return [line for text in seen for line in wrap(text, WIDTH, indent="  ")]
+        seen.setdefault(
+            f"against {p['flops_per_s'] / 1e12:.3g} TFLOP/s, the {p.get('kind')} peak of "
+            f"{p.get('device_name')} at {p.get('dtype')}{threads} (docs/measuring.md)",
+            [],
+        ).append(r)
+    whose = _whose(list(seen.values())) if len(seen) > 1 else [""] * len(seen)
+    texts = [f"MFU{rows} {text}" for text, rows in zip(seen, whose, strict=True)]
+    return [line for text in texts for line in wrap(text, WIDTH, indent="  ")]
+
+
+#: what rows are told apart by in ``_whose``, in the order tried, as the table shows it; the
+#: last names each row
+_ROW_KEYS: tuple[tuple[str, Callable[[Record], tuple[str, ...]]], ...] = (
+    ("at", lambda r: (f"N={r.world_size}",)),
+    ("at", lambda r: (r.precision,)),
+    ("at", lambda r: (f"N={r.world_size}", r.precision)),
+    ("of", lambda r: (r.workload, r.preset, r.strategy, f"N={r.world_size}", r.precision)),
+)
+
+
+def _whose(groups: Sequence[Sequence[Record]]) -> list[str]:
+    """For each group of rows, the words that name its rows and no other group's: " at N=1",
+    " at N=2, 4", " at bf16", " at N=1 bf16", or " of" the rows themselves; the first of
+    ``_ROW_KEYS`` that tells the groups apart."""
+    word, named = "", []
+    for preposition, key in _ROW_KEYS:
+        word, named = preposition, [sorted({key(r) for r in rows}, key=_natural) for rows in groups]
+        if all(not set(a) & set(b) for i, a in enumerate(named) for b in named[i + 1 :]):
+            break
+    return [f" {word} " + ", ".join(" ".join(k) for k in keys) for keys in named]
+
+
+def _natural(key: tuple[str, ...]) -> tuple:
+    """N=2 before N=16."""
+    return tuple((int(k[2:]), "") if k.startswith("N=") and k[2:].isdigit() else (0, k) for k in key)
+
+
+#: the figure columns whose cell can be blank in an ok row, and so say why under the table
+_FIGURES = ("samples/s", "tokens/s", "TFLOP/s", "MFU", "HFU", "pred/meas")
+#: a blank cell's reason is named by its rows up to this many, beyond it counted
+_NAMED_ROWS = 4
+#: why a simulated row has no throughput and no prediction checked against its time
+SIMULATED_BLANK = "simulated: its step time has no communication in it"
+
+
+def blank_reason(r: Record, column: str) -> str | None:
+    """Why an ok row's ``column`` (one of ``_FIGURES``) is blank, the record's own words where
+    its note has them; None where the cell is not blank, or another line already says why (a
+    failed cell's error; a fake cell's flag: nothing timed)."""
+    if r.status != "ok" or column not in _FIGURES or COLUMNS[column].value(r):
+        return None
+    if not (r.step_time_s or {}).get("median"):
+        return None if r.fake else "no step timed"
+    if r.simulated and column in ("samples/s", "tokens/s", "pred/meas"):
+        return SIMULATED_BLANK
+    if column == "samples/s":  # a timed step's, FLOPs or none
+        return "no samples/s in the record"
+    if not r.flops_per_step:
+        return _flops_reason(r)
+    if column == "tokens/s":
+        return (
+            "the workload's samples are not token sequences"
+            if not r.flops_per_step.get("tokens_per_sample")
+            else None
+        )
+    if column in ("MFU", "HFU") and not r.peak_flops_per_s:
+        return _note_part(r.note, "no peak FLOP/s") or "no peak FLOP/s for the device"
+    if column == "pred/meas":
+        return _note_part(r.note, "no step time predicted") or "no step time predicted"
+    return None
+
+
+def _flops_reason(r: Record) -> str:
+    return _note_part(r.note, "FLOPs not counted") or "no FLOPs counted in the record"
+
+
+def _note_part(note: str, prefix: str) -> str | None:
+    """The part of a record's note (parts joined by "; ") that starts with ``prefix``, with the
+    parenthesis that follows it whole even where the text inside has "; " of its own."""
+    at = note.find(prefix)
+    if at < 0:
+        return None
+    depth = 0
+    for i in range(at, len(note)):
+        if note[i] == "(":
+            depth += 1
+        elif note[i] == ")":
+            depth -= 1
+        elif depth == 0 and note.startswith("; ", i):
+            return note[at:i]
+    return note[at:]
+
+
+def blank_lines(records: Sequence[Record], columns: Sequence[str]) -> list[str]:
+    """Under the table, why each blank figure of an ok row is blank, once per reason: "MFU,
+    pred/meas blank for ddp N=2: FLOPs not counted (AssertionError: ...)"."""
+    shown = [c for c in columns if c in _FIGURES]  # in the table's order
+    if "pred/meas" in shown and not any(r.predicted_step_time for r in records):
+        shown.remove("pred/meas")  # the column is left out altogether (``terminal_table``)
+    reasons: dict[tuple[str, tuple[str, ...]], list[Record]] = {}
+    for r in records:
+        why: dict[str, list[str]] = {}
+        for column in shown:
+            if (reason := blank_reason(r, column)) is not None:
+                why.setdefault(reason, []).append(column)
+        for reason, blank in why.items():
+            reasons.setdefault((reason, tuple(blank)), []).append(r)
+    lines = []
+    for (reason, blank), rows in reasons.items():
+        text = f"{', '.join(blank)} blank for {_rows_text(rows, records)}: {reason}"
+        lines += wrap(text, WIDTH, indent="  ")
+    return lines
+
+
+def _rows_text(rows: Sequence[Record], records: Sequence[Record]) -> str:
+    """The rows, each by what tells it from the table's other rows (its strategy and N, its
+    workload, preset, precision and repeat where those differ), or how many where many."""
+    if len(rows) > _NAMED_ROWS:
+        return f"{len(rows)} rows"
+
+    def varies(field: Callable[[Record], object]) -> bool:
+        return len({field(r) for r in records}) > 1
+
+    parts: list[Callable[[Record], str]] = [
+        *([lambda r: r.workload] if varies(lambda r: r.workload) else []),
+        *([lambda r: r.preset] if varies(lambda r: r.preset) else []),
+        lambda r: r.strategy,
+        lambda r: f"N={r.world_size}",
+        *([lambda r: r.precision] if varies(lambda r: r.precision) else []),
+        *([lambda r: f"repeat {r.repeat}"] if repeated(records) else []),
+    ]
+    return ", ".join(" ".join(p(r) for p in parts) for r in rows)
 
 
 def error_lines(records: Sequence[Record]) -> list[str]:
