@@ -59,6 +59,12 @@ def results_home(root: Path | None = None) -> Path:
     return Path(root or os.environ.get("SHARDBENCH_HOME") or "results")
 
 
+def history_file(suite: str, root: Path | None = None) -> Path:
+    """A suite's nightly history, where ``nightly`` appends one line per cell per night unless
+    given ``--history``: ``history/<suite>.jsonl`` in the results home."""
+    return results_home(root) / "history" / f"{path_component(suite, what='suite name')}.jsonl"
+
+
 def inside(root: Path, *components: str) -> Path:
     """``root / components...``, refused unless it resolves to a place inside ``root``."""
     base = Path(root).resolve()

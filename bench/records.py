@@ -234,6 +234,44 @@ class Record:
         return Record(**values)
 
 
+#: the suite of a max-size search's probe records (``bench/studies/maxsize.py``)
+PROBE_SUITE = "max-size-probe"
+
+
+def latest_outcomes(records: Iterable[Record]) -> list[Record]:
+    """Each cell of each run once, at its latest record, where the cell first appeared: a
+    resumed run (``run --resume``) runs a cell that was interrupted or failed again and appends
+    the new record, which is now that cell's outcome; the earlier one stays in ``records.jsonl``
+    as what happened then. A cell is ``CellKey.in_run`` (as asked, and its repeat), a max-size
+    summary ``CellKey.of`` (what was searched). Probes are all kept: a timed-out probe and its
+    retry are two steps of one search, both shown."""
+    latest: dict[tuple, Record] = {}
+    for i, r in enumerate(records):
+        if r.suite == PROBE_SUITE:
+            key: tuple = ("probe", i)
+        elif r.max_size is not None:
+            key = ("search", r.run_id, CellKey.of(r), r.repeat)
+        else:
+            key = ("cell", r.run_id, *CellKey.in_run(r))
+        latest[key] = r  # an update keeps the place the cell first had
+    return list(latest.values())
+
+
+def none_ok(records: Iterable[Record]) -> str | None:
+    """Where no record is ok, what they are instead ("3 records, none ok: 2 error, 1 oom"), for
+    the one line that says an artefact built from them (a report, a baseline, a verdict) rests on
+    failures alone; None where a record is ok, or a max-size search answered (its ``oom``: nothing
+    fits, an answer)."""
+    records = list(records)
+    if any(r.status == "ok" or (r.max_size is not None and r.status == "oom") for r in records):
+        return None
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+    what = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items(), key=lambda kv: -kv[1]))
+    return f"{count(len(records), 'record')}, none ok: {what}"
+
+
 def placement_of(r: Record) -> dict[str, int]:
     """How the cell's ranks sat on their host (``Record.placement``); for a record written
     before that field, read from its world size (its ranks on one host, unless simulated or

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,6 +87,8 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
 
 #: the per-rank batch of a workload of your own, where --batch-size does not set one
 OWN_BATCH = 1
+#: where a claim's folder goes unless ``--out`` says: ``<spec>``, or ``<spec>-<workloads>`` of one's own
+CLAIMS_DIR = Path("results/claim")
 #: peers a simulated rank can stand for, and those measured on real ranks (the 'peers' extra)
 SIMULATED_PEERS = ("torch-zero1", "fsdp2-zero2")
 REAL_PEERS = ("fairscale-zero2", "deepspeed-zero2")
@@ -133,7 +136,7 @@ def cmd_claim(args: argparse.Namespace) -> int:
         )
     baseline = _baseline(args.baseline, spec, args.root) if args.baseline else None
     require_cuda_if(spec.device)
-    out = args.out or Path("results/claim") / (spec.name + (f"-{_slug(own)}" if own else ""))
+    out = args.out or CLAIMS_DIR / (spec.name + (f"-{_slug(own)}" if own else ""))
     from shardbench.harness.validate import check_output_dir
 
     try:
@@ -160,13 +163,15 @@ def cmd_claim(args: argparse.Namespace) -> int:
             f.write("\n" + gate_section(args.baseline, changes))
         code = 1 if any(c.regressed for c in changes) else 0
     print(report.read_text())
-    from shardbench.records import read_records
+    from shardbench.records import none_ok, read_records
     from shardbench.studies.prediction_check import error_line
 
-    measured = out / "records.jsonl"
-    if measured.exists() and (line := error_line(read_records([measured]))):
+    measured = read_records([out / "records.jsonl"]) if (out / "records.jsonl").exists() else []
+    if line := error_line(measured):
         print(line)
     print(f"report: {report}")
+    if failed := none_ok(measured):  # every verdict "not measured": said once, not only per workload
+        print(f"shardbench claim: warning: {failed}; the report has no measured verdict", file=sys.stderr)
     return code
 
 

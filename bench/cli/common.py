@@ -13,6 +13,20 @@ if TYPE_CHECKING:
 DEFAULT_RUNS_DIR = Path("results/runs")
 
 
+def default_out(source: Path, command: str) -> Path:
+    """Where ``report`` and ``compare`` write when not told: beside the records of a run directory
+    (a run's report and compare files belong with it), and for any other records file (a saved
+    baseline, a file of one's own) a folder of its own under ``DEFAULT_RUNS_DIR``, which git
+    ignores: never the directory the command is run from, nor the folder a baseline is kept in."""
+    from shardbench.paths import path_component
+
+    if source.is_dir():
+        return source
+    if source.name == "records.jsonl":
+        return source.parent
+    return DEFAULT_RUNS_DIR / f"{command}-{path_component(source.stem, what='records file name')}"
+
+
 def require_cuda_if(device: str, *, planned: bool = False) -> None:
     """Refuse ``--device cuda`` on a machine without CUDA, before anything starts, unless every
     cell is ``planned`` (``--fake``): a plan for CUDA runs on the CPU with CUDA's kernels."""

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardbench.cli.common import UsageError, add_root_argument
+from shardbench.cli.common import UsageError, add_root_argument, default_out
 
 if TYPE_CHECKING:
     from shardbench.records import Record
@@ -31,7 +31,10 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("--rules", type=Path, help="TOML thresholds, overrides and ignores (docs/nightly.md)")
     cmp.add_argument("--strict", action="store_true", help="refuse a line that is not a record (exit 2)")
     cmp.add_argument(
-        "--out", type=Path, help="write compare.md/.json/.html here (default: CURRENT's directory)"
+        "--out",
+        type=Path,
+        help="write compare.md/.json/.html here (default: CURRENT's run directory; for another "
+        "records file or a saved baseline, results/runs/compare-<its name>)",
     )
     add_root_argument(cmp)
     cmp.add_argument(
@@ -54,7 +57,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         baseline_path = resolve_source(args.baseline, device=current[0].device, root=root)
         baseline = load_records(baseline_path, strict=args.strict)
         rules = load_rules(args.rules) if args.rules is not None else Rules()
-        out = args.out or (current_path.parent if current_path.name == "records.jsonl" else Path("."))
+        out = args.out or default_out(current_path, "compare")
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} exists and is not a directory")
     except ValueError as e:
@@ -76,17 +79,27 @@ def compare_or_refuse(
     *,
     allow_env_change: bool,
     missing_fails: bool = False,
+    command: str = "compare",
 ) -> Comparison:
     """``compare_runs``, with the two refusals (environments differ, nothing in common) as
     usage errors: exit 2, as for any bad input. ``compare`` and ``nightly`` both use it."""
+    from shardbench.records import none_ok
     from shardbench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
 
     try:
-        return compare_runs(
+        comparison = compare_runs(
             baseline, current, rules, allow_env_change=allow_env_change, missing_fails=missing_fails
         )
     except (EnvironmentChanged, NothingInCommon) as e:
         raise UsageError(str(e)) from None
+    # failed against failed is "unchanged": a verdict with nothing measured must not pass unsaid
+    for side, records in (("baseline", baseline), ("current run", current)):
+        if failed := none_ok(records):
+            print(
+                f"shardbench {command}: warning: the {side}: {failed}; nothing in it is gated",
+                file=sys.stderr,
+            )
+    return comparison
 
 
 def write_and_print(comparison: Comparison, *, out: Path, baseline_label: str, current_label: str) -> int:

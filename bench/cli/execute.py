@@ -79,7 +79,7 @@ def execute_run(
     max-size searches, print the table and write the report (without its charts: ``charts``)."""
     from shardbench.harness.runner import done_keys, new_run_id, run_cells
     from shardbench.harness.validate import check_output_dir
-    from shardbench.records import RecordWriteError, read_records
+    from shardbench.records import PROBE_SUITE, CellKey, RecordWriteError, latest_outcomes, read_records
     from shardbench.report.build import write_report
     from shardbench.report.tables import ERRORS_DIR, error_file, write_tables
 
@@ -109,6 +109,14 @@ def execute_run(
             f"--resume {out}: none of the {count(len(cells), 'cell')} asked for is a cell of that run "
             f"({name!r}); give the same --suite and flags it was started with"
         )
+    # what the run recorded before (a resume): its tables and terminal table show the whole run,
+    # each cell once at its latest outcome, not only the cells this invocation runs
+    asked = {c.key() for c in cells}
+    before = [
+        r
+        for r in (read_records([out / "records.jsonl"]) if resume is not None else [])
+        if r.run_id == run_id and r.suite != PROBE_SUITE and r.max_size is None and CellKey.in_run(r) in asked
+    ]
     if skip:
         print(
             f"resume: {len(skip & {c.key() for c in cells})} of {count(len(cells), 'cell')} already ok "
@@ -124,7 +132,7 @@ def execute_run(
             skip=skip,
             name=name,
             tags=tags,
-            on_record=lambda records: write_tables(records, out),
+            on_record=lambda records: write_tables(latest_outcomes([*before, *records]), out),
         )
     except RecordWriteError as e:
         print(
@@ -134,8 +142,8 @@ def execute_run(
     searches_failed = run_searches(list(searches), out, run_id) if outcome.interrupted is None else 0
     from shardbench.report.terminal import DEFAULT_COLUMNS, terminal_table
 
-    if outcome.records:
-        print(terminal_table(outcome.records, columns or DEFAULT_COLUMNS))
+    if outcome.records or before:
+        print(terminal_table(latest_outcomes([*before, *outcome.records]), columns or DEFAULT_COLUMNS))
     print(f"report: {write_report(out, charts=charts)} (every column: {out / 'table.md'})")
     records = outcome.records
     ok = sum(r.status == "ok" for r in records)

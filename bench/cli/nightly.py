@@ -66,7 +66,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     from shardbench.harness.config import SUITES_DIR, load_suite, override
     from shardbench.harness.runner import new_run_id
     from shardbench.harness.validate import check_output_dir, plan_cells
-    from shardbench.paths import path_component, results_home
+    from shardbench.paths import history_file
     from shardbench.records import load_records
     from shardbench.studies.baselines import baselines_dir, find_baseline
     from shardbench.studies.compare_rules import Rules, load_rules
@@ -79,9 +79,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         baseline = load_records(baseline_path)
         rules_path = args.rules or (SUITES_DIR / "rules" / f"{spec.name}.toml")
         rules = load_rules(rules_path) if args.rules or rules_path.exists() else Rules()
-        history = args.history or (
-            results_home(args.root) / "history" / f"{path_component(spec.name, what='suite name')}.jsonl"
-        )
+        history = args.history or history_file(spec.name, args.root)
         if history.is_dir():
             raise ValueError(f"--history {history} is a directory; give the history's .jsonl file")
         check_output_dir(history.parent, cells=1)
@@ -111,7 +109,12 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         print(f"shardbench nightly: error: {e}; nothing to compare", file=sys.stderr)
         return 1
     comparison = compare_or_refuse(
-        baseline, current, rules, allow_env_change=args.allow_env_change, missing_fails=True
+        baseline,
+        current,
+        rules,
+        allow_env_change=args.allow_env_change,
+        missing_fails=True,
+        command="nightly",
     )
     print(
         _gate_files(

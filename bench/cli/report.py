@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from shardbench.cli.common import UsageError
+from shardbench.cli.common import UsageError, default_out
 
 
 def add_report_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +15,12 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
         "report", help="table, charts and index.html from the records of one or more runs (merged)"
     )
     rep.add_argument("runs", nargs="+", type=Path, help="run directories or records .jsonl files")
-    rep.add_argument("--out", type=Path, help="report directory (default: the first run's directory)")
+    rep.add_argument(
+        "--out",
+        type=Path,
+        help="report directory (default: the first run's directory; for another records file, "
+        "results/runs/report-<its name>)",
+    )
     rep.add_argument(
         "--strict", action="store_true", help="fail on a line that is not a record (default: skip it)"
     )
@@ -31,7 +36,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         inputs = records_files(args.runs)
         if args.strict:
             read_records(inputs, strict=True)
-        out = args.out or (args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent)
+        out = args.out or default_out(args.runs[0], "report")
         check_output_dir(out)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -41,6 +46,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     for w in caught:
         if issubclass(w.category, UserWarning) and "not a record" in str(w.message):
             print(f"shardbench report: warning: {w.message}", file=sys.stderr)
+    if result.failures_only:
+        print(
+            f"shardbench report: warning: {result.failures_only}; the table and charts show failures only",
+            file=sys.stderr,
+        )
     charts = count(len(result.charts), "chart file")
     print(f"{count(result.records, 'record')}, {charts}; open {result.index_html}")
     return 0

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from shardbench.records import Record, load_records, records_files
+from shardbench.records import Record, latest_outcomes, load_records, none_ok, records_files
 from shardbench.report.html import write_index
 from shardbench.report.plan_html import read_plan
 from shardbench.report.tables import records_to_frame, write_tables
@@ -35,6 +35,8 @@ class ReportResult:
     index_html: Path
     charts: list[Path] = field(default_factory=list)  # PNG and SVG of every chart, in report order
     records: int = 0
+    #: where no record is ok, what they are (``records.none_ok``): a report of failures only
+    failures_only: str | None = None
 
 
 def report_records(paths: Sequence[Path | str], *, links_from: Path | None = None) -> list[Record]:
@@ -65,7 +67,8 @@ def build_report(paths: Sequence[Path | str], out_dir: Path, *, charts: bool = T
     one plan to lead with. ``charts=False`` leaves the charts out (``run --no-charts``), and the
     page says how to draw them."""
     out_dir = Path(out_dir)
-    records = report_records(paths, links_from=out_dir)
+    # a resumed run's cell is shown once, at its outcome now, not also as the try it replaced
+    records = latest_outcomes(report_records(paths, links_from=out_dir))
     inputs = records_files(paths)
     plan = read_plan(inputs[0].parent) if len(inputs) == 1 else None
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,6 +83,7 @@ def build_report(paths: Sequence[Path | str], out_dir: Path, *, charts: bool = T
         index_html=index,
         charts=[p for paths_ in drawn.values() for p in paths_],
         records=len(records),
+        failures_only=none_ok(records),
     )
 
 

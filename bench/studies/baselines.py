@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.paths import atomic_write_text, file_lock, inside, path_component, results_home
-from shardbench.records import Record, load_records, records_file
+from shardbench.records import Record, load_records, none_ok, records_file
 from shardbench.studies.machines import describe, machine_of, machines
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -63,6 +63,11 @@ def save_baseline(
         raise ValueError(f"baseline root {root} is not a directory")
     sources = [records_file(run) for run in runs]
     records = [r for source in sources for r in load_records(source, strict=strict)]
+    if failed := none_ok(records):
+        raise ValueError(
+            f"{', '.join(map(str, sources))}: {failed}; a baseline of failed cells would let every night "
+            "pass against it (nothing in it can regress): save runs whose cells ran"
+        )
     devices = sorted({r.device for r in records})
     if len(devices) != 1:
         raise ValueError(f"records from several devices ({', '.join(devices)}); save one baseline per device")
