@@ -291,7 +291,7 @@ def test_resume_refuses_cells_that_are_not_the_runs(tmp_path: Path, capsys) -> N
     before = (run / "records.jsonl").read_text()
     argv = ["run", "--resume", str(run), "--workload", "deepspeech2", "--preset", "tiny", "--strategy", "ddp"]
     assert main(argv) == 2
-    assert "none of the 1 cells asked for is a cell of that run" in capsys.readouterr().err
+    assert "none of the 1 cell asked for is a cell of that run" in capsys.readouterr().err
     assert (run / "records.jsonl").read_text() == before
 
 
@@ -307,7 +307,7 @@ def test_resume_continues_the_runs_own_cells_without_its_flags(tmp_path: Path, c
     assert main(["run", "--resume", str(run)]) == 0
     assert "1 of 1 cell already ok" in capsys.readouterr().err
     assert main(["run", "--resume", str(run), "--strategy", "zero2"]) == 2
-    assert "continues that run's 1 cells; the flags given make a different set" in capsys.readouterr().err
+    assert "continues that run's 1 cell; the flags given make a different set" in capsys.readouterr().err
 
 
 def test_resume_reruns_an_interrupted_cell_under_the_runs_name(tmp_path: Path, monkeypatch) -> None:

@@ -32,6 +32,7 @@ from shardbench.harness.config import (
     suite_names,
     suite_overrides,
 )
+from shardbench.wording import count
 
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
@@ -220,9 +221,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             cells = [replace(c, memory_snapshot=args.memory_snapshot, trace=args.trace) for c in cells]
         if saved is not None and {c.key() for c in cells} != {c.key() for c in saved[1]}:
             raise UsageError(
-                f"--resume {args.resume} continues that run's {len(saved[1])} cells; the flags given "
-                f"make a different set of {len(cells)}: drop them (the run remembers its own), or "
-                "start a new run"
+                f"--resume {args.resume} continues that run's {count(len(saved[1]), 'cell')}; the "
+                f"flags given make a different set of {len(cells)}: drop them (the run remembers its "
+                "own), or start a new run"
             )
     searches = resolve_searches(spec)
     name = check_run_name(args.name) if args.name is not None else safe_name(spec.name)
