@@ -43,18 +43,30 @@ def train_reference(
     steps: int,
     batch_size: int,
     optimizer_factory: Callable[..., torch.optim.Optimizer] | None = None,
+    precision: str = "fp32",
 ) -> dict[str, torch.Tensor]:
+    """``precision`` "fp16": PyTorch's documented recipe in one process, autocast to fp16 over
+    fp32 parameters with ``torch.amp.GradScaler``."""
     workload = _workload(workload_name)
     torch.manual_seed(SEED)
     model = workload.build(preset, dropout=False)
     opt = (optimizer_factory or workload.optimizer_factory())(model)
+    half = precision == "fp16"
+    scaler = torch.amp.GradScaler("cpu") if half else None
     for step in range(steps):
         inputs = concat_inputs(
             [workload.batch(preset, batch_size, seed=SEED, step=step, rank=r) for r in range(world_size)]
         )
         opt.zero_grad(set_to_none=True)
-        workload.loss(model, inputs).backward()
-        opt.step()
+        with torch.autocast("cpu", dtype=torch.float16, enabled=half):
+            loss = workload.loss(model, inputs)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -68,9 +80,12 @@ def train_strategy_rank(
     batch_size: int,
     optimizer_factory: Callable[..., torch.optim.Optimizer] | None = None,
     activation_checkpointing: bool = False,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """Run on each rank (inside tests.dist.run_distributed); returns the rank's final state
-    (whole parameters: a wrapper that shards them consolidates them with ``full_state_dict``)."""
+    (whole parameters: a wrapper that shards them consolidates them with ``full_state_dict``).
+    At ``precision`` the strategy readies the model, autocasts and scales its loss as the
+    harness has it do."""
     import torch.distributed as dist
 
     from shardbench.models.checkpointing import apply_activation_checkpointing
@@ -82,12 +97,24 @@ def train_strategy_rank(
     if activation_checkpointing:
         apply_activation_checkpointing(model, workload.checkpoint_units(model))
     ctx = RankContext(
-        rank=rank, world_size=world_size, device=torch.device("cpu"), process_group=dist.group.WORLD
+        rank=rank,
+        world_size=world_size,
+        device=torch.device("cpu"),
+        process_group=dist.group.WORLD,
+        precision=precision,
     )
+    model, autocast_dtype = strategy.prepare_precision(model, precision)
     model, opt = strategy.setup(model, optimizer_factory or workload.optimizer_factory(), ctx)
+    strategy.scaler = strategy.loss_scaler(opt, ctx)
+
+    def loss(model: nn.Module, inputs: Any) -> torch.Tensor:
+        autocast = autocast_dtype is not None
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast):
+            return workload.loss(model, inputs)
+
     for step in range(steps):
         inputs = workload.batch(preset, batch_size, seed=SEED, step=step, rank=rank)
-        strategy.train_step(model, opt, inputs, workload.loss)
+        strategy.train_step(model, opt, inputs, loss)
     # a wrapper that shards parameters consolidates them: ours and FSDP2's model, or a peer's
     # strategy (DeepSpeed's engine keeps stage-3 partitions on the parameters themselves)
     full_state_dict = getattr(model, "full_state_dict", None) or getattr(strategy, "full_state_dict", None)

@@ -137,7 +137,7 @@ def test_slow_lengthens_every_timed_step_by_its_fraction(monkeypatch) -> None:
     def seconds(fault) -> float:
         steps = CellSteps(
             cell=_cell("zero2"), strategy=Stub(), workload=None, model=None, optimizer=None,
-            device=torch.device("cpu"), rank=0, data_ranks=range(1), use_autocast=False, fault=fault,
+            device=torch.device("cpu"), rank=0, data_ranks=range(1), autocast_dtype=None, fault=fault,
         )  # fmt: skip
         return [steps.run(None, timing=True)[1] for _ in range(3)][-1]
 

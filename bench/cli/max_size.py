@@ -16,7 +16,8 @@ from shardbench.cli.common import (
     require_cuda_if,
     reserve_policy,
 )
-from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, fields_from_flags, make_cell
+from shardbench.harness.config import DEVICES, CellConfig, fields_from_flags, make_cell
+from shardbench.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from shardbench.studies.plan_reserve import ReservePolicy

@@ -19,8 +19,9 @@ from shardbench.cli.common import (
     require_cuda_if,
     reserve_policy,
 )
-from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig, fields_from_flags
+from shardbench.harness.config import DEVICES, CellConfig, fields_from_flags
 from shardbench.metrics.network_profiles import CHOICES as NETWORKS
+from shardbench.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from shardbench.records import Record

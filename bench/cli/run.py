@@ -22,7 +22,6 @@ from shardbench.cli.execute import CELLS_FILE, check_repeat, execute_run, safe_n
 from shardbench.harness.config import (
     DEVICES,
     FLAG_FIELDS,
-    PRECISIONS,
     CellConfig,
     SuiteSpec,
     fields_from_flags,
@@ -32,6 +31,7 @@ from shardbench.harness.config import (
     suite_names,
     suite_overrides,
 )
+from shardbench.precision import PRECISIONS
 from shardbench.wording import count
 
 

@@ -21,7 +21,6 @@ from shardbench.strategies.catalog import WorldPlan
 from shardbench.strategies.registry import reference_strategy
 
 SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
-PRECISIONS = ("fp32", "bf16")
 DEVICES = ("cpu", "cuda")
 
 

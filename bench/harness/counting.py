@@ -27,6 +27,7 @@ from shardbench.harness.config import CellConfig
 from shardbench.metrics.flops import StepFlops, count_step_flops, matmul_dtype
 from shardbench.metrics.peaks import datasheet_peak, measured_peak
 from shardbench.paths import atomic_write_text
+from shardbench.precision import compute_dtype
 
 _COUNTED: dict[tuple[Any, ...], StepFlops] = {}
 #: the keys this process counted itself (the others were handed to it)
@@ -100,7 +101,7 @@ def cell_flops(
                 ),
                 device=device,
                 tensors=tensors,
-                autocast=torch.bfloat16 if cell.precision == "bf16" else None,
+                autocast=compute_dtype(cell.precision),
                 trace=device.type == "cpu",  # the step-time model replays a CPU step only
             )
             _COUNTED[key] = counted

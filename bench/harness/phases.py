@@ -62,7 +62,8 @@ class CellSteps:
     device: torch.device
     rank: int
     data_ranks: range
-    use_autocast: bool
+    #: the dtype forward runs under autocast in; None: no autocast
+    autocast_dtype: torch.dtype | None
     fault: Fault | None
     step: int = 0
 
@@ -80,8 +81,8 @@ class CellSteps:
 
     def loss(self, model: torch.nn.Module, inputs: Any) -> torch.Tensor:
         autocast = (
-            torch.autocast(self.device.type, dtype=torch.bfloat16)
-            if self.use_autocast
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
             else contextlib.nullcontext()
         )
         with autocast:

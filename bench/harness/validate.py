@@ -18,8 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from shardbench.harness.config import DEVICES, PRECISIONS, CellConfig
+from shardbench.harness.config import DEVICES, CellConfig
 from shardbench.harness.job import current_job
+from shardbench.precision import PRECISIONS
 from shardbench.wording import count
 
 #: a fake world is a few tensors per rank-0 partition; past this the partition bookkeeping is
@@ -119,7 +120,7 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
         if cell.activation_checkpointing:
             workload.check_checkpointable()
         name = canonical_name(cell.strategy)
-        check_runnable(name, cell.device)
+        check_runnable(name, cell.device, cell.precision)
         # inside a torchrun or Slurm job a cell's ranks are the job's processes, each with its
         # own device, on any of its nodes: the job's size bounds a world, not this host's devices
         job = current_job()

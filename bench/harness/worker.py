@@ -231,11 +231,14 @@ def _train_and_measure(
     )
     if (units := workload.shard_units(model)) is not None:
         ctx = dataclasses.replace(ctx, shard_units=tuple(units))
-    model, use_autocast = strategy.prepare_precision(model, cell.precision)
+    model, autocast_dtype = strategy.prepare_precision(model, cell.precision)
     optimizer_factory = workload.optimizer_factory()
     if cell.fake:  # FakeTensors would make torch fall back to its loop: pin what the device runs
         optimizer_factory = pinned_factory(optimizer_factory, cell.device)
     model, optimizer = strategy.setup(model, optimizer_factory, ctx)
+    # a simulated world's collectives move no data, so a scaler would read garbage gradients as
+    # an overflow and skip every step: its optimizer state would never exist to be measured
+    strategy.scaler = None if cell.simulate or cell.fake else strategy.loss_scaler(optimizer, ctx)
     drop_where_nvml_cannot_answer()  # and a peer's, imported by its setup
     setup_s = time.perf_counter() - started
     model.train()
@@ -249,7 +252,7 @@ def _train_and_measure(
         device=ctx.device,
         rank=rank,
         data_ranks=range(rank * per_process, (rank + 1) * per_process),
-        use_autocast=use_autocast,
+        autocast_dtype=autocast_dtype,
         fault=fault,
     )
     artifacts: dict[str, str] = {}

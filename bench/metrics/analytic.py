@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # bytes per parameter: (parameter, gradient, optimizer state incl. master weights)
-_BYTES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
+_BYTES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
 
 
 @dataclass(frozen=True, kw_only=True)

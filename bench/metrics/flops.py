@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from shardbench.models.checkpointing import is_checkpointed, without_recompute
+from shardbench.precision import is_half
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -149,10 +150,10 @@ def _without_score_recompute(formula: Callable[..., int], recomputed: list[int])
 
 def matmul_dtype(precision: str, device_type: str) -> str:
     """The dtype a step's matrix products run at, which picks the peak they are set against:
-    bf16 for a bf16 cell; for fp32, TF32 where CUDA is allowed to use it for float32 products
-    (``torch.backends.cuda.matmul.allow_tf32``, off by default), else fp32."""
-    if precision == "bf16":
-        return "bf16"
+    bf16 or fp16 for a cell of that precision; for fp32, TF32 where CUDA is allowed to use it
+    for float32 products (``torch.backends.cuda.matmul.allow_tf32``, off by default), else fp32."""
+    if is_half(precision):
+        return precision
     if device_type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
     return "fp32"

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardbench.metrics.analytic import Communication, Sharding
+from shardbench.precision import compute_dtype, loss_scaled
 from shardbench.strategies.catalog import Display, Role, StrategyCard, WorldPlan
 
 __all__ = ["Display", "Role", "WorldPlan", "RankContext", "Strategy", "OptimizerFactory", "LossFn"]
@@ -60,7 +61,8 @@ class _ShardingView:
 
 SIMULATED_NOTE = (
     "simulated: rank 0 of a fake world (collectives move no data); memory is real, "
-    "step time excludes communication, numerics are not comparable"
+    "step time excludes communication (and fp16 loss scaling, which would read its garbage as an "
+    "overflow), numerics are not comparable"
 )
 
 
@@ -87,6 +89,8 @@ class Strategy:
 
     #: the declaration this class implements (``shardbench.strategies.catalog``)
     card: ClassVar[StrategyCard]
+    #: the gradient scaler of this rank's training (``loss_scaler``), set once it is set up
+    scaler: Any = None
 
     def __init_subclass__(cls, card: str | None = None, **kwargs: Any) -> None:
         """``class X(Strategy, card="name")`` takes name, aliases, description, sharding, display
@@ -145,11 +149,19 @@ class Strategy:
         no c10d collectives (dp, a single device)."""
         return None
 
-    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
-        """Ready ``model`` for ``precision``; returns it and whether to run forward under bf16
-        autocast. The default keeps fp32 parameters and uses autocast for bf16 (PyTorch's
-        recommended mixed precision for DDP); sharded strategies override it."""
-        return model, precision == "bf16"
+    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, torch.dtype | None]:
+        """Ready ``model`` for ``precision``; returns it and the dtype to run forward under
+        autocast in (None: no autocast). The default keeps fp32 parameters and autocasts to the
+        precision's 16-bit dtype (PyTorch's recommended mixed precision for DDP); strategies that
+        keep 16-bit parameters or run their own mixed precision override it."""
+        return model, compute_dtype(precision)
+
+    def loss_scaler(self, optimizer: Any, ctx: RankContext) -> torch.amp.GradScaler | None:
+        """The gradient scaler ``train_step`` scales the loss with at ``ctx.precision`` (None:
+        unscaled). fp16 gets ``torch.amp.GradScaler``, as PyTorch documents for DDP; a
+        strategy whose gradients torch's scaler cannot see, or whose library scales its own
+        loss, overrides it."""
+        return torch.amp.GradScaler(ctx.device.type) if loss_scaled(ctx.precision) else None
 
     def init_world(self, ctx: RankContext) -> None:
         """Create what must exist before any model tensor (e.g. a device mesh). Called outside
@@ -168,8 +180,13 @@ class Strategy:
         memory tracker started between steps sees them (gradients are model state)."""
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model, inputs)
-        loss.backward()
-        optimizer.step()
+        if self.scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:  # fp16: a step with an inf or NaN gradient is skipped and the scale backs off
+            self.scaler.scale(loss).backward()
+            self.scaler.step(optimizer)
+            self.scaler.update()
         return loss.detach()
 
     def observe_memory(self, observer: Callable[[torch.Tensor, str], None] | None) -> None:

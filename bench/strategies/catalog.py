@@ -76,6 +76,8 @@ class StrategyCard:
     extra: str | None = None
     #: runs only on CUDA devices (the reason is in ``deviations``)
     cuda_only: bool = False
+    #: why it trains fp16 only on CUDA ("" when fp16 runs wherever the strategy does)
+    fp16_needs_cuda: str = ""
     #: where it cannot follow the reference optimizer exactly, or cannot run somewhere, and why
     deviations: str = ""
     #: its tracked memory is the same to the byte whenever the same cell runs again (every
@@ -93,6 +95,11 @@ class StrategyCard:
         return "its library runs its own communication, which a simulated rank cannot stand in for"
 
 
+#: FairScale's fp16 loss scaler is built on torch.cuda.amp's
+FAIRSCALE_FP16_NEEDS_CUDA = (
+    "FairScale's ShardedGradScaler turns itself off without CUDA, so fp16 would train with no "
+    "loss scaling"
+)
 #: what every DeepSpeed stage does differently from single-process AdamW (parity tests pin it)
 _DEEPSPEED_NO_SIMULATION = (
     "no simulated or planned (--simulate, --fake) world: the engine needs its own communication backend"
@@ -199,6 +206,7 @@ CARDS: tuple[StrategyCard, ...] = (
         display=Display(order=22, color="#c6dbef", role="peer"),
         simulatable=False,
         requires=("fairscale",),
+        fp16_needs_cuda=FAIRSCALE_FP16_NEEDS_CUDA,
         extra="peers",
     ),
     StrategyCard(
@@ -212,6 +220,7 @@ CARDS: tuple[StrategyCard, ...] = (
         display=Display(order=32, color="#fdd0a2", role="peer"),
         simulatable=False,
         requires=("fairscale",),
+        fp16_needs_cuda=FAIRSCALE_FP16_NEEDS_CUDA,
         extra="peers",
         deviations=(
             "reduce_buffer_size=0 (one reduce per parameter): with FairScale 0.4.13's reduce "
@@ -227,6 +236,7 @@ CARDS: tuple[StrategyCard, ...] = (
         display=Display(order=42, color="#c7e9c0", role="peer"),
         simulatable=False,
         requires=("fairscale",),
+        fp16_needs_cuda=FAIRSCALE_FP16_NEEDS_CUDA,
         extra="peers",
         cuda_only=True,
         deviations=(

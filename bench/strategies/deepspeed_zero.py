@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from shardbench.metrics.analytic import Communication
+from shardbench.precision import element_bytes
 from shardbench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
 
 #: DeepSpeed's own bucket defaults (elements), written out so every record states them
@@ -66,6 +67,8 @@ def deepspeed_config(
     }
     if precision == "bf16":
         config["bf16"] = {"enabled": True}
+    elif precision == "fp16":  # dynamic loss scaling (loss_scale 0), DeepSpeed's recommended fp16
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     return config
 
 
@@ -130,8 +133,8 @@ class DeepSpeedZeroStrategy(Strategy):
         path reduces each bucket with one all-reduce, its default multi-rank bucket all-reduce),
         then the updated partitions all-gathered. Stage 3: each parameter gathered in forward
         and again in backward, the gradients reduce-scattered. 16-bit in bf16 (its bf16 section
-        keeps 16-bit parameters and gradients), else fp32."""
-        size = 2 if precision == "bf16" else 4
+        keeps 16-bit parameters and gradients, as does its fp16 section), else fp32."""
+        size = element_bytes(precision)
         if self.stage == 3:
             return Communication(
                 gradients="reduce_scatter",
@@ -144,8 +147,11 @@ class DeepSpeedZeroStrategy(Strategy):
             gradients="all_reduce", gradient_bytes=size, parameters="all_gather", parameter_bytes=size
         )
 
-    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
-        return model, False  # the engine casts to bf16 itself (its bf16 section), no autocast
+    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, torch.dtype | None]:
+        return model, None  # the engine casts to 16-bit itself (its bf16/fp16 section), no autocast
+
+    def loss_scaler(self, optimizer: Any, ctx: RankContext) -> None:
+        return None  # its fp16 section scales the loss inside engine.backward
 
     def model_state_precision(self, precision: str) -> str:
         return precision

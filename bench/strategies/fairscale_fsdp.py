@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 from shardbench.blocks import repeated_blocks
+from shardbench.precision import compute_dtype, is_half
 from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy
+from shardbench.strategies.fairscale_oss import fairscale_scaler
 
 
 class FairScaleZero3Strategy(Strategy, card="fairscale-zero3"):
@@ -26,12 +28,18 @@ class FairScaleZero3Strategy(Strategy, card="fairscale-zero3"):
             "fairscale": fairscale.__version__,
             "reshard_after_forward": True,
             "flatten_parameters": False,
-            "mixed_precision": "bf16 compute over fp32 parameters (bf16 runs only)",
+            "mixed_precision": "16-bit compute over fp32 parameters (bf16 and fp16 runs)",
+            "loss_scaler": "fairscale ShardedGradScaler (fp16 runs)",
             "wrap": "each repeated block (or the workload's units), then the root",
         }
 
-    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
-        return model, False  # FSDP's own mixed precision (compute_dtype), not autocast
+    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, torch.dtype | None]:
+        return model, None  # FSDP's own mixed precision (compute_dtype), not autocast
+
+    def loss_scaler(self, optimizer: Any, ctx: RankContext) -> Any:
+        """FairScale's ``ShardedGradScaler``, which its FSDP documents for fp16: it agrees on
+        an overflow over the process group, each rank seeing only its shards' gradients."""
+        return fairscale_scaler(ctx)
 
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
@@ -42,8 +50,8 @@ class FairScaleZero3Strategy(Strategy, card="fairscale-zero3"):
             "process_group": ctx.process_group,
             "reshard_after_forward": True,
             "flatten_parameters": False,
-            "mixed_precision": ctx.precision == "bf16",
-            "compute_dtype": torch.bfloat16 if ctx.precision == "bf16" else None,
+            "mixed_precision": is_half(ctx.precision),
+            "compute_dtype": compute_dtype(ctx.precision),
         }
         units = ctx.shard_units if ctx.shard_units is not None else repeated_blocks(model)
         for unit in units:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from shardbench.metrics.analytic import Communication
+from shardbench.precision import loss_scaled
 from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy
 from shardbench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 
@@ -67,6 +68,11 @@ class FairScaleOSSStrategy(Strategy):
         gradients = "reduce" if self.sharded_gradients else "all_reduce"
         return Communication(gradients=gradients, gradient_bytes=4, parameters="broadcast", parameter_bytes=4)
 
+    def loss_scaler(self, optimizer: Any, ctx: RankContext) -> Any:
+        """FairScale's ``ShardedGradScaler``, which it documents for OSS and ShardedDDP at fp16:
+        the overflow check of each rank's own parameters agreed over the process group."""
+        return fairscale_scaler(ctx)
+
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
         """OSS's inner optimizer holds the state of this rank's parameters (a torch Optimizer,
         typed by the tracker too); listed so a version that wraps it differently stays typed."""
@@ -113,3 +119,15 @@ class FairScaleZero2Strategy(FairScaleOSSStrategy, card="fairscale-zero2"):
             model, self.optimizer, process_group=ctx.process_group, reduce_buffer_size=REDUCE_BUFFER_SIZE
         )
         return wrapped, self.optimizer
+
+
+def fairscale_scaler(ctx: RankContext) -> Any:
+    """FairScale's ``ShardedGradScaler`` over the rank's process group at fp16, else None. It
+    runs only where CUDA is (without it the scaler disables itself and would train fp16
+    unscaled), which validation refuses on the CPU before a cell starts
+    (``StrategyCard.fp16_needs_cuda``)."""
+    if not loss_scaled(ctx.precision):
+        return None
+    from fairscale.optim.grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(process_group=ctx.process_group)

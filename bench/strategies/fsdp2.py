@@ -24,6 +24,7 @@ from torch import nn
 
 from shardbench.blocks import repeated_blocks
 from shardbench.metrics.analytic import Communication
+from shardbench.precision import compute_dtype, element_bytes, is_half
 from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy
 
 
@@ -64,7 +65,8 @@ class FSDP2Strategy(Strategy):
         return {
             "reshard_after_forward": self.reshard_after_forward,
             "wrap": self.wrap,
-            "mixed_precision": "param bf16, reduce fp32 (bf16 runs only)",
+            "mixed_precision": "param 16-bit, reduce fp32 (bf16 and fp16 runs)",
+            "loss_scaler": "torch.amp.GradScaler, found_inf reduced over the mesh by DTensor (fp16 runs)",
         }
 
     def communication(self, precision: str, backend: str) -> Communication:
@@ -76,14 +78,14 @@ class FSDP2Strategy(Strategy):
             gradients="reduce_scatter",
             gradient_bytes=4,
             parameters="all_gather",
-            parameter_bytes=2 if precision == "bf16" else 4,
+            parameter_bytes=element_bytes(precision),
             gathers=2 if self.reshard_after_forward else 1,
             dim0_padding=True,
             frozen_gathered=True,
         )
 
-    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
-        return model, False  # fp32 sharded parameters; bf16 comes from the MixedPrecisionPolicy
+    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, torch.dtype | None]:
+        return model, None  # fp32 sharded parameters; 16-bit comes from the MixedPrecisionPolicy
 
     def setup(
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
@@ -93,8 +95,8 @@ class FSDP2Strategy(Strategy):
             self.init_world(ctx)
         mesh = self.mesh
         mp = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if ctx.precision == "bf16"
+            MixedPrecisionPolicy(param_dtype=compute_dtype(ctx.precision), reduce_dtype=torch.float32)
+            if is_half(ctx.precision)
             else MixedPrecisionPolicy()
         )
         units = ctx.shard_units if ctx.shard_units is not None else shard_units(model)

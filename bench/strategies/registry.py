@@ -47,9 +47,9 @@ def missing_packages(name: str) -> list[str]:
     return [m for m in strategy_card(name).requires if importlib.util.find_spec(m) is None]
 
 
-def check_runnable(name: str, device: str) -> None:
+def check_runnable(name: str, device: str, precision: str = "fp32") -> None:
     """``ValueError`` in one line when ``name`` cannot run here: a package of its extra is not
-    installed, or it runs only on CUDA and the cell is not."""
+    installed, or it runs (at ``precision``) only on CUDA and the cell is not."""
     card = strategy_card(name)
     if missing := missing_packages(name):
         raise ValueError(
@@ -60,6 +60,12 @@ def check_runnable(name: str, device: str) -> None:
         raise ValueError(
             f"strategy {card.name!r} runs only with --device cuda; allowed on {device}: "
             + ", ".join(c.name for c in CARDS if not c.cuda_only)
+        )
+    if precision == "fp16" and card.fp16_needs_cuda and device != "cuda":
+        raise ValueError(
+            f"strategy {card.name!r} trains fp16 only with --device cuda ({card.fp16_needs_cuda}); "
+            f"fp16 on {device}: "
+            + ", ".join(c.name for c in CARDS if not c.cuda_only and not c.fp16_needs_cuda)
         )
 
 

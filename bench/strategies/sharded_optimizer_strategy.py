@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from shardbench.metrics.analytic import Communication
+from shardbench.precision import compute_dtype, element_bytes, loss_scaled
 from shardbench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
-from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedGradScaler, ShardedOptimizer
 from shardbench.strategies.sharded.reducer import GLOO_REDUCE_FROM
 
 #: how gradients are reduced, as a record states it before a wrapper has chosen (the collective
@@ -41,17 +42,23 @@ class ShardedOptimizerStrategy(Strategy):
         return self.model.reducer.collective if self.model is not None else DEFAULT_REDUCTION
 
     def model_state_precision(self, precision: str) -> str:
-        return precision  # bf16 parameters and gradients, fp32 master weights (2+2+12)
+        return precision  # 16-bit parameters and gradients, fp32 master weights (2+2+12)
 
-    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, bool]:
-        """bf16 parameters and gradients; the ShardedOptimizer keeps fp32 master weights."""
-        self.input_dtype = torch.bfloat16 if precision == "bf16" else None
-        return (cast_floating(model, torch.bfloat16) if precision == "bf16" else model), False
+    def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, torch.dtype | None]:
+        """16-bit (bf16 or fp16) parameters and gradients; the ShardedOptimizer keeps fp32
+        master weights."""
+        self.input_dtype = compute_dtype(precision)
+        return (cast_floating(model, self.input_dtype) if self.input_dtype is not None else model), None
+
+    def loss_scaler(self, optimizer: Any, ctx: RankContext) -> ShardedGradScaler | None:
+        """fp16: our ``ShardedGradScaler``, which unscales the shards the optimizer owns and
+        agrees on an overflow over its group (torch's scaler sees no gradient of ours)."""
+        return ShardedGradScaler(ctx.device.type) if loss_scaled(ctx.precision) else None
 
     def train_step(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: Any, loss_fn: LossFn
     ) -> torch.Tensor:
-        """As every strategy's, with floating inputs in the parameters' bf16: no autocast runs
+        """As every strategy's, with floating inputs in the parameters' 16-bit dtype: no autocast runs
         over bf16 parameters to cast them (an image batch met a bf16 convolution as fp32:
         "Input type (float) and bias type (c10::BFloat16) should be the same")."""
         dtype = getattr(self, "input_dtype", None)
@@ -106,11 +113,6 @@ def reduced_then_gathered(
         root_kept=root_kept,
         frozen_gathered=frozen_gathered,
     )
-
-
-def element_bytes(precision: str) -> int:
-    """Bytes per parameter or gradient element our strategies keep (and communicate)."""
-    return 2 if precision == "bf16" else 4
 
 
 def cast_floating(model: nn.Module, dtype: torch.dtype) -> nn.Module:

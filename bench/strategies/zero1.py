@@ -21,11 +21,12 @@ import torch.distributed as dist
 from torch import nn
 
 from shardbench.metrics.analytic import Communication
+from shardbench.precision import element_bytes
 from shardbench.strategies.base import OptimizerFactory, RankContext
 from shardbench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 from shardbench.strategies.sharded import ShardedDataParallel
 from shardbench.strategies.sharded.reducer import MAX_IN_FLIGHT
-from shardbench.strategies.sharded_optimizer_strategy import ShardedOptimizerStrategy, element_bytes
+from shardbench.strategies.sharded_optimizer_strategy import ShardedOptimizerStrategy
 
 #: the backends on which zero1 keeps DDP's all-reduce (measured faster there)
 DDP_BACKENDS = ("gloo",)

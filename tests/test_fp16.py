@@ -1,0 +1,77 @@
+"""fp16 training through every strategy that runs it on the CPU: each trains to the
+single-process fp16 reference (autocast to fp16 with ``torch.amp.GradScaler``), keeps the model
+states of the ZeRO formula (the same bytes as bf16: 16-bit parameters and gradients over fp32
+masters for ours, autocast over fp32 parameters for the DDP family), and a peer whose fp16 loss
+scaler needs CUDA is refused on the CPU in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardbench.harness.validate import plan_cells
+from tests.cells import run_cell_here, tiny_cell
+from tests.dist import run_in_world
+from tests.parity import max_rel_diff, train_reference, train_strategy_rank
+
+STEPS, BATCH = 4, 4
+#: fp16 keeps 11 significant bits; ours rounds its parameters to fp16 after each step and FSDP2
+#: computes with fp16 copies of them, where the reference autocasts over fp32 parameters:
+#: measured up to 9.7e-3 (per tensor, max-norm) after 4 steps at N=2. One step less is 1.39.
+TOLERANCE = 2e-2
+
+
+def _sgd(model):  # module-level: passed to spawned ranks; SGD so that every update is seen
+    return torch.optim.SGD(model.parameters(), lr=0.5)
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, torch.Tensor]:
+    ref = train_reference("transformer", "tiny", 2, STEPS, BATCH, _sgd, precision="fp16")
+    fewer = train_reference("transformer", "tiny", 2, STEPS - 1, BATCH, _sgd, precision="fp16")
+    assert max_rel_diff(fewer, ref)[0] > 10 * TOLERANCE  # the comparison can fail
+    return ref
+
+
+@pytest.mark.parametrize(
+    "strategy", ["ddp", "torch-zero1", "zero1", "zero2", "zero3", "fsdp2-zero2", "fsdp2-zero3"]
+)
+def test_fp16_trains_to_the_single_process_fp16_reference(strategy: str, reference) -> None:
+    states = run_in_world(
+        train_strategy_rank, 2, strategy, "transformer", "tiny", STEPS, BATCH, _sgd, False, "fp16"
+    )
+    for rank, state in enumerate(states):
+        diff, where = max_rel_diff(state, reference)
+        assert diff < TOLERANCE, f"{strategy} rank {rank}: {where} off by {diff:.2e}"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3"])
+def test_fp16_model_states_are_the_formula_and_bf16s_bytes(strategy: str) -> None:
+    fp16 = run_cell_here(
+        tiny_cell(strategy=strategy, world_size=8, simulate=True, steps=1, warmup=2, precision="fp16")
+    )
+    bf16 = run_cell_here(
+        tiny_cell(strategy=strategy, world_size=8, simulate=True, steps=1, warmup=2, precision="bf16")
+    )
+    assert fp16.status == "ok", fp16.error
+    measured, predicted = fp16.model_state_bytes, fp16.predicted_mem_bytes
+    for key in ("params", "grads", "optimizer", "total"):
+        # flat-bucket padding and AdamW's 4-byte step counters: far under 1% here
+        assert measured[key] == pytest.approx(predicted[key], rel=0.01), key
+    # the same bytes as bf16 (the loss scaler's own few bytes are held beside them, not states)
+    states = ("params", "grads", "optimizer", "total")
+    assert {k: measured[k] for k in states} == {k: bf16.model_state_bytes[k] for k in states}
+    assert predicted == bf16.predicted_mem_bytes
+    if strategy != "ddp":  # ours keeps 16-bit parameters: 2 bytes each, not autocast's 4
+        assert predicted["params"] < 4 * fp16.params / (8 if strategy == "zero3" else 1)
+
+
+@pytest.mark.parametrize("strategy", ["fairscale-zero1", "fairscale-zero2"])
+def test_a_peer_whose_fp16_scaler_needs_cuda_is_refused_on_the_cpu(strategy: str) -> None:
+    pytest.importorskip("fairscale")
+    with pytest.raises(ValueError) as refused:
+        plan_cells([tiny_cell(strategy=strategy, world_size=2, precision="fp16")])
+    line = str(refused.value)
+    assert "\n" not in line and "only with --device cuda" in line and "ShardedGradScaler" in line
+    assert "zero2" in line.split("fp16 on cpu:")[1]  # and names what does run it here
+    plan_cells([tiny_cell(strategy=strategy, world_size=2, precision="bf16")])  # only fp16 is
