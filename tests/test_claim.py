@@ -329,3 +329,43 @@ def test_the_claims_searches_count_plans_reserve_on_cuda(tmp_path: Path, monkeyp
         assert counted is (spec.device == "cuda")
         for s, r in searched.items() if counted else ():  # the share of the peak, or --reserve's size
             assert (f"{s} {r.ratio - 1:.2%} of its peak" if r.ratio > 1 else f"{s} 1.00 MiB") in report
+
+
+def test_a_claim_at_fp16_measures_every_cell_at_fp16_into_its_own_folder(tmp_path: Path, monkeypatch) -> None:
+    """``claim --precision fp16``: every cell (memory and max-size probes) runs at fp16 with the
+    formula's model states, the report goes beside the fp32 claim's and says its precision, and
+    records at another precision in its folder are never read as its own."""
+    one = ClaimWorkload("transformer", "tiny", 2, ladder=("tiny",))
+    monkeypatch.setitem(
+        SPECS, "tiny", replace(SPECS["tiny"], workloads=(one,), activation_checkpointing=(False,))
+    )
+    monkeypatch.setattr(claim, "run_cell", run_cell_here)
+    monkeypatch.setattr(maxsize, "run_cell", run_cell_here)
+    monkeypatch.setenv("SHARDBENCH_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    seed_probes(tmp_path)
+    assert main(["claim", "--spec", "tiny", "--precision", "fp16"]) == 0
+    out = tmp_path / "results" / "claim" / "tiny-fp16"
+    records = read_records([out])
+    assert records and {r.precision for r in records} == {"fp16"}
+    for r in records:
+        if r.suite == "claim-tiny":
+            assert r.status == "ok", r.error
+            states = {k: r.model_state_bytes[k] for k in ("params", "grads", "optimizer")}
+            assert states == pytest.approx({k: r.predicted_mem_bytes[k] for k in states}, rel=0.01)
+    report = (out / "report.md").read_text()
+    assert "(tiny, fp16)" in report.splitlines()[0] and "N=4, fp16, equal per-rank batch" in report
+    # the same spec at fp32 finds none of these records its own
+    assert results_from_records(SPECS["tiny"], records) == []
+    assert results_from_records(replace(SPECS["tiny"], precision="fp16"), records)
+
+
+def test_a_claims_real_peer_without_an_fp16_path_here_is_left_out_in_one_line(capsys) -> None:
+    pytest.importorskip("fairscale")
+    pytest.importorskip("deepspeed")
+    from shardbench.cli.claim import real_peers
+
+    assert real_peers(replace(SPECS["cpu"], precision="fp16")) == ("deepspeed-zero2",)
+    (line,) = [s for s in capsys.readouterr().out.splitlines() if s.startswith("shardbench claim:")]
+    assert line.startswith("shardbench claim: fairscale-zero2 left out: it trains fp16 only on CUDA")
+    assert real_peers(SPECS["cpu"]) == ("fairscale-zero2", "deepspeed-zero2")

@@ -34,9 +34,12 @@ def reference() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    "strategy", ["ddp", "torch-zero1", "zero1", "zero2", "zero3", "fsdp2-zero2", "fsdp2-zero3"]
+    "strategy",
+    ["ddp", "torch-zero1", "zero1", "zero2", "zero3", "fsdp2-zero2", "fsdp2-zero3", "deepspeed-zero2"],
 )
 def test_fp16_trains_to_the_single_process_fp16_reference(strategy: str, reference) -> None:
+    if strategy.startswith("deepspeed"):  # the 'peers' extra; DeepSpeed's own fp16 section and scaler
+        pytest.importorskip("deepspeed")
     states = run_in_world(
         train_strategy_rank, 2, strategy, "transformer", "tiny", STEPS, BATCH, _sgd, False, "fp16"
     )
@@ -45,7 +48,7 @@ def test_fp16_trains_to_the_single_process_fp16_reference(strategy: str, referen
         assert diff < TOLERANCE, f"{strategy} rank {rank}: {where} off by {diff:.2e}"
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3", "fsdp2-zero2"])
 def test_fp16_model_states_are_the_formula_and_bf16s_bytes(strategy: str) -> None:
     fp16 = run_cell_here(
         tiny_cell(strategy=strategy, world_size=8, simulate=True, steps=1, warmup=2, precision="fp16")
@@ -62,7 +65,7 @@ def test_fp16_model_states_are_the_formula_and_bf16s_bytes(strategy: str) -> Non
     states = ("params", "grads", "optimizer", "total")
     assert {k: measured[k] for k in states} == {k: bf16.model_state_bytes[k] for k in states}
     assert predicted == bf16.predicted_mem_bytes
-    if strategy != "ddp":  # ours keeps 16-bit parameters: 2 bytes each, not autocast's 4
+    if strategy.startswith("zero"):  # ours keeps 16-bit parameters: 2 bytes each, not autocast's 4
         assert predicted["params"] < 4 * fp16.params / (8 if strategy == "zero3" else 1)
 
 
@@ -75,3 +78,26 @@ def test_a_peer_whose_fp16_scaler_needs_cuda_is_refused_on_the_cpu(strategy: str
     assert "\n" not in line and "only with --device cuda" in line and "ShardedGradScaler" in line
     assert "zero2" in line.split("fp16 on cpu:")[1]  # and names what does run it here
     plan_cells([tiny_cell(strategy=strategy, world_size=2, precision="bf16")])  # only fp16 is
+
+
+def test_warm_up_lasts_until_the_loss_scaler_takes_a_step(monkeypatch) -> None:
+    """A scale that overflows the first gradients skips those steps (no update, no optimizer
+    state yet): warm-up goes on until the scaler steps, so the timed steps are steps and the
+    tracked model states include the optimizer's. The record says what was skipped and added."""
+    from shardbench.strategies.base import Strategy
+
+    overflowing = lambda self, optimizer, ctx: torch.amp.GradScaler("cpu", init_scale=2.0**30)  # noqa: E731
+    monkeypatch.setattr(Strategy, "loss_scaler", overflowing)
+    record = run_cell_here(tiny_cell(strategy="dp", world_size=1, steps=2, warmup=1, precision="fp16"))
+    assert record.status == "ok", record.error
+    scaled = record.strategy_settings["loss_scale"]
+    # the asked-for step and every added one but the last were skipped
+    assert scaled["skipped_warmup"] == scaled["warmup_added"] > 1
+    assert scaled["skipped_timed"] == scaled["skipped_tracked"] == 0
+    assert scaled["scale"] == 2.0 ** (30 - scaled["skipped_warmup"])
+    measured, predicted = record.model_state_bytes, record.predicted_mem_bytes
+    # (AdamW's 4-byte step counters beside the formula's 12 bytes per parameter)
+    assert (
+        measured["optimizer"] == pytest.approx(predicted["optimizer"], rel=0.01)
+        and predicted["optimizer"] > 0
+    )

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("integrations",),
     ("strategies",),
     ("metrics", "models"),
-    ("", "records", "paths", "tensors", "blocks", "units", "wording"),
+    ("", "records", "paths", "precision", "tensors", "blocks", "units", "wording"),
 )
 
 

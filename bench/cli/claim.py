@@ -20,6 +20,7 @@ from shardbench.cli.common import (
     reserve_policy,
 )
 from shardbench.harness.config import DEVICES
+from shardbench.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from shardbench.records import Record
@@ -43,6 +44,12 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--spec", choices=list(SPECS), help="what to run (default: the device's); tiny = a test")
     c.add_argument("--world-size", type=int, help="simulated world size for memory (default 8)")
     c.add_argument("--budget", help="per-rank budget for the max-size search (default: the spec's)")
+    c.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="every cell's precision (default fp32); away from fp32 the report goes to "
+        "results/claim/<spec>-<precision>",
+    )
     add_reserve_argument(c)
     c.add_argument(
         "--workload",
@@ -96,14 +103,21 @@ REAL_PEERS = ("fairscale-zero2", "deepspeed-zero2")
 
 def real_peers(spec: ClaimSpec) -> tuple[str, ...]:
     """The real-rank peers of ``--peers`` for ``spec``: none where it has no real ranks (one GPU);
-    ValueError in one line where one is not installed."""
-    from shardbench.strategies.registry import check_runnable
+    ValueError in one line where one is not installed. A peer that trains the spec's precision
+    only on CUDA (FairScale's fp16 scaler) is left out, in one line saying why."""
+    from shardbench.strategies.registry import check_runnable, strategy_card
 
     if not spec.timing_world_size:
         return ()
+    kept = []
     for name in REAL_PEERS:
         check_runnable(name, spec.device)
-    return REAL_PEERS
+        card = strategy_card(name)
+        if spec.precision == "fp16" and card.fp16_needs_cuda and spec.device != "cuda":
+            print(f"shardbench claim: {name} left out: it trains fp16 only on CUDA ({card.fp16_needs_cuda})")
+            continue
+        kept.append(name)
+    return tuple(kept)
 
 
 def cmd_claim(args: argparse.Namespace) -> int:
@@ -121,6 +135,8 @@ def cmd_claim(args: argparse.Namespace) -> int:
         if args.reserve is not None:
             fixed = reserve_policy(args, parse_budget(spec.budget), spec.device).fixed
             spec = replace(spec, reserve_bytes=fixed)
+        if args.precision:
+            spec = replace(spec, precision=args.precision)
         if args.peers:
             spec = replace(spec, peers=SIMULATED_PEERS, real_peers=real_peers(spec))
         if args.world_size is not None:
@@ -136,7 +152,11 @@ def cmd_claim(args: argparse.Namespace) -> int:
         )
     baseline = _baseline(args.baseline, spec, args.root) if args.baseline else None
     require_cuda_if(spec.device)
-    out = args.out or CLAIMS_DIR / (spec.name + (f"-{_slug(own)}" if own else ""))
+    out = args.out or CLAIMS_DIR / (
+        spec.name
+        + (f"-{_slug(own)}" if own else "")
+        + (f"-{spec.precision}" if spec.precision != "fp32" else "")
+    )
     from shardbench.harness.validate import check_output_dir
 
     try:
@@ -254,6 +274,8 @@ def _baseline(name: str, spec: ClaimSpec, home: Path | None) -> list[Record]:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not results_from_records(spec, records):
-        raise UsageError(f"baseline {name!r} holds no records of claim spec {spec.name!r}")
+        raise UsageError(
+            f"baseline {name!r} holds no records of claim spec {spec.name!r} at {spec.precision}"
+        )
     require_env_of(records, spec.device, f"baseline {name!r}", allow=False)
     return records

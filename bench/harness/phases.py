@@ -122,23 +122,41 @@ class Timing:
     cuda_allocator: dict[str, Any] | None = None
     #: seconds the first warm-up step took (a kernel or op built just in time, a cold cache)
     first_step_s: float | None = None
+    #: fp16: warm-up steps added because the loss scaler skipped the last one (its scale still
+    #: backing off from the initial one), and the steps it skipped in warm-up and timed steps
+    warmup_added: int = 0
+    skipped_warmup: int = 0
+    skipped_timed: int = 0
+
+
+#: the most warm-up steps a loss scaler still backing off may add: its default initial scale,
+#: 2^16, halved this often reaches 2^-24, below which no finite fp16 gradient overflows
+SCALER_SETTLE_STEPS = 40
 
 
 def time_steps(steps: CellSteps) -> Timing:
     """Warm-up, then the timed steps. Under ``--fake`` nothing is timed (fake tensors have no
     values), so warm-up is skipped too: the memory phase's tracked steps include the first
     (optimizer state created) and a steady one, which is all it needs."""
-    cell, out = steps.cell, Timing()
+    cell, out, strategy = steps.cell, Timing(), steps.strategy
     for i in range(0 if cell.fake else cell.warmup):
         started = time.perf_counter()
         steps.run(steps.batch())  # (its loss is read back: on CUDA the step has finished)
         if i == 0:
             out.first_step_s = time.perf_counter() - started
+    # fp16: a skipped step updates nothing (no optimizer state the first time), so timing it or
+    # tracking its memory would measure another step; warm up until the scaler takes one. The
+    # ranks agree on every skip, so each runs the same steps.
+    while strategy.last_step_skipped and out.warmup_added < SCALER_SETTLE_STEPS:
+        steps.run(steps.batch())
+        out.warmup_added += 1
+    out.skipped_warmup = strategy.skipped_steps
     reset_cuda_peaks(steps.device)
     for _ in range(0 if cell.fake else cell.steps):
         loss, seconds = steps.run(steps.batch(), timing=True)
         out.step_times.append(seconds)
         out.losses.append(loss)
+    out.skipped_timed = strategy.skipped_steps - out.skipped_warmup
     out.cuda_allocator = cuda_allocator_stats(steps.device)
     return out
 

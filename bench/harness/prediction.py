@@ -19,7 +19,7 @@ def predict(
 ) -> dict[str, int]:
     """The analytic model-state bytes per rank for this cell (bench/metrics/analytic.py)."""
     strategy = get_strategy(cell.strategy)
-    sharding = strategy.sharding
+    sharding = strategy.kept_sharding()
     group_sizes = None
     if sharding.whole_parameters:
         from shardbench.models.registry import get_workload

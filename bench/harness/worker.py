@@ -274,6 +274,14 @@ def _train_and_measure(
         except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its MFU only
             flops_note = f"no peak FLOP/s ({type(e).__name__}: {e})"
     settings = strategy.settings()
+    if (scale := strategy.loss_scale()) is not None:
+        settings["loss_scale"] = {
+            "scale": scale,
+            "warmup_added": timing.warmup_added,
+            "skipped_warmup": timing.skipped_warmup,
+            "skipped_timed": timing.skipped_timed,
+            "skipped_tracked": strategy.skipped_steps - timing.skipped_warmup - timing.skipped_timed,
+        }
     if memory.kernels is not None:
         settings["kernels"] = memory.kernels
     if planned_off_device(cell):

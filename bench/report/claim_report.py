@@ -36,13 +36,13 @@ def write_claim_report(
     charts (written by the report builder from the same records)."""
     report = build_report([out_dir], out_dir)
     lines = [
-        f"# Does sharding halve per-rank memory or double the trainable model? ({spec.name})",
+        f"# Does sharding halve per-rank memory or double the trainable model? ({spec.title})",
         "",
         spec.scale_note,
         "",
         f"Claim holds for a workload when zero2's per-rank peak <= {MEMORY_THRESHOLD}x DDP's, or its largest "
         f"trainable model within {spec.budget} per rank >= {SIZE_THRESHOLD:g}x DDP's. Memory: simulated "
-        f"N={spec.world_size}, equal per-rank batch. "
+        f"N={spec.world_size}, {spec.precision}, equal per-rank batch. "
         + (
             f"Step time: real ranks, N={spec.timing_world_size}."
             if spec.timing_world_size

@@ -91,6 +91,10 @@ class Strategy:
     card: ClassVar[StrategyCard]
     #: the gradient scaler of this rank's training (``loss_scaler``), set once it is set up
     scaler: Any = None
+    #: fp16: the steps the loss scaler skipped so far (an inf or NaN gradient: no update, the
+    #: scale backed off), and whether the last one was; the ranks agree on both
+    skipped_steps: int = 0
+    last_step_skipped: bool = False
 
     def __init_subclass__(cls, card: str | None = None, **kwargs: Any) -> None:
         """``class X(Strategy, card="name")`` takes name, aliases, description, sharding, display
@@ -137,6 +141,11 @@ class Strategy:
     def settings(self) -> dict[str, Any]:
         """How this strategy is configured; stored in every record."""
         return {}
+
+    def kept_sharding(self) -> Sharding:
+        """What a rank keeps sharded between steps, where the model states are measured: its
+        ``sharding``, unless it holds more whole during a step than after it."""
+        return self.sharding
 
     def model_state_precision(self, precision: str) -> str:
         """The precision model states are stored in when training at ``precision``: the default
@@ -185,9 +194,20 @@ class Strategy:
             optimizer.step()
         else:  # fp16: a step with an inf or NaN gradient is skipped and the scale backs off
             self.scaler.scale(loss).backward()
-            self.scaler.step(optimizer)
+            self.scaler.step(optimizer)  # (it has read found_inf: the step is synchronised already)
+            scale = self.scaler.get_scale()
             self.scaler.update()
+            self.count_step(skipped=self.scaler.get_scale() < scale)
         return loss.detach()
+
+    def count_step(self, *, skipped: bool) -> None:
+        """Count a loss-scaled step as taken or skipped (``skipped_steps``)."""
+        self.last_step_skipped = skipped
+        self.skipped_steps += skipped
+
+    def loss_scale(self) -> float | None:
+        """The loss scaler's current scale; None where the loss is not scaled."""
+        return None if self.scaler is None else float(self.scaler.get_scale())
 
     def observe_memory(self, observer: Callable[[torch.Tensor, str], None] | None) -> None:
         """Install (or remove, with None) a callback that the strategy calls with each tensor it

@@ -180,7 +180,15 @@ class DeepSpeedZeroStrategy(Strategy):
         loss = loss_fn(model, inputs)
         model.backward(loss)
         model.step()
+        if self.loss_scale() is not None:  # fp16: the engine skips an overflowing step itself
+            self.count_step(skipped=not model.was_step_applied())
         return loss.detach()
+
+    def loss_scale(self) -> float | None:
+        """The fp16 section's dynamic loss scale; None at other precisions."""
+        if self.engine is None or not self.engine.fp16_enabled():
+            return None
+        return float(self.engine.optimizer.loss_scale)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The module's whole parameters and buffers, copied (stage 3 gathers its partitions)."""

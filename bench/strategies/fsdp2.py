@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from shardbench.blocks import repeated_blocks
-from shardbench.metrics.analytic import Communication
+from shardbench.metrics.analytic import ZERO3, Communication, Sharding
 from shardbench.precision import compute_dtype, element_bytes, is_half
 from shardbench.strategies.base import OptimizerFactory, RankContext, Strategy
 
@@ -110,6 +110,11 @@ class FSDP2Strategy(Strategy):
 
 class FSDP2Zero2Strategy(FSDP2Strategy, card="fsdp2-zero2"):
     reshard_after_forward = False
+
+    def kept_sharding(self) -> Sharding:
+        """ZeRO-3's: its parameters stay whole from forward into backward only; FSDP2 reshards
+        every unit after backward, so between steps a rank keeps 1/N of them, as fsdp2-zero3."""
+        return ZERO3
 
 
 class FSDP2Zero3Strategy(FSDP2Strategy, card="fsdp2-zero3"):

@@ -73,6 +73,7 @@ def run_claim(
             steps=1 if spec.timing_world_size else spec.steps,
             warmup=spec.warmup,
             device=spec.device,
+            precision=spec.precision,
             suite=f"claim-{spec.name}",
             simulate=True,
             activation_checkpointing=w.activation_checkpointing,

@@ -260,6 +260,8 @@ def results_from_records(spec: ClaimSpec, records: Sequence[Record]) -> list[Wor
         for r in records:
             if r.workload != w.name or bool(r.activation_checkpointing) != w.activation_checkpointing:
                 continue
+            if r.precision != spec.precision:  # a claim at another precision is another claim
+                continue
             if r.max_size is not None:
                 res.max_size[r.strategy] = r
             elif r.suite == f"claim-{spec.name}" and r.preset == w.preset and not r.fake:

@@ -40,6 +40,8 @@ class ClaimSpec:
     #: real ranks for step time (communication included); 0: take the simulated runs' step time,
     #: which excludes communication (one GPU cannot host a multi-rank NCCL world)
     timing_world_size: int = 2
+    #: every cell's precision (``claim --precision``); the formula's bytes per element follow it
+    precision: str = "fp32"
     peers: tuple[str, ...] = ("torch-zero1", "fsdp2-zero2")
     #: peers that cannot be a simulated rank (they run their own communication): measured on
     #: real ranks at ``timing_world_size``, beside ddp and zero2 at the same N, each with its own
@@ -57,6 +59,11 @@ class ClaimSpec:
     #: who shard models this size checkpoint activations; without it, activations ZeRO does not
     #: shard can decide the verdict)
     activation_checkpointing: tuple[bool, ...] = (False, True)
+
+    @property
+    def title(self) -> str:
+        """The spec as a report names it: ``cpu``, or ``cpu, fp16`` away from fp32."""
+        return self.name + (f", {self.precision}" if self.precision != "fp32" else "")
 
     def variants(self) -> tuple[ClaimWorkload, ...]:
         """Every (workload, activation checkpointing) the claim measures, in report order."""
