@@ -25,7 +25,7 @@ from shardbench.precision import element_bytes
 from shardbench.strategies.base import OptimizerFactory, RankContext
 from shardbench.strategies.ddp import DDP_SETTINGS, wrap_ddp
 from shardbench.strategies.sharded import ShardedDataParallel
-from shardbench.strategies.sharded.reducer import MAX_IN_FLIGHT
+from shardbench.strategies.sharded.layout import MAX_IN_FLIGHT
 from shardbench.strategies.sharded_optimizer_strategy import ShardedOptimizerStrategy
 
 #: the backends on which zero1 keeps DDP's all-reduce (measured faster there)

@@ -12,7 +12,7 @@ from torch import nn
 from shardbench.metrics.analytic import Communication
 from shardbench.strategies.base import OptimizerFactory, RankContext
 from shardbench.strategies.sharded import ShardedDataParallel
-from shardbench.strategies.sharded.reducer import MAX_IN_FLIGHT
+from shardbench.strategies.sharded.layout import MAX_IN_FLIGHT
 from shardbench.strategies.sharded_optimizer_strategy import ShardedOptimizerStrategy, reduced_then_gathered
 
 

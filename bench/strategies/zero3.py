@@ -18,7 +18,7 @@ from torch import nn
 from shardbench.metrics.analytic import Communication
 from shardbench.strategies.base import OptimizerFactory, RankContext
 from shardbench.strategies.sharded import ShardedDataParallel
-from shardbench.strategies.sharded.data_parallel import STAGE3_IN_FLIGHT
+from shardbench.strategies.sharded.layout import UNIT_IN_FLIGHT
 from shardbench.strategies.sharded.units import UnitPolicy
 from shardbench.strategies.sharded_optimizer_strategy import ShardedOptimizerStrategy, reduced_then_gathered
 
@@ -52,7 +52,7 @@ class Zero3Strategy(ShardedOptimizerStrategy, card="zero3"):
         units = getattr(self.model, "units", None)
         return {
             "partition": "one flat buffer per unit and param group, element-balanced",
-            "max_buckets_in_flight": STAGE3_IN_FLIGHT,
+            "max_buckets_in_flight": UNIT_IN_FLIGHT,
             "gradient_reduction": self.gradient_reduction(),
             "broadcast_buffers": True,
             "units": self.units,

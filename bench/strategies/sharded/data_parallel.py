@@ -62,15 +62,13 @@ from shardbench.strategies.sharded.gatherer import UnitGatherer
 from shardbench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
 from shardbench.strategies.sharded.profiling import profiled
 from shardbench.strategies.sharded.reads import StageThreeReads
-from shardbench.strategies.sharded.reducer import MAX_IN_FLIGHT, GradientReducer, default_collective
+from shardbench.strategies.sharded.reducer import GradientReducer, default_collective
+from shardbench.strategies.sharded.stages import STAGE_PLANS, stage_plan
 from shardbench.strategies.sharded.units import UnitPolicy, find_units
 from shardbench.strategies.sharded.weak import weakly
 
-#: stage 3's buckets are whole units (a transformer layer), not 25 MB, so one reduction in flight
-#: overlaps the next unit's whole backward; it is completed before the next unit's gradients are
-#: added into buffers of their own, so at most two units' full gradients exist at once
-STAGE3_IN_FLIGHT = 1
-STAGES = (1, 2, 3)
+#: the stages ``stage=`` takes
+STAGES = tuple(STAGE_PLANS)
 _UNSET: Any = object()  # stage-3 options not given
 
 
@@ -95,10 +93,9 @@ class ShardedDataParallel(nn.Module):
         broadcast_buffers: bool = True,
         gradient_collective: str | None = None,
     ) -> None:
-        if stage not in STAGES:
-            raise ValueError(f"ShardedDataParallel stage must be 1, 2 or 3, got {stage!r}")
+        plan = stage_plan(stage)
         given = sorted(name for name, v in (("unit", unit), ("prefetch", prefetch)) if v is not _UNSET)
-        if stage != 3 and given:
+        if not plan.parameters and given:
             raise ValueError(
                 f"{', '.join(given)}: stage 3 options (stage {stage} does not shard parameters); pass stage=3"
             )
@@ -107,8 +104,10 @@ class ShardedDataParallel(nn.Module):
         self.module = module
         self.optimizer = opt
         self.stage = stage
+        #: what this stage shards: every part below reads it, never the stage number
+        self.plan = plan
         #: names the profiler labels (``shardbench::<label>::reduce``)
-        self.label = f"zero{stage}"
+        self.label = plan.label
         self.broadcast_buffers = broadcast_buffers
         self.process_group = opt.process_group  # None: the default group, never held
         self.world_size = opt.world_size
@@ -124,11 +123,11 @@ class ShardedDataParallel(nn.Module):
         #: then and not stepped are being accumulated
         self._backward_at_step = -1
         self._start_identical()  # while the parameters are still whole on every rank
-        units = self._find_units() if stage == 3 else None
+        units = self._find_units() if plan.parameters else None
         if units is not None:
             opt.shard_parameters([u.params for u in units])
         self._build(units)
-        self._reads = StageThreeReads(self) if stage == 3 else None
+        self._reads = StageThreeReads(self) if plan.parameters else None
 
     def _find_units(self) -> list[Any]:
         """Stage 3's units over the optimizer's trainable parameters (the buckets'), and the
@@ -148,11 +147,11 @@ class ShardedDataParallel(nn.Module):
             opt.buckets,
             world_size=self.world_size,
             process_group=self.process_group,
-            keep="full" if self.stage == 1 else "shards",
+            keep=self.plan.keep,
             collective=self._collective,
-            max_in_flight=STAGE3_IN_FLIGHT if self.stage == 3 else MAX_IN_FLIGHT,
+            max_in_flight=self.plan.max_in_flight,
             label=self.label,
-            fold_flags=self.stage == 2,
+            fold_flags=self.plan.folds_flags,
         )
         opt.attach(self.reducer)
         self.gatherer: UnitGatherer | None = None
@@ -199,12 +198,11 @@ class ShardedDataParallel(nn.Module):
                 "them between steps, after optimizer.step()"
             )
         with profiled(f"shardbench::{self.label}::relayout"):
-            carried = self.optimizer.carry_state()
             self._take_apart()
             if self.gatherer is not None:
                 self.gatherer.unshard()
-            units = self._find_units() if self.stage == 3 else None
-            self.optimizer.relayout(carried, None if units is None else [u.params for u in units])
+            units = self._find_units() if self.plan.parameters else None
+            self.optimizer.relayout(None if units is None else [u.params for u in units])
             self._build(units)
 
     def _take_apart(self) -> None:

@@ -260,21 +260,10 @@ class UnitGatherer:
             yield
         finally:
             self._pinned = False
-            self._write_back()
+            self.optimizer.adopt_whole_values()
             for u in self.units:
                 if u.index not in before:
                     self.free(u.index)
-
-    @torch.no_grad()
-    def _write_back(self) -> None:
-        opt = self.optimizer
-        for bi, b in enumerate(opt.buckets):
-            whole = opt.flats[bi][b.chunk_start : b.chunk_start + b.chunk]
-            if not torch.equal(whole, opt.chunks[bi]):
-                opt.chunks[bi].copy_(whole)
-                master = opt.masters[bi]
-                if master is not None:
-                    master.copy_(whole)
 
     def _use(self, u: int) -> None:
         """Unit ``u`` is about to run: a prefetch that guessed another unit is freed (so at most

@@ -25,6 +25,20 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+# ----- bucket sizes and how many are reduced at once: every part reads them from here ---------
+#: a bucket's cap, DDP's default: large enough that a collective's fixed cost is small
+BUCKET_CAP_MB = 25.0
+#: the first bucket's cap, DDP's (``_DEFAULT_FIRST_BUCKET_BYTES``): the gradients that come first
+#: are reduced early, overlapping the rest of backward
+FIRST_BUCKET_BYTES = 2**20
+#: reductions in flight at once where buckets are sized by the cap: the next bucket fills while
+#: one reduces, and the gradient memory held for reduction stays bounded
+MAX_IN_FLIGHT = 2
+#: stage 3's buckets are whole units (a transformer layer), not 25 MB, so one reduction in flight
+#: overlaps the next unit's whole backward; it is completed before the next unit's gradients are
+#: added into buffers of their own, so at most two units' full gradients exist at once
+UNIT_IN_FLIGHT = 1
+
 #: stage 3's parameters while their unit is freed are empty tensors (``gatherer.py``); their
 #: whole shape is kept here, for what needs it between steps (state dicts), by id(parameter)
 #: for as long as the parameter lives (a tensor cannot key a dict: its == is elementwise)

@@ -46,7 +46,15 @@ from shardbench.strategies.sharded.checkpoint import (
     slice_state,
     state_pieces,
 )
-from shardbench.strategies.sharded.layout import Bucket, build_buckets, flatten_into_buckets, whole_shape
+from shardbench.strategies.sharded.layout import (
+    BUCKET_CAP_MB,
+    FIRST_BUCKET_BYTES,
+    Bucket,
+    build_buckets,
+    flatten_into_buckets,
+    whole_shape,
+)
+from shardbench.strategies.sharded.parameter_sync import GatherAfterStep, GatheredByUnits, ParameterSync
 from shardbench.strategies.sharded.profiling import profiled
 
 #: optimizers whose update of each element depends only on that element's gradient and state.
@@ -66,10 +74,6 @@ ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
 
 #: the state entry under which ``carry_state`` moves a shard's fp32 master weights
 MASTER_KEY = "shardbench.master"
-
-#: the first bucket's cap, DDP's (``_DEFAULT_FIRST_BUCKET_BYTES``): the gradients that come first
-#: are reduced early, overlapping the rest of backward
-FIRST_BUCKET_BYTES = 2**20
 
 
 def check_elementwise(optim: type, assume_elementwise: bool) -> None:
@@ -141,7 +145,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         optim: type[torch.optim.Optimizer] = torch.optim.AdamW,
         *,
         process_group: dist.ProcessGroup | None = None,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float = BUCKET_CAP_MB,
         assume_elementwise: bool = False,
         **optim_kwargs: Any,
     ) -> None:
@@ -161,9 +165,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         #: this rank's chunk of each bucket: a view of its flat buffer, or (after
         #: ``shard_parameters``) a tensor of its own that outlives the flat buffer's storage
         self.chunks: list[torch.Tensor] = []
-        #: only this rank's chunks are kept (``shard_parameters``): the step updates them and
-        #: gathers nothing; otherwise the updated chunks are all-gathered after each step
-        self.parameters_sharded = False
+        #: how the updated chunks reach every rank: all-gathered after each step, or (after
+        #: ``shard_parameters``) kept as this rank's only copy, for a wrapper to gather by unit
+        self.parameter_sync: ParameterSync = GatherAfterStep(self.process_group, self.world_size)
         self._masters: list[torch.Tensor | None] = []  # fp32 own chunk for low-precision params
         self._shards: list[list[nn.Parameter]] = []  # per bucket: one tensor per owned piece
         self._bucket_group: list[int] = []
@@ -226,7 +230,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.buckets, self.flats, self.chunks, self._masters, self._shards = [], [], [], [], []
         self._bucket_group = []
         self.local = None
-        self.parameters_sharded = True
+        self.parameter_sync = GatheredByUnits()
         self._shard_groups(list(range(len(self.param_groups))), unit_of=unit_of)
 
     def attach(self, source: GradientSource) -> None:
@@ -294,16 +298,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
             gathered = [payload]
         return assemble_full_state(self.param_groups, gathered)["state"]
 
-    def relayout(
-        self, carried: dict[int, dict[str, Any]], units: Sequence[Sequence[nn.Parameter]] | None = None
-    ) -> None:
+    def relayout(self, units: Sequence[Sequence[nn.Parameter]] | None = None) -> None:
         """Re-pack every group's trainable parameters (each whole, in its own storage or a
         bucket's) into new buckets, one set per unit where ``units`` is given (stage 3), and
-        give each new piece its part of ``carried`` (``carry_state``, taken before the
-        parameters moved): every parameter that trained before and trains now keeps its state,
+        give each new piece its part of the state carried over (``carry_state``, a collective,
+        taken before the parameters move): every parameter that trained before and trains now keeps its state,
         a newly trainable one starts as a plain optimizer would start it, and a newly frozen
         one leaves the step, its state parked. Only a wrapper that detached from this optimizer
         calls it (``ShardedDataParallel``), or ``step`` when none is attached."""
+        carried = self.carry_state()
         training = {id(p) for g in self.param_groups for p in g["params"] if p.requires_grad}
         with torch.no_grad():
             for b in self.buckets:  # a parameter that leaves the buckets must not pin its old buffer
@@ -319,7 +322,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         unit_of = None
         if units is not None:
             unit_of = {id(p): u for u, params in enumerate(units) for p in params}
-        self.parameters_sharded = units is not None
+        self.parameter_sync = (
+            GatheredByUnits() if units is not None else GatherAfterStep(self.process_group, self.world_size)
+        )
         self._shard_groups(list(range(len(self.param_groups))), unit_of=unit_of)
         self._place_state(carried)
         self._layout = self.layout_key()
@@ -409,10 +414,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 chunk = flat[b.chunk_start : b.chunk_start + b.chunk]
                 # fp32 masters for 16-bit parameters only: a float64 one is its own master
                 low_precision = flat.is_floating_point() and flat.element_size() < 4
-                if self.parameters_sharded:
+                sharded = self.parameter_sync.shards_parameters
+                if sharded:
                     chunk = chunk.clone()
                 master = chunk.detach().float() if low_precision else None
-                if self.parameters_sharded:  # the chunk is this rank's copy now; a wrapper gathers
+                if sharded:  # the chunk is this rank's copy now; a wrapper gathers
                     flat.untyped_storage().resize_(0)
                 src = master if master is not None else chunk
                 shards = [nn.Parameter(src[pc.chunk_offset : pc.chunk_offset + pc.numel]) for pc in b.pieces]
@@ -495,7 +501,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         assert self.local is not None
         if self.layout_stale() and self._source is None:
-            self.relayout(self.carry_state())
+            self.relayout()
         # (attached, a change since the forward is laid out at the next forward: this step
         # updates what this backward computed gradients for, as a plain optimizer would)
         self._stateful = True
@@ -516,7 +522,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for shard in shards:
                 shard.grad = None
         kept: list[list[torch.Tensor | None]] = []  # what stays visible until zero_grad
-        works: list[dist.Work] = []
+        sync = self.parameter_sync
         try:
             for i, (b, flat, chunk, master, shards) in enumerate(
                 zip(self.buckets, self.flats, self.chunks, self._masters, self._shards, strict=True)
@@ -533,23 +539,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         self.local.step()
                     for shard in shards:
                         shard.grad = None
-                    if master is not None and self.parameters_sharded:
-                        chunk.copy_(master)  # the chunk is all this rank keeps
-                if self.parameters_sharded:
-                    continue
-                with profiled(f"shardbench::{self.label}::gather"):
                     if master is not None:
-                        chunk.copy_(master)
-                    if self.world_size > 1:
-                        works.append(
-                            dist.all_gather_into_tensor(flat, chunk, group=self.process_group, async_op=True)
-                        )
+                        chunk.copy_(master)  # the 16-bit parameters take the new fp32 values
+                sync.updated(flat, chunk, self.label)
         finally:
-            # Even when a bucket's update raises: no gather may outlive the step, or it could still
-            # be running when the process group is destroyed.
-            with profiled(f"shardbench::{self.label}::gather"):
-                for w in works:
-                    w.wait()
+            sync.finish(self.label)  # (also when a bucket's update raised)
         # Gradients stay visible until zero_grad, except copies converted for the step (bf16).
         for shards, bucket_grads in zip(self._shards, kept, strict=False):
             for shard, g in zip(shards, bucket_grads, strict=True):
@@ -649,6 +643,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for chunk, master in zip(self.chunks, self._masters, strict=True):
             if master is not None:
                 master.copy_(chunk)
+
+    @torch.no_grad()
+    def adopt_whole_values(self) -> None:
+        """The flat buffers hold whole values again (stage 3's units gathered, perhaps written
+        to by the user): take this rank's part of them into its chunks and fp32 masters, where
+        they differ, so that the step goes on from what was written."""
+        for b, flat, chunk, master in zip(self.buckets, self.flats, self.chunks, self._masters, strict=True):
+            whole = flat[b.chunk_start : b.chunk_start + b.chunk]
+            if not torch.equal(whole, chunk):
+                chunk.copy_(whole)
+                if master is not None:
+                    master.copy_(whole)
 
     # ----- accounting --------------------------------------------------------------------------
     def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
