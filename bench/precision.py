@@ -1,12 +1,12 @@
 """The training precisions a cell can ask for, and what each means for tensors: the 16-bit
-dtype its compute runs in, the bytes a 16-bit-kept parameter or gradient element takes, and
-whether its loss needs scaling (fp16's five exponent bits underflow small gradients; bf16 has
-fp32's range and needs none). One place, so strategies, the memory formula, the communication
-volume and the FLOP peak read the same answer."""
+dtype its compute runs in, the bytes each model-state element takes, and whether its loss needs
+scaling (fp16's five exponent bits underflow small gradients; bf16 has fp32's range and needs
+none). One place, so strategies, the memory formula, the communication volume, the step-time
+prediction and the FLOP peak read the same answer."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -15,6 +15,25 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 #: the precisions whose compute runs in a 16-bit dtype, by torch's name for that dtype
 _HALF_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+class ModelStateBytes(NamedTuple):
+    """Bytes per parameter element of each model state AdamW training keeps at a precision."""
+
+    parameter: int
+    gradient: int
+    #: AdamW's ``exp_avg`` and ``exp_avg_sq``, and the fp32 master weights where the parameters
+    #: are 16-bit
+    optimizer: int
+
+
+#: per precision, the model states of ZeRO's accounting (section 5 of the paper): fp32 keeps
+#: 4 + 4 + 8 bytes a parameter; 16-bit mixed precision keeps 2 + 2 + 12 (fp32 masters and moments)
+MODEL_STATE_BYTES: dict[str, ModelStateBytes] = {
+    "fp32": ModelStateBytes(4, 4, 8),
+    "bf16": ModelStateBytes(2, 2, 12),
+    "fp16": ModelStateBytes(2, 2, 12),
+}
 
 
 def compute_dtype(precision: str) -> torch.dtype | None:
@@ -33,8 +52,8 @@ def is_half(precision: str) -> bool:
 
 def element_bytes(precision: str) -> int:
     """Bytes per parameter or gradient element a strategy keeps in 16-bit at ``precision`` (and
-    communicates): 2 for bf16 and fp16, else 4."""
-    return 2 if is_half(precision) else 4
+    communicates): 2 for bf16 and fp16, 4 for fp32."""
+    return MODEL_STATE_BYTES[precision].parameter
 
 
 def loss_scaled(precision: str) -> bool:

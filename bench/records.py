@@ -563,6 +563,11 @@ def _installed_versions(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     return tuple(versions)
 
 
+#: the device name where an env names none (a processor whose model and architecture could not
+#: be read): one name, so every probe cache keys one such CPU alike
+UNNAMED_DEVICE = "unknown CPU"
+
+
 def capture_env(device: str) -> dict[str, Any]:
     """Versions and hardware the numbers depend on."""
     import torch

@@ -20,11 +20,11 @@ def seed_probes(home: Path) -> None:
     from shardbench.harness.step_prediction import network_key, update_key
     from shardbench.metrics.probe_cache import cached
     from shardbench.metrics.update_probe import SIZES
-    from shardbench.records import capture_env
+    from shardbench.records import UNNAMED_DEVICE, capture_env
 
     env = capture_env("cpu")
     cores = available_cores()
-    device = env.get("device_name") or "unknown"
+    device = env.get("device_name") or UNNAMED_DEVICE
     for threads in range(1, cores + 1):
         for n in range(2, 9):
             key = network_key(n, threads, device, env["torch"], cores)

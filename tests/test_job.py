@@ -128,6 +128,21 @@ def test_unreadable_variables_are_named(env: dict[str, str], says: str) -> None:
     assert says in str(e.value)
 
 
+def test_a_rank_with_an_unreadable_variable_ends_in_one_line(monkeypatch, tiny_cell) -> None:
+    """The worker reads the launcher's variables as the job does: a bad one is named, with
+    what it may hold, before anything of the cell runs."""
+    from shardbench.harness import worker
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")
+    with pytest.raises(SystemExit) as e:
+        worker.main(["--cell", json.dumps(tiny_cell().to_json())])
+    assert (
+        str(e.value) == "python -m shardbench.harness.worker: LOCAL_WORLD_SIZE='0': expected an integer >= 1"
+    )
+
+
 def test_slurm_node_lists_expand_in_order() -> None:
     assert expand_nodelist("node[01-03,07],gpu5") == ["node01", "node02", "node03", "node07", "gpu5"]
     assert expand_nodelist("localhost") == ["localhost"]

@@ -116,15 +116,16 @@ def test_prefetch_predicts_from_the_last_forward() -> None:
 
 def test_gloo_reduces_to_owners_from_four_ranks() -> None:
     """gloo: all-reduce below GLOO_REDUCE_FROM ranks (faster there), each chunk reduced to its
-    owner from it on (half the bytes, faster there); every other backend reduce-scatters."""
-    from shardbench.strategies.sharded.reducer import GLOO_REDUCE_FROM, default_collective
+    owner from it on (half the bytes, faster there); every other backend reduce-scatters. The
+    prediction's declared communication follows the same rule."""
+    from shardbench.metrics.analytic import GLOO_REDUCE_FROM, Communication
+    from shardbench.strategies.sharded.reducer import default_collective
 
-    assert [default_collective("gloo", n) for n in (2, 3, GLOO_REDUCE_FROM, 8)] == [
-        "all_reduce",
-        "all_reduce",
-        "reduce",
-        "reduce",
-    ]
+    sizes = (2, 3, GLOO_REDUCE_FROM, 8)
+    expected = ["all_reduce", "all_reduce", "reduce", "reduce"]
+    assert [default_collective("gloo", n) for n in sizes] == expected
+    declared = Communication(reducer_backend="gloo", gradient_bytes=4)
+    assert [declared.gradient_collective(n) for n in sizes] == expected
     assert {default_collective(b, n) for b in ("nccl", "fake") for n in (2, 8)} == {"reduce_scatter"}
 
 

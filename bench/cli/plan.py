@@ -146,10 +146,11 @@ def _device_peak(record: Record, gpu: str | None = None) -> dict[str, Any] | Non
     or the CUDA device here."""
     from shardbench.metrics.flops import matmul_dtype
     from shardbench.metrics.peaks import datasheet_peak, measured_peak
+    from shardbench.records import UNNAMED_DEVICE
 
     dtype = (record.flops_per_step or {}).get("dtype") or matmul_dtype(record.precision, record.device)
     if record.device == "cpu":
-        name = record.env.get("device_name") or "unknown CPU"
+        name = record.env.get("device_name") or UNNAMED_DEVICE
         return measured_peak("cpu", name, dtype, record.threads_per_rank, torch_version=record.env["torch"])
     if gpu:
         return datasheet_peak(gpu, dtype)

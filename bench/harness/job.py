@@ -82,7 +82,7 @@ RESTARTS = "TORCHELASTIC_RESTART_COUNT"
 
 
 def _torchrun(env: Mapping[str, str]) -> Job:
-    rank, world = _int(env, "RANK", minimum=0), _int(env, "WORLD_SIZE", minimum=1)
+    rank, world = env_int(env, "RANK", minimum=0), env_int(env, "WORLD_SIZE", minimum=1)
     _check_rank(rank, world, "RANK", "WORLD_SIZE")
     if not env.get("MASTER_ADDR"):
         raise ValueError("RANK and WORLD_SIZE are set but MASTER_ADDR is not: start the job with torchrun")
@@ -90,11 +90,11 @@ def _torchrun(env: Mapping[str, str]) -> Job:
         launcher="torchrun",
         rank=rank,
         world_size=world,
-        local_rank=_int(env, "LOCAL_RANK", minimum=0) if "LOCAL_RANK" in env else rank,
+        local_rank=env_int(env, "LOCAL_RANK", minimum=0, default=rank),
         master_addr=env["MASTER_ADDR"],
-        master_port=_port(env) if "MASTER_PORT" in env else DEFAULT_PORT,
+        master_port=master_port(env) if "MASTER_PORT" in env else DEFAULT_PORT,
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-        attempt=_int(env, RESTARTS, minimum=0) if RESTARTS in env else 0,
+        attempt=env_int(env, RESTARTS, minimum=0, default=0),
     )
 
 
@@ -109,7 +109,7 @@ SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"
 def _slurm(env: Mapping[str, str]) -> Job:
     tasks = _first(env, SLURM_TASKS)
     assert tasks is not None
-    rank, world = _int(env, "SLURM_PROCID", minimum=0), _int(env, tasks, minimum=1)
+    rank, world = env_int(env, "SLURM_PROCID", minimum=0), env_int(env, tasks, minimum=1)
     _check_rank(rank, world, "SLURM_PROCID", tasks)
     listed = _first(env, SLURM_NODELISTS)
     nodes = tuple(expand_nodelist(env[listed], listed)) if listed else ()
@@ -119,16 +119,16 @@ def _slurm(env: Mapping[str, str]) -> Job:
             f"a Slurm job ({', '.join(SLURM_NODELISTS)} unset) needs MASTER_ADDR: the host of rank 0"
         )
     if "MASTER_PORT" in env:
-        port = _port(env)
+        port = master_port(env)
     elif "SLURM_JOB_ID" in env:
-        port = SLURM_PORT_BASE + _int(env, "SLURM_JOB_ID", minimum=0) % SLURM_PORT_SPAN
+        port = SLURM_PORT_BASE + env_int(env, "SLURM_JOB_ID", minimum=0) % SLURM_PORT_SPAN
     else:
         port = DEFAULT_PORT
     return Job(
         launcher="slurm",
         rank=rank,
         world_size=world,
-        local_rank=_int(env, "SLURM_LOCALID", minimum=0) if "SLURM_LOCALID" in env else 0,
+        local_rank=env_int(env, "SLURM_LOCALID", minimum=0, default=0),
         master_addr=addr,
         master_port=port,
         nodes=nodes,
@@ -139,15 +139,21 @@ def _first(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
     return next((n for n in names if env.get(n)), None)
 
 
-def _int(env: Mapping[str, str], name: str, *, minimum: int) -> int:
+def env_int(env: Mapping[str, str], name: str, *, minimum: int, default: int | None = None) -> int:
+    """The integer the launcher set in ``name`` (``default`` where it is unset), or ValueError in
+    one line naming the variable and what it may hold: a rank or a size read wrong would send
+    a process to wait on peers that never come."""
+    if name not in env and default is not None:
+        return default
     text = env[name].strip()
     if not text.isdigit() or int(text) < minimum:
         raise ValueError(f"{name}={env[name]!r}: expected an integer >= {minimum}")
     return int(text)
 
 
-def _port(env: Mapping[str, str]) -> int:
-    port = _int(env, "MASTER_PORT", minimum=1)
+def master_port(env: Mapping[str, str]) -> int:
+    """``MASTER_PORT``, checked to be a port."""
+    port = env_int(env, "MASTER_PORT", minimum=1)
     if port > 65535:
         raise ValueError(f"MASTER_PORT={env['MASTER_PORT']!r}: expected a port from 1 to 65535")
     return port

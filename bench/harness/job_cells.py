@@ -32,8 +32,8 @@ from typing import Any
 
 from shardbench.harness.config import CellConfig, threads_per_rank
 from shardbench.harness.job import STORE_PREFIX
-from shardbench.harness.job_link import POLL_S, SILENT_S, JobError, JobLink
-from shardbench.harness.launch import CellEndsRun, RankWorld, launcher_dir
+from shardbench.harness.job_link import SILENT_S, JobError, JobLink
+from shardbench.harness.launch import POLL_S, CellEndsRun, RankWorld, launcher_dir
 from shardbench.harness.result import RankResult, build_record
 from shardbench.records import Record
 from shardbench.wording import count

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from shardbench.harness.config import own_cpus
 from shardbench.harness.job import Job
+from shardbench.harness.launch import POLL_S
 from shardbench.wording import count
 
 #: how long the processes of a job may take to start and meet (imports on a busy node, srun
@@ -32,7 +33,6 @@ JOIN_TIMEOUT_S = 300.0
 BEAT_S = 1.0
 #: a peer whose heartbeat stood still this long is gone
 SILENT_S = 30.0
-POLL_S = 0.05
 
 
 class JobError(RuntimeError):

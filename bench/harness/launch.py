@@ -52,6 +52,7 @@ from shardbench.records import Record
 FAILED_RANK_GRACE_S = 5.0
 TERMINATE_GRACE_S = 3.0
 STACK_DUMP_WAIT_S = 1.0
+#: how often a wait looks again, here (a rank's end) and in a job's store (``job_link.py``)
 POLL_S = 0.05
 
 

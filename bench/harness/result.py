@@ -23,7 +23,7 @@ from typing import Any
 from shardbench.harness.config import CellConfig
 from shardbench.harness.prediction import predict, predict_comm, workload_params
 from shardbench.metrics.timing import slowest_rank, summarize
-from shardbench.records import Record, capture_env, finite, first_line
+from shardbench.records import UNNAMED_DEVICE, Record, capture_env, finite, first_line
 from shardbench.strategies.catalog import WorldPlan
 from shardbench.strategies.registry import get_strategy
 
@@ -258,7 +258,7 @@ def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
                 trace,
                 rank_threads(record),
                 copies,
-                record.env.get("device_name") or "unknown CPU",
+                record.env.get("device_name") or UNNAMED_DEVICE,
                 record.env.get("torch") or "?",
             )
     except Exception as e:  # noqa: BLE001 - a failed replay costs the cell its replay only
@@ -318,7 +318,7 @@ def _host_peak(cell: CellConfig, record: Record, dtype: str) -> dict[str, Any] |
         return None
     from shardbench.metrics.peaks import measured_peak
 
-    name = record.env.get("device_name") or "unknown CPU"
+    name = record.env.get("device_name") or UNNAMED_DEVICE
     return measured_peak("cpu", name, dtype, record.threads_per_rank, torch_version=record.env["torch"])
 
 

@@ -21,10 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardbench.metrics.analytic import _BYTES, Communication, predicted_comm
+from shardbench.metrics.analytic import predicted_comm
 from shardbench.metrics.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile, check_network
 from shardbench.metrics.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
-from shardbench.records import Record, placement_of
+from shardbench.precision import MODEL_STATE_BYTES
+from shardbench.records import UNNAMED_DEVICE, Record, placement_of
 from shardbench.wording import count
 
 #: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
@@ -182,7 +183,7 @@ def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collec
         predicted = predicted_comm(target, shape, n)["ops"]
     else:
         predicted = (record.predicted_comm or {}).get("ops") or {}
-    grad_kind, own_grad = _gradient_kind(target, n), _gradient_kind(own, n)
+    grad_kind, own_grad = target.gradient_collective(n), own.gradient_collective(n)
     param_role = "parameters-per-unit" if target.gathers > 1 else "parameters-after-step"
     roles = {grad_kind: ("gradients", own_grad), target.parameters: (param_role, own.parameters)}
     out = []
@@ -208,12 +209,6 @@ def _compute_source(replay: dict[str, Any] | None, used: bool) -> str:
     return "FLOPs at peak x efficiency"
 
 
-def _gradient_kind(comm: Communication, world_size: int) -> str:
-    if comm.gradients_from is not None and world_size >= comm.gradients_from[0]:
-        return comm.gradients_from[1]
-    return comm.gradients
-
-
 def predict_record(
     record: Record,
     *,
@@ -236,7 +231,7 @@ def predict_record(
         return None, "no step time predicted (no FLOPs counted)"
     if not peak:
         return None, "no step time predicted (no peak FLOP/s for the device)"
-    name = record.env.get("device_name") or "unknown"
+    name = record.env.get("device_name") or UNNAMED_DEVICE
     torch_version = record.env.get("torch") or "?"
     cpu = record.device == "cpu"
     threads = rank_threads(record)
@@ -250,7 +245,7 @@ def predict_record(
     replayed = record.compute_replay if cpu and replay_usable(record.compute_replay) else None
     strategy = get_strategy(record.strategy)
     held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
-    per_element = _BYTES[strategy.model_state_precision(record.precision)][2]
+    per_element = MODEL_STATE_BYTES[strategy.model_state_precision(record.precision)].optimizer
     elements = held // per_element
     if cpu:  # the rank's size, beside the other ranks, on the rank's share of the cores
         copies = replay_copies(record)

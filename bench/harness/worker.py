@@ -43,7 +43,7 @@ from shardbench.harness.config import CellConfig, available_cores, threads_per_r
 from shardbench.harness.counting import cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
-from shardbench.harness.job import STORE_PREFIX
+from shardbench.harness.job import STORE_PREFIX, env_int, master_port
 from shardbench.harness.nvml_check import drop_where_nvml_cannot_answer
 from shardbench.harness.phases import (
     CellSteps,
@@ -105,7 +105,7 @@ def _job_store(timeout: timedelta) -> dict[str, Any]:
     if not prefix:
         return {}
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+        os.environ["MASTER_ADDR"], master_port(os.environ), is_master=False, timeout=timeout
     )
     return {"store": dist.PrefixStore(prefix, store)}
 
@@ -331,10 +331,6 @@ def run_rank_safely(cell: CellConfig, **kw: Any) -> RankResult:
         )
 
 
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m shardbench.harness.worker", description=__doc__.split("\n")[0]
@@ -346,14 +342,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     text = Path(args.cell).read_text() if not args.cell.lstrip().startswith("{") else args.cell
     cell = CellConfig.from_json(json.loads(text))
-    rank, processes = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    env = os.environ
+    try:  # the launcher's variables: a bad one ends the rank in one line, not a traceback
+        rank = env_int(env, "RANK", minimum=0, default=0)
+        processes = env_int(env, "WORLD_SIZE", minimum=1, default=1)
+        local_rank = env_int(env, "LOCAL_RANK", minimum=0, default=rank)
+        local_world_size = env_int(env, "LOCAL_WORLD_SIZE", minimum=1, default=processes)
+    except ValueError as e:
+        raise SystemExit(f"{ap.prog}: {e}") from None
     plan = cell.world_plan()
     kw: dict[str, Any] = dict(
         rank=rank,
         world_size=plan.reported_world_size(processes),
         processes=processes,
-        local_rank=_env_int("LOCAL_RANK", rank),
-        local_world_size=_env_int("LOCAL_WORLD_SIZE", processes),
+        local_rank=local_rank,
+        local_world_size=local_world_size,
     )
     start = time.perf_counter()
     if args.result_dir is not None and rank == 0:  # the counter: what earlier cells counted

@@ -55,8 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# bytes per parameter: (parameter, gradient, optimizer state incl. master weights)
-_BYTES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
+from shardbench.precision import MODEL_STATE_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,11 +116,11 @@ def predicted_model_state_bytes(
     for ``whole_parameters`` partitions. ``trainable``: the parameters that take gradients
     (default: all); a frozen parameter is held (and sharded with the parameters) but has neither
     gradient nor optimizer state."""
-    if precision not in _BYTES:
-        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(_BYTES)}")
+    if precision not in MODEL_STATE_BYTES:
+        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(MODEL_STATE_BYTES)}")
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
-    p, g, o = _BYTES[precision]
+    p, g, o = MODEL_STATE_BYTES[precision]
 
     learning = num_params if trainable is None else trainable
 
@@ -171,19 +170,37 @@ RING = {
 }
 
 
+#: from this world size on, our ZeRO on gloo reduces each gradient chunk to its owner rather
+#: than all-reducing
+GLOO_REDUCE_FROM = 4
+
+
+def sharded_gradient_collective(backend: str, world_size: int) -> str:
+    """How our ZeRO's reducer reduces gradients on ``backend`` at ``world_size`` ranks: what it
+    runs and what the prediction counts. Reduce-scatter, except on gloo, whose reduce-scatter
+    takes 1.5-1.8x its all-reduce's time for the same bucket (docs/measuring.md, "Our ZeRO on
+    gloo"). There, below ``GLOO_REDUCE_FROM`` ranks each bucket is all-reduced in place and each
+    rank keeps its chunk; from it on, each chunk is reduced to its owner, which sends half the
+    bytes and measured faster at N=4 (0.66-0.84x the all-reduce's time) but slower at N=2
+    (1.2x)."""
+    if backend != "gloo":
+        return "reduce_scatter"
+    return "reduce" if world_size >= GLOO_REDUCE_FROM else "all_reduce"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Communication:
     """What a strategy communicates in a step, declared by the strategy for a precision and a
     backend (``Strategy.communication``), so the prediction follows from what it does."""
 
-    #: how gradients are reduced: "all_reduce" (DDP; ours on gloo, whose reduce-scatter is
-    #: slower than its all-reduce) or "reduce_scatter"
-    gradients: str
+    #: how gradients are reduced at every world size: "all_reduce" (DDP) or "reduce_scatter";
+    #: None where our ZeRO's reducer chooses by world size (``reducer_backend``)
+    gradients: str | None = None
+    #: the backend our ZeRO's reducer runs on, whose collective follows the world size
+    #: (``sharded_gradient_collective``); None where ``gradients`` names the collective
+    reducer_backend: str | None = None
     #: bytes per element of the gradients as communicated
     gradient_bytes: int
-    #: (N, kind): from world size N on, gradients are reduced with ``kind`` instead (our ZeRO on
-    #: gloo reduces each chunk to its owner from N=4: ``sharded.reducer.default_collective``)
-    gradients_from: tuple[int, str] | None = None
     #: how updated or sharded parameters reach the ranks: "all_gather", "broadcast" (torch-zero1:
     #: each parameter from the rank that updated it), or None
     parameters: str | None = None
@@ -199,6 +216,17 @@ class Communication:
     #: each parameter is sharded on dim 0, padded to a multiple of N (FSDP2's ``Shard(0)``),
     #: rather than packed into flat buckets
     dim0_padding: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.gradients is None) == (self.reducer_backend is None):
+            raise ValueError("a Communication reduces gradients one way: give gradients or reducer_backend")
+
+    def gradient_collective(self, world_size: int) -> str:
+        """The collective the gradients are reduced with at ``world_size`` ranks."""
+        if self.reducer_backend is not None:
+            return sharded_gradient_collective(self.reducer_backend, world_size)
+        assert self.gradients is not None
+        return self.gradients
 
 
 def _padded(dims: tuple[tuple[int, int], ...], world_size: int) -> int:
@@ -238,10 +266,7 @@ def predicted_comm(comm: Communication, shape: CommShape, world_size: int) -> di
     """Per operator kind, the bytes of the full tensors a rank communicates in a step and what a
     ring sends per rank for them; ``sent_per_rank`` in all (``comm.py``'s summary, predicted)."""
     elements = shape.padded(world_size) if comm.dim0_padding else shape.elements
-    gradients = comm.gradients
-    if comm.gradients_from is not None and world_size >= comm.gradients_from[0]:
-        gradients = comm.gradients_from[1]
-    volumes: dict[str, int] = {gradients: elements * comm.gradient_bytes}
+    volumes: dict[str, int] = {comm.gradient_collective(world_size): elements * comm.gradient_bytes}
     if comm.parameters is not None:
         sharded, root = elements, shape.root_elements
         if comm.frozen_gathered:

@@ -58,7 +58,7 @@ def network_line(plan: Plan) -> str | None:
         if p.get("shares_compute")
         else "gradients under backward, unit gathers prefetched, post-step gathers exposed"
     )
-    if p.get("compute_source") == "op replay":
+    if p.get("efficiency") is None:  # compute replayed op by op: no FLOP rate, no efficiency
         compute = "forward and backward replayed op by op on this CPU" + (
             f" / {share:.3g} core share (ranks outnumber cores)" if share < 1 else ""
         )

@@ -12,11 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardbench.metrics.analytic import Communication
+from shardbench.metrics.analytic import GLOO_REDUCE_FROM, Communication
 from shardbench.precision import compute_dtype, element_bytes, loss_scaled
 from shardbench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
 from shardbench.strategies.sharded import ShardedDataParallel, ShardedGradScaler, ShardedOptimizer
-from shardbench.strategies.sharded.reducer import GLOO_REDUCE_FROM
 
 #: how gradients are reduced, as a record states it before a wrapper has chosen (the collective
 #: follows the backend and the world size: ``ShardedDataParallel``'s reducer)
@@ -97,15 +96,13 @@ class ShardedOptimizerStrategy(Strategy):
 def reduced_then_gathered(
     precision: str, backend: str, *, gathers: int = 1, root_kept: bool = False, frozen_gathered: bool = False
 ) -> Communication:
-    """What a ShardedDataParallel step sends: gradients reduce-scattered (on gloo all-reduced in
-    place, or from ``GLOO_REDUCE_FROM`` ranks on each chunk reduced to its owner:
-    ``default_collective``), then the parameters all-gathered, ``gathers`` times a step, both in
-    the parameters' dtype (bf16 parameters and gradients in a bf16 run)."""
+    """What a ShardedDataParallel step sends: gradients reduced by its reducer's collective on
+    ``backend`` (``analytic.sharded_gradient_collective``), then the parameters all-gathered,
+    ``gathers`` times a step, both in the parameters' dtype (bf16 parameters and gradients in a
+    bf16 run)."""
     size = element_bytes(precision)
-    gloo = backend == "gloo"
     return Communication(
-        gradients="all_reduce" if gloo else "reduce_scatter",
-        gradients_from=(GLOO_REDUCE_FROM, "reduce") if gloo else None,
+        reducer_backend=backend,
         gradient_bytes=size,
         parameters="all_gather",
         parameter_bytes=size,

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardbench.metrics.analytic import sharded_gradient_collective
 from shardbench.strategies.sharded.fake import is_fake
 from shardbench.strategies.sharded.layout import Bucket, whole_shape
 from shardbench.strategies.sharded.profiling import profiled
@@ -53,20 +54,13 @@ from shardbench.strategies.sharded.release import release
 MAX_IN_FLIGHT = 2
 KEEPS = ("shards", "full")
 COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce")
-#: from this world size on, gloo reduces each chunk to its owner rather than all-reducing
-GLOO_REDUCE_FROM = 4
 
 
 def default_collective(backend: str, world_size: int) -> str:
-    """How gradients are reduced on ``backend``: reduce-scatter, except on gloo, whose
-    reduce-scatter takes 1.5-1.8x its all-reduce's time for the same bucket (docs/measuring.md,
-    "Our ZeRO on gloo"). There, below ``GLOO_REDUCE_FROM`` ranks each bucket is all-reduced in
-    place and each rank keeps its chunk; from it on, each chunk is reduced to its owner, which
-    sends half the bytes and measured faster at N=4 (0.66-0.84x the all-reduce's time) but
-    slower at N=2 (1.2x)."""
-    if backend != "gloo":
-        return "reduce_scatter"
-    return "reduce" if world_size >= GLOO_REDUCE_FROM else "all_reduce"
+    """How gradients are reduced on ``backend`` at ``world_size`` ranks: the rule the
+    communication prediction counts as well (``analytic.sharded_gradient_collective``), so
+    what runs and what is predicted cannot part."""
+    return sharded_gradient_collective(backend, world_size)
 
 
 class _Each:
