@@ -36,7 +36,7 @@ stage 2 all-reduces its buckets (gloo below 4 ranks), the flags ride in the last
 all-reduce instead, and that bucket is launched at the end of backward: one gloo round trip
 less per step (``GradientReducer.folds_flags``).
 
-Nothing here keeps the process group alive (see ``optimizer.default_as_none``): the default
+Nothing here keeps the process group alive (see ``groups.py``): the default
 group is never held, hooks and the optimizer reach the parts through weak references (dropping
 the wrapper frees it), every reduction is waited before backward ends, and ``close()`` waits for
 any a failed backward left in flight and removes the hooks.
@@ -59,7 +59,8 @@ from torch import nn
 
 from shardbench.strategies.sharded.broadcast import broadcast_coalesced
 from shardbench.strategies.sharded.gatherer import UnitGatherer
-from shardbench.strategies.sharded.optimizer import ShardedOptimizer, global_rank
+from shardbench.strategies.sharded.groups import check_shard_size, global_rank, held_weakly, shard_groups
+from shardbench.strategies.sharded.optimizer import ShardedOptimizer
 from shardbench.strategies.sharded.profiling import profiled
 from shardbench.strategies.sharded.reads import StageThreeReads
 from shardbench.strategies.sharded.reducer import GradientReducer, default_collective
@@ -80,7 +81,13 @@ class ShardedDataParallel(nn.Module):
     every parameterised child of an ``nn.ModuleList``/``nn.Sequential``, and the root for the
     rest), and ``prefetch`` (start gathering the next unit while one runs; default on).
     ``gradient_collective``: "reduce_scatter", "all_reduce" or "reduce" (default: ``default_collective``
-    of the group's backend)."""
+    of the group's backend).
+
+    ``shard_group_size`` S (hybrid sharding; default: the whole world): shard within groups of
+    S consecutive ranks and replicate across the N/S groups. Gradients are reduced within the
+    shard group, then each reduced chunk is all-reduced across the ranks holding the same chunk
+    in the other groups; stage 3 gathers within the shard group only. S = 1 is DDP with a
+    replicated optimizer. Needs the optimizer over the default group."""
 
     def __init__(
         self,
@@ -92,15 +99,23 @@ class ShardedDataParallel(nn.Module):
         prefetch: bool = _UNSET,
         broadcast_buffers: bool = True,
         gradient_collective: str | None = None,
+        shard_group_size: int | None = None,
     ) -> None:
         plan = stage_plan(stage)
+        opt = sharded_optimizer
+        if shard_group_size is not None:
+            check_shard_size(shard_group_size, opt.world_size)
+            if opt.process_group is not None:
+                raise ValueError(
+                    "shard_group_size needs the ShardedOptimizer over the default group (it makes "
+                    "the shard and replica groups from it); drop process_group= or shard_group_size="
+                )
         given = sorted(name for name, v in (("unit", unit), ("prefetch", prefetch)) if v is not _UNSET)
         if not plan.parameters and given:
             raise ValueError(
                 f"{', '.join(given)}: stage 3 options (stage {stage} does not shard parameters); pass stage=3"
             )
         super().__init__()
-        opt = sharded_optimizer
         self.module = module
         self.optimizer = opt
         self.stage = stage
@@ -109,13 +124,26 @@ class ShardedDataParallel(nn.Module):
         #: names the profiler labels (``shardbench::<label>::reduce``)
         self.label = plan.label
         self.broadcast_buffers = broadcast_buffers
-        self.process_group = opt.process_group  # None: the default group, never held
+        #: the ranks that train this module data-parallel (held as the optimizer held it), and
+        #: how many of them: broadcasts and the used-gradient agreement run over all of them
+        self._data_group = held_weakly(opt.process_group)
         self.world_size = opt.world_size
-        self._src = global_rank(self.process_group, 0)
+        self._src = global_rank(self.data_group, 0)
+        #: hybrid sharding: this rank's replica group (the ranks holding the same chunks), held
+        #: weakly; None where the shard group is the whole world
+        self._replicate_group = None
+        self.replicas = 1
+        if shard_group_size is not None and shard_group_size != opt.world_size:
+            shard, replicate = shard_groups(shard_group_size)
+            opt.shard_within(shard)
+            self._replicate_group = held_weakly(replicate)
+            self.replicas = self.world_size // shard_group_size
+        #: ranks each chunk is sharded over (S; N without hybrid sharding)
+        self.shard_size = opt.world_size
         self._unit_policy = None if unit is _UNSET else unit
         self._prefetch = True if prefetch is _UNSET else prefetch
         self._collective = gradient_collective or default_collective(
-            dist.get_backend(self.process_group), self.world_size
+            dist.get_backend(self.process_group), self.shard_size
         )
         self._sync = True
         self._callback_queued = False
@@ -128,6 +156,21 @@ class ShardedDataParallel(nn.Module):
             opt.shard_parameters([u.params for u in units])
         self._build(units)
         self._reads = StageThreeReads(self) if plan.parameters else None
+
+    @property
+    def process_group(self) -> dist.ProcessGroup | None:
+        """The group parameters are sharded over (the optimizer's; None: the default group)."""
+        return self.optimizer.process_group
+
+    @property
+    def data_group(self) -> dist.ProcessGroup | None:
+        """Every rank that trains this module (None: the default group)."""
+        return self._data_group()
+
+    @property
+    def replicate_group(self) -> dist.ProcessGroup | None:
+        """Hybrid sharding: the ranks holding this rank's chunks in the other shard groups."""
+        return None if self._replicate_group is None else self._replicate_group()
 
     def _find_units(self) -> list[Any]:
         """Stage 3's units over the optimizer's trainable parameters (the buckets'), and the
@@ -145,8 +188,11 @@ class ShardedDataParallel(nn.Module):
         opt = self.optimizer
         self.reducer = GradientReducer(
             opt.buckets,
-            world_size=self.world_size,
+            world_size=self.shard_size,
             process_group=self.process_group,
+            replicas=self.replicas,
+            replicate_group=self._replicate_group,
+            agree_group=self._data_group,
             keep=self.plan.keep,
             collective=self._collective,
             max_in_flight=self.plan.max_in_flight,
@@ -223,10 +269,10 @@ class ShardedDataParallel(nn.Module):
         if self.world_size > 1:
             with torch.no_grad():
                 for flat in self.optimizer.flats:
-                    dist.broadcast(flat, src=self._src, group=self.process_group)
+                    dist.broadcast(flat, src=self._src, group=self.data_group)
                 in_flats = {id(p) for b in self.optimizer.buckets for p in b.params}
                 rest = [p for p in self.module.parameters() if id(p) not in in_flats]
-                broadcast_coalesced([*rest, *self.module.buffers()], src=self._src, group=self.process_group)
+                broadcast_coalesced([*rest, *self.module.buffers()], src=self._src, group=self.data_group)
             self.optimizer.refresh_master_weights()  # (16-bit parameters: masters of rank 0's values)
 
     def close(self) -> None:
@@ -357,7 +403,7 @@ class ShardedDataParallel(nn.Module):
     def _broadcast_buffers(self) -> None:
         """Rank 0's buffers (norm statistics) to every rank, as DDP does before each forward: one
         broadcast per device, not one per buffer nor per dtype (``broadcast.py``)."""
-        broadcast_coalesced(self.module.buffers(), src=self._src, group=self.process_group)
+        broadcast_coalesced(self.module.buffers(), src=self._src, group=self.data_group)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -103,7 +103,6 @@ class UnitGatherer:
         self.units = units
         self.optimizer = optimizer
         self.world_size = optimizer.world_size
-        self.process_group = optimizer.process_group
         #: start gathering the next unit while this one runs (see ``prefetch.py``)
         self.prefetch = prefetch
         self._backward_started = backward_started
@@ -206,7 +205,7 @@ class UnitGatherer:
                         if self.world_size > 1:
                             works.append(
                                 dist.all_gather_into_tensor(
-                                    flat, chunk, group=self.process_group, async_op=not wait
+                                    flat, chunk, group=self.optimizer.process_group, async_op=not wait
                                 )
                             )
                         else:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 # Imported before any process group exists, on purpose: its functions take ``group=group.WORLD``
 # as a default argument, evaluated at import. Imported later (torch.optim imports it lazily, via
 # torch._dynamo, when the first optimizer is built) it would capture the live default group and
-# keep it alive past ``destroy_process_group``: see ``default_as_none`` for why that kills.
+# keep it alive past ``destroy_process_group``: see ``groups.py`` for why that kills.
 import torch.distributed.nn  # noqa: F401
 from torch import nn
 
@@ -46,6 +46,7 @@ from shardbench.strategies.sharded.checkpoint import (
     slice_state,
     state_pieces,
 )
+from shardbench.strategies.sharded.groups import global_rank, held_weakly
 from shardbench.strategies.sharded.layout import (
     BUCKET_CAP_MB,
     FIRST_BUCKET_BYTES,
@@ -85,26 +86,6 @@ def check_elementwise(optim: type, assume_elementwise: bool) -> None:
         f"need whole-tensor statistics (like LARS/LAMB trust ratios). Allowed: {allowed}; pass "
         "assume_elementwise=True only if every element's update depends on that element alone"
     )
-
-
-def default_as_none(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
-    """None for the default group (collectives look it up per call): we must never hold it.
-
-    ``destroy_process_group`` frees a gloo group, joining its worker threads, only if nothing
-    else references it. A group that survives into the interpreter's finalization keeps worker
-    threads that may still be releasing a finished collective's tensors, which takes the GIL; a
-    thread taking the GIL during finalization is killed inside a C++ destructor: SIGABRT,
-    "terminate called without an active exception". And a sharded optimizer can be
-    kept alive longer than its owner thinks (the first torch optimizer built in a process imports
-    torch._dynamo, whose import keeps the frames on the stack, ``self`` included, until the
-    garbage collector runs), so its lifetime must not decide the group's.
-    """
-    return None if group is None or group is dist.group.WORLD else group
-
-
-def global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
-    """The global rank of ``rank`` in ``group`` (None: the default group, where they agree)."""
-    return rank if group is None else dist.get_global_rank(group, rank)
 
 
 class GradientSource(Protocol):
@@ -154,9 +135,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("ShardedOptimizer needs torch.distributed initialised (a process group)")
         self._optim_cls = optim
         self._optim_kwargs = optim_kwargs
-        #: the group collectives run over; None for the default group, which is looked up at each
-        #: call and never held (see ``default_as_none``).
-        self.process_group = default_as_none(process_group)
+        self._group = held_weakly(process_group)
         self.world_size = dist.get_world_size(self.process_group)
         self.rank = dist.get_rank(self.process_group)
         self._cap_bytes = max(1, int(bucket_cap_mb * 2**20))
@@ -194,6 +173,35 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._shard_groups(list(range(len(self.param_groups))))
         self._layout = self.layout_key()
 
+    @property
+    def process_group(self) -> dist.ProcessGroup | None:
+        """The group the chunks are sharded over and collectives run on: None for the default
+        group, looked up at each call; any other only weakly held (``groups.py``)."""
+        return self._group()
+
+    def shard_within(self, group: dist.ProcessGroup) -> None:
+        """Hybrid sharding: re-pack the buckets into chunks over ``group`` (this rank's shard
+        group, a part of the world), before anything relies on the current ones. Only an
+        optimizer without state, not yet attached to a wrapper, can be re-packed."""
+        self._check_repackable()
+        self._group = held_weakly(group)
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.buckets, self.flats, self.chunks, self._masters, self._shards = [], [], [], [], []
+        self._bucket_group = []
+        self.local = None
+        self.parameter_sync = GatherAfterStep(self.process_group, self.world_size)
+        self._shard_groups(list(range(len(self.param_groups))))
+
+    def _check_repackable(self) -> None:
+        if self._source is not None:
+            raise RuntimeError("cannot re-pack the buckets: ShardedDataParallel already relies on them")
+        if self._stateful:
+            raise RuntimeError(
+                "cannot re-pack the buckets of an optimizer that has state (it has stepped or "
+                "loaded a state dict): wrap the model before the first step, load state after"
+            )
+
     def shard_parameters(self, units: Sequence[Sequence[nn.Parameter]]) -> None:
         """Stage 3: re-pack the buckets one per unit (and param group) and keep only this rank's
         chunk of each, as a tensor of its own; the flat buffers are left without storage (their
@@ -206,13 +214,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         be in exactly one unit. Only an optimizer without state (it has not stepped or loaded a
         state dict: its state is keyed by the shards this replaces) and not yet attached to a
         wrapper can be re-packed."""
-        if self._source is not None:
-            raise RuntimeError("cannot re-pack the buckets: ShardedDataParallel already relies on them")
-        if self._stateful:
-            raise RuntimeError(
-                "cannot re-pack the buckets of an optimizer that has state (it has stepped or "
-                "loaded a state dict): wrap the model before the first step, load state after"
-            )
+        self._check_repackable()
         trainable = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         unit_of: dict[int, int] = {}
         for u, params in enumerate(units):

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from shardbench.strategies.sharded.groups import held_weakly
 from shardbench.strategies.sharded.profiling import profiled
 
 
@@ -40,14 +41,14 @@ class GatherAfterStep:
     shards_parameters = False
 
     def __init__(self, process_group: Any, world_size: int) -> None:
-        self.process_group = process_group  # None: the default group, never held
+        self._group = held_weakly(process_group)
         self.world_size = world_size
         self._works: list[Any] = []
 
     def updated(self, flat: torch.Tensor, chunk: torch.Tensor, label: str) -> None:
         if self.world_size > 1:
             with profiled(f"shardbench::{label}::gather"):
-                work = dist.all_gather_into_tensor(flat, chunk, group=self.process_group, async_op=True)
+                work = dist.all_gather_into_tensor(flat, chunk, group=self._group(), async_op=True)
             self._works.append(work)
 
     def finish(self, label: str) -> None:

@@ -46,12 +46,11 @@ import torch.distributed as dist
 
 from shardbench.metrics.analytic import sharded_gradient_collective
 from shardbench.strategies.sharded.fake import is_fake
-from shardbench.strategies.sharded.layout import Bucket, whole_shape
+from shardbench.strategies.sharded.groups import held_weakly
+from shardbench.strategies.sharded.layout import MAX_IN_FLIGHT, Bucket, whole_shape
 from shardbench.strategies.sharded.profiling import profiled
 from shardbench.strategies.sharded.release import release
 
-#: buckets whose reduction may be in flight at once before another launch waits for the oldest
-MAX_IN_FLIGHT = 2
 KEEPS = ("shards", "full")
 COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce")
 
@@ -133,6 +132,9 @@ class GradientReducer:
         max_in_flight: int = MAX_IN_FLIGHT,
         label: str = "zero2",
         fold_flags: bool = False,
+        replicas: int = 1,
+        replicate_group: Callable[[], dist.ProcessGroup | None] | None = None,
+        agree_group: Callable[[], dist.ProcessGroup | None] | None = None,
     ) -> None:
         if keep not in KEEPS:
             raise ValueError(f"keep must be one of {', '.join(KEEPS)}, got {keep!r}")
@@ -140,7 +142,19 @@ class GradientReducer:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
         self.buckets = list(buckets)
         self.world_size = world_size
-        self.process_group = process_group  # None: the default group, looked up per call
+        self._group = held_weakly(process_group)
+        #: hybrid sharding: the shard groups holding the same chunks, and this rank's group of
+        #: them (a getter: held weakly, ``groups.py``); a reduced chunk is averaged across them
+        self.replicas = replicas
+        self._replicate_group = replicate_group
+        #: every rank training the module (the used-gradient flags are agreed over all of them)
+        self._agree_group = agree_group or self._group
+        #: which of the replicas this rank's shard group is (hybrid sharding), and, per bucket,
+        #: whether its chunk holds a sum every replica holds alike (stage 1 accumulating): the
+        #: replicas but the first drop it before adding the next pass, so that averaging across
+        #: them counts it once
+        self._replica_index = dist.get_rank() // world_size if replicas > 1 else 0
+        self._holds_reduced = [False] * len(buckets)
         self.keep = keep
         self.collective = collective
         self.max_in_flight = max(1, max_in_flight)
@@ -149,7 +163,7 @@ class GradientReducer:
         #: memory accounting observer: called with each tensor allocated here and its category
         #: ("grads" for what a rank keeps as gradients, "comm" for buffers in flight)
         self.memory_observer: Callable[[torch.Tensor, str], None] | None = None
-        self._scale = 1.0 / world_size
+        self._scale = 1.0 / (world_size * replicas)
         self._filling: dict[int, torch.Tensor] = {}  # keep="shards": buffers not launched yet
         self._full: list[torch.Tensor | None] = [None] * len(self.buckets)  # keep="full"
         self._shards: list[torch.Tensor | None] = [None] * len(self.buckets)  # keep="shards"
@@ -173,7 +187,11 @@ class GradientReducer:
         #: the bucket whose all-reduce carries the used-gradient flags (-1: none; ``folds_flags``)
         self.fold_bucket = (
             len(self.buckets) - 1
-            if fold_flags and keep == "shards" and collective == "all_reduce" and world_size > 1
+            if fold_flags
+            and keep == "shards"
+            and collective == "all_reduce"
+            and world_size > 1
+            and replicas == 1  # (across replicas the flags are agreed over every rank)
             else -1
         )
         if self.fold_bucket >= 0:
@@ -198,7 +216,7 @@ class GradientReducer:
         self._used_here[self._first_slot[bi] + i] = 1
         if self.keep == "full":
             dst = self._buffer(bucket)[bucket.offsets[i] : bucket.offsets[i] + grad.numel()]
-            if self.world_size > 1:
+            if self.world_size * self.replicas > 1:
                 dst.add_(grad.reshape(-1), alpha=self._scale)
             else:
                 dst.add_(grad.reshape(-1))
@@ -252,6 +270,10 @@ class GradientReducer:
             if buf is None:
                 buf = self._zeros(bucket, "grads")
                 self._full[bi] = buf
+            if self._holds_reduced[bi]:  # accumulating: the chunk's sum so far counts once
+                self._holds_reduced[bi] = False
+                if self._replica_index:
+                    buf[bucket.chunk_start : bucket.chunk_start + bucket.chunk].zero_()
             return buf
         buf = self._filling.get(bi)
         if buf is None:
@@ -305,7 +327,7 @@ class GradientReducer:
                     view.zero_()
         if bucket.padded > bucket.numel:
             buf[bucket.numel : bucket.padded].zero_()
-        if self.world_size > 1:
+        if self.world_size * self.replicas > 1:
             buf[: bucket.padded].mul_(self._scale)
         return buf
 
@@ -328,14 +350,14 @@ class GradientReducer:
         if self.world_size > 1:
             with profiled(f"shardbench::{self.label}::reduce"):
                 if self.collective == "all_reduce":
-                    work = dist.all_reduce(buf, group=self.process_group, async_op=True)
+                    work = dist.all_reduce(buf, group=self._group(), async_op=True)
                 elif self.collective == "reduce":  # each chunk to its owner; the rest of buf is scratch
                     c = bucket.chunk
                     work = _Each(
                         dist.reduce(
                             buf[r * c : (r + 1) * c],
                             dst=self._owners[r],
-                            group=self.process_group,
+                            group=self._group(),
                             async_op=True,
                         )
                         for r in range(self.world_size)
@@ -344,11 +366,19 @@ class GradientReducer:
                     out = buf.new_empty(bucket.chunk)
                     kept = self.keep == "shards" and self._shards[bucket.index] is None
                     self._observe(out, "grads" if kept else "comm")
-                    work = dist.reduce_scatter_tensor(out, buf, group=self.process_group, async_op=True)
+                    work = dist.reduce_scatter_tensor(out, buf, group=self._group(), async_op=True)
         folded = None
         if flags is not None:
             folded = self._folded = Agreement(work, flags, local, len(local), in_bucket=True)
         self._in_flight.append((work, bucket, buf, out, folded))
+
+    def _across_replicas(self, chunk: torch.Tensor) -> None:
+        """Hybrid sharding: sum ``chunk`` (this shard group's reduced chunk, already divided by
+        every rank's count) across the shard groups holding the same chunk. Blocking: the
+        chunk is read right after."""
+        assert self._replicate_group is not None
+        with profiled(f"shardbench::{self.label}::reduce"):
+            dist.all_reduce(chunk, group=self._replicate_group())
 
     def drain(self) -> None:
         """Wait for every reduction in flight."""
@@ -366,12 +396,17 @@ class GradientReducer:
             if out is not None:
                 buf[start:end].copy_(out)
                 release(out)
+            if self.replicas > 1:
+                self._across_replicas(buf[start:end])
+                self._holds_reduced[bucket.index] = True
             if self.world_size > 1:  # the other ranks' chunks: ready for the next backward
                 buf[:start].zero_()
                 buf[end:].zero_()
             return
         if folded is not None:  # the flags are read before their buffer goes
             folded.read()
+        if self.replicas > 1:  # this pass's sum only: what the shard held before is alike everywhere
+            self._across_replicas(buf[start:end] if out is None else out)
         shard = self._shards[bucket.index]
         if out is None:  # all-reduced or reduced to owners (or one rank): this rank's chunk
             if shard is None:
@@ -400,9 +435,9 @@ class GradientReducer:
         local = [*self._used_here, *extra]
         flags = torch.tensor(local, dtype=torch.int32, device=self._device)
         work = None
-        if self.world_size > 1:
+        if self.world_size * self.replicas > 1:
             with profiled(f"shardbench::{self.label}::reduce"):
-                work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group, async_op=True)
+                work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group(), async_op=True)
         self._used_here = bytearray(len(self._used_here))
         return Agreement(work, flags, local, len(local) - len(extra))
 
@@ -432,6 +467,7 @@ class GradientReducer:
         return used is not None and self._first_slot[bucket] + param in used
 
     def on_zero_grad(self, set_to_none: bool) -> None:
+        self._holds_reduced = [False] * len(self.buckets)
         if self.keep == "full":  # the buffers stay, as DDP's buckets do
             for buf in self._full:
                 if buf is not None:

@@ -4,7 +4,7 @@ The optimizer, the parameters' gradient hooks and the modules' forward hooks kee
 the wrapper's parts. Bound methods there would be reference cycles (through hook dicts, which the
 garbage collector cannot traverse), keeping the wrapper, the model and any process group it holds
 alive for good; a process group that outlives ``destroy_process_group`` aborts the interpreter at
-exit (see ``optimizer.default_as_none``)."""
+exit (see ``groups.py``)."""
 
 from __future__ import annotations
 

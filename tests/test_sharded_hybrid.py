@@ -1,0 +1,124 @@
+"""Hybrid sharding in our ZeRO (``shard_group_size`` S): each stage shards within groups of S
+consecutive ranks and replicates across the N/S groups, and trains to plain AdamW in one process
+on the same global batch, gradient accumulation and clipping included; each rank keeps 1/S of
+what is sharded; an S that does not divide N is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardbench.strategies.sharded import ShardedDataParallel, ShardedOptimizer
+from tests import tricky
+from tests.dist import run_in_world
+from tests.parity import max_rel_diff
+
+STEPS, MICRO, CHUNKS, CLIP = 4, 2, 8, 0.05
+
+
+def reference() -> dict[str, torch.Tensor]:
+    """One process, the global batch as ``MICRO`` micro-batches whose gradients add up."""
+    model = tricky.build()
+    opt = torch.optim.AdamW(tricky.param_groups(model))
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        for micro in range(MICRO):
+            tricky.loss(model, tricky.global_batch(step * MICRO + micro, CHUNKS), step).backward()
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], CLIP)
+        opt.step()
+    return tricky.state(model)
+
+
+def train_hybrid(rank: int, world_size: int, stage: int, shard: int) -> tuple[dict[str, torch.Tensor], dict]:
+    model = tricky.build()
+    opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW, bucket_cap_mb=0.0005)
+    options = {"unit": tricky.child_units(model)} if stage == 3 else {}
+    wrapped = ShardedDataParallel(model, opt, stage=stage, shard_group_size=shard, **options)
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        for micro in range(MICRO):  # accumulated: each pass reduced, the sums added
+            batch = tricky.rank_slice(tricky.global_batch(step * MICRO + micro, CHUNKS), rank, world_size)
+            tricky.loss(wrapped, batch, step).backward()
+        opt.clip_grad_norm_(CLIP)
+        opt.step()
+    layout = {
+        "chunk_ranks": opt.world_size,
+        "replicas": wrapped.replicas,
+        "chunk_elements": sum(c.numel() for c in opt.chunks),
+        "bucket_elements": sum(b.padded for b in opt.buckets),
+    }
+    return tricky.state(wrapped if stage == 3 else model), layout
+
+
+@pytest.mark.parametrize(("stage", "shard"), [(1, 2), (2, 2), (3, 2), (2, 1)])
+def test_hybrid_matches_single_process_adamw(stage: int, shard: int) -> None:
+    ref = reference()
+    results = run_in_world(train_hybrid, 4, stage, shard)
+    for rank, (state, layout) in enumerate(results):
+        diff, where = max_rel_diff(state, ref)
+        assert diff < 1e-6, f"stage {stage} N=4 S={shard} rank {rank}: {where} off by {diff:.2e}"
+        assert layout["chunk_ranks"] == shard and layout["replicas"] == 4 // shard
+        assert layout["chunk_elements"] * shard == layout["bucket_elements"]  # 1/S of every bucket
+
+
+def _refused(rank: int, world_size: int, shards: list[object]) -> list[str]:
+    lines = []
+    for shard in shards:
+        model = tricky.build()
+        opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW)
+        try:
+            ShardedDataParallel(model, opt, stage=2, shard_group_size=shard)
+        except ValueError as e:
+            lines.append(str(e))
+    return lines
+
+
+def test_a_shard_size_that_does_not_divide_the_world_is_refused() -> None:
+    shards = [3, 0, 8, 2.0]
+    for lines in run_in_world(_refused, 4, shards):
+        assert lines == [
+            f"shard_group_size must divide the world of 4 ranks, got {s!r}; allowed: 1, 2, 4" for s in shards
+        ]
+
+
+CKPT_CHUNKS, FIRST, TOTAL = 4, 2, 4
+
+
+def _save(rank: int, world_size: int, stage: int, shard: int):
+    model = tricky.build()
+    opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW, bucket_cap_mb=0.001)
+    options = {"unit": tricky.child_units(model)} if stage == 3 else {}
+    sdp = ShardedDataParallel(model, opt, stage=stage, shard_group_size=shard, **options)
+    tricky.train_sharded_steps(sdp, opt, range(FIRST), rank, world_size, CKPT_CHUNKS)
+    opt.consolidate_state_dict(to=0)
+    model_state = sdp.full_state_dict() if stage == 3 else model.state_dict()
+    return {k: v.detach().clone() for k, v in model_state.items()}, (opt.state_dict() if rank == 0 else None)
+
+
+def _resume(rank: int, world_size: int, model_state, opt_state, stage: int, shard: int | None):
+    model = tricky.build()
+    model.load_state_dict(model_state)
+    opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW, bucket_cap_mb=0.002)
+    options = {"unit": tricky.child_units(model)} if stage == 3 else {}
+    sdp = ShardedDataParallel(model, opt, stage=stage, shard_group_size=shard, **options)
+    opt.load_state_dict(opt_state)
+    tricky.train_sharded_steps(sdp, opt, range(FIRST, TOTAL), rank, world_size, CKPT_CHUNKS)
+    return tricky.state(sdp if stage == 3 else model)
+
+
+def test_a_hybrid_checkpoint_loads_at_another_shard_width_and_world() -> None:
+    """Stage 3 (its model consolidated by ``full_state_dict``), saved at N = 4, S = 2; resumed at
+    N = 2 (S = 2, the whole world) and N = 4, S = 4."""
+    stage = 3
+    (model_state, saved), *_ = run_in_world(_save, 4, stage, 2)
+    reference = tricky.build()
+    opt = torch.optim.AdamW(tricky.param_groups(reference))
+    for step in range(TOTAL):
+        opt.zero_grad(set_to_none=True)
+        tricky.loss(reference, tricky.global_batch(step, CKPT_CHUNKS), step).backward()
+        opt.step()
+    expected = tricky.state(reference)
+    for world, shard in ((2, 2), (4, 4)):
+        for state in run_in_world(_resume, world, model_state, saved, stage, shard):
+            diff, where = max_rel_diff(state, expected)
+            assert diff < 1e-6, f"stage {stage} resumed at N={world} S={shard}: {where} off by {diff:.2e}"
