@@ -62,6 +62,15 @@ def params_text(n: int | None, *, extra: int = 0) -> str:
     return str(n)
 
 
+def count_text(value: float) -> str:
+    """A count or a rate with three significant figures and its scale, so that a column of them
+    stays narrow: ``51.5M``, ``6.44M``, ``33.4K``, ``478``."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= scale * 0.9995:  # 999.6 reads 1.00K, not 1000
+            return f"{_figures(value / scale, 3)}{suffix}"
+    return _figures(value, 3)
+
+
 def apart(text: Callable[..., str], a: int | float | None, b: int | float | None) -> tuple[str, str]:
     """``text(a)`` and ``text(b)``, with as many extra digits as it takes for two different
     values to read differently (equal values read equal)."""

@@ -12,7 +12,7 @@ per-instance ``forward`` attribute because ``nn.DataParallel`` replicates a modu
 its ``__dict__``: a bound forward stored there would run the original replica's parameters on
 every device.
 
-Two things a recompute must not change:
+Three things a recompute must not change:
 
 * RNG: ``preserve_rng_state=True`` restores the CPU and device RNG of the original forward, so
   dropout draws the same masks and gradients equal the plain model's.
@@ -21,6 +21,13 @@ Two things a recompute must not change:
   recompute runs under a context (``checkpoint``'s ``context_fn``) that snapshots the unit's
   norm buffers when the recompute starts (they are then as the whole forward left them) and
   restores them when it ends, early stop included.
+* Torch function modes: the recompute runs under the ``TorchFunctionMode`` stack the forward
+  ran under. Backward is itself a torch function (``Tensor.backward``, ``torch.autograd.grad``),
+  and torch takes each mode off its stack while the mode handles a call, so the autograd engine,
+  and the recompute inside it, would otherwise run with no mode at all. A mode that changes
+  which kernel runs (a CUDA plan's attention, ``bench/metrics/kernels.py``) would then pick
+  another kernel for the recompute than for the forward, which saves other tensors, and
+  checkpointing refuses the step.
 
 ``without_recompute()`` runs every checkpointed unit as the plain module for a while: one
 forward and one backward, nothing recomputed. Counting a step's FLOPs under it gives the math
@@ -38,6 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
+from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
 from torch.utils.checkpoint import checkpoint
 
 #: set by ``without_recompute``: checkpointed units run their original forward
@@ -70,10 +78,40 @@ class RestoreNormBuffers:
         self.saved = []
 
 
-def _contexts(unit: nn.Module) -> tuple[contextlib.AbstractContextManager, RestoreNormBuffers]:
-    """``checkpoint``'s ``context_fn``: nothing around the forward, norm buffers kept around
-    the recompute."""
-    return contextlib.nullcontext(), RestoreNormBuffers(unit)
+class ForwardFunctionModes:
+    """Context: the torch function modes on the stack when it was made (the forward's) that
+    are off it on entry (backward took them off: see the module docstring) are pushed back
+    until exit, above whatever is on the stack then."""
+
+    def __init__(self) -> None:
+        self.modes = _get_current_function_mode_stack()
+        self.pushed = 0
+
+    def __enter__(self) -> ForwardFunctionModes:
+        on_stack = {id(mode) for mode in _get_current_function_mode_stack()}
+        for mode in self.modes:
+            if id(mode) not in on_stack:  # pushed as torch pops them, so no mode's __enter__ runs twice
+                _push_mode(mode)
+                self.pushed += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for _ in range(self.pushed):
+            _pop_mode()
+        self.pushed = 0
+
+
+@contextlib.contextmanager
+def _recompute_context(unit: nn.Module, modes: ForwardFunctionModes) -> Iterator[None]:
+    with modes, RestoreNormBuffers(unit):
+        yield
+
+
+def _contexts(unit: nn.Module) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """``checkpoint``'s ``context_fn``, called as the forward starts: nothing around the
+    forward; around the recompute, the forward's torch function modes and the norm buffers
+    kept."""
+    return contextlib.nullcontext(), _recompute_context(unit, ForwardFunctionModes())
 
 
 def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from shardbench.models.checkpointing import apply_activation_checkpointing, is_checkpointed
 from shardbench.models.registry import get_workload, workload_names
@@ -130,3 +131,98 @@ def test_fake_planning_with_checkpointing_equals_the_real_run(strategy: str, tin
     assert fake.mfu is None and real.mfu is not None
     if strategy != "fsdp2-zero2":
         assert fake.mem_breakdown_bytes == pytest.approx(real.mem_breakdown_bytes, rel=0.01, abs=64)
+
+
+class CountsAttention(TorchFunctionMode):
+    """Counts the scaled dot-product attention calls it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += func is torch.nn.functional.scaled_dot_product_attention
+        return func(*args, **(kwargs or {}))
+
+
+class Attends(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = k = v = x.view(2, 2, 8, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
+
+
+def test_the_recompute_runs_under_the_forwards_function_modes() -> None:
+    """``Tensor.backward`` is a torch function, and a mode is off its stack while it handles
+    one, so without the forward's modes put back the recompute would run under none: a mode
+    that picks another attention kernel (a CUDA plan's) then saves other tensors than the
+    forward did, and checkpointing refuses the step."""
+    model = nn.Sequential(Attends())
+    apply_activation_checkpointing(model, [model[0]])
+    with CountsAttention() as mode:
+        model(torch.randn(2, 64, requires_grad=True)).sum().backward()
+    assert mode.calls == 2  # the forward's call and the recompute's
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from shardbench.metrics.kernels import CudaAttention, KernelWatch
+
+    for dtype, kernel in ((torch.bfloat16, "flash"), (torch.float32, "memory-efficient")):
+        watch = KernelWatch()
+        with FakeTensorMode(), CudaAttention(), watch:
+            x = torch.randn(2, 64, dtype=dtype, requires_grad=True)
+            model(x).sum().backward()  # CheckpointError if the recompute ran another kernel
+        assert watch.summary()["attention"] == kernel
+
+
+#: a two-layer Llama with grouped-query attention, as ``--model-config`` and ``--seq-len`` write it
+LLAMA_TOY = (
+    "hidden_size=64:intermediate_size=128:num_hidden_layers=2:num_attention_heads=4:"
+    "num_key_value_heads=2:vocab_size=256:seq_len=32"
+)
+#: each simulatable strategy with one of the workloads at one precision, every pair of them
+#: covered (all 28 cells take about half a minute on two cores; the recompute is the same for
+#: every strategy, only where its parameters come from differs): BERT passes a padding mask, so
+#: CUDA runs memory-efficient attention at both precisions, Llama is causal, so flash at bf16
+PLANNED = [
+    ("ddp", "transformer", "bf16"),
+    ("zero1", "hf:LlamaForCausalLM", "fp32"),
+    ("torch-zero1", "transformer", "fp32"),
+    ("zero2", "hf:LlamaForCausalLM", "bf16"),
+    ("fsdp2-zero2", "transformer", "bf16"),
+    ("zero3", "hf:LlamaForCausalLM", "fp32"),
+    ("fsdp2-zero3", "hf:LlamaForCausalLM", "bf16"),
+]
+
+
+def test_the_planned_pairs_cover_every_simulatable_strategy() -> None:
+    from shardbench.strategies.catalog import CARDS
+
+    assert sorted(s for s, *_ in PLANNED) == sorted(card.name for card in CARDS if card.simulatable)
+    assert {(w, p) for _, w, p in PLANNED} == {
+        (w, p) for w in ("transformer", "hf:LlamaForCausalLM") for p in ("bf16", "fp32")
+    }
+
+
+@pytest.mark.parametrize(("strategy", "workload", "precision"), PLANNED)
+def test_a_cuda_plan_with_checkpointing_plans_models_with_attention(
+    strategy: str, workload: str, precision: str
+) -> None:
+    """``plan --device cuda --activation-checkpointing``'s cell, as the plan makes it, is ok;
+    one step (no warm-up) holds a recompute."""
+    from shardbench.studies.plan import planning_cells
+
+    (cell,) = planning_cells(
+        strategies=[strategy],
+        workload=workload,
+        preset="tiny" if workload == "transformer" else LLAMA_TOY,
+        world_size=8,
+        batch_size=2,
+        precision=precision,
+        activation_checkpointing=True,
+        device="cuda",
+        fake=True,
+    )
+    record = run_cell_here(replace(cell, warmup=0))
+    assert record.status == "ok", record.error
+    expected = "flash" if workload != "transformer" and precision == "bf16" else "memory-efficient"
+    assert record.strategy_settings["kernels"]["attention"] == expected

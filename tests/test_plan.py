@@ -114,7 +114,10 @@ def test_budget_between_ddp_and_zero2(in_process, tmp_path: Path, capsys) -> Non
     assert f"recommended: {best}" in printed and (out / "plan.md").is_file()
     if best != least.strategy:
         assert f"{best} is predicted faster than {least.strategy}, the least sharding that fits" in printed
-    assert "pred step" in printed and "network gloo" not in printed and "gloo probe at N=2" in printed
+    header = next(line for line in printed.splitlines() if line.startswith("strategy "))
+    assert header.split()[-4:] == ["step", "/rank", "/job", "MFU"]  # pred step, tok/s: a CPU's ranks
+    assert summary["columns"][-4:] == ["pred step", "tokens/s/rank", "tokens/s/job", "MFU"]
+    assert "network gloo" not in printed and "gloo probe at N=2" in printed
     table = printed.split("\nreport: ")[0]  # what follows are paths, as long as the directory's
     assert max(len(line) for line in table.splitlines()) <= 120
     assert summary["budget_bytes"] == budget
@@ -275,9 +278,10 @@ PEERS = ("fairscale-zero1", "deepspeed-zero1", "fairscale-zero2", "deepspeed-zer
 
 
 def test_each_row_of_the_plan_is_one_line_at_120_columns(monkeypatch, capsys) -> None:
-    """Every column of a predicted CUDA plan, with a sequence model's tokens/s, and the peers
-    measured only on real ranks: at 120 columns each strategy is one line (its fits cell short,
-    the verdict under the table naming them), and plan.md keeps the words whole."""
+    """Every column of a predicted CUDA plan, with a sequence model's tokens/s per GPU and for
+    the whole job, and the peers measured only on real ranks: at 120 columns each strategy is
+    one line (its fits cell short, the verdict under the table naming them; headers wider than
+    their figures on two lines), and plan.md keeps the words whole."""
     from shardbench.report.plan_report import UNPLANNED_SHORT, plan_markdown, print_plan
     from shardbench.studies.plan import Plan, PlanRow
     from tests.records import make_record
@@ -324,9 +328,14 @@ def test_each_row_of_the_plan_is_one_line_at_120_columns(monkeypatch, capsys) ->
     assert lines[top + 1 + len(rows)].startswith("recommended: ")  # no row went on to a second line
     assert max(map(len, lines)) <= 120
     assert all(line.split()[2] == UNPLANNED_SHORT for line in shown[3:])
+    # tokens/s per GPU (the job's over N=8) and the whole job's, each under its own label
+    assert lines[top - 1].split()[-2:] == ["tok/s", "tok/s"]  # over the last line's, no MFU above
+    assert [line.split()[-3:-1] for line in lines[top : top + 2]] == [["/GPU", "/job"], ["6.44M", "51.5M"]]
     assert f"{UNPLANNED}: {', '.join(PEERS)}, measure with" in " ".join(lines)
     written = plan_markdown(plan, title_text="plan")
     assert all(f"| {p} | " in written and f"| {UNPLANNED} |" in written for p in PEERS)
+    assert "| pred step | tokens/s/GPU | tokens/s/job | MFU |" in written
+    assert "| 605 µs | 6.44M | 51.5M | 40.8% |" in written
 
 
 def test_gpu_without_device_plans_for_cuda_and_says_so(in_process, tmp_path: Path, capsys) -> None:

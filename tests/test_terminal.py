@@ -215,6 +215,23 @@ def test_every_header_shown_is_the_key_that_chooses_it(records) -> None:
     assert terminal_table(every).splitlines()[0].split() == list(DEFAULT_COLUMNS)
 
 
+def test_tokens_per_second_reads_per_rank_and_for_the_whole_job() -> None:
+    """tokens/s per rank (a GPU on CUDA, as torchtitan, Megatron and llm-foundry report it) and
+    all ranks together, each under its own label, in the terminal and in the table's frame;
+    ``tokens/s``, the older key, chooses the whole job's."""
+    from shardbench.report.tables import records_to_frame
+
+    flops = {"model": 1e9, "hardware": 1e9, "tokens_per_sample": 16, "dtype": "fp32"}
+    cell = _timed(world_size=4, flops_per_step=flops, tokens_per_s=320.0 * 16)
+    assert check_columns(["tokens/s"]) == ("tokens/s/job",)
+    header, row = terminal_table([cell], ("strategy", "tokens/s/rank", "tokens/s/job")).splitlines()[:2]
+    assert header.split() == ["strategy", "tokens/s/rank", "tokens/s/job"]
+    assert row.split() == ["ddp", "1280", "5120"]
+    frame = records_to_frame([cell])
+    assert "tokens_per_s" not in frame.columns
+    assert frame[["tokens_per_s_per_rank", "tokens_per_s_job"]].iloc[0].tolist() == [1280, 5120]
+
+
 def test_the_help_lists_the_default_columns_the_table_shows(monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     sub = next(a for a in build_parser()._actions if a.choices and "run" in a.choices).choices

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from shardbench.harness.config import CellConfig
-from shardbench.report.tables import error_file, format_value, markdown_table
+from shardbench.report.tables import error_file, markdown_table
 from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command, why_faster
 from shardbench.studies.reference import REFERENCE
-from shardbench.units import in_unit, params_text, seconds_text, size_unit
+from shardbench.units import count_text, in_unit, params_text, seconds_text, size_unit
 from shardbench.wording import first_sentence, wrap
 
 MIB = 1 << 20
@@ -29,17 +29,26 @@ def _step(row: PlanRow) -> str:
 
 
 def _predicted(row: PlanRow) -> list[str]:
-    """The predicted step, the tokens/s and the MFU it would give (``bench/metrics/step_time.py``)."""
+    """The predicted step, the tokens/s it would give per rank (a GPU on CUDA) and for the
+    whole job, and its MFU (``bench/metrics/step_time.py``)."""
     p = row.predicted
     if not p:
-        return ["-", "-", "-"]
+        return ["-", "-", "-", "-"]
     tokens = p.get("tokens_per_s")
     mfu = p.get("mfu")
     return [
         seconds_text(p["step"]),
-        format_value(tokens) if tokens else "-",
+        count_text(tokens / row.record.world_size) if tokens else "-",
+        count_text(tokens) if tokens else "-",
         "-" if mfu is None else f"{mfu:.3g}" if mfu < 0.001 else f"{mfu:.1%}",
     ]
+
+
+def tokens_headers(plan: Plan) -> list[str]:
+    """The two tokens/s columns: per GPU (per rank on the CPU), as torchtitan, Megatron and
+    llm-foundry report it, and the whole job's, all ranks together."""
+    cuda = any(r.record.device == "cuda" for r in plan.rows if r.predicted)
+    return [f"tokens/s/{'GPU' if cuda else 'rank'}", "tokens/s/job"]
 
 
 def network_line(plan: Plan) -> str | None:
@@ -85,7 +94,8 @@ def _fits(row: PlanRow) -> str:
 def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
     """Columns and rows of the plan table, sizes in ``size_unit(budget)``: the peak, the reserve
     kept beside it and the headroom after both; the model states held after a step beside the
-    ZeRO formula's; the peak's activations and the rest (the headers stay short so that a
+    ZeRO formula's; the peak's activations and the rest; where a step was predicted, the step,
+    tokens/s per GPU and for the whole job, and MFU (the headers stay short so that a
     strategy's name is never broken across lines in a 120-column terminal)."""
     unit, _ = size_unit(plan.budget)
     rows = plan.rows
@@ -106,7 +116,7 @@ def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
     columns += ["max batch"] if searched else []
     columns += [f"step time (vs {REFERENCE})"] if timed else []
     predicted = any(r.predicted for r in rows)
-    columns += ["pred step", "tokens/s", "MFU"] if predicted else []
+    columns += ["pred step", *tokens_headers(plan), "MFU"] if predicted else []
     out = []
     for r in rows:
         parts = r.record.mem_breakdown_bytes or {}
@@ -289,6 +299,26 @@ def plan_markdown(plan: Plan, *, title_text: str) -> str:
 UNPLANNED_SHORT = "unplanned"
 
 
+#: headers the terminal prints on two lines, each no wider than the figures under it, where the
+#: table would be wider than the terminal with them on one: a predicted plan's row (two tokens/s
+#: columns beside the step and MFU) then stays within 120 columns
+TERMINAL_HEADERS = {
+    "headroom": "head\nroom",
+    "pred step": "pred\nstep",
+    "tokens/s/GPU": "tok/s\n/GPU",
+    "tokens/s/rank": "tok/s\n/rank",
+    "tokens/s/job": "tok/s\n/job",
+}
+
+
+def terminal_headers(columns: list[str]) -> list[str]:
+    """``columns`` as the terminal prints them: ``TERMINAL_HEADERS`` where it has one, and the
+    others on the last line beside them."""
+    headers = [TERMINAL_HEADERS.get(c, c) for c in columns]
+    lines = max(h.count("\n") for h in headers) + 1
+    return ["\n" * (lines - 1 - h.count("\n")) + h for h in headers]
+
+
 def print_plan(plan: Plan, *, title_text: str) -> None:
     """The plan table on the terminal (rich, at most 120 columns, a strategy's row on one line
     but for a failed cell's error; plain text without rich)."""
@@ -303,15 +333,23 @@ def print_plan(plan: Plan, *, title_text: str) -> None:
     except ImportError:
         print(plan_markdown(plan, title_text=title_text))
         return
-    t = Table(header_style="bold", pad_edge=False, box=None)
-    for i, c in enumerate(columns):
-        left = i < 3
-        t.add_column(c, justify="left" if left else "right", overflow="fold", no_wrap=i == 0 or not left)
-    for line in body:
-        t.add_row(*line)
+
+    def rich_table(headers: list[str]) -> Table:
+        t = Table(header_style="bold", pad_edge=False, box=None)
+        for i, c in enumerate(headers):
+            left = i < 3
+            t.add_column(c, justify="left" if left else "right", overflow="fold", no_wrap=i == 0 or not left)
+        for line in body:
+            t.add_row(*line)
+        return t
+
     here = Console()
     width = min(WIDTH, here.width) if here.is_terminal else WIDTH
     console = Console(width=width)
+    t = rich_table(columns)
+    unbounded = console.options.update_width(1 << 16)  # its natural width, not one clamped to ours
+    if console.measure(t, options=unbounded).maximum > width:
+        t = rich_table(terminal_headers(columns))
     for line in wrap(title_text, width):  # above the table, wrapped here: rich would split words
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(t)

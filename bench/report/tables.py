@@ -27,7 +27,8 @@ def _mib(nbytes: int | None) -> float | None:
 
 #: the columns of FLOPs and utilisation, shown once any record counted its FLOPs
 THROUGHPUT_COLUMNS = (
-    "tokens_per_s",
+    "tokens_per_s_per_rank",
+    "tokens_per_s_job",
     "model_GFLOP_per_step",
     "hw_GFLOP_per_step",
     "TFLOP_s_per_rank",
@@ -62,9 +63,9 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
     once any cell's ranks outnumbered the cores they ran on (its step time is not judged),
     ``peer_estimate_MiB`` once any record carries a peer's own estimate of its model states
     (DeepSpeed's estimators), the scaling efficiency and its note (its flags, or why a cell has
-    none) once any record has its N=1 cell in its run, and the throughput columns (tokens/s,
-    FLOPs per step, TFLOP/s per rank, MFU, HFU, the peak and its kind) once any record counted
-    its FLOPs.
+    none) once any record has its N=1 cell in its run, and the throughput columns (tokens/s per
+    rank and for the whole job, FLOPs per step, TFLOP/s per rank, MFU, HFU, the peak and its
+    kind) once any record counted its FLOPs.
     With ``tracebacks`` (a table written beside its ``errors/``), a ``traceback`` column once any
     cell failed: the file that holds its whole error.
     """
@@ -121,7 +122,12 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
                 else None,
                 "pred_vs_meas": predicted_over_measured(r),
                 "samples_per_s": r.samples_per_s,
-                "tokens_per_s": r.tokens_per_s,
+                # per rank (a GPU on CUDA), as torchtitan, Megatron and llm-foundry report it,
+                # and all ranks together, as samples_per_s
+                "tokens_per_s_per_rank": r.tokens_per_s / r.world_size
+                if r.tokens_per_s and r.world_size
+                else None,
+                "tokens_per_s_job": r.tokens_per_s,
                 # per-rank samples/s over ddp's N=1 cell of the run and repeat
                 # (bench/studies/scaling.py), or why there is none, and what to read it with
                 "scaling_efficiency": (s := scaled.get(id(r))) and s.efficiency,

@@ -66,6 +66,12 @@ def _number(value: float | None) -> str:
     return format_value(value) if value else ""
 
 
+def _per_rank(value: float | None, r: Record) -> float | None:
+    """A whole job's rate (all ranks together) per rank: per GPU on CUDA, as torchtitan,
+    Megatron and llm-foundry report tokens/s."""
+    return value / r.world_size if value and r.world_size else None
+
+
 def _predicted_vs_measured(r: Record) -> str:
     """The step-time model's prediction over the measured median (``studies.prediction_check``)."""
     from shardbench.studies.prediction_check import predicted_over_measured
@@ -130,7 +136,8 @@ COLUMNS: dict[str, Column] = {
         Column("states/pred", _states, right=True),
         Column("step", step_text, right=True),
         Column("samples/s", lambda r: _number(r.samples_per_s), right=True),
-        Column("tokens/s", lambda r: _number(r.tokens_per_s), right=True),
+        Column("tokens/s/rank", lambda r: _number(_per_rank(r.tokens_per_s, r)), right=True),
+        Column("tokens/s/job", lambda r: _number(r.tokens_per_s), right=True),
         Column("TFLOP/s", tflops_text, right=True),
         Column("MFU", lambda r: percent_text(r.mfu), right=True),
         Column("HFU", lambda r: percent_text(r.hfu), right=True),
@@ -146,6 +153,7 @@ ALIASES = {
     "precision": "prec",
     "step time": "step",
     "throughput": "samples/s",
+    "tokens/s": "tokens/s/job",
     "tflops": "TFLOP/s",
     "comm": "sent/step",
     "comm/pred": "sent/pred",
@@ -376,7 +384,8 @@ def _natural(key: tuple[str, ...]) -> tuple:
 
 
 #: the figure columns whose cell can be blank in an ok row, and so say why under the table
-_FIGURES = ("samples/s", "tokens/s", "TFLOP/s", "MFU", "HFU", "pred/meas")
+_FIGURES = ("samples/s", "tokens/s/rank", "tokens/s/job", "TFLOP/s", "MFU", "HFU", "pred/meas")
+_TOKENS = ("tokens/s/rank", "tokens/s/job")
 #: a blank cell's reason is named by its rows up to this many, beyond it counted
 _NAMED_ROWS = 4
 #: why a simulated row has no throughput and no prediction checked against its time
@@ -391,13 +400,13 @@ def blank_reason(r: Record, column: str) -> str | None:
         return None
     if not (r.step_time_s or {}).get("median"):
         return None if r.fake else "no step timed"
-    if r.simulated and column in ("samples/s", "tokens/s", "pred/meas"):
+    if r.simulated and column in ("samples/s", *_TOKENS, "pred/meas"):
         return SIMULATED_BLANK
     if column == "samples/s":  # a timed step's, FLOPs or none
         return "no samples/s in the record"
     if not r.flops_per_step:
         return _flops_reason(r)
-    if column == "tokens/s":
+    if column in _TOKENS:
         return (
             "the workload's samples are not token sequences"
             if not r.flops_per_step.get("tokens_per_sample")
