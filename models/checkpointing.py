@@ -45,8 +45,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
-from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
 from torch.utils.checkpoint import checkpoint
+
+try:  # private: present in the torch both machines run; without it a recompute runs as torch does
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
+except ImportError:  # pragma: no cover
+    _get_current_function_mode_stack = None  # type: ignore[assignment]
 
 #: set by ``without_recompute``: checkpointed units run their original forward
 _PLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("shardbench_checkpointing_plain", default=False)
@@ -84,7 +88,7 @@ class ForwardFunctionModes:
     until exit, above whatever is on the stack then."""
 
     def __init__(self) -> None:
-        self.modes = _get_current_function_mode_stack()
+        self.modes = _get_current_function_mode_stack() if _get_current_function_mode_stack else []
         self.pushed = 0
 
     def __enter__(self) -> ForwardFunctionModes:
