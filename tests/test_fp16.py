@@ -101,3 +101,23 @@ def test_warm_up_lasts_until_the_loss_scaler_takes_a_step(monkeypatch) -> None:
         measured["optimizer"] == pytest.approx(predicted["optimizer"], rel=0.01)
         and predicted["optimizer"] > 0
     )
+
+
+def test_fsdp2_keeps_batch_norm_in_fp32_under_its_mixed_precision() -> None:
+    """A ResNet under FSDP2 at fp16: batch norm's parameters stay fp32 beside its fp32 running
+    statistics (each norm a unit of its own, its output in fp16), so the step runs, and the
+    model states are still the formula's."""
+    record = run_cell_here(
+        tiny_cell(
+            workload="swav",
+            strategy="fsdp2-zero3",
+            world_size=8,
+            simulate=True,
+            steps=1,
+            warmup=1,
+            precision="fp16",
+        )
+    )
+    assert record.status == "ok", record.error
+    measured, predicted = record.model_state_bytes, record.predicted_mem_bytes
+    assert measured["total"] == pytest.approx(predicted["total"], rel=0.01)

@@ -102,7 +102,26 @@ class FSDP2Strategy(Strategy):
         units = ctx.shard_units if ctx.shard_units is not None else shard_units(model)
         if ctx.shard_units is not None:
             self.wrap = "the workload's units (Workload.shard_units), then the root"
-        for unit in units:
+        fp32_norms: set[int] = set()
+        if is_half(ctx.precision):
+            # Batch norm keeps fp32 parameters, as FSDP keeps it out of mixed precision: its
+            # running statistics are fp32, and batch_norm wants its weight in their dtype. Each
+            # is a unit of its own that takes its input in fp32 and gives its output back in
+            # the compute dtype, so the layers around it see 16-bit tensors.
+            norm = MixedPrecisionPolicy(
+                param_dtype=torch.float32,
+                reduce_dtype=torch.float32,
+                output_dtype=compute_dtype(ctx.precision),
+            )
+            for module in model.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm) and any(
+                    True for _ in module.parameters()
+                ):
+                    fully_shard(
+                        module, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=norm
+                    )
+                    fp32_norms.add(id(module))
+        for unit in (u for u in units if id(u) not in fp32_norms):
             fully_shard(unit, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
         return model, optimizer_factory(model)
