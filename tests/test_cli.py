@@ -188,3 +188,49 @@ def test_no_help_states_a_switch_default_backwards() -> None:
         text = sub.format_help()
         assert "(default: True)" not in text and "(default: False)" not in text, name
     assert "--no-charts" in subs.choices["run"].format_help()
+
+
+def test_a_run_is_named_after_what_ran(monkeypatch) -> None:
+    """A run's name (its id and folder) is the suite's only where its cells are the suite's
+    (narrowed or repeated by flags); where the flags replaced the suite's lists it is named
+    after the workloads that ran, a file's model by the file; ``--name`` wins over both."""
+    from types import SimpleNamespace
+
+    from shardbench.cli import run as run_cli
+    from shardbench.harness import bounded
+
+    names: list[str] = []
+
+    def execute(cells, *, name, **_):
+        names.append(name)
+        return SimpleNamespace(code=0)
+
+    monkeypatch.setattr(run_cli, "execute_run", execute)
+    monkeypatch.setattr(bounded, "check_workload", lambda *a, **k: None)  # no child: nothing runs
+    mine = "examples/mymodel.py:factory"
+    for argv in (
+        [],
+        ["--strategy", "ddp", "--workload", "swav", "--repeat", "2"],
+        ["--workload", mine],
+        ["--workload", f"{mine},swav", "--strategy", "zero1"],
+        ["--workload", "swav", "--world-size", "1"],
+        ["--world-size", "1"],
+        ["--workload", mine, "--name", "mine"],
+    ):
+        assert main(["run", *argv]) == 0
+    assert names == [
+        "smoke",
+        "smoke",
+        "mymodel",
+        "mymodel-swav",
+        "swav",
+        "transformer-imagegpt-and-2-more",
+        "mine",
+    ]
+    assert [
+        run_cli.workload_label(w) for w in ("hf:GPT2LMHeadModel", "pkg.models:build", "lightning:a/b.py:Lit")
+    ] == [
+        "GPT2LMHeadModel",
+        "models",
+        "b",
+    ]

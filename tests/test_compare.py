@@ -456,3 +456,61 @@ def test_mfu_is_reported_beside_the_step_time_and_never_gated() -> None:
     assert (mfu.baseline, mfu.current, mfu.verdict, mfu.unit) == (0.4, 0.2, "not gated", "fraction")
     assert cell.verdict == "unchanged" and not cell.regressed
     assert "mfu" not in verdicts(one([rec()], [rec()]))  # records that counted no FLOPs: no row
+
+
+def test_the_mfu_row_names_the_gate_the_step_time_rows_apply() -> None:
+    """MFU's note never says the step time is gated where the step time's own row says it is
+    not: on a shared runner the speed is gated as the ratio to ddp (where one is judged), on a
+    dedicated runner with enough repeats as the time itself too, and otherwise by nothing."""
+
+    def notes(comparison, strategy: str = "zero2") -> dict[str, str]:
+        (cell,) = [c for c in comparison.cells if c.identity["strategy"] == strategy]
+        return {m.metric: m.note for m in cell.metrics}
+
+    def pair(repeats: int = 2, mfu: float = 0.3) -> list[Record]:
+        return [rec(strategy=s, mfu=mfu, repeat=i) for i in range(repeats) for s in ("ddp", "zero2")]
+
+    shared = notes(compare_runs(pair(), pair()))
+    assert shared["step_time_s"].startswith("not gated (shared runner)")
+    assert shared["mfu"].endswith("this cell's speed is gated as its step time's ratio to ddp")
+    assert "step time, which is gated" not in shared["mfu"]
+    alone = notes(compare_runs(pair(), pair()), "ddp")  # the reference: no ratio of its own
+    assert alone["mfu"].endswith("nothing gates this cell's speed (its step_time_s row says why)")
+    dedicated = notes(compare_runs(pair(3), pair(3), DEDICATED))
+    assert dedicated["mfu"].endswith("gated as its step time's ratio to ddp and as its step time")
+    one_run = notes(compare_runs(pair(1), pair(1)))  # a ratio of one pair is not judged
+    assert one_run[RATIO_METRIC].startswith("not judged") and "nothing gates" in one_run["mfu"]
+
+
+def test_the_headline_counts_the_cells_compared_and_says_what_the_run_lacks(tmp_path: Path, capsys) -> None:
+    """Every cell on both sides: counted as compared, each by its verdict, no "others". A run of
+    a part of the baseline passes (exit 0) on what it measured, and the headline says how many
+    of the baseline's cells it lacks and how many cells it has the baseline lacks: the counts
+    add up to each side's cells. Under ``nightly`` a lost cell is the regression and leads."""
+    from shardbench.report.compare_report import summary_line
+
+    same = compare_runs([rec(), rec(strategy="zero2")], [rec(), rec(strategy="zero2")])
+    assert summary_line(same) == "no regression in 2 cells compared (2 unchanged); rules: defaults"
+    baseline = [rec(), rec(strategy="zero2"), rec(strategy="zero1"), rec(workload="swav")]
+    current = [rec(), rec(strategy="zero2", peak_mem_bytes={"max": GIB // 2}), rec(strategy="torch-zero1")]
+    part = compare_runs(baseline, current)
+    assert part.exit_code == 0
+    assert summary_line(part) == (
+        "no regression in 2 cells compared (1 improved, 1 unchanged); 2 of the baseline's 4 cells "
+        "missing from this run (not measured, so not compared); 1 of this run's 3 cells new (not in "
+        "the baseline); rules: defaults"
+    )
+    worse = compare_runs(baseline, [rec(status="oom"), rec(strategy="zero2")])
+    assert summary_line(worse).startswith(
+        "REGRESSION in 1 of 2 cells compared (1 now failing, 1 unchanged); 2 of the baseline's 4 cells "
+        "missing from this run (not measured, so not compared);"
+    )
+    lost = compare_runs(baseline, current, missing_fails=True)
+    assert summary_line(lost).startswith(
+        "REGRESSION: 2 of the baseline's 4 cells missing from this run (each a regression: a lost "
+        "measurement); no regression in 2 cells compared (1 improved, 1 unchanged); 1 of this run's 3"
+    )
+    base, cur = write_run(tmp_path / "base", baseline), write_run(tmp_path / "cur", current)
+    assert main(["compare", str(base), str(cur)]) == 0
+    out = capsys.readouterr().out
+    assert "2 of the baseline's 4 cells missing from this run" in out and "the others" not in out

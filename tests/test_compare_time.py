@@ -207,11 +207,11 @@ def test_no_ddp_in_the_group_means_no_time_gate() -> None:
 
 def test_the_headline_counts_regressions_only() -> None:
     c = compare_runs(run(BASE, name="b"), run({"ddp": [100, 100], "zero2": [156, 156]}))
-    assert summary_line(c).startswith("REGRESSION: 1 of 2 cells (1 regressed); the others: 1 unchanged;")
+    assert summary_line(c).startswith("REGRESSION in 1 of 2 cells compared (1 regressed, 1 unchanged);")
     same = compare_runs(run(BASE, name="b"), run(BASE))
-    assert summary_line(same).startswith("no regression in 2 cells; the others: 2 unchanged;")
+    assert summary_line(same).startswith("no regression in 2 cells compared (2 unchanged);")
     failing = compare_runs(run(BASE, name="b"), [rec("ddp", 100), rec("zero2", 120, status="oom")])
-    assert summary_line(failing).startswith("REGRESSION: 1 of 2 cells (1 now failing); the others: 1 unch")
+    assert summary_line(failing).startswith("REGRESSION in 1 of 2 cells compared (1 now failing, 1 unch")
 
 
 def test_rules_declare_a_dedicated_runner(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from shardbench.harness.config import (
     suite_overrides,
 )
 from shardbench.precision import PRECISIONS
+from shardbench.records import CellKey
 from shardbench.wording import count
 
 
@@ -100,7 +102,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         "instead of keeping its activations (torch.utils.checkpoint, non-reentrant)",
     )
     run.add_argument(
-        "--name", help="a name for the run (default: the suite's); the run id adds time and a suffix"
+        "--name",
+        help="a name for the run (default: the suite's when every cell is one of the suite's, else the "
+        "workloads'); the run id adds time and a suffix",
     )
     run.add_argument(
         "--tag",
@@ -216,6 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UsageError(f"--resume {args.resume}: its suite {suite!r}: {e}") from None
     else:
+        suite = args.suite or DEFAULT_SUITE
         spec, cells = resolve_cells(args)
         if args.memory_snapshot or args.trace:
             cells = [replace(c, memory_snapshot=args.memory_snapshot, trace=args.trace) for c in cells]
@@ -226,7 +231,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "own), or start a new run"
             )
     searches = resolve_searches(spec)
-    name = check_run_name(args.name) if args.name is not None else safe_name(spec.name)
+    name = (
+        check_run_name(args.name) if args.name is not None else run_name(suite, cells, scaling=args.scaling)
+    )
     out = args.resume or args.out
     return execute_run(
         cells,
@@ -288,6 +295,55 @@ def own_presets(cells: list[CellConfig]) -> list[CellConfig]:
                 c = replace(c, preset=next(iter(get_workload(c.workload).presets)))
         out.setdefault(c.key(), c)
     return list(out.values())
+
+
+def run_name(suite: str, cells: Sequence[CellConfig], *, scaling: bool = False) -> str:
+    """A run's default name, which its id and folder carry: the suite's where every cell is one
+    of the suite's own (flags that narrow the suite, repeat it or set it against N = 1 keep its
+    name, and runs of the same cells keep comparing under one name), else the workloads that
+    ran: flags that replaced the suite's lists measured something the suite never named."""
+    workloads = list(dict.fromkeys(c.workload for c in cells))
+    spec = override(load_suite(suite), scaling=scaling).for_devices(cuda_devices())
+    own = {_identity(c) for c in spec.cells() if c.workload in workloads}
+    if {_identity(c) for c in cells} <= own:
+        return safe_name(spec.name)
+    labels = [workload_label(w) for w in workloads]
+    shown = labels if len(labels) <= 3 else [*labels[:2], f"and-{len(labels) - 2}-more"]
+    return safe_name("-".join(shown))
+
+
+def workload_label(workload: str) -> str:
+    """A workload as a word of a run's name: a built-in or registered name as it is,
+    ``hf:GPT2LMHeadModel`` its class, and a factory or LightningModule in a file or a module by
+    the file's stem or the module's last part (``examples/mymodel.py:factory`` -> ``mymodel``):
+    the factory's own name is often just ``factory``, the file's says which model."""
+    if workload.startswith("hf:"):
+        return workload.removeprefix("hf:")
+    where, sep, attr = workload.removeprefix("lightning:").rpartition(":")
+    if not sep:
+        return workload
+    stem = where.replace("\\", "/").rsplit("/", 1)[-1]
+    stem = stem.removesuffix(".py") if stem.endswith(".py") else stem.rsplit(".", 1)[-1]
+    return stem or attr
+
+
+def _identity(cell: CellConfig) -> CellKey:
+    """The cell across runs, its repeat aside, read as a run plans it: a strategy's alias as its
+    name, a planned world as simulated (``plan_cells``), a model of one's own at its own preset
+    where the suite's is not one of them (``own_presets``)."""
+    from shardbench.models.registry import get_workload
+    from shardbench.models.specs import is_spec
+    from shardbench.strategies.registry import canonical_name
+
+    try:
+        strategy = canonical_name(cell.strategy)
+    except ValueError:
+        strategy = cell.strategy
+    preset = cell.preset
+    if is_spec(cell.workload):
+        presets = get_workload(cell.workload).presets
+        preset = preset if preset in presets else next(iter(presets))
+    return replace(cell, strategy=strategy, preset=preset, simulate=cell.simulate or cell.fake).key()[0]
 
 
 def check_run_name(name: str) -> str:

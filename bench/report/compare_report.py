@@ -82,26 +82,44 @@ def rows(comparison: Comparison, *, only_regressions: bool = False) -> list[tupl
 
 
 def summary_line(comparison: Comparison) -> str:
-    """The headline: the regressions, counted alone; then, apart, what the other cells did."""
-    n = len(comparison.cells)
-    bad = Counter(c.verdict for c in comparison.regressions)
-    rest = Counter(
-        "ignored" if c.ignored and c.verdict in ("regressed", "now failing") else c.verdict
-        for c in comparison.cells
-        if not c.regressed
+    """The headline, whose counts add up: the cells on both sides (compared), each by its
+    verdict; the baseline's cells this run lacks, of how many the baseline has; this run's cells
+    the baseline lacks, of how many it has. A missing cell is said apart because nothing was
+    measured for it: a run of a part of the baseline passes on that part alone, and the reader
+    must see how small that part was."""
+    compared = [c for c in comparison.cells if c.verdict not in ("new", "missing")]
+    missing = [c for c in comparison.cells if c.verdict == "missing"]
+    new = [c for c in comparison.cells if c.verdict == "new"]
+    tally = Counter(
+        "ignored" if c.ignored and c.verdict in ("regressed", "now failing") else c.verdict for c in compared
     )
-    others = ", ".join(f"{rest[v]} {v}" for v in (*VERDICTS, "ignored") if rest[v])
+    kinds = ", ".join(f"{tally[v]} {v}" for v in (*VERDICTS, "ignored") if tally[v]) or "none"
+    within = f"{count(len(compared), 'cell')} compared ({kinds})"
+    failed = [c for c in compared if c.regressed]
     slower = comparison.strategy_regressions
-    across = "; " + ", ".join(f"{s.strategy}'s step time vs {REFERENCE} over all its cells" for s in slower)
-    if bad:
-        total = sum(bad.values())
-        kinds = ", ".join(f"{bad[v]} {v}" for v in VERDICTS if bad[v])
-        head = f"REGRESSION: {total} of {count(n, 'cell')} ({kinds}){across if slower else ''}"
-    elif slower:
-        head = f"REGRESSION: {across[2:]}; no cell regressed alone ({count(n, 'cell')})"
+    across = ", ".join(f"{s.strategy}'s step time vs {REFERENCE} over all its cells" for s in slower)
+    lost = [c for c in missing if c.regressed]
+    if len(lost) == len(missing):
+        why = "each a regression: a lost measurement"
+    elif lost:
+        why = f"{len(lost)} of them regressions (lost measurements), {len(missing) - len(lost)} ignored"
     else:
-        head = f"no regression in {count(n, 'cell')}"
-    return f"{head}; the others: {others or 'none'}; rules: {comparison.rules_source}"
+        why = "not measured, so not compared"
+    baseline_cells = count(len(compared) + len(missing), "cell")
+    absent = f"{len(missing)} of the baseline's {baseline_cells} missing from this run ({why})"
+    if failed:
+        parts = [f"REGRESSION in {len(failed)} of {within}" + (f"; {across}" if slower else "")]
+    elif slower:
+        parts = [f"REGRESSION: {across}; no cell regressed alone: {within}"]
+    elif lost:  # the lost cells are the regression: they lead
+        parts, absent = [f"REGRESSION: {absent}", f"no regression in {within}"], ""
+    else:
+        parts = [f"no regression in {within}"]
+    parts += [absent] if missing and absent else []
+    if new:
+        current_cells = count(len(compared) + len(new), "cell")
+        parts.append(f"{len(new)} of this run's {current_cells} new (not in the baseline)")
+    return "; ".join([*parts, f"rules: {comparison.rules_source}"])
 
 
 def strategy_lines(comparison: Comparison, *, only_regressions: bool = False) -> list[str]:

@@ -60,8 +60,9 @@ MEMORY_METRICS = ("peak_mem_bytes", "model_state_bytes", "held_after_step_bytes"
 TIME_METRIC = "step_time_s"
 #: bytes a rank sends per step (``Record.comm_per_step``): deterministic, so gated exactly
 COMM_METRIC = "comm_sent_bytes"
-#: model FLOPs utilisation (``Record.mfu``): reported beside the step time, never gated (it is
-#: the FLOPs per step over the step time, and the step time is gated already)
+#: model FLOPs utilisation (``Record.mfu``): reported beside the step time, never gated. It is
+#: the FLOPs per step over the absolute step time, so it drifts with it on a shared runner, and
+#: on a dedicated one the time's own gate already judges the same speed
 MFU_METRIC = "mfu"
 #: a max-size search's answer (``max-size`` summary records): the largest model (or per-rank
 #: batch) that trained in the budget. It moves in discrete steps, so any decrease regresses.
@@ -84,7 +85,10 @@ GATED_METRICS = (
 #: why a metric the gate reports is not gated, in words
 NOT_GATED_WHY = {
     TIME_METRIC: "absolute time drifts between runs on a shared runner; its ratio to ddp is gated",
-    MFU_METRIC: "MFU moves with the step time, which is gated",
+    MFU_METRIC: (
+        f"the FLOPs per step over the absolute step time, which drifts on a shared runner; speed is "
+        f"gated as the step time's ratio to {REFERENCE} (and as the time itself on a dedicated runner)"
+    ),
 }
 
 
@@ -463,7 +467,7 @@ def _compare_cell(
     else:
         delta.notes.append(f"fewer than {count(t.min_steps, 'timed step')}: compared for memory only")
     if base.mfu is not None or cur.mfu is not None:
-        note = f"reported, not gated: {NOT_GATED_WHY[MFU_METRIC]}"
+        note = _mfu_note(delta.metrics)
         delta.metrics.append(MetricDelta(MFU_METRIC, "fraction", base.mfu, cur.mfu, NOT_GATED, note=note))
     verdicts = {m.verdict for m in delta.metrics}
     delta.verdict = next((v for v in ("regressed", "improved") if v in verdicts), "unchanged")
@@ -530,6 +534,26 @@ def _not_gated(base: Side, cur: Side, t: Thresholds, *, reference: bool) -> str:
     if reference:
         return f"{why}; the reference of its group's ratios"
     return f"{why}; no {REFERENCE} of its group on both sides to gate a ratio against"
+
+
+def _mfu_note(metrics: Sequence[MetricDelta]) -> str:
+    """Why MFU is not gated, and what gates this cell's speed instead: the step-time rows as
+    they were judged, so the MFU row never claims a gate the step time's own row denies."""
+    judged = {m.metric for m in metrics if m.verdict not in (NOT_GATED, NOT_JUDGED)}
+    gates = [
+        what
+        for metric, what in (
+            (RATIO_METRIC, f"its step time's ratio to {REFERENCE}"),
+            (TIME_METRIC, "its step time"),
+        )
+        if metric in judged
+    ]
+    if gates:
+        speed = f"this cell's speed is gated as {' and as '.join(gates)}"
+    else:
+        timed = any(m.metric == TIME_METRIC for m in metrics)
+        speed = "nothing gates this cell's speed" + (f" (its {TIME_METRIC} row says why)" if timed else "")
+    return f"reported, not gated: MFU is the FLOPs per step over the step time; {speed}"
 
 
 def _ratio_delta(
