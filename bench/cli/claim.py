@@ -21,6 +21,7 @@ from shardbench.cli.common import (
 )
 from shardbench.harness.config import DEVICES
 from shardbench.precision import PRECISIONS
+from shardbench.studies.claim_specs import CLAIMS_DIR as CLAIMS_DIR  # where a claim goes by default
 
 if TYPE_CHECKING:
     from shardbench.records import Record
@@ -28,22 +29,33 @@ if TYPE_CHECKING:
 
 
 def add_claim_parser(sub: argparse._SubParsersAction) -> None:
-    from shardbench.studies.claim_specs import SPECS
+    from shardbench.studies.claim_specs import OWN_BATCH, SPECS
+
+    def per_spec(field: str) -> str:  # "cpu 8, cuda 8, tiny 4": from the specs, never a stale copy
+        return ", ".join(f"{name} {getattr(spec, field)}" for name, spec in SPECS.items())
 
     c = sub.add_parser(
         "claim",
         help="does zero2 halve per-rank memory or double the trainable model vs ddp? a verdict per workload",
         description="Measure the claim for every workload of the spec: per-rank peak of ddp, zero2 "
         "(and zero3) at a simulated N, real-rank step time, and the largest model within the budget. "
-        "Writes records.jsonl, report.md, charts and index.html into results/claim/<device>/ (--out "
-        "to change). How long: the cpu spec takes about 2 hours on a 2-core machine (the max-size "
-        "searches are most of it; deepspeech2, which cannot be planned under FakeTensorMode, "
-        "about half), the tiny spec under a minute; --resume continues a claim stopped part-way.",
+        "Writes records.jsonl, report.md, charts and index.html into results/claim/<spec>/ "
+        f"({OUT_SUFFIXES}; --out to change). How long: the cpu spec takes about 2 hours on a "
+        "2-core machine (the max-size searches are most of it; deepspeech2, which cannot be "
+        "planned under FakeTensorMode, about half), the tiny spec under a minute; --resume "
+        "continues a claim stopped part-way.",
     )
     c.add_argument("--device", choices=DEVICES, help="cpu or cuda (default cpu); picks the spec of that name")
     c.add_argument("--spec", choices=list(SPECS), help="what to run (default: the device's); tiny = a test")
-    c.add_argument("--world-size", type=int, help="simulated world size for memory (default 8)")
-    c.add_argument("--budget", help="per-rank budget for the max-size search (default: the spec's)")
+    c.add_argument(
+        "--world-size",
+        type=int,
+        help=f"simulated world size for memory (default: the spec's: {per_spec('world_size')})",
+    )
+    c.add_argument(
+        "--budget",
+        help=f"per-rank budget for the max-size search (default: the spec's: {per_spec('budget')})",
+    )
     c.add_argument(
         "--precision",
         choices=PRECISIONS,
@@ -71,7 +83,9 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
         "for cuda), and where the spec has real ranks, fairscale-zero2 (OSS + ShardedDataParallel, "
         "Lightning's ddp_sharded) and deepspeed-zero2 on them, beside ddp and zero2 at that N",
     )
-    c.add_argument("--out", type=Path, help="report directory (default results/claim/<spec>)")
+    c.add_argument(
+        "--out", type=Path, help=f"report directory (default results/claim/<spec>, {OUT_SUFFIXES})"
+    )
     c.add_argument(
         "--from-records",
         action="store_true",
@@ -92,10 +106,8 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     add_root_argument(c)
 
 
-#: the per-rank batch of a workload of your own, where --batch-size does not set one
-OWN_BATCH = 1
-#: where a claim's folder goes unless ``--out`` says: ``<spec>``, or ``<spec>-<workloads>`` of one's own
-CLAIMS_DIR = Path("results/claim")
+#: how the default folder's name grows (``claim_specs.default_out``), as the help says it
+OUT_SUFFIXES = "-<workloads> added for workloads of your own, -<precision> away from fp32"
 #: peers a simulated rank can stand for, and those measured on real ranks (the 'peers' extra)
 SIMULATED_PEERS = ("torch-zero1", "fsdp2-zero2")
 REAL_PEERS = ("fairscale-zero2", "deepspeed-zero2")
@@ -122,7 +134,7 @@ def real_peers(spec: ClaimSpec) -> tuple[str, ...]:
 
 def cmd_claim(args: argparse.Namespace) -> int:
     from shardbench.studies.claim import claim
-    from shardbench.studies.claim_specs import SPECS
+    from shardbench.studies.claim_specs import SPECS, default_out
     from shardbench.studies.maxsize import parse_budget
 
     spec = SPECS[args.spec or args.device or "cpu"]
@@ -151,12 +163,10 @@ def cmd_claim(args: argparse.Namespace) -> int:
             "--root is where --baseline is looked up; without --baseline claim reads none: drop --root"
         )
     baseline = _baseline(args.baseline, spec, args.root) if args.baseline else None
-    require_cuda_if(spec.device)
-    out = args.out or CLAIMS_DIR / (
-        spec.name
-        + (f"-{_slug(own)}" if own else "")
-        + (f"-{spec.precision}" if spec.precision != "fp32" else "")
+    require_cuda_if(
+        spec.device, asked=f"spec {spec.name!r} (on cuda)", instead="--device cpu, or --spec tiny"
     )
+    out = args.out or default_out(spec)
     from shardbench.harness.validate import check_output_dir
 
     try:
@@ -196,14 +206,15 @@ def cmd_claim(args: argparse.Namespace) -> int:
 
 
 def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[ClaimSpec, list[str]]:
-    """The spec, with the workloads of your own that ``--workload`` names in place of its own
-    (measured like them, at ``--model-config``'s shape and ``--batch-size``), and their names;
-    ValueError for a name that is neither the spec's nor a workload spec."""
+    """The spec with only the workloads ``--workload`` names, those of your own added (measured
+    like the spec's, at ``--model-config``'s shape and ``--batch-size``), and the names of your
+    own; ValueError for a name that is neither the spec's nor a workload spec. The spec is what
+    is measured, reported, rebuilt and judged, so it holds exactly what was asked for."""
     from shardbench.harness.bounded import check_workload
     from shardbench.harness.config import DEFAULT_TIMEOUT_S
     from shardbench.models.registry import get_workload
     from shardbench.models.specs import is_spec
-    from shardbench.studies.claim_specs import ClaimWorkload
+    from shardbench.studies.claim_specs import OWN_BATCH, ClaimWorkload
 
     names = [w.name for w in spec.workloads]
     own = [w for w in args.workload or () if w not in names and is_spec(w)]
@@ -217,13 +228,14 @@ def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[Clai
         preset = model_config_preset(args, own or None)
     except UsageError as e:
         raise ValueError(str(e)) from None
+    kept = tuple(w for w in spec.workloads if not args.workload or w.name in args.workload)
     if not own:
         if args.batch_size is not None:  # the spec's workloads keep their own batch
             raise ValueError(
                 f"--batch-size sets the batch of your own workloads (--workload hf:<Arch>, file.py:factory, "
                 f"...); the spec's workloads ({', '.join(names)}) keep theirs: drop --batch-size"
             )
-        return spec, []
+        return replace(spec, workloads=kept), []
     if args.batch_size is None:
         args.batch_size = OWN_BATCH
     if args.batch_size < 1:
@@ -238,15 +250,7 @@ def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[Clai
         # shape, and the report says it found no boundary
         ladder = None if workload.size_family(chosen) is not None else (chosen,)
         added.append(ClaimWorkload(name, chosen, args.batch_size, ladder=ladder))
-    kept = tuple(w for w in spec.workloads if w.name in (args.workload or ()))
     return replace(spec, workloads=(*kept, *added)), own
-
-
-def _slug(names: list[str]) -> str:
-    """A directory name for the claim of ``names`` (``hf:GPT2LMHeadModel`` -> ``hf-GPT2LMHeadModel``)."""
-    import re
-
-    return "-".join(re.sub(r"[^A-Za-z0-9]+", "-", n).strip("-") for n in names)
 
 
 def _rebuild(spec: ClaimSpec, out: Path) -> tuple[Path, list]:

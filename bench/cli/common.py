@@ -27,17 +27,19 @@ def default_out(source: Path, command: str) -> Path:
     return DEFAULT_RUNS_DIR / f"{command}-{path_component(source.stem, what='records file name')}"
 
 
-def require_cuda_if(device: str, *, planned: bool = False) -> None:
-    """Refuse ``--device cuda`` on a machine without CUDA, before anything starts, unless every
-    cell is ``planned`` (``--fake``): a plan for CUDA runs on the CPU with CUDA's kernels."""
+def require_cuda_if(
+    device: str, *, instead: str, asked: str = "--device cuda", planned: bool = False
+) -> None:
+    """Refuse CUDA (``asked``: how the command line asked for it) on a machine without CUDA,
+    before anything starts, unless every cell is ``planned`` (``--fake``): a plan for CUDA runs
+    on the CPU with CUDA's kernels. ``instead`` is what the calling command accepts that runs
+    here: commands differ in their flags, and a refusal that names a flag its command lacks
+    sends the user to a second error."""
     if device == "cuda" and not planned:
         import torch
 
         if not torch.cuda.is_available():
-            raise UsageError(
-                "--device cuda requested but CUDA is not available here; use --device cpu, or --fake "
-                "to plan for CUDA from this machine"
-            )
+            raise UsageError(f"{asked} requested but CUDA is not available here; use {instead}")
 
 
 def add_root_argument(parser: argparse.ArgumentParser) -> None:

@@ -147,7 +147,11 @@ def resolve_max_size(
         cells = plan_cells(cells)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    require_cuda_if(args.device, planned=all(c.fake for c in cells))
+    require_cuda_if(
+        args.device,
+        planned=all(c.fake for c in cells),
+        instead="--device cpu, or --fake to plan for CUDA from this machine",
+    )
     return cells, budget, reserves, ladder
 
 

@@ -88,7 +88,9 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     searches = resolve_searches(spec)
-    require_cuda_if(spec.device)
+    require_cuda_if(
+        spec.device, asked=f"suite {spec.name!r} (on cuda)", instead="a CPU suite (--suite nightly-cpu)"
+    )
     require_env_of(baseline, spec.device, f"baseline {baseline_name!r}", allow=args.allow_env_change)
 
     name = f"{safe_name(spec.name)}-{time.strftime('%Y%m%d')}"

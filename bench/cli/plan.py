@@ -109,7 +109,7 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
         cells = plan_cells([c for c in cells if plannable(c.strategy)]) if len(unplanned) < len(cells) else []
     except ValueError as e:
         raise UsageError(str(e)) from None
-    require_cuda_if(args.device, planned=all(c.fake for c in cells))
+    require_cuda_if(args.device, planned=all(c.fake for c in cells), instead="--device cpu")
     return cells, unplanned, budget, reserves
 
 

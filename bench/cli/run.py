@@ -190,7 +190,11 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
             "--scaling: no real cell at N > 1 to set against N = 1 (simulated and fake worlds time no "
             "communication); give --world-size 2 or more, without --simulate or --fake"
         )
-    require_cuda_if(spec.device, planned=all(c.fake for c in cells))
+    require_cuda_if(
+        spec.device,
+        planned=all(c.fake for c in cells),
+        instead="--device cpu, or --fake to plan for CUDA from this machine",
+    )
     return spec, cells
 
 

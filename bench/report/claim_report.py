@@ -19,7 +19,7 @@ from shardbench.studies.claim_result import (
     WorkloadResult,
     ratio_text,
 )
-from shardbench.studies.claim_specs import ClaimSpec
+from shardbench.studies.claim_specs import ClaimSpec, claim_command
 from shardbench.studies.maxsize import kept_reserve, parse_budget
 from shardbench.units import in_unit, size_text, size_unit
 
@@ -32,8 +32,9 @@ def write_claim_report(
     *,
     resumed: bool = False,
 ) -> Path:
-    """``report.md``: the verdict per workload, the table of ratios, how it was measured, and the
-    charts (written by the report builder from the same records)."""
+    """``report.md``: the verdict per workload, the table of ratios, how it was measured (the
+    command that measures ``spec`` into ``out_dir``), and the charts (written by the report
+    builder from the same records)."""
     report = build_report([out_dir], out_dir)
     lines = [
         f"# Does sharding halve per-rank memory or double the trainable model? ({spec.title})",
@@ -77,7 +78,7 @@ def write_claim_report(
     lines += [
         "## How it was produced",
         "",
-        _how(spec, wall_s, resumed) + "Records: `records.jsonl`; "
+        _how(claim_command(spec, out_dir), wall_s, resumed) + "Records: `records.jsonl`; "
         "every cell: `table.md`; charts: `index.html`. Max-size probes: "
         + (
             "under --fake where the workload allows it (planning = real within 1%), real otherwise."
@@ -114,8 +115,8 @@ def _reserve_note(results: list[WorkloadResult]) -> str:
     )
 
 
-def _how(spec: ClaimSpec, wall_s: float | None, resumed: bool) -> str:
-    command = f"`shardbench claim --spec {spec.name}`"
+def _how(command: str, wall_s: float | None, resumed: bool) -> str:
+    command = f"`{command}`"
     if wall_s is None:
         return f"{command}, report rebuilt from records (`--from-records`). "
     if resumed:

@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardbench.records import Record
-from shardbench.studies.claim_result import WorkloadResult, ratio_text, results_from_records
+from shardbench.studies.claim_result import (
+    MEMORY_THRESHOLD,
+    SIZE_THRESHOLD,
+    WorkloadResult,
+    ratio_text,
+    results_from_records,
+)
 from shardbench.studies.claim_specs import ClaimSpec
 
 
@@ -51,9 +57,9 @@ def _moved(then: WorkloadResult | None, now: WorkloadResult) -> str:
     if then is None:
         return "not in the baseline"
     parts = []
-    for label, old, new in (
-        ("zero2/ddp peak", then.memory_ratio(), now.memory_ratio()),
-        ("max-size ratio", then.size_ratio()[0], now.size_ratio()[0]),
+    for label, old, new, threshold in (
+        ("zero2/ddp peak", then.memory_ratio(), now.memory_ratio(), MEMORY_THRESHOLD),
+        ("max-size ratio", then.size_ratio()[0], now.size_ratio()[0], SIZE_THRESHOLD),
     ):
-        parts.append(f"{label} {ratio_text(old)} -> {ratio_text(new)}")
+        parts.append(f"{label} {ratio_text(old, threshold)} -> {ratio_text(new, threshold)}")
     return "; ".join(parts)

@@ -9,13 +9,16 @@ baseline's verdicts are recomputed from its records by the same rule
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from shardbench.precision import MODEL_STATE_BYTES
 from shardbench.records import Record
 from shardbench.studies.claim_specs import ClaimSpec, ClaimWorkload
 from shardbench.studies.reference import REFERENCE, step_time_ratio
 from shardbench.studies.speed_verdict import FASTER, SLOWER, SpeedVerdict, pair_verdict
+from shardbench.units import size_text
 from shardbench.wording import first_sentence
 
 #: the strategy the claim is about, and the one it is set against (the catalog's reference)
@@ -23,9 +26,22 @@ OURS, BASELINE = "zero2", REFERENCE
 MEMORY_THRESHOLD, SIZE_THRESHOLD = 0.5, 2.0
 
 
-def ratio_text(x: float | None) -> str:
-    """A ratio as every claim text shows it (``0.50x``), ``?`` where it was not measured."""
-    return "?" if x is None else f"{x:.2f}x"
+def ratio_text(x: float | None, threshold: float | None = None) -> str:
+    """A ratio as every claim text shows it (``0.50x``), ``?`` where it was not measured. Beside
+    the ``threshold`` it is judged against, with as many more digits as keep the printed value
+    on the same side of it as the real one: 0.502 against 0.5 is ``0.502x``, since ``0.50x``
+    would read as the pass the rule did not give."""
+    if x is None:
+        return "?"
+    for digits in range(2, 18):
+        text = f"{x:.{digits}f}"
+        if threshold is None or _side(float(text), threshold) == _side(x, threshold):
+            return f"{text}x"
+    return f"{x!r}x"
+
+
+def _side(x: float, threshold: float) -> int:
+    return (x > threshold) - (x < threshold)
 
 
 @dataclass
@@ -61,13 +77,14 @@ class WorkloadResult:
                 why = first_sentence(r.error) if r.status != "ok" else f"{BASELINE}'s cell failed"
                 out.append((peer, None, f"not measured at real N={n}: {r.status}, {why}"))
                 continue
-            text = f"peak = {ratio:.2f}x {BASELINE} at real N={n}"
+            text = f"peak = {ratio_text(ratio, MEMORY_THRESHOLD)} {BASELINE} at real N={n}"
             if (mine := self.real_peak_ratio(OURS)) is not None:
-                text += f" (ours, zero2: {mine:.2f}x)"
+                text += f" (ours, zero2: {ratio_text(mine, MEMORY_THRESHOLD)})"
             floor = _model_state_floor(r, base)
             if floor is not None and floor > MEMORY_THRESHOLD:
                 text += (
-                    f"; at N={n} ZeRO-2's model states are at best {floor:.2f}x DDP's (their formula), "
+                    f"; at N={n} ZeRO-2's model states are at best {ratio_text(floor, MEMORY_THRESHOLD)} "
+                    "DDP's (their formula), "
                     "so halving needs more ranks"
                 )
             if (
@@ -177,13 +194,15 @@ class WorkloadResult:
         holds = (mem is not None and mem <= MEMORY_THRESHOLD) or by_size is True
         parts = []
         if mem is not None:
-            parts.append(f"{OURS} peak = {mem:.2f}x {BASELINE}")
+            parts.append(f"{OURS} peak = {ratio_text(mem, MEMORY_THRESHOLD)} {BASELINE}")
         if size is not None:
-            bounds = f" (between {ratio_text(lower)} and {ratio_text(upper)}: the searches' brackets"
+            between = f"{ratio_text(lower, SIZE_THRESHOLD)} and {ratio_text(upper, SIZE_THRESHOLD)}"
+            bounds = f" (between {between}: the searches' brackets"
             if by_size is None:
                 bounds += f", which straddle {SIZE_THRESHOLD:g}x: undecided at this resolution"
             parts.append(
-                f"largest trainable = {size:.2f}x {BASELINE}{bounds + ')' if lower or upper else ''}"
+                f"largest trainable = {ratio_text(size, SIZE_THRESHOLD)} {BASELINE}"
+                + (bounds + ")" if lower or upper else "")
             )
         elif failed := [r for r in self.max_size.values() if r.status not in ("ok", "oom")]:
             parts.append(
@@ -205,28 +224,65 @@ class WorkloadResult:
         return holds, text
 
     def why_not(self, world_size: int) -> str:
-        """Why zero2's peak is above half of DDP's, from the two breakdowns: what a perfect ZeRO-2
-        would reach given DDP's peak (replicated parameters and activations stay), and what
-        zero2 holds beyond that ideal."""
-        base, ours = self.memory.get(BASELINE), self.memory.get(OURS)
+        """Why zero2's peak is above half of DDP's: what DDP's peak is made of, and the least a
+        perfect ZeRO-2 would hold at the moment zero2 peaked (``perfect_bound``) beside what
+        zero2 measured, with what it held beyond that."""
+        base = self.memory.get(BASELINE)
         bd = (base.mem_breakdown_bytes or {}) if base else {}
         total = sum(bd.values())
         if not total:
             return ""
-        kept = sum(bd.get(k, 0) for k in ("params", "activations", "comm", "other"))
-        ideal = (kept + (bd.get("grads", 0) + bd.get("optimizer", 0)) / world_size) / total
         act = (bd.get("activations", 0) + bd.get("other", 0)) / total
         text = (
             f"DDP's peak is {bd.get('params', 0) / total:.0%} parameters and {act:.0%} activations and "
-            f"inputs, which ZeRO-2 does not shard: even a perfect ZeRO-2 would reach {ideal:.2f}x here"
+            "inputs, which ZeRO-2 does not shard"
         )
+        perfect = self.perfect_bound(world_size)
         peak = self.peak(OURS)
-        if peak and ours and ours.mem_breakdown_bytes and peak / total > ideal + 0.02:
-            extra = {k: v - bd.get(k, 0) for k, v in ours.mem_breakdown_bytes.items()}
-            top = max(extra, key=lambda k: extra[k])
-            text += f"; zero2 measured {peak / total:.2f}x, its largest excess over DDP being {top}"
-            text += f" (+{extra[top] / 2**20:.0f} MiB)" if extra[top] > 0 else ""
+        if perfect is None or not peak:
+            return text + "."
+        held, beyond = perfect
+        floor = math.floor(held / total * 100) / 100  # a lower bound: never printed above itself
+        text += (
+            f": at zero2's peak even a perfect ZeRO-2 would hold at least {floor:.2f}x DDP's peak (its "
+            f"{self.memory[OURS].precision} parameters, its optimizer shard, that moment's activations "
+            "and inputs)"
+        )
+        if floor > MEMORY_THRESHOLD:
+            text += ", so none halves it here"
+        top = max(beyond, key=lambda k: beyond[k])
+        if beyond[top] > 0.02 * total:
+            text += (
+                f"; zero2 measured {ratio_text(peak / total, MEMORY_THRESHOLD)}, holding "
+                f"{size_text(sum(beyond.values()))} beyond that, most of it {top} (+{size_text(beyond[top])})"
+            )
         return text + "."
+
+    def perfect_bound(self, world_size: int) -> tuple[int, dict[str, int]] | None:
+        """(bytes, what zero2 held beyond them by category): the least a perfect ZeRO-2 holds at
+        the moment zero2's peak was measured, from that moment's breakdown. After its first step
+        any ZeRO-2 holds, at every moment, its parameters whole and its shard of the optimizer
+        state (the bytes per parameter of the run's precision: 4 and 8/N at fp32, 2 and 12/N at
+        fp16 and bf16), the activations of that moment, and of the rest (buffers, inputs) no less
+        than the least zero2 or DDP held. Gradients are left out: a perfect ZeRO-2 may hold none of
+        them at that moment. Each part is at most what zero2 held, so the bound is never above
+        what was measured. None where a breakdown, the parameter count or the precision is
+        unknown: no number is better than one that can be wrong."""
+        base, ours = self.memory.get(BASELINE), self.memory.get(OURS)
+        if base is None or ours is None or ours.status != "ok" or not ours.params:
+            return None
+        bd, mine = base.mem_breakdown_bytes or {}, ours.mem_breakdown_bytes or {}
+        states = MODEL_STATE_BYTES.get(ours.precision)
+        if not bd or not mine or states is None:
+            return None
+        least = {
+            "params": min(ours.params * states.parameter, mine.get("params", 0)),
+            "optimizer": min(ours.params * states.optimizer // world_size, mine.get("optimizer", 0)),
+            "activations": mine.get("activations", 0),
+            "other": min(bd.get("other", 0), mine.get("other", 0)),
+        }
+        beyond = {k: v - least.get(k, 0) for k, v in mine.items()}
+        return min(sum(least.values()), self.peak(OURS) or 0), beyond
 
     def _failures(self) -> str:
         bad = [r for r in [*self.memory.values(), *self.max_size.values()] if r.status != "ok"]

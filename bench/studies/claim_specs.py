@@ -9,7 +9,15 @@ the paper presets on one card (simulated N=8, an emulated card budget).
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import dataclass, replace
+from pathlib import Path
+
+#: the per-rank batch of a workload of your own, where ``claim --batch-size`` does not set one
+OWN_BATCH = 1
+#: where a claim's folder goes unless ``--out`` says (``default_out``)
+CLAIMS_DIR = Path("results/claim")
 
 
 @dataclass(frozen=True)
@@ -124,3 +132,60 @@ SPECS: dict[str, ClaimSpec] = {
         scale_note="tiny presets: a test of the pipeline, not a measurement of the claim.",
     ),
 }
+
+
+def own_workloads(spec: ClaimSpec) -> list[str]:
+    """The workloads of ``spec`` that the spec of its name lacks: one's own (``--workload``)."""
+    theirs = {w.name for w in SPECS[spec.name].workloads} if spec.name in SPECS else set()
+    return [w.name for w in spec.workloads if w.name not in theirs]
+
+
+def default_out(spec: ClaimSpec) -> Path:
+    """The claim's folder unless ``--out`` says: ``<spec>``, then ``-<workloads>`` of one's own
+    (``hf:GPT2LMHeadModel`` -> ``hf-GPT2LMHeadModel``), then ``-<precision>`` away from fp32:
+    each a claim of its own, beside the spec's rather than over it."""
+    own = "-".join(re.sub(r"[^A-Za-z0-9]+", "-", n).strip("-") for n in own_workloads(spec))
+    precision = spec.precision if spec.precision != "fp32" else ""
+    return CLAIMS_DIR / "-".join(part for part in (spec.name, own, precision) if part)
+
+
+def claim_command(spec: ClaimSpec, out: Path | None = None) -> str:
+    """The ``shardbench claim`` command that measures ``spec`` into ``out``: its name, each flag
+    by which it differs from the spec of that name (precision, peers, workloads and the shape
+    and batch of one's own, world size, budget, reserve), and ``--out`` where ``out`` is not the
+    default folder. Read from the spec, not from a command line, so a report says how to
+    reproduce exactly what it shows."""
+    from shardbench.models.presets.config_string import DEFAULT_PRESET
+
+    base = SPECS.get(spec.name, spec)
+    words = ["shardbench", "claim", "--spec", spec.name]
+    if spec.precision != base.precision:
+        words += ["--precision", spec.precision]
+    if (spec.peers, spec.real_peers) != (base.peers, base.real_peers):
+        words.append("--peers")
+    names = [w.name for w in spec.workloads]
+    if names != [w.name for w in base.workloads]:
+        words += ["--workload", ",".join(names)]
+    own = [w for w in spec.workloads if w.name in own_workloads(spec)]
+    if own and own[0].preset != DEFAULT_PRESET:  # one --model-config shapes all of one's own
+        words += ["--model-config", own[0].preset]
+    if own and own[0].batch_size != OWN_BATCH:
+        words += ["--batch-size", str(own[0].batch_size)]
+    if spec.world_size != base.world_size:
+        words += ["--world-size", str(spec.world_size)]
+    if spec.budget != base.budget:
+        words += ["--budget", spec.budget]
+    if spec.reserve_bytes is not None:
+        words += ["--reserve", _size_flag(spec.reserve_bytes)]
+    if out is not None and Path(out) != default_out(spec):
+        words += ["--out", str(out)]
+    return shlex.join(words)
+
+
+def _size_flag(nbytes: int) -> str:
+    """``nbytes`` as a size flag reads it back exactly: ``2GiB``, ``512MiB``, else ``1000B``."""
+    unit = next((u for u in ("GiB", "MiB", "KiB") if nbytes and not nbytes % _BINARY[u]), "B")
+    return f"{nbytes // _BINARY.get(unit, 1)}{unit}"
+
+
+_BINARY = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}
