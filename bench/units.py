@@ -3,7 +3,8 @@
 
 A lone figure takes the unit that keeps three significant figures (``8.00 MiB``, ``133 MiB``,
 ``1.36 GiB``): a budget of 8 MiB never reads ``0.01 GiB``. A table column takes one unit for
-every row (``size_unit``), chosen by its budget, as the plan table does. Two ends of a bracket
+every row (``size_unit``), chosen by its largest figure, as the plan table does: peaks of a few
+MiB within a 1 GiB budget read ``5.3``, never ``0.01``. Two ends of a bracket
 (a largest fit and a smallest misfit) that differ never print equal: ``apart`` adds digits
 until they do not.
 """
@@ -38,9 +39,10 @@ def size_text(nbytes: int | float | None, *, extra: int = 0) -> str:
     return f"{_figures(nbytes / unit, 3 + extra)} {label}"
 
 
-def size_unit(budget: int) -> tuple[int, str]:
-    """GiB, or MiB under a 1 GiB budget: the unit of every size in a table kept within it."""
-    return (GIB, "GiB") if budget >= GIB else (MIB, "MiB")
+def size_unit(largest: int) -> tuple[int, str]:
+    """GiB, or MiB under 1 GiB: the unit of every size in a table whose largest figure (of those
+    it is read for) is ``largest``."""
+    return (GIB, "GiB") if largest >= GIB else (MIB, "MiB")
 
 
 def in_unit(nbytes: int | None, unit: int, *, extra: int = 0) -> str:

@@ -9,8 +9,12 @@ a name or a number.
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
+import sys
+from pathlib import Path
 
 #: where a word too long for a line may break: after these (a model config's separators, a path's)
 _SEPARATORS = re.compile(r"(?<=[,:;/])")
@@ -92,3 +96,36 @@ def first_sentence(text: str | None) -> str:
     head = lines[0].strip()
     end = re.search(r"(?<=[^.\s][.!?])\s", head)
     return head[: end.start()] if end else head
+
+
+#: the package's directory: ``python -m shardbench`` runs a ``__main__.py`` below it
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def program() -> str:
+    """The program as a command this tool suggests ("resume with: ...") names it: the way it
+    was started, so that the suggestion runs as written. ``.venv/bin/shardbench`` when run so
+    (a fresh clone's set-up puts nothing on PATH), plain ``shardbench`` where PATH finds that
+    same script, ``python -m shardbench`` (the interpreter named likewise) for the module, and
+    plain ``shardbench`` where no command line started it (the CLI called from Python)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    path = Path(argv0)
+    if path.name == "__main__.py" and _PACKAGE in path.resolve().parents:
+        return f"{_as_typed(sys.executable, 'python')} -m shardbench"
+    if path.stem == "shardbench":
+        return _as_typed(argv0, "shardbench")
+    return "shardbench"
+
+
+def _as_typed(path: str, name: str) -> str:
+    """``name`` where PATH finds ``path`` by it; else ``path`` relative to the working directory
+    when below it (``.venv/bin/shardbench``), else whole: a word the shell runs as written."""
+    whole = os.path.abspath(path)
+    if (found := shutil.which(name)) is not None and os.path.abspath(found) == whole:
+        return name
+    relative = os.path.relpath(whole)
+    if relative.startswith(os.pardir):
+        relative = whole
+    elif os.sep not in relative:  # a bare name would be looked up on PATH, not here
+        relative = os.path.join(os.curdir, relative)
+    return shlex.quote(relative)

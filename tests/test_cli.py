@@ -234,3 +234,73 @@ def test_a_run_is_named_after_what_ran(monkeypatch) -> None:
         "models",
         "b",
     ]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+def test_a_closed_pipe_ends_the_command_quietly(buffered: bool) -> None:
+    """``shardbench list | head -1``: the reader closing stdout is normal use, not a bug: no
+    traceback, no "internal error", exit 141 (128 + SIGPIPE) as a shell reports it, whether the
+    output met the closed pipe while printing (unbuffered) or when flushed at the end."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env.update({} if buffered else {"PYTHONUNBUFFERED": "1"})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "shardbench", "list"], stdout=write, stderr=subprocess.PIPE,
+            text=True, env=env, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_a_bug() -> None:
+    """Only stdout's reader going away is normal: a broken pipe anywhere else (a rank's socket)
+    is reported as the internal error it is."""
+    code = (
+        "import sys, shardbench.cli as cli\n"
+        "def broken(args):\n"
+        "    raise BrokenPipeError(32, 'Broken pipe')\n"
+        "cli.cmd_list = broken\n"
+        "sys.exit(cli.main(['list']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and "internal error (BrokenPipeError" in done.stderr
+
+
+def test_a_suggested_command_names_the_program_as_it_was_started(monkeypatch, tmp_path) -> None:
+    """After the README's set-up nothing is on PATH: a hint printed by ``.venv/bin/shardbench``
+    says ``.venv/bin/shardbench``, by a script PATH finds plain ``shardbench``, by the module
+    ``python -m shardbench``; every hint (the measure command, a baseline to save, ...) uses it."""
+    from types import SimpleNamespace
+
+    from shardbench.studies.baselines import find_baseline
+    from shardbench.studies.plan import measure_command
+    from shardbench.wording import program
+
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "shardbench").write_text("#!/bin/sh\n")
+    (venv / "shardbench").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(sys, "argv", [".venv/bin/shardbench", "plan"])
+    assert program() == ".venv/bin/shardbench"
+    record = SimpleNamespace(world_size=2, activation_checkpointing=False, workload="transformer",
+                             preset="tiny", precision="fp32", batch_size_per_rank=8)  # fmt: skip
+    assert measure_command(record, ["deepspeed-zero2"]).startswith(".venv/bin/shardbench run --workload")
+    with pytest.raises(ValueError, match=r"save one with: \.venv/bin/shardbench baseline save RUN"):
+        find_baseline("nope", root=tmp_path)
+    monkeypatch.setenv("PATH", str(venv))
+    monkeypatch.setattr(sys, "argv", [str(venv / "shardbench"), "plan"])
+    assert program() == "shardbench"
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "bench" / "__main__.py"), "plan"])
+    assert program().endswith(" -m shardbench")
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/pytest"])  # not started as shardbench: its name
+    assert program() == "shardbench"

@@ -373,3 +373,21 @@ def test_the_cli_counts_the_reserve_on_a_cuda_target(tmp_path: Path, monkeypatch
     assert "cannot read --reserve" in capsys.readouterr().err
     assert main([*argv, "--reserve", "2GiB", "--out", str(tmp_path / "b")]) == 2
     assert "leaves nothing of --budget" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
+def test_nothing_fits_names_the_smallest_size_searched_and_what_lies_below_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """When the search's smallest size does not fit, that is the smallest size it covers, not
+    the smallest model: a named preset below it (transformer's tiny) may fit, and the answer
+    says which and how to search it. Each search's answer is printed once."""
+    monkeypatch.setattr(maxsize, "run_cell", lambda cell, *, run_id: stand_in_record(cell, run_id=run_id))
+    argv = ["max-size", "--workload", "transformer", "--strategy", "ddp", "--world-size", "8"]
+    argv += ["--ladder", "small,base", "--budget", "1MiB", "--out", str(tmp_path / "ms")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (answer,) = [r.note for r in read_records([tmp_path / "ms"]) if r.suite == "max-size"]
+    assert "nothing fits; small (" in answer and "is the smallest size the search covers" in answer
+    assert "smallest that did not fit" not in answer
+    assert "a smaller model may fit: tiny (" in answer and "(--ladder tiny,small)" in answer
+    assert " ".join(out.split()).count(" ".join(answer.split())) == 1

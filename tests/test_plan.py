@@ -18,6 +18,7 @@ from shardbench.studies import maxsize
 from shardbench.studies.plan import (
     PLAN_STRATEGIES,
     UNPLANNED,
+    plannable,
     planning_cells,
     recommend,
     rows_from,
@@ -355,3 +356,46 @@ def test_gpu_without_device_plans_for_cuda_and_says_so(in_process, tmp_path: Pat
     predicted = json.loads((out / PLAN_JSON).read_text())["rows"][0]["predicted_step_time"]
     assert predicted["peak_kind"] == "datasheet" and "NVLink" in predicted["network_source"]
     assert "N=2 on cuda H100 (--gpu implies --device cuda)" in (out / "plan.md").read_text()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_measure_command_asks_the_cpu_only_for_what_it_runs_at_that_precision(precision: str) -> None:
+    """FairScale's zero1 and zero2 train fp16 only on CUDA, as its zero3 does at any precision:
+    each goes to the ``--device cuda`` command; the other command runs on the CPU as given."""
+    from types import SimpleNamespace
+
+    from shardbench.strategies.registry import check_runnable
+    from shardbench.studies.plan import measure_command
+
+    peers = [s for s in PLAN_STRATEGIES if not plannable(s)]
+    record = SimpleNamespace(world_size=8, activation_checkpointing=False, workload="transformer",
+                             preset="tiny", precision=precision, batch_size_per_rank=8)  # fmt: skip
+    anywhere, cuda = measure_command(record, peers).split("; and ")
+    on_cuda = cuda.split("--strategy ")[1].split()[0].split(",")
+    assert "--device cuda (on 8 GPUs)" in cuda and "--device cuda (on" not in anywhere
+    at_fp16 = {"fairscale-zero1", "fairscale-zero2"} if precision == "fp16" else set()
+    assert set(on_cuda) == {"fairscale-zero3", *at_fp16}
+    for strategy in anywhere.split("--strategy ")[1].split()[0].split(","):
+        try:
+            check_runnable(strategy, "cpu", precision)
+        except ValueError as e:  # a peer's package may be missing here; never CUDA
+            assert "not installed" in str(e), e
+
+
+@pytest.mark.parametrize(("preset", "unit", "peak"), [("tiny", "MiB", "8.6"), ("base", "GiB", "1.63")])
+def test_the_plan_reads_its_sizes_in_the_unit_of_its_figures(preset: str, unit: str, peak: str) -> None:
+    """A small model's peaks within a 1 GiB budget read in MiB (``8.6``), never ``0.01`` GiB;
+    a peak past 1 GiB keeps the table in GiB."""
+    from shardbench.harness.config import make_cell
+    from shardbench.report.plan_report import table, title, verdict
+    from shardbench.studies.plan import Plan, PlanRow
+    from shardbench.studies.plan_reserve import ReservePolicy
+    from tests.cells import stand_in_record  # a peak of 16 bytes per parameter
+
+    cell = make_cell(workload="transformer", preset=preset, strategy="ddp", world_size=8, batch_size=8)
+    budget = 1 << 30 if preset == "tiny" else 80 << 30
+    plan = Plan((PlanRow("ddp", stand_in_record(cell), budget),), budget, ReservePolicy(device="cpu"), 8)
+    columns, (row,) = table(plan)
+    assert row[columns.index("peak")] == peak
+    assert title(plan, cell, budget_text="1GiB").endswith(f"sizes in {unit}")
+    assert f"peak {peak} + reserve " in verdict(plan) and f"{unit} headroom" in verdict(plan)

@@ -179,3 +179,16 @@ def test_a_long_line_is_printed_wrapped_at_the_terminals_width(monkeypatch, caps
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) > 1 and max(map(len, lines)) <= 60
     assert _joined(lines) == COMMAND
+
+
+def test_progress_into_a_log_is_the_cells_lines_alone(capsys) -> None:
+    """Where stderr is no terminal (a log, a pipe), each finished cell is one line and nothing
+    else: no bar, and no tail of a wrapped label ("fp32 b=8") on a line of its own."""
+    from shardbench.harness.runner import _progress
+
+    labels = [f"transformer/tiny {s} N=8 fp32 b=8 with a label long enough to wrap" for s in ("ddp", "zero2")]
+    with _progress(len(labels)) as progress:
+        for label in labels:
+            progress.start(label)
+            progress.done(f"{label}: ok (0.1s)")
+    assert capsys.readouterr().err.splitlines() == [f"{label}: ok (0.1s)" for label in labels]

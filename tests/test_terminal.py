@@ -114,7 +114,7 @@ def test_help_shows_defaults() -> None:
     sub = next(a for a in parser._actions if a.choices and "run" in a.choices).choices
     assert "(default: 8)" in sub["plan"].format_help()
     assert "(default: smoke)" in sub["run"].format_help()
-    assert "results/claim/<device>/" in sub["claim"].format_help()
+    assert "results/claim/<spec>/" in sub["claim"].format_help()
 
 
 def _subcommands(parser, path=()):
@@ -226,10 +226,19 @@ def test_tokens_per_second_reads_per_rank_and_for_the_whole_job() -> None:
     assert check_columns(["tokens/s"]) == ("tokens/s/job",)
     header, row = terminal_table([cell], ("strategy", "tokens/s/rank", "tokens/s/job")).splitlines()[:2]
     assert header.split() == ["strategy", "tokens/s/rank", "tokens/s/job"]
-    assert row.split() == ["ddp", "1280", "5120"]
-    frame = records_to_frame([cell])
+    assert row.split() == ["ddp", "1.28K", "5.12K"]
+    frame = records_to_frame([cell])  # the data keeps the figures whole
     assert "tokens_per_s" not in frame.columns
     assert frame[["tokens_per_s_per_rank", "tokens_per_s_job"]].iloc[0].tolist() == [1280, 5120]
+
+
+def test_tokens_per_second_reads_compact_as_the_plan_shows_it() -> None:
+    """A GPU job's tokens/s runs to millions: ``51.5M`` and ``6.44M``, as the plan's columns
+    read, never ``51545091``."""
+    flops = {"model": 1e9, "hardware": 1e9, "tokens_per_sample": 2048, "dtype": "bf16"}
+    cell = _timed(world_size=8, flops_per_step=flops, tokens_per_s=51_545_091.0)
+    row = terminal_table([cell], ("strategy", "tokens/s/rank", "tokens/s/job")).splitlines()[1]
+    assert row.split() == ["ddp", "6.44M", "51.5M"]
 
 
 def test_the_help_lists_the_default_columns_the_table_shows(monkeypatch) -> None:

@@ -9,6 +9,8 @@ one line on stderr naming what is allowed, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import signal
 import sys
 import textwrap
@@ -128,8 +130,39 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 #: the exit code of an unexpected exception (a bug), distinct from every command's own codes:
-#: 0 success, 1 a failed cell or a regression, 2 a usage error, 130/143 interrupted
+#: 0 success, 1 a failed cell or a regression, 2 a usage error, 130/143 interrupted, 141 the
+#: reader of its output went away
 INTERNAL_ERROR = 3
+
+#: the exit code when stdout's reader closed it (``shardbench list | head -1``): 128 + SIGPIPE,
+#: what a shell reports for a command its pipe's reader left behind
+CLOSED_PIPE = 128 + 13
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout's reader has gone: a pipe whose read end is closed polls as an error.
+    A broken pipe elsewhere (a rank's socket) is then still reported as the bug it is. Where
+    stdout cannot be polled, a broken pipe is taken to be stdout's, as the Python docs do."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):
+        return True
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit writes nowhere rather
+    than raising a second BrokenPipeError (the Python docs' recipe for SIGPIPE)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
 
 #: the commands that run cells: inside a torchrun or Slurm job every process runs them together
 #: (rank 0 leads, the others lend their ranks). Any other command (list, env, report, compare,
@@ -169,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
 
         handler = in_job(job, handler)
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # output still buffered meets a closed pipe here, not at exit
+        return code
     except UsageError as e:
         print(f"shardbench {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -180,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardbench {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a bug: its own exit code, never compare's "regression" (1)
+        if isinstance(e, BrokenPipeError) and _stdout_closed():  # `| head`: normal use, not a bug
+            _silence_stdout()
+            return CLOSED_PIPE
         traceback.print_exc()
         print(
             f"shardbench {args.command}: internal error ({type(e).__name__}: {e}); exit code "

@@ -18,7 +18,7 @@ from shardbench.cli.common import DEFAULT_RUNS_DIR, UsageError
 from shardbench.cli.suite_searches import SuiteSearch, run_searches
 from shardbench.harness.config import CellConfig
 from shardbench.paths import path_component
-from shardbench.wording import count
+from shardbench.wording import count, program
 
 #: ``--repeat`` beyond this is a typo, not a measurement plan
 MAX_REPEAT = 100
@@ -142,9 +142,10 @@ def execute_run(
     searches_failed = run_searches(list(searches), out, run_id) if outcome.interrupted is None else 0
     from shardbench.report.terminal import DEFAULT_COLUMNS, terminal_table
 
+    report = write_report(out, charts=charts)  # before any output: a reader gone (| head) ends it
     if outcome.records or before:
         print(terminal_table(latest_outcomes([*before, *outcome.records]), columns or DEFAULT_COLUMNS))
-    print(f"report: {write_report(out, charts=charts)} (every column: {out / 'table.md'})")
+    print(f"report: {report} (every column: {out / 'table.md'})")
     records = outcome.records
     ok = sum(r.status == "ok" for r in records)
     skipped = f", {outcome.skipped} skipped (already ok)" if outcome.skipped else ""
@@ -152,7 +153,7 @@ def execute_run(
     if any(error_file(r) for r in records):
         print(f"each failed cell's whole error (its traceback): {out / ERRORS_DIR}/")
     if outcome.interrupted is not None:
-        again = f"shardbench run --resume {out}" + ("" if suite is not None else " (and the same flags)")
+        again = f"{program()} run --resume {out}" + ("" if suite is not None else " (and the same flags)")
         print(f"{outcome.interrupted.because}; resume with: {again}", file=sys.stderr)
         return Executed(out, outcome.interrupted.exit_code, run_id, stopped=True)
     failed = searches_failed or any(r.status != "ok" for r in records)

@@ -163,7 +163,6 @@ def cmd_max_size(args: argparse.Namespace) -> int:
     from shardbench.report.build import write_report
     from shardbench.report.tables import write_tables
     from shardbench.studies.maxsize import search
-    from shardbench.wording import print_wrapped
 
     run_id = new_run_id("max-size")
     out = args.out or DEFAULT_RUNS_DIR / run_id
@@ -171,7 +170,7 @@ def cmd_max_size(args: argparse.Namespace) -> int:
         check_output_dir(out, cells=len(cells) * PROBES_PER_SEARCH)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    summaries = [
+    for cell in cells:  # each search prints its probes and then its answer, once
         search(
             cell,
             budget=budget,
@@ -182,11 +181,7 @@ def cmd_max_size(args: argparse.Namespace) -> int:
             out_dir=out,
             run_id=run_id,
         )
-        for cell in cells
-    ]
     write_tables(read_records([out]), out)
     print(f"report: {write_report(out)}")
-    for s in summaries:
-        print_wrapped(s.note)
     print(f"records: {out / 'records.jsonl'}")
     return 0

@@ -224,8 +224,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     (out / "plan.md").write_text(plan_markdown(plan, title_text=heading))
     (out / PLAN_JSON).write_text(json.dumps(plan_json(plan, title_text=heading), indent=2) + "\n")
     write_tables(records, out)
+    report = write_report(out)  # before any output: a reader gone (| head) ends the command
     print_plan(plan, title_text=heading)
-    print(f"report: {write_report(out)}")
+    print(f"report: {report}")
     print(f"plan: {out / 'plan.md'}; records: {out / 'records.jsonl'}")
     if any(error_file(r.record) for r in plan.rows):
         print(f"each failed cell's whole error (its traceback): {out / ERRORS_DIR}/")

@@ -28,7 +28,7 @@ from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import CellEndsRun, run_cell
 from shardbench.harness.result import build_record, with_slow_start
 from shardbench.records import CellKey, Record, append_record, read_records
-from shardbench.wording import wrap
+from shardbench.wording import count, wrap
 
 _RUN_IDS = itertools.count()
 
@@ -236,22 +236,30 @@ BAR_WIDTH = 24
 
 
 class _RichProgress(_PlainProgress):
+    """A bar under the finished cells' lines, on a terminal. Elsewhere (a log, a pipe) only the
+    lines: rich draws a bar there once, when it stops, and the running cell's label in it, wrapped
+    to the bar's room, would leave its tail ("fp32 b=8") on a line of its own."""
+
     def __enter__(self) -> _RichProgress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        console = Console(file=sys.stderr)
         self._bar = Progress(
             TextColumn("{task.description}", markup=False, style="bold"),
             BarColumn(bar_width=BAR_WIDTH),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            console=Console(file=sys.stderr),
+            console=console,
+            disable=not console.is_terminal,
         )
         self._bar.__enter__()
         self._task = self._bar.add_task("cells", total=self.total)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # the bar that stays names what it counted, not the cell that happened to run last
+        self._bar.update(self._task, description=count(self.total, "cell"))
         self._bar.__exit__(*exc)
 
     def start(self, label: str) -> None:

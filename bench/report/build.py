@@ -17,6 +17,7 @@ from shardbench.records import Record, latest_outcomes, load_records, none_ok, r
 from shardbench.report.html import write_index
 from shardbench.report.plan_html import read_plan
 from shardbench.report.tables import records_to_frame, write_tables
+from shardbench.wording import program
 
 
 def plot_all(records: Sequence[Record], out_dir: Path) -> dict[str, list[Path]]:
@@ -75,7 +76,7 @@ def build_report(paths: Sequence[Path | str], out_dir: Path, *, charts: bool = T
     write_tables(records, out_dir)
     drawn = plot_all(records, out_dir) if charts else {}
     frame = records_to_frame(records, tracebacks=True)  # written beside it by write_tables
-    undrawn = None if charts else f"Charts not drawn (--no-charts); shardbench report {out_dir} draws them."
+    undrawn = None if charts else f"Charts not drawn (--no-charts); {program()} report {out_dir} draws them."
     index = write_index(records, frame=frame, charts=drawn, out_dir=out_dir, plan=plan, charts_note=undrawn)
     return ReportResult(
         table_md=out_dir / "table.md",
@@ -93,4 +94,4 @@ def write_report(run_dir: Path, *, charts: bool = True) -> Path | str:
     try:
         return build_report([run_dir], run_dir, charts=charts).index_html
     except Exception as e:  # noqa: BLE001 - the records are written; the report is a by-product
-        return f"not written ({type(e).__name__}: {e}); rebuild with: shardbench report {run_dir}"
+        return f"not written ({type(e).__name__}: {e}); rebuild with: {program()} report {run_dir}"

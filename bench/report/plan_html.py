@@ -12,7 +12,7 @@ from typing import Any
 
 from shardbench.report.plan_report import PLAN_JSON
 from shardbench.report.summary_html import breakable
-from shardbench.units import in_unit, size_unit
+from shardbench.units import size_text
 
 
 def read_plan(run_dir: Path) -> dict[str, Any] | None:
@@ -30,12 +30,10 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _size(nbytes: int | None, budget: int) -> str:
-    """In the plan table's unit: GiB, or MiB under a 1 GiB budget."""
-    if not nbytes:
-        return "0"
-    unit, label = size_unit(budget)
-    return f"{in_unit(nbytes, unit)} {label}"
+def _size(nbytes: int | None) -> str:
+    """A lone size (the budget, the reserve) in the unit that keeps three figures: a 0.3 MiB
+    reserve in a 1 GiB budget reads ``307 KiB``, not ``0.00 GiB``."""
+    return size_text(nbytes) if nbytes else "0"
 
 
 def plan_lead(plan: Mapping[str, Any]) -> str:
@@ -43,9 +41,9 @@ def plan_lead(plan: Mapping[str, Any]) -> str:
     budget = int(plan["budget_bytes"])
     best = plan.get("recommended")
     chosen = next((r for r in plan.get("rows") or [] if r.get("strategy") == best), None)
-    reserve = _size(chosen.get("reserve_bytes"), budget) if chosen else "per strategy (the table)"
+    reserve = _size(chosen.get("reserve_bytes")) if chosen else "per strategy (the table)"
     facts = [
-        ("budget per rank", _size(budget, budget)),
+        ("budget per rank", _size(budget)),
         ("reserve", reserve),
         ("recommended", best or "nothing fits"),
     ]

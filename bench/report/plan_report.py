@@ -91,13 +91,24 @@ def _fits(row: PlanRow) -> str:
     return "yes" if row.fits else "no"
 
 
+def plan_unit(plan: Plan) -> tuple[int, str]:
+    """The unit of every size the plan prints: GiB where a strategy's peak, reserve or model
+    states reach 1 GiB, else MiB (a small model's peaks in a 1 GiB budget read ``5.3``, not
+    ``0.01``); the budget's where nothing was measured. The headroom is left out: it is the
+    budget less the peak, and would choose GiB for every small model in a large budget."""
+    figures = [
+        f for r in plan.rows for f in (r.peak, r.reserve_bytes, r.model_states, r.formula) if f is not None
+    ]
+    return size_unit(max(figures, default=plan.budget))
+
+
 def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows of the plan table, sizes in ``size_unit(budget)``: the peak, the reserve
+    """Columns and rows of the plan table, sizes in ``plan_unit``: the peak, the reserve
     kept beside it and the headroom after both; the model states held after a step beside the
     ZeRO formula's; the peak's activations and the rest; where a step was predicted, the step,
     tokens/s per GPU and for the whole job, and MFU (the headers stay short so that a
     strategy's name is never broken across lines in a 120-column terminal)."""
-    unit, _ = size_unit(plan.budget)
+    unit, _ = plan_unit(plan)
     rows = plan.rows
     searched = any(r.max_batch is not None for r in rows)
     timed = any((r.record.step_time_s or {}).get("median") for r in rows)
@@ -138,7 +149,7 @@ def reserve_line(plan: Plan) -> str:
     """What the reserve is made of, where its figures come from and what it leaves out."""
     policy = plan.policy
     if policy.fixed is not None:
-        unit, label = size_unit(plan.budget)
+        unit, label = plan_unit(plan)
         return f"reserve: {in_unit(policy.fixed, unit)} {label} per rank beside each peak (--reserve)"
     if policy.device != "cuda":
         return "reserve: none (on the CPU nothing is held beside the tensors; --reserve SIZE sets one)"
@@ -163,7 +174,7 @@ def reserve_line(plan: Plan) -> str:
 
 def verdict(plan: Plan) -> str:
     """One line: the recommendation, the margin it kept and why, or why nothing fits."""
-    unit, label = size_unit(plan.budget)
+    unit, label = plan_unit(plan)
     budget = f"{in_unit(plan.budget, unit)} {label}"
     at = f"at batch {plan.batch} per rank" if plan.batch is not None else "at batch 1 per rank"
     best, failed, unplanned = plan.best, plan.failed, plan.unplanned
@@ -238,7 +249,7 @@ def title(
         f"plan: {cell.workload} {cell.preset} (Ψ = {params_text(plan.params)} parameters), "
         f"N={cell.world_size} on {device}, {cell.precision}, budget {budget_text} per rank, {batch}"
         + (", AC" if cell.activation_checkpointing else "")
-        + f" ({mode}); sizes in {size_unit(plan.budget)[1]}"
+        + f" ({mode}); sizes in {plan_unit(plan)[1]}"
     )
 
 

@@ -19,7 +19,7 @@ from shardbench.report.chart_types import reading_order
 from shardbench.studies.reference import REFERENCE
 from shardbench.studies.speed_verdict import ONE_RUN, REPEAT_HINT, RULE
 from shardbench.studies.versus import against_reference, group_key, model_states, repeated
-from shardbench.units import size_text
+from shardbench.units import count_text, size_text
 from shardbench.wording import first_sentence, longest_piece, wrap
 
 WIDTH = 120
@@ -64,6 +64,12 @@ def _number(value: float | None) -> str:
     from shardbench.report.tables import format_value
 
     return format_value(value) if value else ""
+
+
+def _rate(value: float | None) -> str:
+    """A rate that runs to millions (a GPU job's tokens/s) with its scale, as the plan shows it:
+    ``51.5M``, not ``51545091``."""
+    return count_text(value) if value else ""
 
 
 def _per_rank(value: float | None, r: Record) -> float | None:
@@ -136,8 +142,8 @@ COLUMNS: dict[str, Column] = {
         Column("states/pred", _states, right=True),
         Column("step", step_text, right=True),
         Column("samples/s", lambda r: _number(r.samples_per_s), right=True),
-        Column("tokens/s/rank", lambda r: _number(_per_rank(r.tokens_per_s, r)), right=True),
-        Column("tokens/s/job", lambda r: _number(r.tokens_per_s), right=True),
+        Column("tokens/s/rank", lambda r: _rate(_per_rank(r.tokens_per_s, r)), right=True),
+        Column("tokens/s/job", lambda r: _rate(r.tokens_per_s), right=True),
         Column("TFLOP/s", tflops_text, right=True),
         Column("MFU", lambda r: percent_text(r.mfu), right=True),
         Column("HFU", lambda r: percent_text(r.hfu), right=True),

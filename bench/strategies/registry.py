@@ -47,6 +47,13 @@ def missing_packages(name: str) -> list[str]:
     return [m for m in strategy_card(name).requires if importlib.util.find_spec(m) is None]
 
 
+def cuda_only_at(name: str, precision: str = "fp32") -> bool:
+    """Whether ``name`` trains at ``precision`` only with ``--device cuda``: a CUDA-only
+    strategy, or one whose fp16 needs CUDA (``fp16_needs_cuda``), as ``check_runnable`` refuses."""
+    card = strategy_card(name)
+    return card.cuda_only or (precision == "fp16" and bool(card.fp16_needs_cuda))
+
+
 def check_runnable(name: str, device: str, precision: str = "fp32") -> None:
     """``ValueError`` in one line when ``name`` cannot run here: a package of its extra is not
     installed, or it runs (at ``precision``) only on CUDA and the cell is not."""

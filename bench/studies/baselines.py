@@ -21,6 +21,7 @@ from typing import Any
 from shardbench.paths import atomic_write_text, file_lock, inside, path_component, results_home
 from shardbench.records import Record, load_records, none_ok, records_file
 from shardbench.studies.machines import describe, machine_of, machines
+from shardbench.wording import program
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -148,7 +149,7 @@ def find_baseline(name: str, *, device: str | None = None, root: Path | None = N
         listed = ", ".join(saved) or "none yet"
         raise ValueError(
             f"no baseline named {name!r} under {root} (saved: {listed}); "
-            f"save one with: shardbench baseline save RUN --as {name}"
+            f"save one with: {program()} baseline save RUN --as {name}"
         )
     raise ValueError(f"baseline {name!r} exists for several devices ({', '.join(str(p) for p in found)})")
 

@@ -504,6 +504,10 @@ def _summary(
     }
     if extra:
         info["resolution"] = bracket(info)
+    if largest is None and smallest_fail is not None and vary == "params":
+        # the axis starts where it starts (a family's smallest shape): a named preset below it
+        # was never probed, so "nothing fits" is said of the sizes searched, with what lies below
+        info["smaller_presets"] = smaller_presets(base.workload, smallest_fail.record.params)
     status = "ok" if largest else "oom"
     error = None
     if not largest:
@@ -518,6 +522,18 @@ def _summary(
         note=answer_line_from(info, base),
         run_id=run_id,
     )
+
+
+def smaller_presets(workload: str, params: int | None) -> dict[str, int]:
+    """The workload's named presets with fewer parameters than ``params``, smallest first (none
+    where their counts cannot be read)."""
+    from shardbench.models.registry import preset_param_counts
+
+    try:
+        counts = preset_param_counts(workload)
+    except Exception:  # noqa: BLE001 - a hint only: a workload of one's own may not list its presets
+        return {}
+    return dict(sorted(((p, n) for p, n in counts.items() if params and n < params), key=lambda pn: pn[1]))
 
 
 def _judged_by(base: CellConfig, budget: int, reserve: Reserve) -> dict[str, Any]:
@@ -603,6 +619,16 @@ def answer_line_from(info: dict[str, Any], cell: CellConfig) -> str:
     if fail:
         why = "" if fail["status"] == "ok" else f" [{fail['status']}]"
         what = _what(fail, vary, fail_params)
+    if fail and not fit and vary == "params":
+        # the search's smallest size, not the smallest model: a smaller one may well fit
+        lost = f"{what} is the smallest size the search covers, peak {fail_peak}{beside(fail)}{why}"
+        smaller = info.get("smaller_presets") or {}
+        if smaller:
+            named = ", ".join(f"{p} ({params_text(n)} params)" for p, n in smaller.items())
+            lost += f"; a smaller model may fit: {named} (--ladder {','.join([*smaller, fail['preset']])})"
+        else:
+            lost += "; a smaller model may fit (--ladder searches the presets it names)"
+    elif fail:
         lost = f"smallest that did not fit: {what}, peak {fail_peak}{beside(fail)}{why}"
     else:
         lost = "everything probed fits"

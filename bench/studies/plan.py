@@ -113,17 +113,19 @@ def unplanned_record(cell: CellConfig, *, run_id: str) -> Record:
 
 def measure_command(record: Record, strategies: Sequence[str]) -> str:
     """The ``shardbench run`` that measures ``strategies`` on real ranks at ``record``'s cell;
-    those that run only on CUDA get a command of their own, with ``--device cuda``."""
-    from shardbench.strategies.registry import strategy_card
+    those that run only on CUDA at its precision (fairscale-zero3 always, FairScale's others at
+    fp16) get a command of their own, with ``--device cuda``: the CPU would refuse them."""
+    from shardbench.strategies.registry import cuda_only_at
+    from shardbench.wording import program
 
     n = record.world_size
     flags = " --activation-checkpointing" if record.activation_checkpointing else ""
-    cuda = [s for s in strategies if strategy_card(s).cuda_only]
+    cuda = [s for s in strategies if cuda_only_at(s, record.precision)]
     anywhere = [s for s in strategies if s not in cuda]
 
     def command(names: Sequence[str], device: str) -> str:
         return (
-            f"shardbench run --workload {record.workload} --preset {record.preset} --strategy "
+            f"{program()} run --workload {record.workload} --preset {record.preset} --strategy "
             f"{','.join(names)} --world-size {n} --precision {record.precision} --batch-size "
             f"{record.batch_size_per_rank}{flags}{device}"
         )
