@@ -44,10 +44,6 @@ _PROGRAM = re.compile(
     r"^(?:\$ )?(?:.*&& )?(?:[A-Z_]+=\S+ )*"
     r"(?P<program>\S*shardbench|.*-m shardbench(?:\.cli)?)\s(?P<rest>.*)$"
 )
-#: the claim's page names ``shardbench claim`` bare; it changes with the claim's report
-#: (bench/report/claim_report.py), whose owners hold it: it is held to the parser here, not
-#: yet to the fresh clone
-CLAIM_PAGE = "docs/claim.md"
 #: what marks a usage synopsis rather than a command: optional or alternative parts, an ellipsis
 _SYNOPSIS = re.compile(r"\[|\.\.|…|<")
 
@@ -107,7 +103,7 @@ def test_every_documented_command_runs_from_a_fresh_clone() -> None:
     bare = [
         f"{where}: {program} {rest}"
         for where, program, rest in documented_commands()
-        if program == "shardbench" and not where.startswith(CLAIM_PAGE)
+        if program == "shardbench"
     ]
     assert not bare, "\n".join(bare)
 
