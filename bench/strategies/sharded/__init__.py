@@ -14,6 +14,9 @@
   ``units.py``); frozen parameters (``requires_grad=False``) are sharded and gathered with their
   unit too, with no gradient and no optimizer state (``frozen.py``); ``full_state_dict()``
   consolidates the model (a collective). The ``zero3`` strategy.
+- ``ShardedDataParallel(..., shard_group_size=S)``: hybrid sharding at any stage: shard within
+  groups of S consecutive ranks, replicate across the N/S groups (``groups.py``); each reduced
+  chunk is then all-reduced across the replicas, and stage 3 gathers within its group.
 
 In anyone's loop: wrapping starts every rank from rank 0's parameters (frozen ones included) and
 buffers (``broadcast.py``); a ``requires_grad`` flipped or a group added with
@@ -23,10 +26,14 @@ stage-3 parameter refuses reads of its values in one line (``free_parameter.py``
 read through ``full_state_dict()``, the
 wrapper's ``state_dict()`` or ``summon_full_params()`` (``reads.py``).
 
-How it is put together: ``ShardedDataParallel`` (``data_parallel.py``) composes a
+How it is put together: a frozen ``StagePlan`` (``stages.py``) says what a stage shards, and
+every part reads it. ``ShardedDataParallel`` (``data_parallel.py``) composes a
 ``GradientReducer`` (``reducer.py``, every stage) and, for stage 3, a ``UnitGatherer``
-(``gatherer.py``). A buffer a collective used is freed at a fixed point, not whenever the
-process group's thread lets go of it (``release.py``): the peak is the same bytes run to run.
+(``gatherer.py``); the optimizer brings the updated chunks to every rank through a
+``ParameterSync`` (``parameter_sync.py``: all-gathered after the step at stages 1-2, gathered
+unit by unit by the wrapper at stage 3). A buffer a collective used is freed at a fixed
+point, not whenever the process group's thread lets go of it (``release.py``): the peak is the
+same bytes run to run.
 The optimizer knows the wrapper only through ``attach`` (the reducer becomes
 its ``GradientSource``) and, for stage 3, ``shard_parameters`` (it keeps only its chunks). The
 optimizer owns only what it optimizes: stage 3's frozen parameters are kept, as chunks, by the
