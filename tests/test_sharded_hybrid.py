@@ -122,3 +122,35 @@ def test_a_hybrid_checkpoint_loads_at_another_shard_width_and_world() -> None:
         for state in run_in_world(_resume, world, model_state, saved, stage, shard):
             diff, where = max_rel_diff(state, expected)
             assert diff < 1e-6, f"stage {stage} resumed at N={world} S={shard}: {where} off by {diff:.2e}"
+
+
+LOOP_VARIANTS = [(False, False), (False, True), (True, False)]  # (live param group, no_sync accumulation)
+
+
+def _in_any_loop(rank: int, world_size: int, stage: int, shard: int) -> dict:
+    from tests import loop_scenarios as sc
+
+    plain = sc.wrap
+    sc.wrap = lambda model, opt, stage: ShardedDataParallel(model, opt, stage=stage, shard_group_size=shard)
+    try:
+        return {
+            (live, acc): sc.train_sharded(rank, world_size, stage, live_group=live, accumulate=acc)
+            for live, acc in LOOP_VARIANTS
+        }
+    finally:
+        sc.wrap = plain  # the world's processes serve other tests after this one
+
+
+def test_hybrid_stage_3_keeps_what_any_loop_relies_on() -> None:
+    """The in-any-loop scenarios at N = 4, S = 2: ranks that initialised their own weights start
+    from rank 0's, a frozen embedding unfrozen mid-run (in the optimizer from the start, or added
+    as a live param group) trains from then on, no_sync accumulation, a closure, a scheduler and
+    clipping under changing norms; each variant against one process."""
+    from tests import loop_scenarios as sc
+
+    results = run_in_world(_in_any_loop, 4, 3, 2, timeout_s=240)
+    for live, acc in LOOP_VARIANTS:
+        ref = sc.train_reference(4, live_group=live)
+        for rank, by_variant in enumerate(results):
+            diff, where = max_rel_diff(by_variant[(live, acc)], ref)
+            assert diff < 1e-5, f"live_group={live} accumulate={acc} rank {rank}: {where} off by {diff:.2e}"
