@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+from shardbench.strategies.sharded.layout import FIRST_BUCKET_BYTES  # DDP's, which ours shares
 
 PLANNED_NOTE = (
     "ddp planned: unwrapped model + explicit gradient buckets (DDP cannot be built on fake tensors)"

@@ -187,11 +187,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._group = held_weakly(group)
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        self._repack(None)
+
+    def _repack(self, unit_of: dict[int, int] | None) -> None:
+        """Lay every group's trainable parameters out anew over the current group: buckets by
+        the size cap, or (``unit_of``: parameter id -> unit, stage 3) one set per unit, whose
+        chunks are then this rank's only copy and whose step gathers nothing."""
         self.buckets, self.flats, self.chunks, self._masters, self._shards = [], [], [], [], []
         self._bucket_group = []
         self.local = None
-        self.parameter_sync = GatherAfterStep(self.process_group, self.world_size)
-        self._shard_groups(list(range(len(self.param_groups))))
+        self.parameter_sync = (
+            GatheredByUnits() if unit_of is not None else GatherAfterStep(self.process_group, self.world_size)
+        )
+        self._shard_groups(list(range(len(self.param_groups))), unit_of=unit_of)
 
     def _check_repackable(self) -> None:
         if self._source is not None:
@@ -229,11 +237,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 f"{len(trainable)} are in no unit, {len(unit_of) - len(trainable) + len(missing)} "
                 "unit parameters are not trainable parameters of this optimizer"
             )
-        self.buckets, self.flats, self.chunks, self._masters, self._shards = [], [], [], [], []
-        self._bucket_group = []
-        self.local = None
-        self.parameter_sync = GatheredByUnits()
-        self._shard_groups(list(range(len(self.param_groups))), unit_of=unit_of)
+        self._repack(unit_of)
 
     def attach(self, source: GradientSource) -> None:
         """From now on the step reads its gradients from ``source`` (held weakly: the wrapper
@@ -315,19 +319,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 for p in b.params:
                     if id(p) not in training and p.untyped_storage().size():
                         p.data = p.detach().clone()
-        self.buckets, self.flats, self.chunks, self._masters, self._shards = [], [], [], [], []
-        self._bucket_group = []
-        self.local = None
         self._parked = {}
         self._grads_ready = False
         self._consolidated = None
         unit_of = None
         if units is not None:
             unit_of = {id(p): u for u, params in enumerate(units) for p in params}
-        self.parameter_sync = (
-            GatheredByUnits() if units is not None else GatherAfterStep(self.process_group, self.world_size)
-        )
-        self._shard_groups(list(range(len(self.param_groups))), unit_of=unit_of)
+        self._repack(unit_of)
         self._place_state(carried)
         self._layout = self.layout_key()
 
