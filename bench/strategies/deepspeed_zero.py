@@ -180,7 +180,7 @@ class DeepSpeedZeroStrategy(Strategy):
         loss = loss_fn(model, inputs)
         model.backward(loss)
         model.step()
-        if self.loss_scale() is not None:  # fp16: the engine skips an overflowing step itself
+        if self.engine.fp16_enabled():  # the engine skips an overflowing step itself
             self.count_step(skipped=not model.was_step_applied())
         return loss.detach()
 
