@@ -156,7 +156,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         type=csv_list(str),
         help="columns of the terminal table by their headers, comma-separated, any case (table.md has "
         f"them all); default: {','.join(DEFAULT_COLUMNS)}; also: "
-        + ",".join(c for c in COLUMNS if c not in DEFAULT_COLUMNS),
+        + ",".join(c for c in COLUMNS if c not in DEFAULT_COLUMNS)
+        + " (what says which cell a row is, left out, leads the table: workload and strategy always, "
+        "preset, N, prec, batch and flags where the rows differ in them)",
     )
     run.add_argument(
         "--resume",

@@ -180,6 +180,11 @@ DEFAULT_COLUMNS = (
     "pred/meas",
 )
 _KEYS = {k.lower(): k for k in COLUMNS} | {a.lower(): k for a, k in ALIASES.items()}
+#: what names a row: a table keeps them whatever ``--columns`` chose, since a figure read without
+#: its workload and strategy belongs to no cell
+IDENTITY = ("workload", "strategy")
+#: what else tells cells apart: kept where the rows differ in it, so no two rows read the same
+DISTINGUISHING = ("preset", "N", "prec", "batch", "flags")
 
 
 def check_columns(names: Sequence[str]) -> tuple[str, ...]:
@@ -188,6 +193,15 @@ def check_columns(names: Sequence[str]) -> tuple[str, ...]:
     if unknown := [n for n in names if n.strip().lower() not in _KEYS]:
         raise ValueError(f"unknown column {unknown[0]!r}; allowed: {', '.join(COLUMNS)} (the headers)")
     return tuple(_KEYS[n.strip().lower()] for n in names)
+
+
+def with_identity(columns: Sequence[str], records: Sequence[Record]) -> tuple[str, ...]:
+    """``columns``, after those that say which cell a row is and that ``columns`` left out, in
+    the table's usual order: ``IDENTITY`` always, each of ``DISTINGUISHING`` where ``records``
+    differ in it."""
+    varies = {c for c in DISTINGUISHING if len({COLUMNS[c].value(r) for r in records}) > 1}
+    added = [c for c in COLUMNS if c not in columns and (c in IDENTITY or c in varies)]
+    return (*added, *columns)
 
 
 def ratio_lines(records: Sequence[Record]) -> list[str]:
@@ -305,7 +319,7 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     """The summary as text: the table (at most ``WIDTH`` columns, one line per cell), the
     legend of the flags that occur and the ratio lines. ``columns``: headers or their aliases
     (``check_columns``)."""
-    columns = check_columns(columns)
+    columns = with_identity(check_columns(columns), records)
     records = sorted(records, key=reading_order)  # as table.md and the charts list them
     if not any(r.predicted_step_time for r in records):  # nothing predicted: no column to fill
         columns = tuple(c for c in columns if c != "pred/meas")
