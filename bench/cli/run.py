@@ -187,6 +187,11 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
         cells = plan_cells(own_presets(spec.cells()) if presets is None else spec.cells())
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if (args.repeat or 1) > 1 and all(c.fake for c in cells):
+        raise UsageError(
+            f"--repeat {args.repeat} repeats timed cells, and --fake cells time nothing (their memory "
+            "is the same every run): drop --repeat, or --fake to time the cells"
+        )
     if args.scaling and not any(scaling_reference(c) for c in cells):
         raise UsageError(
             "--scaling: no real cell at N > 1 to set against N = 1 (simulated and fake worlds time no "
