@@ -284,6 +284,7 @@ def test_a_suggested_command_names_the_program_as_it_was_started(monkeypatch, tm
     ``python -m shardbench``; every hint (the measure command, a baseline to save, ...) uses it."""
     from types import SimpleNamespace
 
+    from shardbench.cli import build_parser
     from shardbench.studies.baselines import find_baseline
     from shardbench.studies.plan import measure_command
     from shardbench.wording import program
@@ -301,6 +302,10 @@ def test_a_suggested_command_names_the_program_as_it_was_started(monkeypatch, tm
     assert measure_command(record, ["deepspeed-zero2"]).startswith(".venv/bin/shardbench run --workload")
     with pytest.raises(ValueError, match=r"save one with: \.venv/bin/shardbench baseline save RUN"):
         find_baseline("nope", root=tmp_path)
+    sub = next(a for a in build_parser()._actions if a.choices and "run" in a.choices).choices
+    helps = " ".join(" ".join(sub[name].format_help().split()) for name in ("run", "claim"))
+    assert "'.venv/bin/shardbench report RUN_DIR' draws them later" in helps  # run --no-charts
+    assert "(.venv/bin/shardbench baseline save results/claim/cpu" in helps  # claim --baseline
     monkeypatch.setenv("PATH", str(venv))
     monkeypatch.setattr(sys, "argv", [str(venv / "shardbench"), "plan"])
     assert program() == "shardbench"
