@@ -105,6 +105,14 @@ def test_list_json_is_valid_and_complete(capsys) -> None:
     assert "smoke" in data["suites"]
 
 
+def test_list_says_what_its_figures_count(capsys) -> None:
+    """Each preset's figure is its parameter count, said where the list begins."""
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "workloads: presets (parameters)"
+    assert "  transformer: tiny (0.6M), " in out
+
+
 def test_list_imports_no_torch() -> None:
     """``shardbench list`` (and the CLI's import) reads declarations only: torch alone takes 2 s
     to import on the CI machine, and listing must answer in well under that."""
