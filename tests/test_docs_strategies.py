@@ -7,7 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.cells import run_cell_here, tiny_cell
+import pytest
+
+from shardbench.records import read_records
+
+#: reads the smoke suite's run (conftest.py), made once by the worker of this group
+pytestmark = pytest.mark.xdist_group("smoke_suite")
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -22,10 +27,14 @@ def zero2_at_two_ranks(workload: str) -> str:
     return figures.split("/")[0].strip()
 
 
-def test_the_fairscale_table_gives_the_zero2_peak_run_measures() -> None:
-    """deepspeech2 tiny zero2 at N=2 (batch 8, fp32, real ranks, run's steps): the page's
-    command, one cell of it."""
-    cell = tiny_cell(workload="deepspeech2", strategy="zero2", batch_size=8, steps=5, warmup=2)
-    record = run_cell_here(cell)
+@pytest.mark.parametrize("workload", ["transformer", "swav", "deepspeech2", "imagegpt"])
+def test_the_fairscale_table_gives_the_zero2_peak_run_measures(
+    smoke_suite_run: dict[str, object], workload: str
+) -> None:
+    """Each tiny workload's zero2 at N=2 (batch 8, fp32, real ranks, run's steps): the page's
+    command's cell, as the smoke suite runs it."""
+    records = read_records([smoke_suite_run["out"]])
+    (record,) = [r for r in records if (r.workload, r.strategy) == (workload, "zero2")]
+    assert (record.preset, record.world_size, record.batch_size_per_rank) == ("tiny", 2, 8)
     assert record.status == "ok", record.error
-    assert zero2_at_two_ranks("deepspeech2") == f"{record.peak_mem_bytes['max'] / MIB:.2f}"
+    assert zero2_at_two_ranks(workload) == f"{record.peak_mem_bytes['max'] / MIB:.2f}"
