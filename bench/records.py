@@ -196,12 +196,12 @@ class Record:
     #: ``devices`` (CUDA devices); read by ``oversubscription``
     placement: dict[str, int] | None = None
     #: one rank's training step of its own batch, forward and backward, as torch's
-    #: FlopCounterMode counts it (``bench/metrics/flops.py``): ``model`` (the math once, MFU's)
+    #: FlopCounterMode counts it (``bench/prediction/flops.py``): ``model`` (the math once, MFU's)
     #: and ``hardware`` (activation checkpointing's recompute included, HFU's), ``per_sample``,
     #: ``per_token`` (a sequence workload), the matmul ``dtype``, ``by_op``, ``counted_on``
     flops_per_step: dict[str, Any] | None = None
     #: the peak MFU and HFU are set against: ``flops_per_s``, ``kind`` ("datasheet" or
-    #: "measured"), ``dtype``, ``source`` (``bench/metrics/peaks.py``)
+    #: "measured"), ``dtype``, ``source`` (``bench/prediction/peaks.py``)
     peak_flops_per_s: dict[str, Any] | None = None
     #: per rank: FLOPs per step (``model``, ``hardware``) over the median step time
     achieved_flops_per_s: dict[str, float] | None = None
@@ -210,12 +210,12 @@ class Record:
     hfu: float | None = None
     #: ``samples_per_s`` times the workload's tokens per sample (a sequence workload)
     tokens_per_s: float | None = None
-    #: the step-time model's prediction for this cell (``bench/harness/step_prediction.py``):
+    #: the step-time model's prediction for this cell (``bench/prediction/record_step_time.py``):
     #: ``step`` and its terms ``compute``, ``update``, ``comm``, ``exposed_comm`` in seconds, the
     #: ``network`` profile and the rate, efficiency and core share it assumed
     predicted_step_time: dict[str, Any] | None = None
     #: a CPU cell's forward and backward replayed op by op at a rank's threads
-    #: (``bench/metrics/op_replay.py``): ``seconds``, ``calls``, ``distinct``,
+    #: (``bench/prediction/op_replay.py``): ``seconds``, ``calls``, ``distinct``,
     #: ``unreplayed_calls``, ``threads``, ``measured_at``; the step-time model's compute term
     compute_replay: dict[str, Any] | None = None
     schema: int = SCHEMA

@@ -1,4 +1,4 @@
-"""FLOPs of a training step (``bench/metrics/flops.py``): the transformer's count against the
+"""FLOPs of a training step (``bench/prediction/flops.py``): the transformer's count against the
 closed form 6·Ψ·tokens plus attention, activation checkpointing's recompute in the hardware
 count only, the model left as it was, and the CPU's fused attention counted like CUDA's.
 Counted under FakeTensorMode on the tiny presets: a fraction of a second each."""
@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardbench.metrics.flops import SCORE_RECOMPUTE, count_step_flops, matmul_dtype
 from shardbench.models.checkpointing import apply_activation_checkpointing
 from shardbench.models.registry import get_workload
+from shardbench.prediction.flops import SCORE_RECOMPUTE, count_step_flops, matmul_dtype
 
 CPU = torch.device("cpu")
 BATCH = 2
@@ -161,7 +161,7 @@ def test_a_count_file_that_is_not_whole_hands_nothing(tmp_path) -> None:
     """A rank killed while writing its counts leaves a file cut short: the launcher takes
     nothing from it (the next cell counts again) and goes on."""
     from shardbench.harness import counting
-    from shardbench.metrics.flops import StepFlops
+    from shardbench.prediction.flops import StepFlops
 
     counting.forget_counts()
     whole = tmp_path / "whole.json"
@@ -182,7 +182,7 @@ def test_grouped_query_attention_counts_as_its_key_and_value_repeated_to_the_que
     ``enable_gqa``), which torch's formulas refuse: counted exactly as the same attention with
     key and value repeated to the query's heads, a forward F = 4·B·Hq·Lq·Lk·D, a backward 2F of
     model FLOPs and F/2 of score recompute, whichever way the kernel is handed them."""
-    from shardbench.metrics.flops import sdpa_backward_flops, sdpa_forward_flops
+    from shardbench.prediction.flops import sdpa_backward_flops, sdpa_forward_flops
 
     b, hq, hkv, lq, lk, d = 2, 8, 2, 12, 20, 16
     q, kv = (b, hq, lq, d), (b, hkv, lk, d)

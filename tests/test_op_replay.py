@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from shardbench.harness.step_prediction import replay_usable
-from shardbench.metrics.flops import count_step_flops
-from shardbench.metrics.network_profiles import NAMED
-from shardbench.metrics.op_replay import decode, operator, replay
-from shardbench.metrics.op_trace import encode, largest_call_bytes, signature
-from shardbench.metrics.step_time import StepInputs, predict_step
+from shardbench.prediction.flops import count_step_flops
+from shardbench.prediction.network_profiles import NAMED
+from shardbench.prediction.op_calls import encode, largest_call_bytes, signature
+from shardbench.prediction.op_replay import decode, operator, replay
+from shardbench.prediction.record_step_time import replay_usable
+from shardbench.prediction.step_time import StepInputs, predict_step
 
 
 def _loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -109,7 +109,7 @@ def test_a_measured_compute_replaces_flops_over_rate() -> None:
 
 
 def test_copies_run_at_once_and_one_that_raises_frees_the_others() -> None:
-    from shardbench.metrics.at_once import at_once
+    from shardbench.prediction.at_once import at_once
 
     before = torch.get_num_threads()
     assert at_once(lambda i, together: (together(), i * 10, torch.get_num_threads())[1:], 3, 1) == [

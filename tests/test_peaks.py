@@ -1,4 +1,4 @@
-"""The peak FLOP/s MFU is set against (``bench/metrics/peaks.py``): the datasheet table by
+"""The peak FLOP/s MFU is set against (``bench/prediction/peaks.py``): the datasheet table by
 device name and dtype, the measured peak's cache (its keys, with the measurement stood in for),
 the GEMM probe's method on a small matrix, and the record's throughput arithmetic."""
 
@@ -9,9 +9,9 @@ import json
 import pytest
 
 from shardbench.harness.result import RankResult, build_record
-from shardbench.metrics import gemm_probe
-from shardbench.metrics.peaks import DATASHEETS, DTYPES, cache_file, datasheet_peak, measured_peak
-from shardbench.metrics.step_time import core_share
+from shardbench.prediction import gemm_probe
+from shardbench.prediction.peaks import DATASHEETS, DTYPES, cache_file, datasheet_peak, measured_peak
+from shardbench.prediction.step_time import core_share
 from tests.cells import tiny_cell
 
 TERA = 1e12

@@ -9,8 +9,8 @@ import pytest
 
 from shardbench.cli import main
 from shardbench.harness.config import CellConfig
-from shardbench.harness.step_prediction import replay_usable
 from shardbench.metrics.timing import summarize
+from shardbench.prediction.record_step_time import replay_usable
 from shardbench.records import read_records
 from tests.cells import tiny_cell
 

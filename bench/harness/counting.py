@@ -1,5 +1,5 @@
 """What a rank counts for its cell's throughput figures: the FLOPs of one step of its batch
-(``bench/metrics/flops.py``), and on CUDA the device's peak (a table, or a probe on the device
+(``bench/prediction/flops.py``), and on CUDA the device's peak (a table, or a probe on the device
 for one it lacks; a CPU's peak is resolved by whoever assembles the record, once the ranks have
 finished and the cores are free, see ``harness.result``).
 
@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from shardbench.harness.config import CellConfig
-from shardbench.metrics.flops import StepFlops, count_step_flops, matmul_dtype
-from shardbench.metrics.peaks import datasheet_peak, measured_peak
 from shardbench.paths import atomic_write_text
 from shardbench.precision import compute_dtype
+from shardbench.prediction.flops import StepFlops, count_step_flops, matmul_dtype
+from shardbench.prediction.peaks import datasheet_peak, measured_peak
 
 _COUNTED: dict[tuple[Any, ...], StepFlops] = {}
 #: the keys this process counted itself (the others were handed to it)
@@ -77,7 +77,7 @@ def cell_flops(
     """The record's ``flops_per_step`` for ``data_rank``'s batch of the cell, or None and why
     not (a count that fails costs the cell its FLOPs, never its measurement); and the counted
     pass's operator calls, which the launcher replays for the step's compute time
-    (``bench/metrics/op_replay.py``)."""
+    (``bench/prediction/op_replay.py``)."""
     tensors = "active" if cell.fake else "real" if workload.not_plannable else "fake"
     key = (
         *_step_of(cell),

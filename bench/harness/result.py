@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.harness.config import CellConfig
-from shardbench.harness.prediction import predict, predict_comm, workload_params
 from shardbench.metrics.timing import slowest_rank, summarize
+from shardbench.prediction.zero_accounting import predict, predict_comm, workload_params
 from shardbench.records import UNNAMED_DEVICE, Record, capture_env, finite, first_line
 from shardbench.strategies.catalog import WorldPlan
 from shardbench.strategies.registry import get_strategy
@@ -77,10 +77,10 @@ class RankResult:
     #: they were not counted
     flops: dict[str, Any] | None = None
     flops_note: str | None = None
-    #: rank 0: the counted pass's operator calls (``bench/metrics/op_replay.py``), which the
+    #: rank 0: the counted pass's operator calls (``bench/prediction/op_replay.py``), which the
     #: launcher replays for the step's compute time; not part of the record
     op_trace: list[list[Any]] | None = None
-    #: rank 0 of a CUDA cell: its device's peak FLOP/s (``bench/metrics/peaks.py``)
+    #: rank 0 of a CUDA cell: its device's peak FLOP/s (``bench/prediction/peaks.py``)
     peak: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -235,7 +235,7 @@ def build_record(
 def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
     """A CPU cell's forward and backward replayed op by op at a rank's threads, as many copies at
     once as the cell has ranks on this host's cores (``replay_copies``), cached in the results
-    home (``step_prediction.replayed_compute``): the step-time model's compute term. Made here,
+    home (``record_step_time.replayed_compute``): the step-time model's compute term. Made here,
     after the ranks ended, so the replay has the cores to itself; one whose calls would not fit
     in half the free memory is not made (the model falls back to FLOPs at a stated efficiency),
     and a failed one costs the record its replay only."""
@@ -243,8 +243,8 @@ def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
     if record.device != "cpu" or record.status != "ok" or not trace:
         return
     from shardbench.harness.config import available_memory
-    from shardbench.harness.step_prediction import rank_threads, replay_copies, replayed_compute
-    from shardbench.metrics.op_trace import largest_call_bytes
+    from shardbench.prediction.op_calls import largest_call_bytes
+    from shardbench.prediction.record_step_time import rank_threads, replay_copies, replayed_compute
 
     why = None
     try:
@@ -274,8 +274,8 @@ def _add_prediction(record: Record) -> None:
     prediction that cannot be made costs the record its prediction only."""
     if record.simulated or record.status != "ok" or not record.step_time_s:
         return
-    from shardbench.harness.step_prediction import predict_record
-    from shardbench.metrics.network_profiles import default_network
+    from shardbench.prediction.network_profiles import default_network
+    from shardbench.prediction.record_step_time import predict_record
 
     try:
         record.predicted_step_time, why = predict_record(record, network=default_network(record.device))
@@ -311,12 +311,12 @@ def _add_throughput(record: Record, cell: CellConfig, results: list[RankResult])
 
 def _host_peak(cell: CellConfig, record: Record, dtype: str) -> dict[str, Any] | None:
     """A CPU cell's peak: this machine's GEMM probe at the cell's dtype and threads per rank,
-    measured once and cached in the results home (``bench/metrics/peaks.py``). Run here, after
+    measured once and cached in the results home (``bench/prediction/peaks.py``). Run here, after
     the cell's ranks have ended, so the probe has the cores to itself. (A CUDA cell's rank 0
     resolved its own.)"""
     if cell.device != "cpu":
         return None
-    from shardbench.metrics.peaks import measured_peak
+    from shardbench.prediction.peaks import measured_peak
 
     name = record.env.get("device_name") or UNNAMED_DEVICE
     return measured_peak("cpu", name, dtype, record.threads_per_rank, torch_version=record.env["torch"])

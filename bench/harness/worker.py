@@ -54,11 +54,11 @@ from shardbench.harness.phases import (
     time_steps,
     trace_step,
 )
-from shardbench.harness.prediction import comm_shape_of
 from shardbench.harness.result import RankResult
 from shardbench.metrics.kernels import CudaAttention, pinned_factory
 from shardbench.models.checkpointing import apply_activation_checkpointing
 from shardbench.models.registry import get_workload
+from shardbench.prediction.zero_accounting import comm_shape_of
 from shardbench.strategies.base import RankContext
 from shardbench.strategies.registry import get_strategy
 

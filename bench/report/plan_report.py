@@ -30,7 +30,7 @@ def _step(row: PlanRow) -> str:
 
 def _predicted(row: PlanRow) -> list[str]:
     """The predicted step, the tokens/s it would give per rank (a GPU on CUDA) and for the
-    whole job, and its MFU (``bench/metrics/step_time.py``)."""
+    whole job, and its MFU (``bench/prediction/step_time.py``)."""
     p = row.predicted
     if not p:
         return ["-", "-", "-", "-"]

@@ -69,9 +69,9 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
     With ``tracebacks`` (a table written beside its ``errors/``), a ``traceback`` column once any
     cell failed: the file that holds its whole error.
     """
+    from shardbench.prediction.accuracy import predicted_over_measured
     from shardbench.report.chart_types import reading_order
     from shardbench.studies.exposed_comm import exposed_comm
-    from shardbench.studies.prediction_check import predicted_over_measured
     from shardbench.studies.scaling import record_scaling
 
     records = sorted(records, key=reading_order)
@@ -116,7 +116,7 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
                 "oversubscribed": oversubscribed(r),
                 "step_ms": t.get("median", float("nan")) * 1e3 if t else None,
                 "step_mad_ms": t.get("mad", float("nan")) * 1e3 if t else None,
-                # the step-time model's (bench/metrics/step_time.py) and its ratio to the median
+                # the step-time model's (bench/prediction/step_time.py) and its ratio to the median
                 "pred_step_ms": (r.predicted_step_time or {}).get("step", float("nan")) * 1e3
                 if r.predicted_step_time
                 else None,
@@ -132,8 +132,8 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
                 # (bench/studies/scaling.py), or why there is none, and what to read it with
                 "scaling_efficiency": (s := scaled.get(id(r))) and s.efficiency,
                 "scaling_note": None if s is None else s.why or "; ".join(s.flags),
-                # one rank's step, forward and backward (bench/metrics/flops.py), and what the
-                # rank achieved against the device's peak (bench/metrics/peaks.py)
+                # one rank's step, forward and backward (bench/prediction/flops.py), and what the
+                # rank achieved against the device's peak (bench/prediction/peaks.py)
                 "model_GFLOP_per_step": _giga((r.flops_per_step or {}).get("model")),
                 "hw_GFLOP_per_step": _giga((r.flops_per_step or {}).get("hardware")),
                 "TFLOP_s_per_rank": _tera((r.achieved_flops_per_s or {}).get("model")),

@@ -147,7 +147,7 @@ class PlanRow:
     reserve: Reserve = Reserve()
     #: step time over ddp's and its speed verdict, where both ran and were timed
     step_vs_ddp: SpeedVerdict | None = None
-    #: the step-time model's prediction (``bench/harness/step_prediction.py``), or None and why
+    #: the step-time model's prediction (``bench/prediction/record_step_time.py``), or None and why
     predicted: dict[str, Any] | None = None
     not_predicted: str | None = None
 

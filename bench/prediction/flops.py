@@ -169,7 +169,7 @@ class StepFlops:
     by_op: dict[str, int]
     counted_on: str
     #: every operator call of the counted (hardware) pass, for the op replay of the step's
-    #: compute time (``op_trace.OpTrace.to_json``), where asked for; not part of the record
+    #: compute time (``op_calls.OpTrace.to_json``), where asked for; not part of the record
     trace: list[list[Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -262,7 +262,7 @@ def count_step_flops(
     ``tensors``: "fake" counts under a FakeTensorMode of its own; "active" under the
     FakeTensorMode already active (a ``--fake`` cell, whose model is made of fake tensors); "real"
     on real tensors (a workload fake tensors cannot run). ``autocast``: the dtype of the cell's
-    autocast, if any. ``trace``: record the counted pass's operator calls too (``op_trace``); a
+    autocast, if any. ``trace``: record the counted pass's operator calls too (``op_calls``); a
     pass the recording fails is counted again without it, so the count never depends on it. The
     model is left as it was: its parameters get no gradient, its buffers keep their values, the
     RNG its state."""
@@ -323,7 +323,7 @@ def _count(
     recomputed: list[int] = []
     tracer: Any = contextlib.nullcontext()
     if trace:
-        from shardbench.metrics.op_trace import OpTrace
+        from shardbench.prediction.op_calls import OpTrace
 
         tracer = OpTrace()
     with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter, tracer:

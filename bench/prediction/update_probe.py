@@ -1,5 +1,5 @@
 """An update probe: the seconds one AdamW step takes per parameter element on this CPU, at a
-thread count; the step-time model's optimizer term (``bench/metrics/step_time.py``).
+thread count; the step-time model's optimizer term (``bench/prediction/step_time.py``).
 
 The optimizer step is not counted in a step's FLOPs (``flops.py``) and is memory-bound: AdamW
 reads a parameter, its gradient and two moments and writes three of them back, so its time
@@ -50,8 +50,8 @@ def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, 
     ``threads``, ``copies``."""
     import torch
 
-    from shardbench.metrics.at_once import at_once
     from shardbench.metrics.kernels import pin_implementation
+    from shardbench.prediction.at_once import at_once
 
     def optimizer() -> torch.optim.Optimizer:
         params = [torch.nn.Parameter(torch.zeros(elements // TENSORS)) for _ in range(TENSORS)]

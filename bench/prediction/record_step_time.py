@@ -1,4 +1,4 @@
-"""A record's predicted step time (``bench/metrics/step_time.py``) from what the record carries:
+"""A record's predicted step time (``bench/prediction/step_time.py``) from what the record carries:
 its FLOPs, the device's peak, the optimizer elements the ZeRO formula gives the rank, and the
 collectives of its step; over a network profile (``--network``: gloo measured here at the
 cell's world size, or a named GPU one).
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.metrics.analytic import predicted_comm
-from shardbench.metrics.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile, check_network
-from shardbench.metrics.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
 from shardbench.precision import MODEL_STATE_BYTES
+from shardbench.prediction.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile, check_network
+from shardbench.prediction.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
 from shardbench.records import UNNAMED_DEVICE, Record, placement_of
 from shardbench.wording import count
 
@@ -54,10 +54,10 @@ def gloo_profile(
 ) -> NetworkProfile:
     """The gloo profile of this machine at ``world_size`` ranks of ``threads`` threads each."""
     from shardbench.harness.config import available_cores
-    from shardbench.metrics.probe_cache import cached
+    from shardbench.prediction.probe_cache import cached
 
     if measure is None:
-        from shardbench.metrics.gloo_probe import probe as measure
+        from shardbench.prediction.gloo_probe import probe as measure
     key = network_key(world_size, threads, device_name, torch_version, available_cores())
     entry = cached("network", key, lambda: measure(world_size, threads), home)
     kinds = {k: LinkCost(v["latency_s"], v["bandwidth"]) for k, v in entry["kinds"].items()}
@@ -91,11 +91,11 @@ def update_rate(
     """Seconds per element of an AdamW step on this CPU at ``threads`` for a rank that updates
     ``elements``, ``copies`` ranks at once (``update_probe``)."""
     from shardbench.harness.config import available_memory
-    from shardbench.metrics.probe_cache import cached
-    from shardbench.metrics.update_probe import size_for
+    from shardbench.prediction.probe_cache import cached
+    from shardbench.prediction.update_probe import size_for
 
     if measure is None:
-        from shardbench.metrics.update_probe import probe as measure
+        from shardbench.prediction.update_probe import probe as measure
     size = size_for(elements, copies, available_memory())
     key = update_key(threads, size, copies, device_name, torch_version)
     return cached("update", key, lambda: measure(threads, size, copies), home)["seconds_per_element"]
@@ -119,9 +119,9 @@ def replayed_compute(
     """One rank's forward and backward replayed op by op on this CPU at ``threads``, ``copies``
     at once (``op_replay``; ``replay_copies``): its compute ``seconds`` and how the replay went,
     cached by the step's calls in the results home and for the life of the process."""
-    from shardbench.metrics.op_replay import replay
-    from shardbench.metrics.op_trace import signature
-    from shardbench.metrics.probe_cache import cached
+    from shardbench.prediction.op_calls import signature
+    from shardbench.prediction.op_replay import replay
+    from shardbench.prediction.probe_cache import cached
 
     def measure() -> dict[str, Any]:
         return {**replay(trace, threads=threads, device="cpu", copies=copies), "threads": threads}

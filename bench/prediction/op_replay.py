@@ -1,5 +1,5 @@
 """One rank's compute time, measured op by op: every operator call its training step dispatches
-(``op_trace``: recorded during the FLOP count, under fake tensors, nothing computed) is replayed,
+(``op_calls``: recorded during the FLOP count, under fake tensors, nothing computed) is replayed,
 each distinct call once, on real tensors on this device, and timed.
 
     compute = sum over distinct calls of (times the step makes it x its median replayed time)
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from shardbench.metrics.op_trace import dtype_of, reach
+from shardbench.prediction.op_calls import dtype_of, reach
 
 #: one distinct call: up to this many timed repeats after a warm-up, fewer past the budget
 REPEATS = 5
@@ -40,7 +40,7 @@ BUDGET_S = 0.02
 #: the values integer inputs are given, tried in turn
 INTEGER_FILLS = (0, 1)
 #: a whole replay's time: the calls not reached by then count as not replayed, so a step too
-#: large to replay in time falls back to its FLOPs (``step_prediction.replay_usable``)
+#: large to replay in time falls back to its FLOPs (``record_step_time.replay_usable``)
 TOTAL_BUDGET_S = 120.0
 
 
@@ -54,7 +54,7 @@ def decode(x: Any, device: str | None = None, integers: int = 0) -> Any:
         shape, stride, dtype_name, recorded = x["t"]
         dtype = dtype_of(dtype_name)
         dev = torch.device(device or recorded)
-        if "values" in x:  # recorded as they were (``op_trace``): contiguous
+        if "values" in x:  # recorded as they were (``op_calls``): contiguous
             return torch.tensor(x["values"], dtype=dtype, device=dev).reshape(shape)
         size = reach(shape, stride)
         if dtype.is_floating_point or dtype.is_complex:
@@ -111,7 +111,7 @@ def replay(
     compute is measured beside the others'. Returns the compute ``seconds`` (the slowest copy's,
     as the slowest rank paces a step), each copy's, the step's ``calls``, the ``distinct`` calls,
     the ``unreplayed_calls`` and how long the replay took (``replay_s``)."""
-    from shardbench.metrics.at_once import at_once
+    from shardbench.prediction.at_once import at_once
 
     started = time.perf_counter()
 
