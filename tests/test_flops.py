@@ -141,20 +141,34 @@ def test_the_matmul_dtype_picks_the_peak() -> None:
 
 def test_a_commands_cells_count_a_step_once(tiny_cell) -> None:
     """The launcher takes each count back from the cell's rank 0 and hands it to the next cell
-    of the same step (another strategy): that rank does not count again, and records the same."""
+    of the same step (another strategy) in the same run: that rank does not count again, and
+    records the same."""
     from shardbench.harness import counting, launch
     from shardbench.harness.validate import plan_cells
 
     first, second = plan_cells(
         [tiny_cell(steps=1, warmup=0, seed=5), tiny_cell(steps=1, warmup=0, seed=5, strategy="zero2")]
     )
-    counting._COUNTED.clear()
-    a = launch.run_cell(first, run_id="t")
-    assert [k[:4] for k in counting._COUNTED] == [("transformer", "tiny", first.batch_size, 5)]
-    b = launch.run_cell(second, run_id="t")
+    a = launch.run_cell(first, run_id="count-once")
+    kept = counting.StepCounts()
+    kept.adopt(launch.counts_file("run count-once"))
+    assert [k[:4] for k in kept.keys()] == [("transformer", "tiny", first.batch_size, 5)]
+    b = launch.run_cell(second, run_id="count-once")
     counted, handed = dict(a.flops_per_step), dict(b.flops_per_step)
     assert handed.pop("count_s") < counted.pop("count_s") / 10
     assert handed == counted and a.compute_replay["calls"] == b.compute_replay["calls"]
+
+
+def test_two_owners_never_share_their_counts() -> None:
+    """Counts are held by their owner (a run's launcher, a rank process, a job's leader): what
+    one counted is not another's, and two runs keep theirs apart."""
+    from shardbench.harness import counting, launch
+    from shardbench.prediction.flops import StepFlops
+
+    one, other = counting.StepCounts(), counting.StepCounts()
+    one.add(("k", 1), (StepFlops(model=2, hardware=3, by_op={"mm": 3}, counted_on="fake tensors"), None))
+    assert one.keys() == [("k", 1)] and other.get(("k", 1)) is None and other.keys() == []
+    assert launch.counts_file("run a") != launch.counts_file("run b")
 
 
 def test_a_count_file_that_is_not_whole_hands_nothing(tmp_path) -> None:
@@ -163,18 +177,18 @@ def test_a_count_file_that_is_not_whole_hands_nothing(tmp_path) -> None:
     from shardbench.harness import counting
     from shardbench.prediction.flops import StepFlops
 
-    counting.forget_counts()
+    counts = counting.StepCounts()
     whole = tmp_path / "whole.json"
-    counting._COUNTED[("k", 1)] = StepFlops(model=2, hardware=3, by_op={"mm": 3}, counted_on="fake tensors")
-    counting.export_counts(whole, own_only=False)
-    counting.forget_counts()
+    counted = (StepFlops(model=2, hardware=3, by_op={"mm": 3}, counted_on="fake tensors"), None)
+    counts.add(("k", 1), counted)
+    counts.export(whole, own_only=False)
     (tmp_path / "cut.json").write_text(whole.read_text()[:-7])
     for path in (tmp_path / "cut.json", tmp_path / "absent.json"):
-        counting.adopt_counts(path)
-        assert counting._COUNTED == {}
-    counting.adopt_counts(whole)
-    assert counting._COUNTED == {("k", 1): StepFlops(2, 3, {"mm": 3}, "fake tensors")}
-    counting.forget_counts()
+        fresh = counting.StepCounts()
+        fresh.adopt(path)
+        assert fresh.keys() == []
+    fresh.adopt(whole)
+    assert fresh.get(("k", 1)) == (StepFlops(2, 3, {"mm": 3}, "fake tensors"), None)
 
 
 def test_grouped_query_attention_counts_as_its_key_and_value_repeated_to_the_query_heads() -> None:

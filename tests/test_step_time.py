@@ -11,6 +11,7 @@ import pytest
 
 from shardbench.prediction.accuracy import error_line, median_absolute_error
 from shardbench.prediction.gloo_probe import fit
+from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.network_profiles import NAMED, LinkCost, NetworkProfile
 from shardbench.prediction.record_step_time import predict_record
 from shardbench.prediction.step_time import Collective, StepInputs, core_share, predict_step
@@ -106,9 +107,11 @@ def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path)
                 r,
                 network="gloo",
                 peak=PEAK,
-                home=tmp_path,
-                measure_network=lambda n, threads: {"kinds": GLOO[n]},
-                measure_update=lambda threads, size, copies: UPDATE,
+                probes=MachineProbes(
+                    home=tmp_path,
+                    measure_network=lambda n, threads: {"kinds": GLOO[n]},
+                    measure_update=lambda threads, size, copies: UPDATE,
+                ),
             )
             assert why is None, why
             cells.setdefault((r.world_size, r.repeat), {})[r.strategy] = (

@@ -38,9 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardbench.harness import counting
 from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
-from shardbench.harness.counting import cell_flops, cuda_peak
+from shardbench.harness.counting import COUNTED, HANDED, StepCounts, cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
 from shardbench.harness.job import STORE_PREFIX, env_int, master_port
@@ -128,8 +127,10 @@ def run_rank(
     local_rank: int,
     local_world_size: int,
     fault: Fault | None = None,
+    counts: StepCounts | None = None,
 ) -> RankResult:
-    """Run one cell on this rank; return its measurements (raises on failure)."""
+    """Run one cell on this rank; return its measurements (raises on failure). ``counts``: the
+    step counts earlier cells made, which rank 0 adds its own to (default: none)."""
     started = time.perf_counter()  # setup: the strategy's imports and set-up, the model's build
     # a simulated rank computes with the threads a real rank of its world would get on this host
     # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
@@ -175,7 +176,15 @@ def run_rank(
         CudaAttention() if planned_off_device(cell) else contextlib.nullcontext(),
     ):
         result = _train_and_measure(
-            cell, strategy, workload, ctx, rank=rank, processes=processes, fault=fault, started=started
+            cell,
+            strategy,
+            workload,
+            ctx,
+            rank=rank,
+            processes=processes,
+            fault=fault,
+            started=started,
+            counts=counts if counts is not None else StepCounts(),
         )
     result.placement = placement(cell, 1 if cell.simulate else local_world_size)
     return result
@@ -218,6 +227,7 @@ def _train_and_measure(
     processes: int,
     fault: Fault | None,
     started: float,
+    counts: StepCounts,
 ) -> RankResult:
     """Build and wrap the model, then run the phases (``phases.py``) and assemble the result."""
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
@@ -226,8 +236,8 @@ def _train_and_measure(
     num_params = sum(p.numel() for p in model.parameters())
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     # before the strategy wraps the model: no collective, no hook sees the count (counting.py)
-    flops, flops_note, op_trace = (
-        cell_flops(cell, workload, model, ctx.device, data_rank=0) if rank == 0 else (None, None, None)
+    flops, flops_note, op_calls = (
+        cell_flops(cell, workload, model, ctx.device, 0, counts) if rank == 0 else (None, None, None)
     )
     if (units := workload.shard_units(model)) is not None:
         ctx = dataclasses.replace(ctx, shard_units=tuple(units))
@@ -308,7 +318,7 @@ def _train_and_measure(
         comm_shape=comm_shape_of(cell) if rank == 0 else None,
         flops=flops,
         flops_note=flops_note,
-        op_trace=op_trace,
+        op_calls=op_calls,
         peak=peak,
     )
 
@@ -359,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         local_world_size=local_world_size,
     )
     start = time.perf_counter()
+    kw["counts"] = counts = StepCounts()
     if args.result_dir is not None and rank == 0:  # the counter: what earlier cells counted
-        counting.adopt_counts(args.result_dir / counting.HANDED)
+        counts.adopt(args.result_dir / HANDED)
     try:
         kw["fault"] = next((f for f in faults_from_env() if f.applies_to(cell.strategy)), None)
     except ValueError as e:
@@ -370,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.result_dir is not None:  # launched by shardbench.harness.launch: it assembles the record
         result.write(args.result_dir / f"rank{rank}.json")
         with contextlib.suppress(OSError):  # a count not handed on is made again, nothing lost
-            counting.export_counts(args.result_dir / counting.COUNTED, own_only=True)
+            counts.export(args.result_dir / COUNTED, own_only=True)
         if dist.is_initialized() and result.status == "ok":
             dist.destroy_process_group()
         return 0 if result.status == "ok" else 1

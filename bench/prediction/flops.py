@@ -45,13 +45,16 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from shardbench.models.checkpointing import is_checkpointed, without_recompute
 from shardbench.precision import is_half
+
+if TYPE_CHECKING:
+    from shardbench.prediction.op_calls import OpCall
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -168,9 +171,6 @@ class StepFlops:
     hardware: int
     by_op: dict[str, int]
     counted_on: str
-    #: every operator call of the counted (hardware) pass, for the op replay of the step's
-    #: compute time (``op_calls.OpTrace.to_json``), where asked for; not part of the record
-    trace: list[list[Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -255,52 +255,86 @@ def count_step_flops(
     device: torch.device,
     tensors: str = "fake",
     autocast: torch.dtype | None = None,
-    trace: bool = False,
 ) -> StepFlops:
     """Count one step of ``loss(model, make_inputs())``, forward and backward.
 
     ``tensors``: "fake" counts under a FakeTensorMode of its own; "active" under the
     FakeTensorMode already active (a ``--fake`` cell, whose model is made of fake tensors); "real"
     on real tensors (a workload fake tensors cannot run). ``autocast``: the dtype of the cell's
-    autocast, if any. ``trace``: record the counted pass's operator calls too (``op_calls``); a
-    pass the recording fails is counted again without it, so the count never depends on it. The
-    model is left as it was: its parameters get no gradient, its buffers keep their values, the
-    RNG its state."""
+    autocast, if any. The model is left as it was: its parameters get no gradient, its buffers
+    keep their values, the RNG its state."""
+    flops, _ = _count_step(model, loss, make_inputs, device, tensors, autocast, record=False)
+    return flops
+
+
+def count_step_with_calls(
+    model: nn.Module,
+    loss: LossFn,
+    make_inputs: Callable[[], Any],
+    *,
+    device: torch.device,
+    tensors: str = "fake",
+    autocast: torch.dtype | None = None,
+) -> tuple[StepFlops, tuple[OpCall, ...] | None]:
+    """``count_step_flops``, and beside the count the counted pass's operator calls
+    (``op_calls``) for the op replay of the step's compute time. A pass the recording fails is
+    counted again without it (no calls), so the count never depends on it."""
+    return _count_step(model, loss, make_inputs, device, tensors, autocast, record=True)
+
+
+def _count_step(
+    model: nn.Module,
+    loss: LossFn,
+    make_inputs: Callable[[], Any],
+    device: torch.device,
+    tensors: str,
+    autocast: torch.dtype | None,
+    *,
+    record: bool,
+) -> tuple[StepFlops, tuple[OpCall, ...] | None]:
     if tensors not in ("fake", "active", "real"):
         raise ValueError(f"tensors must be 'fake', 'active' or 'real', got {tensors!r}")
     step = _Step(model, loss, autocast, device.type)
     mode = _fake_mode() if tensors == "fake" else contextlib.nullcontext()
     with _counting_context(device), mode:
-        if tensors == "fake":
-            state = {n: mode.from_tensor(t) for n, t in _tensors(step)}
-        else:  # leaves of their own, sharing the parameters' storage; buffers copied
-            params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in step.named_parameters()}
-            state = {**params, **{n: b.clone() for n, b in step.named_buffers()}}
+        state = _substitute_state(step, mode if tensors == "fake" else None)
         inputs = make_inputs()
-        checkpointed = any(is_checkpointed(m) for m in model.modules())
-        calls = None
-        try:
-            executed, scores, by_op, calls = _count(step, state, inputs, trace=trace)
-        except Exception:  # noqa: BLE001 - the recording's failure costs the trace only
-            if not trace:
-                raise
-            _clear_grads(state)
-            executed, scores, by_op, _ = _count(step, state, inputs)
-        hardware = executed + scores
-        if checkpointed:
+        (executed, scores, by_op), calls = _hardware_pass(step, state, inputs, record)
+        if any(is_checkpointed(m) for m in model.modules()):
             _clear_grads(state)
             with without_recompute():
-                model_flops, _, _, _ = _count(step, state, inputs)
+                model_flops, _, _ = _count(step, state, inputs)
         else:
             model_flops = executed
         del state, inputs
-    return StepFlops(
-        model=model_flops,
-        hardware=hardware,
-        by_op=by_op,
-        counted_on="real tensors" if tensors == "real" else "fake tensors",
-        trace=calls,
-    )
+    counted_on = "real tensors" if tensors == "real" else "fake tensors"
+    return StepFlops(model_flops, executed + scores, by_op, counted_on), calls
+
+
+def _substitute_state(step: _Step, fake: Any | None) -> dict[str, torch.Tensor]:
+    """The parameters and buffers the counted pass runs on: fake copies under ``fake``, else
+    leaves of their own sharing the parameters' storage, and buffers copied."""
+    if fake is not None:
+        return {n: fake.from_tensor(t) for n, t in _tensors(step)}
+    params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in step.named_parameters()}
+    return {**params, **{n: b.clone() for n, b in step.named_buffers()}}
+
+
+def _hardware_pass(
+    step: _Step, state: dict[str, torch.Tensor], inputs: Any, record: bool
+) -> tuple[tuple[int, int, dict[str, int]], tuple[OpCall, ...] | None]:
+    """The executed pass's count, and with ``record`` its calls: a recording that fails costs
+    the calls only, the pass is counted again without it."""
+    if not record:
+        return _count(step, state, inputs), None
+    from shardbench.prediction.op_calls import CallRecorder
+
+    recorder = CallRecorder()
+    try:
+        return _count(step, state, inputs, recorder), recorder.calls()
+    except Exception:  # noqa: BLE001 - the recording's failure costs the calls only
+        _clear_grads(state)
+        return _count(step, state, inputs), None
 
 
 def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -313,25 +347,20 @@ def _clear_grads(state: dict[str, torch.Tensor]) -> None:
 
 
 def _count(
-    step: _Step, state: dict[str, torch.Tensor], inputs: Any, *, trace: bool = False
-) -> tuple[int, int, dict[str, int], list[list[Any]] | None]:
-    """One pass: its model FLOPs, the fused attention's score recompute, per op both (the
-    recompute under ``SCORE_RECOMPUTE``), and with ``trace`` its operator calls."""
+    step: _Step, state: dict[str, torch.Tensor], inputs: Any, recorder: Any = None
+) -> tuple[int, int, dict[str, int]]:
+    """One pass: its model FLOPs, the fused attention's score recompute, and per op both (the
+    recompute under ``SCORE_RECOMPUTE``); its calls go to ``recorder`` where one is given."""
     from torch.func import functional_call
     from torch.utils.flop_counter import FlopCounterMode
 
     recomputed: list[int] = []
-    tracer: Any = contextlib.nullcontext()
-    if trace:
-        from shardbench.prediction.op_calls import OpTrace
-
-        tracer = OpTrace()
-    with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter, tracer:
+    recording = recorder if recorder is not None else contextlib.nullcontext()
+    with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter, recording:
         functional_call(step, state, (inputs,))
     by_op = {
         str(op): int(n) for op, n in sorted(counter.get_flop_counts().get("Global", {}).items(), key=str)
     }
     if recomputed:
         by_op[SCORE_RECOMPUTE] = sum(recomputed)
-    calls = tracer.to_json() if trace else None
-    return counter.get_total_flops(), sum(recomputed), by_op, calls
+    return counter.get_total_flops(), sum(recomputed), by_op

@@ -10,23 +10,19 @@ role (the gradients' reduction, the parameters' gathers), since the calls follow
 units, whatever the backend. Collectives outside the prediction (buffer broadcasts, flags) are
 costed as the step counted them.
 
-The ``gloo`` profile and the update rate are probed once per machine, torch version, world size
-and threads per rank, and cached in the results home (``peaks/network.json``,
-``peaks/update.json``).
+The ``gloo`` profile and the update rate are this machine's probes (``machine_probes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from shardbench.metrics.analytic import predicted_comm
 from shardbench.precision import MODEL_STATE_BYTES
+from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile, check_network
 from shardbench.prediction.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
 from shardbench.records import UNNAMED_DEVICE, Record, placement_of
-from shardbench.wording import count
 
 #: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
 #: moments, and writes the parameter and the moments back
@@ -34,102 +30,6 @@ UPDATE_BYTES = 28
 #: the share of a step's calls a replay may miss and still be its compute term; past it the model
 #: counts compute from the FLOPs at a stated efficiency
 UNREPLAYED_MAX = 0.05
-#: replays made or read by this process, by ``compute_key``: a process that assembles many cells
-#: (a suite, the tests' runs) replays each step once
-_REPLAYED: dict[str, dict[str, Any]] = {}
-#: probes as the caches call them: (world size, threads) -> figures; (threads, elements,
-#: copies) -> figures
-NetworkMeasure = Callable[[int, int], dict[str, Any]]
-UpdateMeasure = Callable[[int, int, int], dict[str, Any]]
-
-
-def gloo_profile(
-    world_size: int,
-    threads: int,
-    device_name: str,
-    torch_version: str,
-    *,
-    home: Path | None = None,
-    measure: NetworkMeasure | None = None,
-) -> NetworkProfile:
-    """The gloo profile of this machine at ``world_size`` ranks of ``threads`` threads each."""
-    from shardbench.harness.config import available_cores
-    from shardbench.prediction.probe_cache import cached
-
-    if measure is None:
-        from shardbench.prediction.gloo_probe import probe as measure
-    key = network_key(world_size, threads, device_name, torch_version, available_cores())
-    entry = cached("network", key, lambda: measure(world_size, threads), home)
-    kinds = {k: LinkCost(v["latency_s"], v["bandwidth"]) for k, v in entry["kinds"].items()}
-    default = kinds.get("all_reduce") or next(iter(kinds.values()))
-    return NetworkProfile(
-        MEASURED,
-        default,
-        f"gloo probe at N={world_size}, {count(threads, 'thread')} per rank, "
-        f"measured {entry.get('measured_at')}",
-        by_kind=kinds,
-        shares_compute=True,
-    )
-
-
-def network_key(world_size: int, threads: int, device_name: str, torch_version: str, cores: int) -> str:
-    """What makes two gloo probes the same measurement: the CPU, torch (gloo comes with it), the
-    ranks, their threads and the cores they share."""
-    return f"{device_name} | torch {torch_version} | {world_size} ranks | {threads} threads | {cores} cores"
-
-
-def update_rate(
-    threads: int,
-    elements: int,
-    copies: int,
-    device_name: str,
-    torch_version: str,
-    *,
-    home: Path | None = None,
-    measure: UpdateMeasure | None = None,
-) -> float:
-    """Seconds per element of an AdamW step on this CPU at ``threads`` for a rank that updates
-    ``elements``, ``copies`` ranks at once (``update_probe``)."""
-    from shardbench.harness.config import available_memory
-    from shardbench.prediction.probe_cache import cached
-    from shardbench.prediction.update_probe import size_for
-
-    if measure is None:
-        from shardbench.prediction.update_probe import probe as measure
-    size = size_for(elements, copies, available_memory())
-    key = update_key(threads, size, copies, device_name, torch_version)
-    return cached("update", key, lambda: measure(threads, size, copies), home)["seconds_per_element"]
-
-
-def update_key(threads: int, size: int, copies: int, device_name: str, torch_version: str) -> str:
-    """What makes two update probes the same measurement: the CPU, torch, the threads, the
-    elements probed and the copies at once."""
-    return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | {size} elements"
-
-
-def replayed_compute(
-    trace: list[list[Any]],
-    threads: int,
-    copies: int,
-    device_name: str,
-    torch_version: str,
-    *,
-    home: Path | None = None,
-) -> dict[str, Any]:
-    """One rank's forward and backward replayed op by op on this CPU at ``threads``, ``copies``
-    at once (``op_replay``; ``replay_copies``): its compute ``seconds`` and how the replay went,
-    cached by the step's calls in the results home and for the life of the process."""
-    from shardbench.prediction.op_calls import signature
-    from shardbench.prediction.op_replay import replay
-    from shardbench.prediction.probe_cache import cached
-
-    def measure() -> dict[str, Any]:
-        return {**replay(trace, threads=threads, device="cpu", copies=copies), "threads": threads}
-
-    key = compute_key(signature(trace), threads, copies, device_name, torch_version)
-    if key not in _REPLAYED:
-        _REPLAYED[key] = cached("compute", key, measure, home)
-    return _REPLAYED[key]
 
 
 def replay_usable(replayed: dict[str, Any] | None) -> bool:
@@ -137,12 +37,6 @@ def replay_usable(replayed: dict[str, Any] | None) -> bool:
     if not replayed or not replayed.get("calls"):
         return False
     return replayed.get("unreplayed_calls", 0) <= UNREPLAYED_MAX * replayed["calls"]
-
-
-def compute_key(trace_signature: str, threads: int, copies: int, device_name: str, torch_version: str) -> str:
-    """What makes two replays the same measurement: the step's calls, the CPU, torch, the
-    threads and the copies replayed at once."""
-    return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | step {trace_signature}"
 
 
 def rank_threads(record: Record) -> int:
@@ -215,15 +109,12 @@ def predict_record(
     network: str,
     peak: dict[str, Any] | None = None,
     shape: Any | None = None,
-    home: Path | None = None,
-    measure_network: NetworkMeasure | None = None,
-    measure_update: UpdateMeasure | None = None,
+    probes: MachineProbes | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The record's ``predicted_step_time`` (seconds and how they were reached), or None and why
     not. ``peak``: the device's (default: the record's own); ``shape``: the model's
-    ``CommShape`` (default: the record's predicted bytes, on its own backend)."""
-    from shardbench.strategies.registry import get_strategy
-
+    ``CommShape`` (default: the record's predicted bytes, on its own backend); ``probes``: this
+    machine's (default: those cached in the user's results home)."""
     check_network(network)
     flops = (record.flops_per_step or {}).get("hardware")
     peak = peak or record.peak_flops_per_s
@@ -231,41 +122,17 @@ def predict_record(
         return None, "no step time predicted (no FLOPs counted)"
     if not peak:
         return None, "no step time predicted (no peak FLOP/s for the device)"
-    name = record.env.get("device_name") or UNNAMED_DEVICE
-    torch_version = record.env.get("torch") or "?"
     cpu = record.device == "cpu"
-    threads = rank_threads(record)
-    n = record.world_size
-    placed = placement_of(record)
-    # a simulated rank stands for N ranks on this host: they share its cores as a real run would
-    ranks = n if record.simulated else placed.get("ranks", n)
-    share = core_share(ranks, placed.get("cores"), threads) if cpu else 1.0
+    if network == MEASURED and not cpu:
+        return None, "no step time predicted (the gloo profile is this CPU's: use a named --network on CUDA)"
+    probes = probes if probes is not None else MachineProbes()
+    share = _core_share(record) if cpu else 1.0
     efficiency = EFFICIENCY.get(peak.get("kind", "measured"), 1.0)
     rate = peak["flops_per_s"] * efficiency * share
     replayed = record.compute_replay if cpu and replay_usable(record.compute_replay) else None
-    strategy = get_strategy(record.strategy)
-    held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
-    per_element = MODEL_STATE_BYTES[strategy.model_state_precision(record.precision)].optimizer
-    elements = held // per_element
-    if cpu:  # the rank's size, beside the other ranks, on the rank's share of the cores
-        copies = replay_copies(record)
-        spe = update_rate(threads, elements, copies, name, torch_version, home=home, measure=measure_update)
-        spe /= share
-    else:  # memory-bound: the bytes AdamW moves per element over the datasheet's memory bandwidth
-        memory = peak.get("memory_bytes_per_s")
-        spe = UPDATE_BYTES / memory if memory else 0.0
-    if network == MEASURED:
-        if not cpu:
-            return (
-                None,
-                "no step time predicted (the gloo profile is this CPU's: use a named --network on CUDA)",
-            )
-        profile = NetworkProfile(MEASURED, LinkCost(0.0, float("inf")), "one rank", shares_compute=True)
-        if n > 1:
-            profile = gloo_profile(n, threads, name, torch_version, home=home, measure=measure_network)
-        backend = "gloo"
-    else:
-        profile, backend = NAMED[network], "nccl"
+    elements, spe = _update(record, peak, share, probes)
+    profile, backend = _profile(record, network, probes)
+    n = record.world_size
     inputs = StepInputs(
         flops=flops,
         rate=rate,
@@ -293,3 +160,43 @@ def predict_record(
         "core_share": share,
         "seconds_per_update_element": spe,
     }, None
+
+
+def _machine(record: Record) -> tuple[str, str]:
+    """The record's CPU and torch, which the probes are keyed by."""
+    return record.env.get("device_name") or UNNAMED_DEVICE, record.env.get("torch") or "?"
+
+
+def _core_share(record: Record) -> float:
+    """A CPU rank's share of its threads' cores; a simulated rank stands for N ranks on this
+    host: they share its cores as a real run would."""
+    n = record.world_size
+    placed = placement_of(record)
+    ranks = n if record.simulated else placed.get("ranks", n)
+    return core_share(ranks, placed.get("cores"), rank_threads(record))
+
+
+def _update(record: Record, peak: dict[str, Any], share: float, probes: MachineProbes) -> tuple[int, float]:
+    """The optimizer elements the rank updates and the seconds each takes: on a CPU the update
+    probe's, at the rank's size beside the other ranks and on its share of the cores; elsewhere
+    (memory-bound) the bytes AdamW moves per element over the datasheet's memory bandwidth."""
+    from shardbench.strategies.registry import get_strategy
+
+    held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
+    precision = get_strategy(record.strategy).model_state_precision(record.precision)
+    elements = held // MODEL_STATE_BYTES[precision].optimizer
+    if record.device == "cpu":
+        threads, copies = rank_threads(record), replay_copies(record)
+        return elements, probes.update_rate(threads, elements, copies, *_machine(record)) / share
+    memory = peak.get("memory_bytes_per_s")
+    return elements, UPDATE_BYTES / memory if memory else 0.0
+
+
+def _profile(record: Record, network: str, probes: MachineProbes) -> tuple[NetworkProfile, str]:
+    """The network profile the collectives are costed on, and the backend whose bytes they
+    are: gloo's measured here (one rank alone sends nothing), or a named one over nccl."""
+    if network != MEASURED:
+        return NAMED[network], "nccl"
+    if record.world_size == 1:
+        return NetworkProfile(MEASURED, LinkCost(0.0, float("inf")), "one rank", shares_compute=True), "gloo"
+    return probes.gloo_profile(record.world_size, rank_threads(record), *_machine(record)), "gloo"
