@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("integrations",),
     ("strategies",),
     ("metrics", "models"),
-    ("", "records", "paths", "precision", "tensors", "blocks", "units", "wording"),
+    ("", "records", "step_figures", "paths", "precision", "tensors", "blocks", "units", "wording"),
 )
 
 

@@ -27,6 +27,7 @@ from shardbench.prediction.op_calls import (
 from shardbench.prediction.op_replay import materialize, operator, replay
 from shardbench.prediction.record_step_time import replay_usable
 from shardbench.prediction.step_time import StepInputs, predict_step
+from shardbench.step_figures import ComputeReplay
 
 
 def _loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -119,8 +120,8 @@ def test_a_call_fresh_tensors_cannot_make_is_counted_out() -> None:
     packed = OpCall("aten._pack_padded_sequence.default", args, {}, 4, 0)
     out = replay([*_calls(8), bad, missing, packed], threads=1)
     assert out["unreplayed_calls"] == 9 and out["calls"] == sum(c.count for c in _calls(8)) + 13
-    assert not replay_usable({**out, "calls": 100, "unreplayed_calls": 6})
-    assert replay_usable({**out, "calls": 100, "unreplayed_calls": 5})
+    assert not replay_usable(ComputeReplay(**{**out, "calls": 100, "unreplayed_calls": 6}))
+    assert replay_usable(ComputeReplay(**{**out, "calls": 100, "unreplayed_calls": 5}))
     assert not replay_usable(None)
 
 

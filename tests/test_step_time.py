@@ -16,6 +16,7 @@ from shardbench.prediction.network_profiles import NAMED, LinkCost, NetworkProfi
 from shardbench.prediction.record_step_time import predict_record
 from shardbench.prediction.step_time import Collective, StepInputs, core_share, predict_step
 from shardbench.records import Record, read_records
+from shardbench.step_figures import FlopsPerStep
 from shardbench.studies.compare_rules import TIME_PCT
 from tests.records import make_record
 
@@ -102,7 +103,7 @@ def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path)
         ]
         cells: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
         for r in records:
-            r.flops_per_step = {"hardware": flops, "model": flops}
+            r.flops_per_step = FlopsPerStep(model=flops, hardware=flops)
             predicted, why = predict_record(
                 r,
                 network="gloo",
@@ -116,7 +117,7 @@ def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path)
             assert why is None, why
             cells.setdefault((r.world_size, r.repeat), {})[r.strategy] = (
                 r.step_time_s["median"],
-                predicted["step"],
+                predicted.step,
             )
         for strategies in cells.values():
             for a, b in itertools.combinations(strategies, 2):

@@ -148,7 +148,8 @@ def _device_peak(record: Record, gpu: str | None = None) -> dict[str, Any] | Non
     from shardbench.prediction.peaks import datasheet_peak, measured_peak
     from shardbench.records import UNNAMED_DEVICE
 
-    dtype = (record.flops_per_step or {}).get("dtype") or matmul_dtype(record.precision, record.device)
+    counted = record.flops_per_step.dtype if record.flops_per_step else None
+    dtype = counted or matmul_dtype(record.precision, record.device)
     if record.device == "cpu":
         name = record.env.get("device_name") or UNNAMED_DEVICE
         return measured_peak("cpu", name, dtype, record.threads_per_rank, torch_version=record.env["torch"])

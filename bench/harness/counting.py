@@ -29,6 +29,7 @@ from shardbench.precision import compute_dtype
 from shardbench.prediction.flops import StepFlops, count_step_flops, count_step_with_calls, matmul_dtype
 from shardbench.prediction.op_calls import OpCall, calls_from_json, calls_to_json
 from shardbench.prediction.peaks import datasheet_peak, measured_peak
+from shardbench.step_figures import FlopsPerStep
 
 #: a step's count and, beside it, the calls the count recorded (on a CPU)
 Counted = tuple[StepFlops, tuple[OpCall, ...] | None]
@@ -99,7 +100,7 @@ def cell_flops(
     device: torch.device,
     data_rank: int,
     counts: StepCounts,
-) -> tuple[dict[str, Any] | None, str | None, tuple[OpCall, ...] | None]:
+) -> tuple[FlopsPerStep | None, str | None, tuple[OpCall, ...] | None]:
     """The record's ``flops_per_step`` for ``data_rank``'s batch of the cell, or None and why
     not (a count that fails costs the cell its FLOPs, never its measurement); and the counted
     pass's operator calls, which the launcher replays for the step's compute time
@@ -127,9 +128,8 @@ def cell_flops(
         text = str(e).strip().splitlines()
         return None, f"FLOPs not counted ({type(e).__name__}: {text[0][:160] if text else ''})", None
     flops, calls = counted
-    out = flops.to_record(cell.batch_size, tokens, matmul_dtype(cell.precision, device.type))
-    out["count_s"] = time.perf_counter() - started
-    return out, None, calls
+    dtype = matmul_dtype(cell.precision, device.type)
+    return flops.to_record(cell.batch_size, tokens, dtype, time.perf_counter() - started), None, calls
 
 
 def _count(

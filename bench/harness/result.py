@@ -26,6 +26,8 @@ from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.op_calls import OpCall, calls_from_json, calls_to_json
 from shardbench.prediction.zero_accounting import predict, predict_comm, workload_params
 from shardbench.records import UNNAMED_DEVICE, Record, capture_env, finite, first_line
+from shardbench.step_figures import FlopsPerStep
+from shardbench.step_figures import from_json as figures
 from shardbench.strategies.catalog import WorldPlan
 from shardbench.strategies.registry import get_strategy
 
@@ -77,13 +79,16 @@ class RankResult:
     placement: dict[str, int] | None = None
     #: rank 0: the FLOPs of one step of its batch (``harness.counting.cell_flops``), or why
     #: they were not counted
-    flops: dict[str, Any] | None = None
+    flops: FlopsPerStep | None = None
     flops_note: str | None = None
     #: rank 0: the counted pass's operator calls (``bench/prediction/op_calls.py``), which the
     #: launcher replays for the step's compute time; not part of the record
     op_calls: tuple[OpCall, ...] | None = None
     #: rank 0 of a CUDA cell: its device's peak FLOP/s (``bench/prediction/peaks.py``)
     peak: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.flops = figures(FlopsPerStep, self.flops)  # as JSON carries it from the rank
 
     def to_json(self) -> dict[str, Any]:
         calls = calls_to_json(self.op_calls) if self.op_calls is not None else None
@@ -225,18 +230,24 @@ def build_record(
     if failure is not None:
         record.status, record.error, record.failure = failure
         return record
+    _add_measured(record, cell, plan, results)
+    return record
+
+
+def _add_measured(record: Record, cell: CellConfig, plan: WorldPlan, results: list[RankResult]) -> None:
+    """What a cell whose ranks all finished measured, and what the step-time model predicts of
+    it over this machine's probes."""
     steps = slowest_rank([r.step_times for r in results])
     times = summarize(steps)
     record.step_time_s = times
     record.step_times_s = steps or None
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
-        record.samples_per_s = cell.batch_size * world_size / times["median"]
+        record.samples_per_s = cell.batch_size * record.world_size / times["median"]
     _add_throughput(record, cell, results)
     probes = MachineProbes()
     _add_compute_replay(record, results, probes)
     _add_prediction(record, probes)
     _add_memory(record, cell, results)
-    return record
 
 
 def _add_compute_replay(record: Record, results: list[RankResult], probes: MachineProbes) -> None:
@@ -300,13 +311,13 @@ def _add_throughput(record: Record, cell: CellConfig, results: list[RankResult])
     flops = next((r.flops for r in results if r.flops), None)
     why = next((r.flops_note for r in results if r.flops_note), None)
     record.flops_per_step = flops
-    if flops and flops.get("tokens_per_sample") and record.samples_per_s:
-        record.tokens_per_s = record.samples_per_s * flops["tokens_per_sample"]
+    if flops and flops.tokens_per_sample and record.samples_per_s:
+        record.tokens_per_s = record.samples_per_s * flops.tokens_per_sample
     median = (record.step_time_s or {}).get("median")
     if flops and median:
-        record.achieved_flops_per_s = {k: flops[k] / median for k in ("model", "hardware")}
+        record.achieved_flops_per_s = {"model": flops.model / median, "hardware": flops.hardware / median}
         try:
-            peak = next((r.peak for r in results if r.peak), None) or _host_peak(cell, record, flops["dtype"])
+            peak = next((r.peak for r in results if r.peak), None) or _host_peak(cell, record, flops.dtype)
         except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its MFU only
             peak, why = None, f"no peak FLOP/s ({type(e).__name__}: {e})"
         if peak:

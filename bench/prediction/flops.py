@@ -52,6 +52,7 @@ from torch import nn
 
 from shardbench.models.checkpointing import is_checkpointed, without_recompute
 from shardbench.precision import is_half
+from shardbench.step_figures import FlopsPerStep
 
 if TYPE_CHECKING:
     from shardbench.prediction.op_calls import OpCall
@@ -179,23 +180,24 @@ class StepFlops:
     def from_json(cls, d: dict[str, Any]) -> StepFlops:
         return cls(**d)
 
-    def to_record(self, batch: int, tokens_per_sample: int | None, dtype: str) -> dict[str, Any]:
+    def to_record(
+        self, batch: int, tokens_per_sample: int | None, dtype: str, count_s: float | None = None
+    ) -> FlopsPerStep:
         """The record's ``flops_per_step``: the counts, per sample and per token (where the
-        workload has a sequence), and the matmul dtype the step ran at."""
+        workload has a sequence), the matmul dtype the step ran at and the count's seconds."""
         tokens = batch * tokens_per_sample if tokens_per_sample else None
-        return {
-            "model": self.model,
-            "hardware": self.hardware,
-            "per_sample": {"model": self.model / batch, "hardware": self.hardware / batch},
-            "per_token": {"model": self.model / tokens, "hardware": self.hardware / tokens}
-            if tokens
-            else None,
-            "batch": batch,
-            "tokens_per_sample": tokens_per_sample,
-            "dtype": dtype,
-            "by_op": dict(self.by_op),
-            "counted_on": self.counted_on,
-        }
+        return FlopsPerStep(
+            model=self.model,
+            hardware=self.hardware,
+            per_sample={"model": self.model / batch, "hardware": self.hardware / batch},
+            per_token={"model": self.model / tokens, "hardware": self.hardware / tokens} if tokens else None,
+            batch=batch,
+            tokens_per_sample=tokens_per_sample,
+            dtype=dtype,
+            by_op=dict(self.by_op),
+            counted_on=self.counted_on,
+            count_s=count_s,
+        )
 
 
 class _Step(nn.Module):

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardbench.prediction.network_profiles import MEASURED, LinkCost, NetworkProfile
+from shardbench.step_figures import ComputeReplay
+from shardbench.step_figures import from_json as figures
 from shardbench.wording import count
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ class MachineProbes:
     measure_network: NetworkMeasure | None = None
     measure_update: UpdateMeasure | None = None
     #: the replays made or read so far, by ``compute_key``: many cells of one step replay it once
-    _replayed: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _replayed: dict[str, ComputeReplay] = field(default_factory=dict, repr=False)
 
     def gloo_profile(
         self, world_size: int, threads: int, device_name: str, torch_version: str
@@ -98,7 +100,7 @@ class MachineProbes:
 
     def replayed_compute(
         self, calls: Sequence[OpCall], threads: int, copies: int, device_name: str, torch_version: str
-    ) -> dict[str, Any]:
+    ) -> ComputeReplay:
         """One rank's forward and backward replayed op by op on this CPU at ``threads``,
         ``copies`` at once (``op_replay``): its compute ``seconds`` and how the replay went,
         cached by the step's calls."""
@@ -111,5 +113,5 @@ class MachineProbes:
 
         key = compute_key(signature(calls), threads, copies, device_name, torch_version)
         if key not in self._replayed:
-            self._replayed[key] = cached("compute", key, measure, self.home)
+            self._replayed[key] = figures(ComputeReplay, cached("compute", key, measure, self.home))
         return self._replayed[key]

@@ -23,6 +23,7 @@ from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile, check_network
 from shardbench.prediction.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
 from shardbench.records import UNNAMED_DEVICE, Record, placement_of
+from shardbench.step_figures import ComputeReplay, PredictedStep
 
 #: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
 #: moments, and writes the parameter and the moments back
@@ -32,11 +33,11 @@ UPDATE_BYTES = 28
 UNREPLAYED_MAX = 0.05
 
 
-def replay_usable(replayed: dict[str, Any] | None) -> bool:
+def replay_usable(replayed: ComputeReplay | None) -> bool:
     """Whether a replay stands for the step: it replayed all but ``UNREPLAYED_MAX`` of the calls."""
-    if not replayed or not replayed.get("calls"):
+    if not replayed or not replayed.calls:
         return False
-    return replayed.get("unreplayed_calls", 0) <= UNREPLAYED_MAX * replayed["calls"]
+    return replayed.unreplayed_calls <= UNREPLAYED_MAX * replayed.calls
 
 
 def rank_threads(record: Record) -> int:
@@ -93,12 +94,12 @@ def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collec
     return tuple(out)
 
 
-def _compute_source(replay: dict[str, Any] | None, used: bool) -> str:
+def _compute_source(replay: ComputeReplay | None, used: bool) -> str:
     """How the prediction reached its compute, and why not by the replay where one was made."""
     if used:
         return "op replay"
     if replay:
-        missed = f"{replay.get('unreplayed_calls', 0):,} of {replay.get('calls', 0):,}"
+        missed = f"{replay.unreplayed_calls:,} of {replay.calls:,}"
         return f"FLOPs at peak x efficiency (the op replay missed {missed} calls)"
     return "FLOPs at peak x efficiency"
 
@@ -110,15 +111,15 @@ def predict_record(
     peak: dict[str, Any] | None = None,
     shape: Any | None = None,
     probes: MachineProbes | None = None,
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> tuple[PredictedStep | None, str | None]:
     """The record's ``predicted_step_time`` (seconds and how they were reached), or None and why
     not. ``peak``: the device's (default: the record's own); ``shape``: the model's
     ``CommShape`` (default: the record's predicted bytes, on its own backend); ``probes``: this
     machine's (default: those cached in the user's results home)."""
     check_network(network)
-    flops = (record.flops_per_step or {}).get("hardware")
+    counted = record.flops_per_step
     peak = peak or record.peak_flops_per_s
-    if not flops:
+    if not counted or not counted.hardware:
         return None, "no step time predicted (no FLOPs counted)"
     if not peak:
         return None, "no step time predicted (no peak FLOP/s for the device)"
@@ -134,32 +135,31 @@ def predict_record(
     profile, backend = _profile(record, network, probes)
     n = record.world_size
     inputs = StepInputs(
-        flops=flops,
+        flops=counted.hardware,
         rate=rate,
-        compute_s=replayed["seconds"] / share if replayed else None,
+        compute_s=replayed.seconds / share if replayed else None,
         update_elements=elements,
         seconds_per_element=spe,
         collectives=collectives(record, backend, shape) if n > 1 else (),
         world_size=n,
     )
     seconds = predict_step(inputs, profile)
-    step = seconds["step"]
-    tokens = (record.flops_per_step or {}).get("tokens_per_sample")
-    return {
+    step, tokens = seconds["step"], counted.tokens_per_sample
+    return PredictedStep(
         **seconds,
-        "tokens_per_s": record.batch_size_per_rank * n * tokens / step if tokens and step else None,
-        "mfu": record.flops_per_step["model"] / step / peak["flops_per_s"] if step else None,
-        "peak_flops_per_s": peak["flops_per_s"],
-        "shares_compute": profile.shares_compute,
-        "network": profile.name,
-        "network_source": profile.source,
-        "compute_source": _compute_source(record.compute_replay if cpu else None, replayed is not None),
-        "rate_flops_per_s": None if replayed else rate,
-        "peak_kind": peak.get("kind"),
-        "efficiency": None if replayed else efficiency,
-        "core_share": share,
-        "seconds_per_update_element": spe,
-    }, None
+        tokens_per_s=record.batch_size_per_rank * n * tokens / step if tokens and step else None,
+        mfu=counted.model / step / peak["flops_per_s"] if step else None,
+        peak_flops_per_s=peak["flops_per_s"],
+        shares_compute=profile.shares_compute,
+        network=profile.name,
+        network_source=profile.source,
+        compute_source=_compute_source(record.compute_replay if cpu else None, replayed is not None),
+        rate_flops_per_s=None if replayed else rate,
+        peak_kind=peak.get("kind"),
+        efficiency=None if replayed else efficiency,
+        core_share=share,
+        seconds_per_update_element=spe,
+    ), None
 
 
 def _machine(record: Record) -> tuple[str, str]:

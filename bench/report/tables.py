@@ -117,9 +117,7 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
                 "step_ms": t.get("median", float("nan")) * 1e3 if t else None,
                 "step_mad_ms": t.get("mad", float("nan")) * 1e3 if t else None,
                 # the step-time model's (bench/prediction/step_time.py) and its ratio to the median
-                "pred_step_ms": (r.predicted_step_time or {}).get("step", float("nan")) * 1e3
-                if r.predicted_step_time
-                else None,
+                "pred_step_ms": r.predicted_step_time.step * 1e3 if r.predicted_step_time else None,
                 "pred_vs_meas": predicted_over_measured(r),
                 "samples_per_s": r.samples_per_s,
                 # per rank (a GPU on CUDA), as torchtitan, Megatron and llm-foundry report it,
@@ -134,8 +132,8 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
                 "scaling_note": None if s is None else s.why or "; ".join(s.flags),
                 # one rank's step, forward and backward (bench/prediction/flops.py), and what the
                 # rank achieved against the device's peak (bench/prediction/peaks.py)
-                "model_GFLOP_per_step": _giga((r.flops_per_step or {}).get("model")),
-                "hw_GFLOP_per_step": _giga((r.flops_per_step or {}).get("hardware")),
+                "model_GFLOP_per_step": _giga(r.flops_per_step and r.flops_per_step.model),
+                "hw_GFLOP_per_step": _giga(r.flops_per_step and r.flops_per_step.hardware),
                 "TFLOP_s_per_rank": _tera((r.achieved_flops_per_s or {}).get("model")),
                 "MFU": r.mfu,
                 "HFU": r.hfu,

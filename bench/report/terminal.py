@@ -415,7 +415,7 @@ def blank_reason(r: Record, column: str) -> str | None:
     if column in _TOKENS:
         return (
             "the workload's samples are not token sequences"
-            if not r.flops_per_step.get("tokens_per_sample")
+            if not r.flops_per_step.tokens_per_sample
             else None
         )
     if column in ("MFU", "HFU") and not r.peak_flops_per_s:
