@@ -89,3 +89,5 @@ class PredictedStep:
     efficiency: float | None = None
     core_share: float | None = None
     seconds_per_update_element: float | None = None
+    #: the range the measured step should fall in, where the model states one
+    interval: list[float] | None = None

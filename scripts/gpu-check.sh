@@ -6,6 +6,8 @@
 #   plan      planning accuracy and the allocator's overhead: transformer 1b at a simulated N=8,
 #             every strategy that can simulate, real tensors vs --fake (the data behind plan's
 #             CUDA reserve: max_reserved / max_allocated per strategy, and the CUDA context);
+#   fp16      the plan at fp16 with the loss scaler: transformer 1b at a simulated N=8 under ddp,
+#             zero2 and zero3, real tensors vs --fake;
 #   own       your own model's plan against the card: a Llama shape (hf:) at sequence 2048,
 #             bf16, simulated N=8, ddp, zero2 and zero3, real tensors vs --fake;
 #   peers     DeepSpeed ZeRO-2 and FairScale OSS + ShardedDataParallel train on CUDA (one rank:
@@ -54,6 +56,12 @@ for s in "${steps[@]}"; do
         step plan-real 240 "${SB[@]}" run "${plan[@]}" --simulate --out "$out/plan-real"
         step plan-fake 120 "${SB[@]}" run "${plan[@]}" --fake --out "$out/plan-fake"
         "${SB[@]}" report "$out/plan-real" "$out/plan-fake" --out "$out/plan-report" >/dev/null 2>&1 ;;
+    fp16)
+        half=(--workload transformer --preset 1b --world-size 8 --batch-size 8 --device cuda --steps 5
+              --warmup 2 --timeout 90 --precision fp16 --strategy ddp,zero2,zero3)
+        step fp16-real 180 "${SB[@]}" run "${half[@]}" --simulate --out "$out/fp16-real"
+        step fp16-fake 90 "${SB[@]}" run "${half[@]}" --fake --out "$out/fp16-fake"
+        "${SB[@]}" report "$out/fp16-real" "$out/fp16-fake" --out "$out/fp16-report" >/dev/null 2>&1 ;;
     own)
         llama=(--workload hf:LlamaForCausalLM --model-config
                hidden_size=2048,intermediate_size=5632,num_hidden_layers=22,num_attention_heads=32,num_key_value_heads=4
@@ -77,12 +85,12 @@ for s in "${steps[@]}"; do
         step max-size 170 "${SB[@]}" max-size --workload transformer --strategy ddp,zero2 --world-size 8 \
             --simulate --device cuda --budget 16GiB --batch-size 8 --timeout 60 \
             --ladder base,large,h1024-l40,h1536-l32,1b,h2048-l32,2.5b,h3072-l32,6b --out "$out/max-size-16gib" ;;
-    *) echo "gpu-check: unknown step $s (steps: plan own peers suite torchrun max-size)" >&2; exit 2 ;;
+    *) echo "gpu-check: unknown step $s (steps: plan fp16 own peers suite torchrun max-size)" >&2; exit 2 ;;
     esac
     pack
 done
 echo "== steps"; cat "$out/steps.txt"
-for t in plan-real plan-fake own-real own-fake peers suite torchrun-suite max-size-16gib; do
+for t in plan-real plan-fake fp16-real fp16-fake own-real own-fake peers suite torchrun-suite max-size-16gib; do
     [ -f "$out/$t/table.md" ] && { echo "== $t"; cat "$out/$t/table.md"; }
 done
 echo "results: $out"

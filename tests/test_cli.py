@@ -64,6 +64,10 @@ MAX_SIZE = [
             ["run", "--resume", "some-run", "--name", "again"],
             "goes on under that run's own name; drop --name",
         ),
+        (
+            ["run", "--workload", "transformer", "--fake", "--repeat", "3"],
+            "--repeat 3 repeats timed cells, and --fake cells time nothing",
+        ),
     ],
 )
 def test_a_flag_another_flag_would_leave_unused_is_refused(argv, needle, tmp_path, capsys) -> None:

@@ -1,7 +1,7 @@
 """Past one machine: the job read from torchrun's and Slurm's variables, and real jobs of two
-processes on this host, all at once: the smoke suite under torchrun (two agents meeting by c10d
-rendezvous) and under Slurm (its variables played), each measuring what a local run of the suite
-measures, to the byte; and three cells in a Slurm job, one of which fails on rank 1."""
+processes on this host, all at once: the smoke suite split between torchrun (two agents meeting
+by c10d rendezvous) and Slurm (its variables played), each cell measuring what a local run of the
+suite measures, to the byte; and three cells in a Slurm job, one of which fails on rank 1."""
 
 from __future__ import annotations
 
@@ -160,9 +160,9 @@ FLAGS = ["--workload", "transformer", "--preset", "tiny", "--strategy", "ddp,zer
 FAULT = "error:rank=1:strategy=zero2"
 #: every job and the local run together, on two busy cores
 JOBS_TIMEOUT_S = 400
-#: the smoke suite's workloads the Slurm-played job runs (its slow two, swav and deepspeech2,
-#: run in the torchrun job)
-SLURM_WORKLOADS = ("transformer", "imagegpt")
+#: the smoke suite's workloads each job runs: together the whole suite, each cell in one job (what
+#: a job adds is how its ranks meet, the same for every cell; the cells are the local run's)
+JOB_WORKLOADS = {"torchrun": ("swav", "deepspeech2"), "slurm": ("transformer", "imagegpt")}
 #: how long a job's last processes may take to be gone once its launchers have exited (a rank's
 #: fork server ends when the process that started it does)
 LEFT_S = 5.0
@@ -215,8 +215,8 @@ def _outcome(procs: list[subprocess.Popen[str]], deadline: float) -> dict[str, l
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, object]:
-    """At once, on this host: the smoke suite as a torchrun job of two processes and as a Slurm
-    job of two (its variables played), three cells in a Slurm job of two with rank 1 raising in
+    """At once, on this host: the smoke suite split between a torchrun job of two processes and a
+    Slurm job of two (its variables played), three cells in a Slurm job of two with rank 1 raising in
     one, and the smoke suite run locally (in this process, while the jobs run, unless the
     session ran it already: ``smoke_suite_run``)."""
     root = tmp_path_factory.mktemp("jobs")
@@ -224,12 +224,11 @@ def jobs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     marked = {"SHARDBENCH_TEST_JOB": marker}
     smoke = ["run", "--suite", "smoke", "--no-charts", "--out"]
     started = {
-        "torchrun": _start_job("torchrun", [*smoke, str(root / "torchrun")], marked),
-        # the Slurm job's own part is how its ranks find each other (played variables): the
-        # suite's two quick workloads show it; torchrun's job runs the whole suite
-        "slurm": _start_job(
-            "slurm", [*smoke, str(root / "slurm"), "--workload", ",".join(SLURM_WORKLOADS)], marked
-        ),
+        launcher: _start_job(
+            launcher, [*smoke, str(root / launcher), "--workload", ",".join(JOB_WORKLOADS[launcher])], marked
+        )
+        for launcher in ("torchrun", "slurm")
+    } | {
         "fault": _start_job(
             "slurm",
             ["run", *FLAGS, "--no-charts", "--out", str(root / "fault")],
@@ -314,10 +313,10 @@ def test_a_job_runs_the_smoke_suite_as_a_local_run_does(jobs, launcher: str, tmp
     cells = json.loads((job["out"] / "cells.json").read_text())
     suite = json.loads((local["out"] / "cells.json").read_text())
     ran_here = {key: r for key, r in local["records"].items()}
-    if launcher == "slurm":  # the suite's cells of the workloads it ran
-        suite["cells"] = [c for c in suite["cells"] if c["workload"] in SLURM_WORKLOADS]
-        ran_here = {key: r for key, r in ran_here.items() if key[0] in SLURM_WORKLOADS}
-        assert suite["cells"]
+    ran_by_job = JOB_WORKLOADS[launcher]  # the suite's cells of the workloads this job ran
+    suite["cells"] = [c for c in suite["cells"] if c["workload"] in ran_by_job]
+    ran_here = {key: r for key, r in ran_here.items() if key[0] in ran_by_job}
+    assert suite["cells"]
     assert cells["cells"] == suite["cells"] and cells["suite"] == "smoke"
     assert job["records"].keys() == ran_here.keys() and len(ran_here) == len(cells["cells"])
     for cell, ran in job["records"].items():

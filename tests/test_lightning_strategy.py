@@ -65,7 +65,7 @@ def _everything(rank: int, world_size: int, folder: str) -> dict[str, Any]:
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    import shardbench.integrations.lightning  # noqa: F401  (registers the strategy names)
+    from shardbench.integrations.lightning import ShardbenchStrategy  # (registers the names too)
     from shardbench.strategies.sharded import ShardedDataParallel
     from tests.lightning_models import NoBlocksLit, TinyLit, UnshardableLit, in_rank, trainer
 
@@ -82,6 +82,15 @@ def _everything(rank: int, world_size: int, folder: str) -> dict[str, Any]:
                     out["zero3/ckpt_params"] = _state(model)
         model, _ = _train("shardbench_zero2")
         out["zero2/unclipped"] = _state(model)
+        # hybrid: replicated across two groups of one rank (the replicas' all-reduce path)
+        class Replicas(pl.Callback):
+            def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+                out["zero2-S1/replicas"] = trainer.strategy.model.replicas
+
+        hybrid = ShardbenchStrategy(stage=2, shard_group_size=1)
+        model, _ = _train(hybrid, gradient_clip_val=CLIP, callbacks=[Replicas()])
+        out["zero2-S1/acc1"] = _state(model)
+        out["refused/shard width"] = _refusal(ShardbenchStrategy(stage=2, shard_group_size=3), TinyLit())
         for name in ("ddp", "zero2"):
             model, _ = _train(_ddp() if name == "ddp" else "shardbench_zero2", precision="bf16-mixed")
             out[f"{name}/bf16-mixed"] = _state(model)
@@ -139,6 +148,20 @@ def test_same_parameters_as_ddp(world: dict[str, Any], stage: int, accumulate: i
     for rank, result in enumerate((world, world["rank1"])):
         diff, where = max_rel_diff(result[f"zero{stage}/acc{accumulate}"], ddp)
         assert diff < TOL, f"stage {stage}, accumulate {accumulate}, rank {rank}: {where} off by {diff:.2e}"
+
+
+def test_hybrid_sharding_trains_as_ddp_does(world: dict[str, Any]) -> None:
+    """``ShardbenchStrategy(shard_group_size=1)`` at N = 2: two replicas of one rank each."""
+    assert world["zero2-S1/replicas"] == 2
+    for rank, result in enumerate((world, world["rank1"])):
+        diff, where = max_rel_diff(result["zero2-S1/acc1"], world["ddp/acc1"])
+        assert diff < TOL, f"rank {rank}: {where} off by {diff:.2e}"
+
+
+def test_a_shard_width_that_does_not_divide_the_world_is_refused_in_one_line(world: dict[str, Any]) -> None:
+    said = world["refused/shard width"]
+    assert "shard_group_size must divide the world of 2 ranks, got 3; allowed: 1, 2" in said
+    assert "\n" not in said
 
 
 def test_the_tolerance_sees_a_missing_clip(world: dict[str, Any]) -> None:
@@ -223,6 +246,9 @@ def test_precision_and_options_are_refused_when_the_trainer_is_built() -> None:
         ShardbenchStrategy(stage=4)
     with pytest.raises(MisconfigurationException, match="stage 3 options"):
         ShardbenchStrategy(stage=2, unit=torch.nn.Linear)
+    for bad in (0, 1.5, True):
+        with pytest.raises(MisconfigurationException, match=r"shard_group_size=.*a whole number of ranks"):
+            ShardbenchStrategy(stage=2, shard_group_size=bad)
 
 
 def test_without_lightning_one_line_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,11 +43,27 @@ def test_no_line_wider_than_120(records) -> None:
 
 
 def test_columns_are_chosen(records) -> None:
-    header = terminal_table(records, ("strategy", "peak")).splitlines()[0].split()
-    assert header[:2] == ["strategy", "peak"] and set(header[2:]) <= {"error"}  # error: failed cells
+    header = terminal_table(records, ("peak", "strategy")).splitlines()[0].split()
+    chosen = header.index("peak")
+    assert header[0] == "workload"
+    assert header[chosen:] in (["peak", "strategy"], ["peak", "strategy", "error"])  # error: failed cells
+    assert set(header[1:chosen]) <= {"preset", "N", "prec", "batch", "flags"}  # what the samples differ in
     with pytest.raises(ValueError, match="allowed: workload"):
         check_columns(["strategy", "colour"])
     assert set(check_columns(list(COLUMNS))) == set(COLUMNS)
+
+
+def test_chosen_columns_keep_what_names_each_row(records) -> None:
+    """--columns that leave out the workload, the strategy or what the rows differ in (here N)
+    still show them: no two rows of the table read alike, and each says which cell it is."""
+    ok = [r for r in records if r.status == "ok"]
+    ddp = next(r for r in ok if r.strategy == "ddp")
+    cells = [replace(ddp, strategy=s, world_size=n) for s in ("ddp", "zero2") for n in (2, 4)]
+    header, *rows = terminal_table(cells, ("peak",)).splitlines()[: 1 + len(cells)]
+    assert header.split()[:3] == ["workload", "strategy", "N"] and header.split()[-1] == "peak"
+    assert len({tuple(row.split()[:3]) for row in rows}) == len(cells)
+    same_n = terminal_table(cells[::2], ("MFU",)).splitlines()[0].split()
+    assert same_n == ["workload", "strategy", "MFU"]  # N is the same in every row: not added
 
 
 def test_flags_and_legend(records) -> None:
@@ -225,8 +241,8 @@ def test_tokens_per_second_reads_per_rank_and_for_the_whole_job() -> None:
     cell = _timed(world_size=4, flops_per_step=flops, tokens_per_s=320.0 * 16)
     assert check_columns(["tokens/s"]) == ("tokens/s/job",)
     header, row = terminal_table([cell], ("strategy", "tokens/s/rank", "tokens/s/job")).splitlines()[:2]
-    assert header.split() == ["strategy", "tokens/s/rank", "tokens/s/job"]
-    assert row.split() == ["ddp", "1.28K", "5.12K"]
+    assert header.split() == ["workload", "strategy", "tokens/s/rank", "tokens/s/job"]
+    assert row.split() == [cell.workload, "ddp", "1.28K", "5.12K"]
     frame = records_to_frame([cell])  # the data keeps the figures whole
     assert "tokens_per_s" not in frame.columns
     assert frame[["tokens_per_s_per_rank", "tokens_per_s_job"]].iloc[0].tolist() == [1280, 5120]
@@ -238,7 +254,7 @@ def test_tokens_per_second_reads_compact_as_the_plan_shows_it() -> None:
     flops = {"model": 1e9, "hardware": 1e9, "tokens_per_sample": 2048, "dtype": "bf16"}
     cell = _timed(world_size=8, flops_per_step=flops, tokens_per_s=51_545_091.0)
     row = terminal_table([cell], ("strategy", "tokens/s/rank", "tokens/s/job")).splitlines()[1]
-    assert row.split() == ["ddp", "6.44M", "51.5M"]
+    assert row.split() == [cell.workload, "ddp", "6.44M", "51.5M"]
 
 
 def test_the_help_lists_the_default_columns_the_table_shows(monkeypatch) -> None:

@@ -181,6 +181,10 @@ def cmd_claim(args: argparse.Namespace) -> int:
         report, results = _rebuild(spec, out)
     else:
         workloads = None if own or not args.workload else tuple(args.workload)
+        from shardbench.cli.first_use import deepspeed_build_note
+
+        if note := deepspeed_build_note(spec.real_peers, spec.device):
+            print(note, file=sys.stderr)
         done = claim(spec, out_dir=out, workloads=workloads, resume=args.resume)
         results = done.results
         report = write_claim_report(spec, results, out, done.wall_s, resumed=done.resumed)

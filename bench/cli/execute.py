@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -52,6 +52,17 @@ def with_drill_down_dir(cell: CellConfig, out: Path) -> CellConfig:
     name = slug(cell.workload, cell.preset, cell.strategy, f"N{cell.world_size}", cell.precision, *flags)
     name += f"-b{cell.batch_size}"
     return replace(cell, drill_down_dir=str(out.resolve() / "drill-down" / name))
+
+
+def say_first_builds(cells: Iterable[CellConfig]) -> None:
+    """Before the cells run, one line for each op a first cell will build before it starts
+    (``first_use``): on stderr, beside the progress, so a pipe of the tables stays clean."""
+    from shardbench.cli.first_use import deepspeed_build_note
+
+    real = [c for c in cells if not (c.fake or c.simulate)]
+    for device in sorted({c.device for c in real}):
+        if note := deepspeed_build_note([c.strategy for c in real if c.device == device], device):
+            print(note, file=sys.stderr)
 
 
 class Executed(NamedTuple):
@@ -124,6 +135,7 @@ def execute_run(
             "running the rest",
             file=sys.stderr,
         )
+    say_first_builds(c for c in cells if c.key() not in skip)
     try:
         outcome = run_cells(
             cells,

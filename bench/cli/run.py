@@ -156,7 +156,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         type=csv_list(str),
         help="columns of the terminal table by their headers, comma-separated, any case (table.md has "
         f"them all); default: {','.join(DEFAULT_COLUMNS)}; also: "
-        + ",".join(c for c in COLUMNS if c not in DEFAULT_COLUMNS),
+        + ",".join(c for c in COLUMNS if c not in DEFAULT_COLUMNS)
+        + " (what says which cell a row is, left out, leads the table: workload and strategy always, "
+        "preset, N, prec, batch and flags where the rows differ in them)",
     )
     run.add_argument(
         "--resume",
@@ -185,6 +187,11 @@ def resolve_cells(args: argparse.Namespace) -> tuple[SuiteSpec, list[CellConfig]
         cells = plan_cells(own_presets(spec.cells()) if presets is None else spec.cells())
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if (args.repeat or 1) > 1 and all(c.fake for c in cells):
+        raise UsageError(
+            f"--repeat {args.repeat} repeats timed cells, and --fake cells time nothing (their memory "
+            "is the same every run): drop --repeat, or --fake to time the cells"
+        )
     if args.scaling and not any(scaling_reference(c) for c in cells):
         raise UsageError(
             "--scaling: no real cell at N > 1 to set against N = 1 (simulated and fake worlds time no "

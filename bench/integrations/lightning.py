@@ -120,6 +120,8 @@ class ShardbenchStrategy(DDPStrategy):
     default: every child of an ``nn.ModuleList``/``nn.Sequential`` holding parameters), and
     ``prefetch`` (gather the next unit while one runs). ``assume_elementwise=True`` shards an
     optimizer class outside ``ELEMENTWISE_OPTIMIZERS`` whose update you know to be elementwise.
+    ``shard_group_size`` S: hybrid sharding, sharded within groups of S consecutive ranks and
+    replicated across them (default: the whole world); S must divide the world size.
     The other keyword arguments are ``DDPStrategy``'s (launch, cluster, process group)."""
 
     strategy_name = "shardbench"
@@ -132,6 +134,7 @@ class ShardbenchStrategy(DDPStrategy):
         unit: UnitSpec | None = None,
         prefetch: bool = True,
         assume_elementwise: bool = False,
+        shard_group_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         if stage not in STAGES:
@@ -147,12 +150,19 @@ class ShardbenchStrategy(DDPStrategy):
             raise MisconfigurationException(
                 f"ShardbenchStrategy(bucket_cap_mb={bucket_cap_mb!r}): must be > 0"
             )
+        whole = isinstance(shard_group_size, int) and not isinstance(shard_group_size, bool)
+        if shard_group_size is not None and (not whole or shard_group_size < 1):
+            raise MisconfigurationException(
+                f"ShardbenchStrategy(shard_group_size={shard_group_size!r}): a whole number of ranks "
+                "that divides the world size, or None for the whole world"
+            )
         self.stage = stage  # (before DDPStrategy's __init__: the precision setter names the strategy)
         super().__init__(**kwargs)
         self.bucket_cap_mb = bucket_cap_mb
         self.unit = _unit_policy(unit)
         self.prefetch = prefetch
         self.assume_elementwise = assume_elementwise
+        self.shard_group_size = shard_group_size
         self._forward_redirection = _ForwardRedirection()  # (DDP's touches only DDP wrappers)
         self._wrapper: ShardedDataParallel | None = None
         self._clipping_on: Precision | None = None
@@ -247,10 +257,10 @@ class ShardbenchStrategy(DDPStrategy):
 
     def _setup_model(self, model: nn.Module) -> ShardedDataParallel:  # type: ignore[override]
         optimizer = _plain(self.optimizers[0])
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"shard_group_size": self.shard_group_size}
         if self.stage == 3:
             self._check_units(model)
-            options = {"unit": self.unit, "prefetch": self.prefetch}
+            options |= {"unit": self.unit, "prefetch": self.prefetch}
         self._wrapper = ShardedDataParallel(model, optimizer, stage=self.stage, **options)
         return self._wrapper
 

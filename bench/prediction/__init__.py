@@ -7,8 +7,8 @@
 * the probes of this machine, the GEMM peak (``peaks``, ``gemm_probe``), gloo's collectives
   (``gloo_probe``) and AdamW's update rate (``update_probe``), run copies at once
   (``at_once``) and cached in the results home (``probe_cache``);
-* network profiles (``network_profiles``) and the step-time model (``step_time``), applied to a
-  record (``record_step_time``);
+* network profiles (``network_profiles``; a two-tier cluster's, ``cluster_network``) and the
+  step-time model (``step_time``), applied to a record (``record_step_time``);
 * the check of the prediction against the measured step (``accuracy``).
 
 It shares the harness's floor: it reads a cell and this machine's cores from the harness's

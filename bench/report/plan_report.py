@@ -222,8 +222,19 @@ def verdict(plan: Plan) -> str:
     )
 
 
+#: why a plan for CUDA made on the CPU can name a CPU attention kernel: the plan routes the
+#: attention a model calls to CUDA's kernel, but not the attention torch calls from inside its
+#: own functions (``nn.MultiheadAttention``'s), which runs the CPU's
+CPU_ATTENTION_IN_A_CUDA_PLAN = (
+    "attention marked (CPU) ran the CPU's kernel: torch calls it from inside nn.MultiheadAttention, "
+    "out of the plan's reach; like CUDA's fused kernels it keeps a log-sum-exp per query, not the "
+    "score matrix"
+)
+
+
 def kernels_line(plan: Plan) -> str | None:
-    """Which optimizer implementation and attention kernel the plan's memory assumed."""
+    """Which optimizer implementation and attention kernel the plan's memory assumed, and why a
+    plan for CUDA names a CPU kernel where it does."""
     planned_for, seen = plan.kernels()
     if not seen:
         return None
@@ -232,7 +243,11 @@ def kernels_line(plan: Plan) -> str | None:
         who = "" if len(seen) == 1 else f" ({', '.join(strategies)})"
         parts.append(f"optimizer {optimizer}, attention {attention}{who}")
     where = f" ({planned_for}, with its kernels)" if planned_for else ""
-    return "kernels assumed" + where + ": " + "; ".join(parts)
+    line = "kernels assumed" + where + ": " + "; ".join(parts)
+    cpu_kernel = any("(CPU)" in attention for _, attention in seen)
+    if planned_for and planned_for.startswith("cuda") and cpu_kernel:
+        line += f" ({CPU_ATTENTION_IN_A_CUDA_PLAN})"
+    return line
 
 
 def title(

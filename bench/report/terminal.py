@@ -20,7 +20,7 @@ from shardbench.studies.reference import REFERENCE
 from shardbench.studies.speed_verdict import ONE_RUN, REPEAT_HINT, RULE
 from shardbench.studies.versus import against_reference, group_key, model_states, repeated
 from shardbench.units import count_text, size_text
-from shardbench.wording import first_sentence, longest_piece, wrap
+from shardbench.wording import count, first_sentence, longest_piece, wrap
 
 WIDTH = 120
 
@@ -180,6 +180,11 @@ DEFAULT_COLUMNS = (
     "pred/meas",
 )
 _KEYS = {k.lower(): k for k in COLUMNS} | {a.lower(): k for a, k in ALIASES.items()}
+#: what names a row: a table keeps them whatever ``--columns`` chose, since a figure read without
+#: its workload and strategy belongs to no cell
+IDENTITY = ("workload", "strategy")
+#: what else tells cells apart: kept where the rows differ in it, so no two rows read the same
+DISTINGUISHING = ("preset", "N", "prec", "batch", "flags")
 
 
 def check_columns(names: Sequence[str]) -> tuple[str, ...]:
@@ -188,6 +193,15 @@ def check_columns(names: Sequence[str]) -> tuple[str, ...]:
     if unknown := [n for n in names if n.strip().lower() not in _KEYS]:
         raise ValueError(f"unknown column {unknown[0]!r}; allowed: {', '.join(COLUMNS)} (the headers)")
     return tuple(_KEYS[n.strip().lower()] for n in names)
+
+
+def with_identity(columns: Sequence[str], records: Sequence[Record]) -> tuple[str, ...]:
+    """``columns``, after those that say which cell a row is and that ``columns`` left out, in
+    the table's usual order: ``IDENTITY`` always, each of ``DISTINGUISHING`` where ``records``
+    differ in it."""
+    varies = {c for c in DISTINGUISHING if len({COLUMNS[c].value(r) for r in records}) > 1}
+    added = [c for c in COLUMNS if c not in columns and (c in IDENTITY or c in varies)]
+    return (*added, *columns)
 
 
 def ratio_lines(records: Sequence[Record]) -> list[str]:
@@ -305,7 +319,7 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     """The summary as text: the table (at most ``WIDTH`` columns, one line per cell), the
     legend of the flags that occur and the ratio lines. ``columns``: headers or their aliases
     (``check_columns``)."""
-    columns = check_columns(columns)
+    columns = with_identity(check_columns(columns), records)
     records = sorted(records, key=reading_order)  # as table.md and the charts list them
     if not any(r.predicted_step_time for r in records):  # nothing predicted: no column to fill
         columns = tuple(c for c in columns if c != "pred/meas")
@@ -334,6 +348,7 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
         extra = "\n".join(part for part in (extra, *peak_lines(records)) if part)
     extra = "\n".join(part for part in (extra, *blank_lines(records, columns)) if part)
     lines = ratio_lines(records) + verdict_lines(records) + exposed_lines(records) + scaling_lines(records)
+    lines += thread_peak_lines(records)
     if "pred/meas" in columns:
         from shardbench.prediction.accuracy import error_line
 
@@ -539,4 +554,43 @@ def scaling_lines(records: Sequence[Record]) -> list[str]:
             f"(per-rank samples/s over {REFERENCE} N=1): "
         )
         lines += wrap(head + ", ".join(parts), WIDTH, indent="  ")
+    return lines
+
+
+def _measured_peaks(records: Sequence[Record]) -> dict[tuple[str, str], dict[int, float]]:
+    """{(device, dtype): {threads: measured peak FLOP/s}} of the peaks ``records`` were set
+    against."""
+    peaks: dict[tuple[str, str], dict[int, float]] = {}
+    for r in records:
+        p = r.peak_flops_per_s or {}
+        if p.get("kind") == "measured" and p.get("threads") and p.get("flops_per_s"):
+            device = (p.get("device_name", ""), p.get("dtype", ""))
+            peaks.setdefault(device, {})[p["threads"]] = p["flops_per_s"]
+    return peaks
+
+
+def thread_peak_lines(records: Sequence[Record]) -> list[str]:
+    """Where rows ran at different threads a rank (a CPU host's N=1 cell has every core, each
+    of N=2's ranks half) and the measured peak at more threads is no higher than at fewer: a
+    second thread gained nothing when it was measured, as on cores shared with other work. The
+    rows at those threads then read wrong against the others (their step time, MFU, pred/meas,
+    and the scaling efficiencies set against N=1), and a line says so."""
+    lines = []
+    for (device, dtype), by_threads in _measured_peaks(records).items():
+        for more in sorted(by_threads):
+            fewer = [t for t in by_threads if t < more and by_threads[t] >= by_threads[more]]
+            if not fewer:
+                continue
+            least = min(fewer)
+            ran = {r.world_size for r in records if (r.peak_flops_per_s or {}).get("threads") == more}
+            rows = "N=" + ", ".join(map(str, sorted(ran)))
+            against = ", and the scaling efficiencies set against N=1," if 1 in ran else ""
+            peaks = f"{by_threads[more] / 1e12:.3g} against {by_threads[least] / 1e12:.3g} TFLOP/s"
+            text = (
+                f"{rows} ran {more} threads a rank, and {more} threads measured a peak no higher than "
+                f"{count(least, 'thread')} ({peaks}, {device} {dtype}): the cores were not free for them "
+                f"(other work on the machine), so {rows}'s step time, MFU and pred/meas{against} do not "
+                "say what the strategy costs"
+            )
+            lines += wrap(text, WIDTH, indent="  ")
     return lines

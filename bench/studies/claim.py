@@ -36,7 +36,7 @@ from shardbench.studies.claim_result import (
     every_variant,
     results_from_records,
 )
-from shardbench.studies.claim_specs import ClaimSpec
+from shardbench.studies.claim_specs import ClaimSpec, ClaimWorkload
 from shardbench.studies.maxsize import parse_budget, search
 from shardbench.studies.plan_reserve import policy
 from shardbench.wording import print_wrapped
@@ -54,15 +54,28 @@ def run_claim(
     """Measure every workload of ``spec``; records go to ``out_dir/records.jsonl`` as they come.
     ``measured`` (``claim --resume``): results by variant label whose ok cells are kept, not
     measured again."""
-    budget = parse_budget(spec.budget)
-    reserves = policy(spec.device, fixed=spec.reserve_bytes)  # plan's: a fit means the same in both
+    claim = _ClaimCells(spec, out_dir, run_id, progress)
     results = []
     for w in spec.variants():
         if workloads and w.name not in workloads:
             continue
-        res = WorkloadResult(w)
         have = (measured or {}).get(w.label) or WorkloadResult(w)
-        base = make_cell(
+        results.append(claim.measure(w, have))
+    return results
+
+
+class _ClaimCells:
+    """The cells of one claim: each workload's memory, timing and max-size cells, measured
+    unless a kept record of the same cell is ok."""
+
+    def __init__(self, spec: ClaimSpec, out_dir: Path, run_id: str, progress: Callable[[str], None]) -> None:
+        self.spec, self.out_dir, self.run_id, self.progress = spec, out_dir, run_id, progress
+        self.budget = parse_budget(spec.budget)
+        self.reserves = policy(spec.device, fixed=spec.reserve_bytes)  # plan's: a fit means the same
+
+    def base(self, w: ClaimWorkload) -> CellConfig:
+        spec = self.spec
+        return make_cell(
             workload=w.name,
             preset=w.preset,
             strategy=BASELINE,
@@ -79,46 +92,52 @@ def run_claim(
             activation_checkpointing=w.activation_checkpointing,
         )
 
-        def record(cell: CellConfig, kept: dict[str, Record]) -> Record:
-            if (r := kept.get(cell.strategy)) is not None and r.status == "ok":
-                return r
-            r = run_cell(cell, run_id=run_id)
-            append_record(out_dir / "records.jsonl", r)
-            label = f"{cell.workload}/{cell.preset} {cell.strategy} N={r.world_size}"
-            progress(with_slow_start(f"{label}: {r.status} ({r.wall_s:.0f}s)", r))
+    def record(self, cell: CellConfig, kept: dict[str, Record]) -> Record:
+        if (r := kept.get(cell.strategy)) is not None and r.status == "ok":
             return r
+        r = run_cell(cell, run_id=self.run_id)
+        append_record(self.out_dir / "records.jsonl", r)
+        label = f"{cell.workload}/{cell.preset} {cell.strategy} N={r.world_size}"
+        self.progress(with_slow_start(f"{label}: {r.status} ({r.wall_s:.0f}s)", r))
+        return r
 
-        for s in (BASELINE, OURS, *spec.further, *spec.peers):
-            res.memory[s] = record(replace(base, strategy=s), have.memory)
+    def measure(self, w: ClaimWorkload, have: WorkloadResult) -> WorkloadResult:
+        spec, base, res = self.spec, self.base(w), WorkloadResult(w)
+        stages = (BASELINE, OURS, *spec.further)
+        for s in (*stages, *spec.peers):
+            res.memory[s] = self.record(replace(base, strategy=s), have.memory)
         if spec.timing_world_size:
-            for s in (BASELINE, OURS, *spec.further):  # what each stage costs in throughput
+            for s in stages:  # what each stage costs in throughput
                 real = replace(base, strategy=s, world_size=spec.timing_world_size, simulate=False)
-                res.timing[s] = record(replace(real, steps=spec.steps, track_memory=False), have.timing)
+                res.timing[s] = self.record(replace(real, steps=spec.steps, track_memory=False), have.timing)
         else:
-            res.timing = {s: res.memory[s] for s in (BASELINE, OURS, *spec.further)}
+            res.timing = {s: res.memory[s] for s in stages}
         if spec.real_peers and spec.timing_world_size:
             for s in (BASELINE, OURS, *spec.real_peers):
                 real = replace(base, strategy=s, world_size=spec.timing_world_size, simulate=False, steps=1)
-                res.real_memory[s] = record(real, have.real_memory)
-        plannable = not get_workload(w.name).not_plannable and spec.device == "cpu"
-        for s in (BASELINE, OURS, *spec.further):
-            if (kept := have.max_size.get(s)) is not None and kept.status == "ok":
-                res.max_size[s] = kept
-                continue
-            probe = replace(base, strategy=s, fake=plannable, steps=1)
-            res.max_size[s] = search(
-                probe,
-                known={w.preset: res.memory[s]},
-                budget=budget,
-                reserve=reserves.of(s),
-                vary="params",
-                ladder=w.ladder,
-                out_dir=out_dir,
-                run_id=run_id,
-                progress=progress,
-            )
-        results.append(res)
-    return results
+                res.real_memory[s] = self.record(real, have.real_memory)
+        for s in stages:
+            res.max_size[s] = self.largest(w, base, s, res, have)
+        return res
+
+    def largest(
+        self, w: ClaimWorkload, base: CellConfig, s: str, res: WorkloadResult, have: WorkloadResult
+    ) -> Record:
+        """The max-size search of strategy ``s`` (kept if a kept one is ok)."""
+        if (kept := have.max_size.get(s)) is not None and kept.status == "ok":
+            return kept
+        plannable = not get_workload(w.name).not_plannable and self.spec.device == "cpu"
+        return search(
+            replace(base, strategy=s, fake=plannable, steps=1),
+            known={w.preset: res.memory[s]},
+            budget=self.budget,
+            reserve=self.reserves.of(s),
+            vary="params",
+            ladder=w.ladder,
+            out_dir=self.out_dir,
+            run_id=self.run_id,
+            progress=self.progress,
+        )
 
 
 @dataclass(frozen=True)

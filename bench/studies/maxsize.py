@@ -125,6 +125,42 @@ def allocator_cap(budget: int, reserve: Reserve) -> int:
     return max(1, budget - reserve.fixed)
 
 
+class _Prober:
+    """Measures one size of a search at a time: runs its cell (or reuses a known record), judges
+    the fit, keeps the probe, and tells the progress line; a probe that answers nothing about
+    the fit (an error, two timeouts) stops the search (``SearchFailed``)."""
+
+    def __init__(self, base: CellConfig, budget: int, reserve: Reserve, vary: str, where: tuple[Path, str],
+                 known: dict[str, Record], progress: Callable[[str], None]) -> None:  # fmt: skip
+        self.base, self.budget, self.reserve, self.vary = base, budget, reserve, vary
+        self.out_dir, self.run_id = where
+        self.known, self.progress = known, progress
+        self.probes: list[Probe] = []
+
+    def measure(self, cell: CellConfig) -> Record:
+        record = run_cell(cell, run_id=self.run_id)
+        append_record(self.out_dir / "records.jsonl", record)
+        return record
+
+    def __call__(self, value: str | int) -> bool:
+        params = self.vary == "params"
+        cell = replace(self.base, preset=value) if params else replace(self.base, batch_size=int(value))
+        if params and value in self.known:
+            record, reused = self.known[str(value)], " (already measured)"
+        else:
+            record, reused = self.measure(cell), ""
+            if record.status == "timeout":  # once more with twice the time before calling it one
+                said = f"[probe {len(self.probes) + 1}] timed out after {cell.timeout_s:g}s; retrying once"
+                self.progress(said)
+                record = self.measure(replace(cell, timeout_s=2 * cell.timeout_s))
+        p = Probe(value, record, probe_fits(record, self.budget, self.reserve), self.reserve)
+        self.probes.append(p)
+        self.progress(_line(len(self.probes), cell, p, self.budget) + reused)
+        if record.status not in SIZE_ANSWERS:
+            raise SearchFailed(p)
+        return p.fits
+
+
 def search(
     base: CellConfig,
     *,
@@ -155,58 +191,25 @@ def search(
     enforced = fits_by(base) == "cuda memory fraction"
     cap = allocator_cap(budget, reserve) if enforced else None
     base = replace(base, suite="max-size-probe", memory_budget_bytes=cap)
-    usable = reserve.usable(budget)  # the largest peak that fits with its reserve: where to aim
-    probes: list[Probe] = []
-
-    def measure(cell: CellConfig) -> Record:
-        record = run_cell(cell, run_id=run_id)
-        append_record(out_dir / "records.jsonl", record)
-        return record
-
-    def probe(value: str | int) -> bool:
-        cell = replace(base, preset=value) if vary == "params" else replace(base, batch_size=int(value))
-        if vary == "params" and value in known:
-            record, reused = known[str(value)], " (already measured)"
-        else:
-            record, reused = measure(cell), ""
-            if record.status == "timeout":  # once more with twice the time before calling it one
-                progress(f"[probe {len(probes) + 1}] timed out after {cell.timeout_s:g}s; retrying once")
-                record = measure(replace(cell, timeout_s=2 * cell.timeout_s))
-        p = Probe(value, record, probe_fits(record, budget, reserve), reserve)
-        probes.append(p)
-        progress(_line(len(probes), cell, p, budget) + reused)
-        if record.status not in SIZE_ANSWERS:
-            raise SearchFailed(p)
-        return p.fits
-
     sizes = SizeAxis.of(base.workload, ladder, base.preset) if vary == "params" else None
     if sizes is not None:
         known = sizes.aliases(known)
+    probe = _Prober(base, budget, reserve, vary, (out_dir, run_id), known, progress)
+    judged = dict(budget=budget, reserve=reserve, vary=vary, run_id=run_id)
+    usable = reserve.usable(budget)  # the largest peak that fits with its reserve: where to aim
     try:
         if sizes is None:
-            values, lo, hi = _search_batch(probe, _peak_of(probes), usable)
+            values, lo, hi = _search_batch(probe, _peak_of(probe.probes), usable)
         else:
             values, lo, hi = _search_params(probe, base, sizes, usable, resolution, known)
     except SearchFailed as failed:
-        summary = _failed_summary(
-            base, failed.probe, probes, budget=budget, reserve=reserve, vary=vary, run_id=run_id
-        )
+        summary = _failed_summary(base, failed.probe, probe.probes, **judged)
     else:
-        by_value = {p.value: p for p in probes}
+        by_value = {p.value: p for p in probe.probes}
         largest = by_value.get(values[lo]) if lo >= 0 else None
         smallest_fail = by_value.get(values[hi]) if hi < len(values) else None
         extra = sizes.describe(resolution) if sizes is not None else {}
-        summary = _summary(
-            base,
-            largest,
-            smallest_fail,
-            probes,
-            budget=budget,
-            reserve=reserve,
-            vary=vary,
-            run_id=run_id,
-            extra=extra,
-        )
+        summary = _summary(base, largest, smallest_fail, probe.probes, **judged, extra=extra)
     summary.max_size["search_wall_s"] = time.perf_counter() - started
     append_record(out_dir / "records.jsonl", summary)
     progress(summary.note)
@@ -413,6 +416,65 @@ def _bisect(
     return lo, hi
 
 
+class _BatchBracket:
+    """The largest measured fit and the smallest measured non-fit of a batch search, and the
+    line through two measured peaks that predicts where the budget is met."""
+
+    def __init__(
+        self, fits: Callable[[int], bool], peak_of: Callable[[int], int | None], budget: int
+    ) -> None:
+        self.fits, self.peak_of, self.budget = fits, peak_of, budget
+        self.fit: int = 0
+        self.fail: int | None = None
+
+    def test(self, b: int) -> bool:
+        ok = self.fits(b)
+        if ok:
+            self.fit = max(self.fit, b)
+        else:
+            self.fail = b if self.fail is None else min(self.fail, b)
+        return ok
+
+    def predict(self, a: int, b: int) -> int | None:
+        """Where the line through the peaks at ``a`` and ``b`` meets the budget."""
+        pa, pb = self.peak_of(a), self.peak_of(b)
+        if pa is None or pb is None or pb <= pa:
+            return None
+        return a + (self.budget - pa) * (b - a) // (pb - pa)
+
+    def climb(self) -> None:
+        """From batches 1 and 2: probe where their line meets the budget, then gallop up from a
+        prediction that fitted; double where nothing predicts (the peak did not grow)."""
+        guess = self.predict(1, 2)
+        if guess is None:
+            while self.fail is None and self.fit < MAX_BATCH:
+                self.test(min(MAX_BATCH, 2 * self.fit))
+            return
+        step = 1
+        if self.test(int(min(MAX_BATCH, max(3, guess)))):
+            again = self.predict(2, self.fit)  # the line through the two largest fits, when it says more
+            if again is not None and again > self.fit:
+                self.test(min(MAX_BATCH, again))
+            while self.fail is None and self.fit < MAX_BATCH:
+                self.test(min(MAX_BATCH, self.fit + step))
+                step *= 2
+
+    def narrow(self) -> None:
+        """Secants through the nearest fit and non-fit; at least the fit's neighbour (a line that
+        says "this fit is the largest" is confirmed by one probe above it). The geometric middle
+        instead when there is no secant, or when two probes did not halve the bracket (a curved
+        peak, where secants creep), so the search always ends soon."""
+        widths: list[int] = []
+        while self.fail is not None and self.fail - self.fit > 1:
+            widths.append(self.fail - self.fit)
+            guess = self.predict(self.fit, self.fail)
+            neighbour = guess is not None and guess <= self.fit + 1
+            stalled = len(widths) > 2 and widths[-1] > widths[-3] // 2 and not neighbour
+            middle = math.isqrt(self.fit * self.fail)  # geometric: 17 to 65536 halves in log
+            b = middle if guess is None or stalled else guess
+            self.test(min(self.fail - 1, max(self.fit + 1, b)))
+
+
 def _search_batch(
     fits: Callable[[int], bool], peak_of: Callable[[int], int | None], budget: int
 ) -> tuple[list[int], int, int]:
@@ -428,51 +490,11 @@ def _search_batch(
     A peak set at batches 1 and 2 by the optimizer step (zero2, zero3: the activations are gone
     by then) grows by the inputs' bytes alone: its far guess fails, and the secant from that
     failure lands on the activations' line, six probes in all (the 1.1B Llama at N = 8)."""
-    fit, fail = 0, None  # the largest measured fit, the smallest measured non-fit
-
-    def test(b: int) -> bool:
-        nonlocal fit, fail
-        ok = fits(b)
-        if ok:
-            fit = max(fit, b)
-        else:
-            fail = b if fail is None else min(fail, b)
-        return ok
-
-    def predict(a: int, b: int) -> int | None:
-        """Where the line through the peaks at ``a`` and ``b`` meets the budget."""
-        pa, pb = peak_of(a), peak_of(b)
-        if pa is None or pb is None or pb <= pa:
-            return None
-        return a + (budget - pa) * (b - a) // (pb - pa)
-
-    if test(1) and test(2):
-        guess = predict(1, 2)
-        if guess is None:  # the peak did not grow with the batch: double, as nothing predicts
-            while fail is None and fit < MAX_BATCH:
-                test(min(MAX_BATCH, 2 * fit))
-        else:
-            step = 1
-            if test(int(min(MAX_BATCH, max(3, guess)))):
-                again = predict(2, fit)  # the line through the two largest fits, when it says more
-                if again is not None and again > fit:
-                    test(min(MAX_BATCH, again))
-                while fail is None and fit < MAX_BATCH:  # gallop up from a prediction that fitted
-                    test(min(MAX_BATCH, fit + step))
-                    step *= 2
-        widths: list[int] = []
-        while fail is not None and fail - fit > 1:
-            # the secant through the nearest fit and non-fit; at least the fit's neighbour: a
-            # line that says "this fit is the largest" is confirmed by one probe above it. The
-            # (geometric) middle instead when there is no secant, or when two probes did not halve the
-            # bracket (a curved peak, where secants creep), so the search always ends soon
-            widths.append(fail - fit)
-            guess = predict(fit, fail)
-            neighbour = guess is not None and guess <= fit + 1
-            stalled = len(widths) > 2 and widths[-1] > widths[-3] // 2 and not neighbour
-            middle = math.isqrt(fit * fail)  # geometric: a bracket from 17 to 65536 halves in log
-            b = middle if guess is None or stalled else guess
-            test(min(fail - 1, max(fit + 1, b)))
+    bracket = _BatchBracket(fits, peak_of, budget)
+    if bracket.test(1) and bracket.test(2):
+        bracket.climb()
+        bracket.narrow()
+    fit, fail = bracket.fit, bracket.fail
     if fail is None:
         return list(range(1, fit + 1)), fit - 1, fit
     return list(range(1, fail + 1)), fit - 1, fail - 1

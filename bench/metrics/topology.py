@@ -1,0 +1,108 @@
+"""Where a collective's bytes travel on a cluster of nodes: within a node, or across nodes.
+
+A cluster has two tiers: a fast link inside a node (NVLink, or a machine's own memory) and a
+slower one between nodes (InfiniBand, Ethernet). Ranks are placed in order, ``ranks_per_node``
+(G) to a node, as torchrun and Slurm place them: rank r lives on node r // G.
+
+A collective over a group spanning k nodes with g of its ranks on each is modelled the standard
+hierarchical way, as NCCL's tree and ring-of-rings algorithms and DeepSpeed's hierarchical
+collectives run it: the work inside each node as a ring over its g ranks, and across nodes a
+ring over the k nodes carrying only 1/g of the bytes (each of a node's g ranks takes its slice
+across). Per rank of the group, of a full tensor of M bytes:
+
+    kind                         within a node        across nodes
+    all-reduce                   2 (g-1)/g  M         2 (k-1)/k  M/g
+    all-gather, reduce-scatter   (g-1)/g  M           (k-1)/k  M/g
+    broadcast, reduce            (g-1)/g  M           (k-1)/k  M/g
+
+The two add up to the flat ring's figure for n = g k ranks (``analytic.RING``): the hierarchy
+moves the same bytes, it only decides which link carries them. A group whose ranks are spread
+unevenly over nodes (possible only for a user's own groups) is counted with g its smallest
+per-node share, which bounds what crosses from above.
+
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardbench.metrics.analytic import RING
+
+#: the factor of a full tensor's bytes a ring over n members sends per member, per kind, where
+#: a reduction and its spreading are one pass each (all-reduce: two)
+PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1, "reduce": 1}
+
+
+@dataclass(frozen=True)
+class TierBytes:
+    """Bytes one rank sends for a collective, by the link that carries them."""
+
+    within_node: float
+    across_nodes: float
+
+    @property
+    def total(self) -> float:
+        return self.within_node + self.across_nodes
+
+    def __add__(self, other: TierBytes) -> TierBytes:
+        return TierBytes(self.within_node + other.within_node, self.across_nodes + other.across_nodes)
+
+    def scaled(self, factor: float) -> TierBytes:
+        return TierBytes(self.within_node * factor, self.across_nodes * factor)
+
+
+NO_BYTES = TierBytes(0.0, 0.0)
+
+
+def check_ranks_per_node(ranks_per_node: object, world_size: int) -> None:
+    """ValueError in one line unless ``ranks_per_node`` is a whole number of ranks that fills
+    the world's nodes evenly (a divisor of the world size, or the world size itself)."""
+    divisors = [g for g in range(1, world_size + 1) if world_size % g == 0]
+    whole = isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool)
+    if not whole or ranks_per_node not in divisors:
+        raise ValueError(
+            f"ranks per node must divide the world of {world_size} ranks into full nodes, got "
+            f"{ranks_per_node!r}; allowed: {', '.join(map(str, divisors))}"
+        )
+
+
+def node_shape(group_ranks: Sequence[int], ranks_per_node: int) -> tuple[int, int]:
+    """(g, k): the group's ranks per node (its smallest share on any node it uses) and the
+    number of nodes it spans."""
+    if not group_ranks:
+        raise ValueError("a collective's group has at least one rank")
+    per_node = Counter(r // ranks_per_node for r in group_ranks)
+    return min(per_node.values()), len(per_node)
+
+
+def tier_bytes(kind: str, nbytes: float, group_ranks: Sequence[int], ranks_per_node: int) -> TierBytes:
+    """What each rank of ``group_ranks`` sends, per tier, for one ``kind`` collective on a full
+    tensor of ``nbytes`` (see the module docstring). Kinds without a ring model send nothing
+    counted, as in ``analytic.RING``."""
+    if kind not in RING:
+        return NO_BYTES
+    n = len(group_ranks)
+    if n <= 1:
+        return NO_BYTES
+    g, k = node_shape(group_ranks, ranks_per_node)
+    if g * k != n:  # uneven: the flat figure, split as if g ranks a node carried it
+        flat = RING[kind](n) * nbytes
+        across = PASSES[kind] * (k - 1) / k * nbytes / g
+        return TierBytes(flat - across, across)
+    within = PASSES[kind] * (g - 1) / g * nbytes
+    across = PASSES[kind] * (k - 1) / k * nbytes / g
+    return TierBytes(within, across)
+
+
+def shard_group_ranks(rank: int, world_size: int, shard_size: int) -> list[int]:
+    """The ranks ``rank`` shards with under hybrid sharding: S consecutive ranks."""
+    start = rank // shard_size * shard_size
+    return list(range(start, start + shard_size))
+
+
+def replica_group_ranks(rank: int, world_size: int, shard_size: int) -> list[int]:
+    """The ranks holding the same chunk as ``rank`` in the other shard groups."""
+    return list(range(rank % shard_size, world_size, shard_size))

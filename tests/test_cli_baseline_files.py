@@ -1,0 +1,67 @@
+"""``baseline save`` leaves in the checkout only what it asks to be committed: the baseline and
+its manifest. What else it writes (the lock it holds while it rewrites the baseline) is ignored
+by git, so ``git status`` after the README's "once, commit it" shows the two files alone; the
+history ``nightly`` appends to under the same kind of lock is held to the same."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shardbench.cli import main
+from shardbench.paths import history_file
+from shardbench.studies.history import append_history
+from tests.records import make_record
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs git and the checkout"
+)
+
+
+def shown_by_git(paths: list[Path]) -> list[str]:
+    """Those of ``paths`` (relative to the checkout) that git would list as untracked."""
+    names = [str(p) for p in paths]
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(names) + "\n", cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    return sorted(n for n in names if n not in done.stdout.splitlines())
+
+
+def written(where: Path) -> list[Path]:
+    return sorted(p.relative_to(where) for p in where.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory standing for the checkout's root, results under ./results."""
+    monkeypatch.delenv("SHARDBENCH_HOME", raising=False)  # the tests' own home, set by conftest
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_baseline_save_leaves_only_the_files_to_commit(checkout: Path, capsys) -> None:
+    run = checkout / "results" / "runs" / "r1"
+    run.mkdir(parents=True)
+    records = [make_record(strategy=s) for s in ("ddp", "zero2")]
+    (run / "records.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
+    assert main(["baseline", "save", str(run), "--as", "nightly-mine"]) == 0
+    said = capsys.readouterr().out
+    saved = [p for p in written(checkout) if p.parts[:2] == ("results", "baselines")]
+    assert saved, said
+    to_commit = [f"results/baselines/cpu/nightly-mine.{end}" for end in ("jsonl", "manifest.json")]
+    assert shown_by_git(saved) == to_commit
+    assert all(name in said for name in to_commit) and "commit both" in said
+
+
+def test_a_nights_history_leaves_no_other_file_git_shows(checkout: Path) -> None:
+    history = history_file("my-suite")
+    append_history(history, [{"night": 1}])
+    assert shown_by_git(written(checkout)) == []

@@ -1,0 +1,61 @@
+"""Bytes per network tier: the hierarchical model splits the flat ring's bytes, never changes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardbench.metrics.analytic import RING
+from shardbench.metrics.topology import (
+    TierBytes,
+    check_ranks_per_node,
+    node_shape,
+    replica_group_ranks,
+    shard_group_ranks,
+    tier_bytes,
+)
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("kind", sorted(RING))
+@pytest.mark.parametrize(("world", "per_node"), [(4, 2), (8, 4), (64, 8), (6, 3), (16, 1), (8, 8)])
+def test_the_tiers_add_up_to_the_flat_ring(kind: str, world: int, per_node: int) -> None:
+    split = tier_bytes(kind, 3 * MIB, list(range(world)), per_node)
+    assert split.total == pytest.approx(RING[kind](world) * 3 * MIB, rel=1e-12)
+
+
+def test_a_group_inside_one_node_sends_nothing_across() -> None:
+    assert tier_bytes("all_reduce", MIB, [4, 5, 6, 7], 8) == TierBytes(2 * 3 / 4 * MIB, 0.0)
+
+
+def test_a_group_of_one_rank_per_node_sends_everything_across() -> None:
+    assert tier_bytes("reduce_scatter", MIB, [1, 9, 17, 25], 8) == TierBytes(0.0, 3 / 4 * MIB)
+
+
+def test_across_nodes_carries_a_per_node_slice() -> None:
+    """64 ranks on 8 nodes: all-gather sends 7/8 of the tensor within the node and 7/8 of an
+    eighth across (each of a node's 8 ranks takes its slice over the slow link)."""
+    split = tier_bytes("all_gather", 8 * MIB, list(range(64)), 8)
+    assert split.within_node == 7 / 8 * 8 * MIB
+    assert split.across_nodes == 7 / 8 * MIB
+
+
+def test_hybrid_groups_keep_the_shard_collectives_in_the_node() -> None:
+    """N = 16, 8 a node: shard width 8 keeps the reduce-scatter within the node and puts only the
+    replicas' all-reduce across; shard width 16 sends the reduce-scatter across."""
+    narrow = tier_bytes("reduce_scatter", MIB, shard_group_ranks(3, 16, 8), 8)
+    wide = tier_bytes("reduce_scatter", MIB, shard_group_ranks(3, 16, 16), 8)
+    assert narrow.across_nodes == 0 and wide.across_nodes > 0
+    replicas = replica_group_ranks(3, 16, 8)
+    assert replicas == [3, 11] and node_shape(replicas, 8) == (1, 2)
+    assert tier_bytes("all_reduce", MIB / 8, replicas, 8) == TierBytes(0.0, MIB / 8)
+
+
+def test_unknown_kinds_send_nothing_counted() -> None:
+    assert tier_bytes("barrier", MIB, [0, 1], 1).total == 0
+
+
+@pytest.mark.parametrize("bad", [0, 3, 5, 2.0, True, "8"])
+def test_ranks_per_node_that_do_not_fill_nodes_are_refused_in_one_line(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"ranks per node must divide .* 8 ranks .* allowed: 1, 2, 4, 8$"):
+        check_ranks_per_node(bad, 8)
