@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from shardbench.prediction.flops import count_step_with_calls
+from shardbench.prediction.flops import count_step
 from shardbench.prediction.network_profiles import NAMED
 from shardbench.prediction.op_calls import (
     OpCall,
@@ -37,7 +37,9 @@ def _loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _calls(batch: int) -> tuple[OpCall, ...]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
-    _, calls = count_step_with_calls(model, _loss, lambda: torch.randn(batch, 16), device=torch.device("cpu"))
+    _, calls = count_step(
+        model, _loss, lambda: torch.randn(batch, 16), device=torch.device("cpu"), record_calls=True
+    )
     assert calls is not None
     return calls_from_json(json.loads(json.dumps(calls_to_json(calls))))  # as a rank hands them on
 

@@ -26,7 +26,7 @@ from torch import nn
 from shardbench.harness.config import CellConfig
 from shardbench.paths import atomic_write_text
 from shardbench.precision import compute_dtype
-from shardbench.prediction.flops import StepFlops, count_step_flops, count_step_with_calls, matmul_dtype
+from shardbench.prediction.flops import StepFlops, count_step, matmul_dtype
 from shardbench.prediction.op_calls import OpCall, calls_from_json, calls_to_json
 from shardbench.prediction.peaks import datasheet_peak, measured_peak
 from shardbench.step_figures import FlopsPerStep
@@ -143,10 +143,15 @@ def _count(
             cell.preset, cell.batch_size, seed=cell.seed, step=0, rank=data_rank, device=device
         )
 
-    how = {"device": device, "tensors": tensors, "autocast": compute_dtype(cell.precision)}
-    if device.type == "cpu":
-        return count_step_with_calls(model, workload.loss, batch, **how)
-    return count_step_flops(model, workload.loss, batch, **how), None
+    return count_step(
+        model,
+        workload.loss,
+        batch,
+        device=device,
+        tensors=tensors,
+        autocast=compute_dtype(cell.precision),
+        record_calls=device.type == "cpu",
+    )
 
 
 def cuda_peak(dtype: str) -> dict[str, Any]:

@@ -249,7 +249,7 @@ def _counting_context(device: torch.device) -> Iterator[None]:
         yield
 
 
-def count_step_flops(
+def count_step(
     model: nn.Module,
     loss: LossFn,
     make_inputs: Callable[[], Any],
@@ -257,31 +257,24 @@ def count_step_flops(
     device: torch.device,
     tensors: str = "fake",
     autocast: torch.dtype | None = None,
-) -> StepFlops:
-    """Count one step of ``loss(model, make_inputs())``, forward and backward.
+    record_calls: bool = False,
+) -> tuple[StepFlops, tuple[OpCall, ...] | None]:
+    """Count one step of ``loss(model, make_inputs())``, forward and backward; with
+    ``record_calls``, beside the count the counted pass's operator calls (``op_calls``) for the
+    op replay of the step's compute time (a pass the recording fails is counted again without
+    it, no calls: the count never depends on it).
 
     ``tensors``: "fake" counts under a FakeTensorMode of its own; "active" under the
     FakeTensorMode already active (a ``--fake`` cell, whose model is made of fake tensors); "real"
     on real tensors (a workload fake tensors cannot run). ``autocast``: the dtype of the cell's
     autocast, if any. The model is left as it was: its parameters get no gradient, its buffers
     keep their values, the RNG its state."""
-    flops, _ = _count_step(model, loss, make_inputs, device, tensors, autocast, record=False)
-    return flops
+    return _count_step(model, loss, make_inputs, device, tensors, autocast, record=record_calls)
 
 
-def count_step_with_calls(
-    model: nn.Module,
-    loss: LossFn,
-    make_inputs: Callable[[], Any],
-    *,
-    device: torch.device,
-    tensors: str = "fake",
-    autocast: torch.dtype | None = None,
-) -> tuple[StepFlops, tuple[OpCall, ...] | None]:
-    """``count_step_flops``, and beside the count the counted pass's operator calls
-    (``op_calls``) for the op replay of the step's compute time. A pass the recording fails is
-    counted again without it (no calls), so the count never depends on it."""
-    return _count_step(model, loss, make_inputs, device, tensors, autocast, record=True)
+def count_step_flops(model: nn.Module, loss: LossFn, make_inputs: Callable[[], Any], **how: Any) -> StepFlops:
+    """``count_step``'s count alone (its keyword arguments, no calls recorded)."""
+    return count_step(model, loss, make_inputs, **how)[0]
 
 
 def _count_step(
