@@ -3,12 +3,12 @@ its FLOPs, the device's peak, the optimizer elements the ZeRO formula gives the 
 collectives of its step; over a network profile (``--network``: gloo measured here at the
 cell's world size, or a named GPU one).
 
-The bytes of each collective are ``analytic.predicted_comm``'s for the profile's backend (gloo or
-nccl: a strategy reduces its gradients differently on each); the calls are those the cell's own
-step issued (``comm_per_step``: on real ranks, or on a simulated rank's fake group), matched by
-role (the gradients' reduction, the parameters' gathers), since the calls follow the buckets and
-units, whatever the backend. Collectives outside the prediction (buffer broadcasts, flags) are
-costed as the step counted them.
+The bytes of each collective are ``metrics.analytic.predicted_comm``'s for the profile's backend
+(gloo or nccl: a strategy reduces its gradients differently on each); the calls are those the
+cell's own step issued (``comm_per_step``: on real ranks, or on a simulated rank's fake group),
+matched by role (the gradients' reduction, the parameters' gathers), since the calls follow the
+buckets and units, whatever the backend. Collectives outside the prediction (buffer broadcasts,
+flags) are costed as the step counted them.
 
 The ``gloo`` profile and the update rate are this machine's probes (``machine_probes``).
 """

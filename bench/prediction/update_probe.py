@@ -5,7 +5,7 @@ The optimizer step is not counted in a step's FLOPs (``flops.py``) and is memory
 reads a parameter, its gradient and two moments and writes three of them back, so its time
 grows with the elements a rank updates (all of them under ddp, its 1/N share under ZeRO), not
 with FLOPs. The method is fixed: ``torch.optim.AdamW`` with the implementation the harness pins
-for the CPU (``kernels.pin_implementation``) over ``TENSORS`` fp32 tensors of ``ELEMENTS``
+for the CPU (``metrics.kernels.pin_implementation``) over ``TENSORS`` fp32 tensors of ``ELEMENTS``
 elements in all, gradients of ones; one untimed step, then ``REPEATS`` timed; the median over
 the elements is the figure. Its rate depends on where the optimizer state lives: a few million
 elements stay in a large last-level cache, a base model's hundred million stream from memory at
