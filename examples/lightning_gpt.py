@@ -1,6 +1,6 @@
 """A small GPT as a LightningModule: train it with ``Trainer(strategy="shardbench_zero2")``, or
-measure it under every strategy with
-``shardbench run --workload lightning:examples/lightning_gpt.py:GPTLit``.
+measure it with ``.venv/bin/shardbench run --workload lightning:examples/lightning_gpt.py:GPTLit``
+(under ddp and zero2, the default suite's strategies; ``--strategy`` names others).
 
 Its keyword arguments are its shape (``--model-config width=512,depth=8``); its data is random
 tokens (the measurement does not depend on what they say)."""

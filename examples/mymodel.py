@@ -9,11 +9,11 @@ cross-entropy against the integer ``labels`` input, read off the logits the mode
 The factory's keyword arguments are its shapes (``--model-config width=512,depth=8``), and
 ``depth="depth"`` tells ``max-size --vary params`` and the claim which one adds blocks:
 
-    shardbench max-size --workload examples/mymodel.py:factory --strategy ddp,zero3 \
+    .venv/bin/shardbench max-size --workload examples/mymodel.py:factory --strategy ddp,zero3 \
         --world-size 8 --fake --budget 1GiB
 
-    shardbench plan --workload examples/mymodel.py:factory --world-size 8 --budget 2GiB
-    shardbench run --workload examples/mymodel.py:factory --strategy ddp,zero2 --world-size 2
+    .venv/bin/shardbench plan --workload examples/mymodel.py:factory --world-size 8 --budget 2GiB
+    .venv/bin/shardbench run --workload examples/mymodel.py:factory --strategy ddp,zero2 --world-size 2
 """
 
 from __future__ import annotations

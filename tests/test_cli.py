@@ -105,6 +105,14 @@ def test_list_json_is_valid_and_complete(capsys) -> None:
     assert "smoke" in data["suites"]
 
 
+def test_list_says_what_its_figures_count(capsys) -> None:
+    """Each preset's figure is its parameter count, said where the list begins."""
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "workloads: presets (parameters)"
+    assert "  transformer: tiny (0.6M), " in out
+
+
 def test_list_imports_no_torch() -> None:
     """``shardbench list`` (and the CLI's import) reads declarations only: torch alone takes 2 s
     to import on the CI machine, and listing must answer in well under that."""
@@ -284,6 +292,7 @@ def test_a_suggested_command_names_the_program_as_it_was_started(monkeypatch, tm
     ``python -m shardbench``; every hint (the measure command, a baseline to save, ...) uses it."""
     from types import SimpleNamespace
 
+    from shardbench.cli import build_parser
     from shardbench.studies.baselines import find_baseline
     from shardbench.studies.plan import measure_command
     from shardbench.wording import program
@@ -301,6 +310,10 @@ def test_a_suggested_command_names_the_program_as_it_was_started(monkeypatch, tm
     assert measure_command(record, ["deepspeed-zero2"]).startswith(".venv/bin/shardbench run --workload")
     with pytest.raises(ValueError, match=r"save one with: \.venv/bin/shardbench baseline save RUN"):
         find_baseline("nope", root=tmp_path)
+    sub = next(a for a in build_parser()._actions if a.choices and "run" in a.choices).choices
+    helps = " ".join(" ".join(sub[name].format_help().split()) for name in ("run", "claim"))
+    assert "'.venv/bin/shardbench report RUN_DIR' draws them later" in helps  # run --no-charts
+    assert "(.venv/bin/shardbench baseline save results/claim/cpu" in helps  # claim --baseline
     monkeypatch.setenv("PATH", str(venv))
     monkeypatch.setattr(sys, "argv", [str(venv / "shardbench"), "plan"])
     assert program() == "shardbench"

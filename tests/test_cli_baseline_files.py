@@ -65,3 +65,33 @@ def test_a_nights_history_leaves_no_other_file_git_shows(checkout: Path) -> None
     history = history_file("my-suite")
     append_history(history, [{"night": 1}])
     assert shown_by_git(written(checkout)) == []
+
+
+SUITE = """
+description = "one night of two stand-in cells"
+workloads = ["transformer"]
+strategies = ["ddp", "zero2"]
+world_sizes = [2]
+presets = ["tiny"]
+"""
+
+
+def test_a_night_leaves_no_lock_in_its_folder(
+    checkout: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The lock that keeps a second night out of the same --out is gone once the night ends."""
+    from shardbench.harness import runner
+
+    def stand_in(cell, *, run_id):
+        return make_record(run_id=run_id, strategy=cell.strategy, world_size=cell.world_size)
+
+    monkeypatch.setattr(runner, "run_cell", stand_in)
+    monkeypatch.setattr("shardbench.report.build.plot_all", lambda records, out_dir: {})
+    monkeypatch.setattr("shardbench.cli.nightly._write_trend", lambda history, out: "")
+    suite = checkout / "night.toml"
+    suite.write_text(SUITE)
+    assert main(["run", "--suite", str(suite), "--out", str(checkout / "base"), "--no-charts"]) == 0
+    assert main(["baseline", "save", str(checkout / "base"), "--as", "night"]) == 0
+    night = checkout / "results" / "runs" / "night-1"
+    assert main(["nightly", "--suite", str(suite), "--out", str(night)]) == 0, capsys.readouterr()
+    assert [p.name for p in night.iterdir() if p.name.endswith(".lock")] == []

@@ -22,6 +22,7 @@ from shardbench.cli.common import (
 from shardbench.harness.config import DEVICES
 from shardbench.precision import PRECISIONS
 from shardbench.studies.claim_specs import CLAIMS_DIR as CLAIMS_DIR  # where a claim goes by default
+from shardbench.wording import program
 
 if TYPE_CHECKING:
     from shardbench.records import Record
@@ -100,7 +101,7 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument(
         "--baseline",
-        help="saved baseline (shardbench baseline save results/claim/cpu --as NAME): exit 1 when a "
+        help=f"saved baseline ({program()} baseline save results/claim/cpu --as NAME): exit 1 when a "
         "workload whose claim held there no longer holds",
     )
     add_root_argument(c)

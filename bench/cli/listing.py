@@ -62,7 +62,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print("workloads:")
+    print("workloads: presets (parameters)")
     for name, w in data["workloads"].items():
         presets = ", ".join(f"{p} ({v['params'] / 1e6:.1f}M)" for p, v in w["presets"].items())
         print(f"  {name}: {presets or 'error: ' + w.get('error', '')}")

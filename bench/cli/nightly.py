@@ -97,12 +97,18 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     out = args.out or DEFAULT_RUNS_DIR / new_run_id(name)
     tags = {"nightly": spec.name, "baseline": baseline_name, **dict(args.tag)}
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".nightly.lock", "a") as lock:  # a second night in the same --out: refused
+    lock_path = out / ".nightly.lock"
+    with open(lock_path, "a") as lock:  # a second night in the same --out: refused
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise UsageError(f"--out {out}: another nightly is running into it") from None
-        done = execute_run(cells, name=name, tags=tags, out=out, searches=searches)
+        try:
+            done = execute_run(cells, name=name, tags=tags, out=out, searches=searches)
+        finally:
+            # removed while still held: a night that starts after it finds the folder full and is
+            # refused for that, and the folder keeps only the night's own files
+            lock_path.unlink(missing_ok=True)
     if done.stopped:  # interrupted, or its job lost a process: a partial night is not compared or recorded
         return done.code
     try:

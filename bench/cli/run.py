@@ -34,7 +34,7 @@ from shardbench.harness.config import (
 )
 from shardbench.precision import PRECISIONS
 from shardbench.records import CellKey
-from shardbench.wording import count
+from shardbench.wording import count, program
 
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
@@ -147,7 +147,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         dest="charts",
         action="store_false",
         help="write the report without its charts, seconds less a run where only the records and "
-        "tables are read (a CI gate, a job's runs); 'shardbench report RUN_DIR' draws them later",
+        f"tables are read (a CI gate, a job's runs); '{program()} report RUN_DIR' draws them later",
     )
     from shardbench.report.terminal import COLUMNS, DEFAULT_COLUMNS
 
