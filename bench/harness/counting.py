@@ -27,7 +27,7 @@ from shardbench.harness.config import CellConfig
 from shardbench.paths import atomic_write_text
 from shardbench.precision import compute_dtype
 from shardbench.prediction.flops import StepFlops, count_step, matmul_dtype
-from shardbench.prediction.op_calls import OpCall, calls_from_json, calls_to_json
+from shardbench.prediction.op_calls import CallsJson, OpCall, calls_from_json, calls_to_json
 from shardbench.prediction.peaks import datasheet_peak, measured_peak
 from shardbench.step_figures import FlopsPerStep
 
@@ -84,7 +84,7 @@ def _to_json(counted: Counted) -> list[Any]:
     return [flops.to_json(), calls_to_json(calls) if calls is not None else None]
 
 
-def _from_json(flops: dict[str, Any], calls: list[list[Any]] | None) -> Counted:
+def _from_json(flops: dict[str, Any], calls: CallsJson | None) -> Counted:
     return StepFlops.from_json(flops), calls_from_json(calls) if calls is not None else None
 
 

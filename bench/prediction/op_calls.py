@@ -36,6 +36,8 @@ except ImportError as e:  # a private module: name what is missing
 
 #: integer and boolean tensors up to this many elements keep their values (real tensors only)
 VALUES_UP_TO = 4096
+#: a step's calls as the codec writes them: plain JSON, one list per call (``call_to_json``)
+CallsJson = list[list[Any]]
 #: the kinds of argument that are no data, recorded by name (``Named``)
 NAMED_KINDS = ("float", "dtype", "device", "layout", "memory_format", "opaque")
 
@@ -200,11 +202,11 @@ def call_from_json(data: Sequence[Any]) -> OpCall:
     )
 
 
-def calls_to_json(calls: Sequence[OpCall]) -> list[list[Any]]:
+def calls_to_json(calls: Sequence[OpCall]) -> CallsJson:
     return [call_to_json(c) for c in calls]
 
 
-def calls_from_json(data: Sequence[Sequence[Any]]) -> tuple[OpCall, ...]:
+def calls_from_json(data: CallsJson) -> tuple[OpCall, ...]:
     return tuple(call_from_json(c) for c in data)
 
 
