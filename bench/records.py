@@ -11,6 +11,7 @@ it, and non-finite numbers are written as ``null`` (JSON has no NaN) with the st
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import json
@@ -29,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from shardbench.step_figures import ComputeReplay, FlopsPerStep, PredictedStep
+from shardbench.step_figures import from_json as figures
 from shardbench.wording import count
 
 #: version of the record layout; 2 added ``schema``, ``failure`` and the statuses
@@ -41,7 +44,10 @@ from shardbench.wording import count
 #: ``tokens_per_s``): an older record reads with them None, counted by nobody; and so did
 #: ``predicted_step_time``, None on an older record (no prediction to check), and
 #: ``compute_replay``, None on an older record (its prediction counts compute from its FLOPs).
-SCHEMA = 3
+#: 4 reads ``flops_per_step``, ``compute_replay`` and ``predicted_step_time`` as typed figures
+#: (``step_figures``), their JSON unchanged: an older record's objects read into them
+#: (``Record.from_json``).
+SCHEMA = 4
 STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped")
 FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
 #: fields a line must have to be read as a record at all
@@ -196,12 +202,12 @@ class Record:
     #: ``devices`` (CUDA devices); read by ``oversubscription``
     placement: dict[str, int] | None = None
     #: one rank's training step of its own batch, forward and backward, as torch's
-    #: FlopCounterMode counts it (``bench/metrics/flops.py``): ``model`` (the math once, MFU's)
+    #: FlopCounterMode counts it (``bench/prediction/flops.py``): ``model`` (the math once, MFU's)
     #: and ``hardware`` (activation checkpointing's recompute included, HFU's), ``per_sample``,
     #: ``per_token`` (a sequence workload), the matmul ``dtype``, ``by_op``, ``counted_on``
-    flops_per_step: dict[str, Any] | None = None
+    flops_per_step: FlopsPerStep | None = None
     #: the peak MFU and HFU are set against: ``flops_per_s``, ``kind`` ("datasheet" or
-    #: "measured"), ``dtype``, ``source`` (``bench/metrics/peaks.py``)
+    #: "measured"), ``dtype``, ``source`` (``bench/prediction/peaks.py``)
     peak_flops_per_s: dict[str, Any] | None = None
     #: per rank: FLOPs per step (``model``, ``hardware``) over the median step time
     achieved_flops_per_s: dict[str, float] | None = None
@@ -210,18 +216,22 @@ class Record:
     hfu: float | None = None
     #: ``samples_per_s`` times the workload's tokens per sample (a sequence workload)
     tokens_per_s: float | None = None
-    #: the step-time model's prediction for this cell (``bench/harness/step_prediction.py``):
+    #: the step-time model's prediction for this cell (``bench/prediction/record_step_time.py``):
     #: ``step`` and its terms ``compute``, ``update``, ``comm``, ``exposed_comm`` in seconds, the
     #: ``network`` profile and the rate, efficiency and core share it assumed
-    predicted_step_time: dict[str, Any] | None = None
+    predicted_step_time: PredictedStep | None = None
     #: a CPU cell's forward and backward replayed op by op at a rank's threads
-    #: (``bench/metrics/op_replay.py``): ``seconds``, ``calls``, ``distinct``,
+    #: (``bench/prediction/op_replay.py``): ``seconds``, ``calls``, ``distinct``,
     #: ``unreplayed_calls``, ``threads``, ``measured_at``; the step-time model's compute term
-    compute_replay: dict[str, Any] | None = None
+    compute_replay: ComputeReplay | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, f"bad status {self.status!r}"
+        # the typed figures, from the JSON objects a record of any schema holds
+        self.flops_per_step = figures(FlopsPerStep, self.flops_per_step)
+        self.compute_replay = figures(ComputeReplay, self.compute_replay)
+        self.predicted_step_time = figures(PredictedStep, self.predicted_step_time)
 
     def to_json(self) -> dict[str, Any]:
         return finite(asdict(self))
@@ -465,6 +475,10 @@ def _type_problem(name: str, value: Any, hint: Any) -> str | None:
             return None
         problems = [_type_problem(name, value, a) for a in args if a is not type(None)]
         return None if any(p is None for p in problems) else problems[0]
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # typed figures: an object
+        if not isinstance(value, dict | hint):
+            return f"{name} should be an object, got {type(value).__name__} {value!r:.40}"
+        return None
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
             return f"{name} should be an object, got {type(value).__name__} {value!r:.40}"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardbench.records import Record, load_records
-from shardbench.studies.prediction_check import predicted_over_measured
+from shardbench.prediction.accuracy import predicted_over_measured
 
 #: each workload's paper preset and the batch per rank the claim measures it at
 PAPER = {
@@ -83,8 +83,8 @@ def grid_cells(records: list[Record]) -> list[GridCell]:
     cells = []
     for (workload, strategy, n), repeats in sorted(by_cell.items()):
         medians = [r.step_time_s["median"] for r in repeats]
-        predicted = statistics.median(r.predicted_step_time["step"] for r in repeats)
-        interval = repeats[0].predicted_step_time.get("interval")
+        predicted = statistics.median(r.predicted_step_time.step for r in repeats)
+        interval = repeats[0].predicted_step_time.interval
         cells.append(
             GridCell(
                 workload, strategy, n, statistics.median(medians), (max(medians) - min(medians)) / 2,

@@ -1,4 +1,4 @@
-"""Stand-ins for the probes a cell's predicted step time reads (``bench/harness/step_prediction.py``),
+"""Stand-ins for the probes a cell's predicted step time reads (``bench/prediction/machine_probes.py``),
 cached in a results home before a test's cells run there."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ def seed_probes(home: Path) -> None:
     """Cache ``STAND_IN_GLOO`` and the update rate in ``home`` for every world size, thread
     count, size and copies a test runs."""
     from shardbench.harness.config import available_cores
-    from shardbench.harness.step_prediction import network_key, update_key
-    from shardbench.metrics.probe_cache import cached
-    from shardbench.metrics.update_probe import SIZES
+    from shardbench.prediction.machine_probes import network_key, update_key
+    from shardbench.prediction.probe_cache import cached
+    from shardbench.prediction.update_probe import SIZES
     from shardbench.records import UNNAMED_DEVICE, capture_env
 
     env = capture_env("cpu")

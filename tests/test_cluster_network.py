@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shardbench.metrics.cluster_network import CLUSTERS, is_custom, parse_custom
-from shardbench.metrics.network_profiles import GB
 from shardbench.metrics.topology import replica_group_ranks, shard_group_ranks
+from shardbench.prediction.cluster_network import CLUSTERS, is_custom, parse_custom
+from shardbench.prediction.network_profiles import GB
 
 DGX = CLUSTERS["dgx-h100-ib400"]
 

@@ -1,18 +1,20 @@
-"""FLOPs of a training step (``bench/metrics/flops.py``): the transformer's count against the
+"""FLOPs of a training step (``bench/prediction/flops.py``): the transformer's count against the
 closed form 6·Ψ·tokens plus attention, activation checkpointing's recompute in the hardware
 count only, the model left as it was, and the CPU's fused attention counted like CUDA's.
 Counted under FakeTensorMode on the tiny presets: a fraction of a second each."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardbench.metrics.flops import SCORE_RECOMPUTE, count_step_flops, matmul_dtype
 from shardbench.models.checkpointing import apply_activation_checkpointing
 from shardbench.models.registry import get_workload
+from shardbench.prediction.flops import SCORE_RECOMPUTE, count_step_flops, matmul_dtype
 
 CPU = torch.device("cpu")
 BATCH = 2
@@ -141,40 +143,55 @@ def test_the_matmul_dtype_picks_the_peak() -> None:
 
 def test_a_commands_cells_count_a_step_once(tiny_cell) -> None:
     """The launcher takes each count back from the cell's rank 0 and hands it to the next cell
-    of the same step (another strategy): that rank does not count again, and records the same."""
+    of the same step (another strategy) in the same run: that rank does not count again, and
+    records the same."""
     from shardbench.harness import counting, launch
     from shardbench.harness.validate import plan_cells
 
     first, second = plan_cells(
         [tiny_cell(steps=1, warmup=0, seed=5), tiny_cell(steps=1, warmup=0, seed=5, strategy="zero2")]
     )
-    counting._COUNTED.clear()
-    a = launch.run_cell(first, run_id="t")
-    assert [k[:4] for k in counting._COUNTED] == [("transformer", "tiny", first.batch_size, 5)]
-    b = launch.run_cell(second, run_id="t")
-    counted, handed = dict(a.flops_per_step), dict(b.flops_per_step)
-    assert handed.pop("count_s") < counted.pop("count_s") / 10
-    assert handed == counted and a.compute_replay["calls"] == b.compute_replay["calls"]
+    a = launch.run_cell(first, run_id="count-once")
+    kept = counting.StepCounts()
+    kept.adopt(launch.counts_file("run count-once"))
+    assert [k[:4] for k in kept.keys()] == [("transformer", "tiny", first.batch_size, 5)]
+    b = launch.run_cell(second, run_id="count-once")
+    counted, handed = a.flops_per_step, b.flops_per_step
+    assert handed.count_s < counted.count_s / 10
+    assert replace(handed, count_s=None) == replace(counted, count_s=None)
+    assert a.compute_replay.calls == b.compute_replay.calls
+
+
+def test_two_owners_never_share_their_counts() -> None:
+    """Counts are held by their owner (a run's launcher, a rank process, a job's leader): what
+    one counted is not another's, and two runs keep theirs apart."""
+    from shardbench.harness import counting, launch
+    from shardbench.prediction.flops import StepFlops
+
+    one, other = counting.StepCounts(), counting.StepCounts()
+    one.add(("k", 1), (StepFlops(model=2, hardware=3, by_op={"mm": 3}, counted_on="fake tensors"), None))
+    assert one.keys() == [("k", 1)] and other.get(("k", 1)) is None and other.keys() == []
+    assert launch.counts_file("run a") != launch.counts_file("run b")
 
 
 def test_a_count_file_that_is_not_whole_hands_nothing(tmp_path) -> None:
     """A rank killed while writing its counts leaves a file cut short: the launcher takes
     nothing from it (the next cell counts again) and goes on."""
     from shardbench.harness import counting
-    from shardbench.metrics.flops import StepFlops
+    from shardbench.prediction.flops import StepFlops
 
-    counting.forget_counts()
+    counts = counting.StepCounts()
     whole = tmp_path / "whole.json"
-    counting._COUNTED[("k", 1)] = StepFlops(model=2, hardware=3, by_op={"mm": 3}, counted_on="fake tensors")
-    counting.export_counts(whole, own_only=False)
-    counting.forget_counts()
+    counted = (StepFlops(model=2, hardware=3, by_op={"mm": 3}, counted_on="fake tensors"), None)
+    counts.add(("k", 1), counted)
+    counts.export(whole, own_only=False)
     (tmp_path / "cut.json").write_text(whole.read_text()[:-7])
     for path in (tmp_path / "cut.json", tmp_path / "absent.json"):
-        counting.adopt_counts(path)
-        assert counting._COUNTED == {}
-    counting.adopt_counts(whole)
-    assert counting._COUNTED == {("k", 1): StepFlops(2, 3, {"mm": 3}, "fake tensors")}
-    counting.forget_counts()
+        fresh = counting.StepCounts()
+        fresh.adopt(path)
+        assert fresh.keys() == []
+    fresh.adopt(whole)
+    assert fresh.get(("k", 1)) == (StepFlops(2, 3, {"mm": 3}, "fake tensors"), None)
 
 
 def test_grouped_query_attention_counts_as_its_key_and_value_repeated_to_the_query_heads() -> None:
@@ -182,7 +199,7 @@ def test_grouped_query_attention_counts_as_its_key_and_value_repeated_to_the_que
     ``enable_gqa``), which torch's formulas refuse: counted exactly as the same attention with
     key and value repeated to the query's heads, a forward F = 4·B·Hq·Lq·Lk·D, a backward 2F of
     model FLOPs and F/2 of score recompute, whichever way the kernel is handed them."""
-    from shardbench.metrics.flops import sdpa_backward_flops, sdpa_forward_flops
+    from shardbench.prediction.flops import sdpa_backward_flops, sdpa_forward_flops
 
     b, hq, hkv, lq, lk, d = 2, 8, 2, 12, 20, 16
     q, kv = (b, hq, lq, d), (b, hkv, lk, d)

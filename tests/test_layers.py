@@ -17,16 +17,18 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the layers, highest first: a module imports only from its own layer or those below it.
 #: The ground floor holds what every layer reads: the package's own ``__init__`` (the public
 #: names, imported lazily), the record schema, safe paths, and small helpers of no layer.
-#: ``python -m shardbench`` (``__main__``) is the command line's.
+#: ``python -m shardbench`` (``__main__``) is the command line's. Prediction shares the
+#: harness's floor: it reads the cell and the machine's cores from the harness's config, and
+#: the harness writes its predictions into each record.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),
     ("report",),
     ("studies",),
-    ("harness",),
+    ("harness", "prediction"),
     ("integrations",),
     ("strategies",),
     ("metrics", "models"),
-    ("", "records", "paths", "precision", "tensors", "blocks", "units", "wording"),
+    ("", "records", "step_figures", "paths", "precision", "tensors", "blocks", "units", "wording"),
 )
 
 

@@ -72,7 +72,7 @@ def test_analytic_table_of_the_paper() -> None:
 def test_bf16_prediction_follows_what_each_strategy_stores() -> None:
     """DDP-style strategies train bf16 as autocast over fp32 parameters (4+4+8 bytes), ours keep
     bf16 parameters with fp32 masters (2+2+12): the prediction uses what is really stored."""
-    from shardbench.harness.prediction import predict
+    from shardbench.prediction.zero_accounting import predict
 
     ddp = predict(tiny_cell(world_size=8, precision="bf16"), 8, 1000)
     ours = predict(tiny_cell(strategy="zero2", world_size=8, precision="bf16"), 8, 1000)

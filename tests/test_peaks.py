@@ -1,4 +1,4 @@
-"""The peak FLOP/s MFU is set against (``bench/metrics/peaks.py``): the datasheet table by
+"""The peak FLOP/s MFU is set against (``bench/prediction/peaks.py``): the datasheet table by
 device name and dtype, the measured peak's cache (its keys, with the measurement stood in for),
 the GEMM probe's method on a small matrix, and the record's throughput arithmetic."""
 
@@ -9,9 +9,10 @@ import json
 import pytest
 
 from shardbench.harness.result import RankResult, build_record
-from shardbench.metrics import gemm_probe
-from shardbench.metrics.peaks import DATASHEETS, DTYPES, cache_file, datasheet_peak, measured_peak
-from shardbench.metrics.step_time import core_share
+from shardbench.prediction import gemm_probe
+from shardbench.prediction.peaks import DATASHEETS, DTYPES, cache_file, datasheet_peak, measured_peak
+from shardbench.prediction.step_time import core_share
+from shardbench.step_figures import FlopsPerStep
 from tests.cells import tiny_cell
 
 TERA = 1e12
@@ -101,7 +102,7 @@ def test_the_record_sets_the_counted_flops_against_the_step_time_and_the_peak() 
         RankResult(rank=1, num_params=1000, step_times=[0.05, 0.1, 0.08]),
     ]
     r = build_record(cell, cell.world_plan(), results, run_id="t", wall_s=1.0, processes=2)
-    assert r.flops_per_step == flops and r.peak_flops_per_s == peak
+    assert r.flops_per_step == FlopsPerStep(**flops) and r.peak_flops_per_s == peak
     assert r.achieved_flops_per_s == pytest.approx({"model": 2e10, "hardware": 3e10})
     assert (r.mfu, r.hfu) == pytest.approx((0.02, 0.03))
     assert r.samples_per_s == pytest.approx(2 * 2 / 0.1) and r.tokens_per_s == pytest.approx(40 * 32)
@@ -109,7 +110,7 @@ def test_the_record_sets_the_counted_flops_against_the_step_time_and_the_peak() 
     # the update of its optimizer elements; no collective was reported, so none is costed
     p = r.predicted_step_time
     share = core_share(2, r.env["cpu_count"], 1)
-    assert p["compute"] == pytest.approx(3e9 / (1e12 * 0.5 * share)) and p["comm"] == 0
+    assert p.compute == pytest.approx(3e9 / (1e12 * 0.5 * share)) and p.comm == 0
     elements = r.predicted_mem_bytes["optimizer"] // 8
-    assert p["update"] == pytest.approx(elements * p["seconds_per_update_element"])
-    assert p["step"] == pytest.approx(p["compute"] + p["update"]) and p["network"] == "gloo"
+    assert p.update == pytest.approx(elements * p.seconds_per_update_element)
+    assert p.step == pytest.approx(p.compute + p.update) and p.network == "gloo"

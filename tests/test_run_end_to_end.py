@@ -9,8 +9,8 @@ import pytest
 
 from shardbench.cli import main
 from shardbench.harness.config import CellConfig
-from shardbench.harness.step_prediction import replay_usable
 from shardbench.metrics.timing import summarize
+from shardbench.prediction.record_step_time import replay_usable
 from shardbench.records import read_records
 from tests.cells import tiny_cell
 
@@ -59,34 +59,32 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         # throughput: one rank's FLOPs over the slowest rank's median step, against this CPU's
         # measured peak at the rank's threads; tokens/s beside samples/s
         flops, median = r.flops_per_step, r.step_time_s["median"]
-        assert r.achieved_flops_per_s["model"] == pytest.approx(flops["model"] / median)
+        assert r.achieved_flops_per_s["model"] == pytest.approx(flops.model / median)
         assert (
             r.peak_flops_per_s["kind"] == "measured" and r.peak_flops_per_s["threads"] == r.threads_per_rank
         )
         assert 0 < r.mfu == pytest.approx(r.achieved_flops_per_s["model"] / r.peak_flops_per_s["flops_per_s"])
-        if flops["tokens_per_sample"] is None:  # images, audio: samples/s alone
+        if flops.tokens_per_sample is None:  # images, audio: samples/s alone
             assert r.workload in ("swav", "deepspeech2") and r.tokens_per_s is None, r.workload
         else:
-            assert r.tokens_per_s == pytest.approx(r.samples_per_s * flops["tokens_per_sample"])
+            assert r.tokens_per_s == pytest.approx(r.samples_per_s * flops.tokens_per_sample)
         # every measured cell carries the step-time model's prediction, over this CPU's gloo profile
         p = r.predicted_step_time
-        assert p["network"] == "gloo"
-        assert p["step"] == pytest.approx(p["compute"] + p["update"] + p["exposed_comm"])
+        assert p.network == "gloo"
+        assert p.step == pytest.approx(p.compute + p.update + p.exposed_comm)
         # its compute: the step's own operator calls replayed at a rank's threads, every one of them
         c = r.compute_replay
-        assert c["threads"] == r.threads_per_rank and c["calls"] > c["distinct"] > 0
-        assert c["seconds"] > 0 and replay_usable(c)
+        assert c.threads == r.threads_per_rank and c.calls > c.distinct > 0
+        assert c.seconds > 0 and replay_usable(c)
         if r.workload == "transformer":  # every call of its step replays (a few of swav's do not)
-            assert c["unreplayed_calls"] == 0
-        assert p["compute_source"] == "op replay" and p["update"] > 0
-        assert p["compute"] == pytest.approx(c["seconds"] / p["core_share"])
+            assert c.unreplayed_calls == 0
+        assert p.compute_source == "op replay" and p.update > 0
+        assert p.compute == pytest.approx(c.seconds / p.core_share)
     # a command counts a step once and hands the count on (harness/counting.py): every cell of
     # a workload carries that one count (that it holds whatever the strategy: test_dp_on_cpu...)
     for workload in {r.workload for r in records}:
         flops = {
-            (r.flops_per_step["model"], r.flops_per_step["hardware"])
-            for r in records
-            if r.workload == workload
+            (r.flops_per_step.model, r.flops_per_step.hardware) for r in records if r.workload == workload
         }
         assert len(flops) == 1, workload
 
@@ -98,8 +96,8 @@ def test_dp_on_cpu_is_recorded_as_single_device(dp_run: Path, smoke_run: Path) -
     assert "pass-through" in dp.note
     # the math of a rank's step is the same whatever the strategy shards, or does not
     (ddp,) = [r for r in read_records([smoke_run]) if (r.workload, r.strategy) == ("transformer", "ddp")]
-    assert dp.flops_per_step["model"] == ddp.flops_per_step["model"] > 0
-    assert dp.flops_per_step["hardware"] == ddp.flops_per_step["hardware"]
+    assert dp.flops_per_step.model == ddp.flops_per_step.model > 0
+    assert dp.flops_per_step.hardware == ddp.flops_per_step.hardware
 
 
 def test_ddp_model_states_are_16_bytes_per_parameter(smoke_run: Path) -> None:

@@ -1,4 +1,4 @@
-"""The step-time model (``bench/metrics/step_time.py``): its arithmetic on stand-in figures, the
+"""The step-time model (``bench/prediction/step_time.py``): its arithmetic on stand-in figures, the
 probe's fit, and, on committed CPU records, that it ranks ddp, zero1, zero2, zero3 and
 fsdp2-zero3 as they measured wherever their measured times differ beyond noise."""
 
@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from shardbench.harness.step_prediction import predict_record
-from shardbench.metrics.gloo_probe import fit
-from shardbench.metrics.network_profiles import NAMED, LinkCost, NetworkProfile
-from shardbench.metrics.step_time import Collective, StepInputs, core_share, predict_step
+from shardbench.prediction.accuracy import error_line, median_absolute_error
+from shardbench.prediction.gloo_probe import fit
+from shardbench.prediction.machine_probes import MachineProbes
+from shardbench.prediction.network_profiles import NAMED, LinkCost, NetworkProfile
+from shardbench.prediction.record_step_time import predict_record
+from shardbench.prediction.step_time import Collective, StepInputs, core_share, predict_step
 from shardbench.records import Record, read_records
+from shardbench.step_figures import FlopsPerStep
 from shardbench.studies.compare_rules import TIME_PCT
-from shardbench.studies.prediction_check import error_line, median_absolute_error
 from tests.records import make_record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,19 +103,21 @@ def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path)
         ]
         cells: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
         for r in records:
-            r.flops_per_step = {"hardware": flops, "model": flops}
+            r.flops_per_step = FlopsPerStep(model=flops, hardware=flops)
             predicted, why = predict_record(
                 r,
                 network="gloo",
                 peak=PEAK,
-                home=tmp_path,
-                measure_network=lambda n, threads: {"kinds": GLOO[n]},
-                measure_update=lambda threads, size, copies: UPDATE,
+                probes=MachineProbes(
+                    home=tmp_path,
+                    measure_network=lambda n, threads: {"kinds": GLOO[n]},
+                    measure_update=lambda threads, size, copies: UPDATE,
+                ),
             )
             assert why is None, why
             cells.setdefault((r.world_size, r.repeat), {})[r.strategy] = (
                 r.step_time_s["median"],
-                predicted["step"],
+                predicted.step,
             )
         for strategies in cells.values():
             for a, b in itertools.combinations(strategies, 2):
@@ -162,7 +166,7 @@ def test_plan_recommends_the_fastest_that_fits_and_says_why() -> None:
 
 
 def test_the_update_probe_runs_at_a_ranks_size_beside_its_peers() -> None:
-    from shardbench.metrics.update_probe import SIZES, probe, size_for
+    from shardbench.prediction.update_probe import SIZES, probe, size_for
 
     assert size_for(1) == SIZES[0] and size_for(SIZES[2] + 1) == SIZES[3] and size_for(10**12) == SIZES[-1]
     out = probe(1, elements=1 << 14, copies=2)

@@ -172,10 +172,6 @@ CELL_COMMANDS = frozenset({"run", "plan", "max-size", "claim", "nightly"})
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # FLOP counts are handed between the cells of one command only (harness/counting.py); the
-    # module is looked up, not imported, so that commands without cells never import torch
-    if (counting := sys.modules.get("shardbench.harness.counting")) is not None:
-        counting.forget_counts()
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     handler = {

@@ -198,8 +198,8 @@ def cmd_claim(args: argparse.Namespace) -> int:
             f.write("\n" + gate_section(args.baseline, changes))
         code = 1 if any(c.regressed for c in changes) else 0
     print(report.read_text())
+    from shardbench.prediction.accuracy import error_line
     from shardbench.records import none_ok, read_records
-    from shardbench.studies.prediction_check import error_line
 
     measured = read_records([out / "records.jsonl"]) if (out / "records.jsonl").exists() else []
     if line := error_line(measured):

@@ -102,7 +102,7 @@ def peak_flops(env: dict) -> dict:
     import torch
 
     from shardbench.harness.config import threads_per_rank
-    from shardbench.metrics.peaks import DTYPES, cache_file, datasheet_peak, measured_peak, read_cache
+    from shardbench.prediction.peaks import DTYPES, cache_file, datasheet_peak, measured_peak, read_cache
     from shardbench.records import capture_env
 
     out: dict = {"cache": str(cache_file())}

@@ -20,8 +20,8 @@ from shardbench.cli.common import (
     reserve_policy,
 )
 from shardbench.harness.config import DEVICES, CellConfig, fields_from_flags
-from shardbench.metrics.network_profiles import CHOICES as NETWORKS
 from shardbench.precision import PRECISIONS
+from shardbench.prediction.network_profiles import CHOICES as NETWORKS
 
 if TYPE_CHECKING:
     from shardbench.records import Record
@@ -114,13 +114,13 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
 
 
 def predicted_rows(rows: list[PlanRow], network: str, gpu: str | None = None) -> tuple[PlanRow, ...]:
-    """Each planned row with its predicted step time over ``network`` (``step_prediction``),
+    """Each planned row with its predicted step time over ``network`` (``record_step_time``),
     against the device's peak (the record's, else this machine's GEMM probe at a real rank's
     threads, or the datasheet of the CUDA device here), or with why none could be made."""
     from dataclasses import replace
 
-    from shardbench.harness.prediction import comm_shape
-    from shardbench.harness.step_prediction import predict_record
+    from shardbench.prediction.record_step_time import predict_record
+    from shardbench.prediction.zero_accounting import comm_shape
 
     out = []
     for row in rows:
@@ -144,11 +144,12 @@ def predicted_rows(rows: list[PlanRow], network: str, gpu: str | None = None) ->
 def _device_peak(record: Record, gpu: str | None = None) -> dict[str, Any] | None:
     """The planned device's peak: this CPU's probe, or the datasheet's for ``gpu`` (``--gpu``)
     or the CUDA device here."""
-    from shardbench.metrics.flops import matmul_dtype
-    from shardbench.metrics.peaks import datasheet_peak, measured_peak
+    from shardbench.prediction.flops import matmul_dtype
+    from shardbench.prediction.peaks import datasheet_peak, measured_peak
     from shardbench.records import UNNAMED_DEVICE
 
-    dtype = (record.flops_per_step or {}).get("dtype") or matmul_dtype(record.precision, record.device)
+    counted = record.flops_per_step.dtype if record.flops_per_step else None
+    dtype = counted or matmul_dtype(record.precision, record.device)
     if record.device == "cpu":
         name = record.env.get("device_name") or UNNAMED_DEVICE
         return measured_peak("cpu", name, dtype, record.threads_per_rank, torch_version=record.env["torch"])
@@ -172,8 +173,8 @@ def plan_device(device: str | None, gpu: str | None) -> str:
 
 
 def check_gpu(gpu: str | None) -> None:
-    """``--gpu`` must name a device of the datasheet table (``bench/metrics/peaks.py``)."""
-    from shardbench.metrics.peaks import DATASHEETS, datasheet_peak
+    """``--gpu`` must name a device of the datasheet table (``bench/prediction/peaks.py``)."""
+    from shardbench.prediction.peaks import DATASHEETS, datasheet_peak
 
     if gpu is not None and datasheet_peak(gpu, "fp32") is None:
         names = ", ".join(sheet.model for sheet in DATASHEETS)
@@ -185,7 +186,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cells, unplanned, budget, reserves = resolve_plan(args)
     from shardbench.harness.runner import new_run_id, run_cells
     from shardbench.harness.validate import check_output_dir
-    from shardbench.metrics.network_profiles import default_network
+    from shardbench.prediction.network_profiles import default_network
     from shardbench.records import append_record, read_records
     from shardbench.report.build import write_report
     from shardbench.report.plan_report import PLAN_JSON, plan_json, plan_markdown, print_plan, title

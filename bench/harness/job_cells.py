@@ -33,7 +33,7 @@ from typing import Any
 from shardbench.harness.config import CellConfig, threads_per_rank
 from shardbench.harness.job import STORE_PREFIX
 from shardbench.harness.job_link import SILENT_S, JobError, JobLink
-from shardbench.harness.launch import POLL_S, CellEndsRun, RankWorld, launcher_dir
+from shardbench.harness.launch import POLL_S, CellEndsRun, RankWorld, kept_counts, launcher_dir
 from shardbench.harness.result import RankResult, build_record
 from shardbench.records import Record
 from shardbench.wording import count
@@ -79,9 +79,12 @@ def run_own_rank(link: JobLink, seq: int, cell: CellConfig, processes: int) -> R
     period; a failure there stops this one. Raises only what comes from outside (an interrupt),
     after marking the cell failed too."""
     rank, failed = link.job.rank, _key(seq, "failed")
-    with tempfile.TemporaryDirectory(prefix="cell-", dir=launcher_dir()) as tmp:
+    # the counts of the job's earlier cells, for the job's command only
+    counted = kept_counts(f"job {link.prefix}")
+    with counted as counts, tempfile.TemporaryDirectory(prefix="cell-", dir=launcher_dir()) as tmp:
         try:
-            world = RankWorld(cell, processes, Path(tmp), {rank: rank_places(link, seq, processes)})
+            places = {rank: rank_places(link, seq, processes)}
+            world = RankWorld(cell, processes, Path(tmp), places, counts)
             try:
                 timed_out = world.wait(cell.timeout_s, peer_failed=lambda: link.has(failed))
                 if world.failed() and not link.has(failed):

@@ -47,6 +47,7 @@ from typing import Any
 from shardbench.harness import counting, guardian
 from shardbench.harness.config import CellConfig, threads_per_rank
 from shardbench.harness.result import RankResult, build_record, signal_name
+from shardbench.paths import path_component
 from shardbench.records import Record
 
 FAILED_RANK_GRACE_S = 5.0
@@ -194,8 +195,11 @@ class RankWorld:
         processes: int,
         tmpdir: Path,
         places: Mapping[int, Mapping[str, str]] | None = None,
+        counts: counting.StepCounts | None = None,
     ) -> None:
         self.cell, self.tmpdir = cell, tmpdir
+        #: the step counts of the cells run before, handed to rank 0; its own come back here
+        self.counts = counts if counts is not None else counting.StepCounts()
         self.places = dict(places) if places is not None else local_places(processes)
         self.ranks = sorted(self.places)
         self.procs: list[Any] = []  # multiprocessing processes (cpu) or _ExecRank (cuda), as ranks
@@ -203,7 +207,7 @@ class RankWorld:
         self.exited_at: dict[int, float] = {}
         cell_file = tmpdir / "cell.json"
         cell_file.write_text(json.dumps(cell.to_json()))
-        counting.export_counts(tmpdir / counting.HANDED, cell=cell)
+        self.counts.export(tmpdir / counting.HANDED, cell=cell)
         try:
             for rank in self.ranks:
                 env = {k: v for k, v in os.environ.items() if not k.startswith(AGENT_VARIABLES)}
@@ -287,7 +291,7 @@ class RankWorld:
                 print(f"shardbench: rank process {p.pid} did not exit after SIGKILL", file=sys.stderr)
 
     def results(self, timed_out: bool) -> list[RankResult]:
-        counting.adopt_counts(self.tmpdir / counting.COUNTED)
+        self.counts.adopt(self.tmpdir / counting.COUNTED)
         out = []
         for rank, proc in self._by_rank():
             path = self.tmpdir / f"rank{rank}.json"
@@ -393,6 +397,22 @@ def cells_through(runner: Callable[..., Record]) -> Iterator[None]:
         _multi_process_cells = previous
 
 
+@contextlib.contextmanager
+def kept_counts(owner: str) -> Iterator[counting.StepCounts]:
+    """The step counts ``owner`` (a run, a job's command) kept from its earlier cells, for the
+    next; what the cell adds is kept when it ends. They live in the launcher's private
+    directory, so they go with it, and by owner, so that no run is handed another's."""
+    counts = counting.StepCounts()
+    counts.adopt(counts_file(owner))
+    yield counts
+    with contextlib.suppress(OSError):  # a count not kept is made again, nothing lost
+        counts.export(counts_file(owner))
+
+
+def counts_file(owner: str) -> Path:
+    return launcher_dir() / f"counts-{path_component(owner, what='run', separators='replace')}.json"
+
+
 def run_cell(cell: CellConfig, *, run_id: str) -> Record:
     """Run one cell in fresh processes and return its record (never raises for a failed cell;
     an exception from outside, e.g. an interrupt, stops the ranks and propagates)."""
@@ -400,8 +420,11 @@ def run_cell(cell: CellConfig, *, run_id: str) -> Record:
     if _multi_process_cells is not None and plan.processes > 1:
         return _multi_process_cells(cell, run_id=run_id)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cell-", dir=launcher_dir()) as tmp:
-        world = RankWorld(cell, plan.processes, Path(tmp))
+    with (
+        kept_counts(f"run {run_id}") as counts,
+        tempfile.TemporaryDirectory(prefix="cell-", dir=launcher_dir()) as tmp,
+    ):
+        world = RankWorld(cell, plan.processes, Path(tmp), counts=counts)
         try:
             timed_out = world.wait(cell.timeout_s)
             if timed_out:

@@ -16,14 +16,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from shardbench.harness.config import CellConfig
-from shardbench.harness.prediction import predict, predict_comm, workload_params
 from shardbench.metrics.timing import slowest_rank, summarize
+from shardbench.prediction.machine_probes import MachineProbes
+from shardbench.prediction.op_calls import OpCall, calls_from_json, calls_to_json
+from shardbench.prediction.zero_accounting import predict, predict_comm, workload_params
 from shardbench.records import UNNAMED_DEVICE, Record, capture_env, finite, first_line
+from shardbench.step_figures import FlopsPerStep
+from shardbench.step_figures import from_json as figures
 from shardbench.strategies.catalog import WorldPlan
 from shardbench.strategies.registry import get_strategy
 
@@ -75,20 +79,27 @@ class RankResult:
     placement: dict[str, int] | None = None
     #: rank 0: the FLOPs of one step of its batch (``harness.counting.cell_flops``), or why
     #: they were not counted
-    flops: dict[str, Any] | None = None
+    flops: FlopsPerStep | None = None
     flops_note: str | None = None
-    #: rank 0: the counted pass's operator calls (``bench/metrics/op_replay.py``), which the
+    #: rank 0: the counted pass's operator calls (``bench/prediction/op_calls.py``), which the
     #: launcher replays for the step's compute time; not part of the record
-    op_trace: list[list[Any]] | None = None
-    #: rank 0 of a CUDA cell: its device's peak FLOP/s (``bench/metrics/peaks.py``)
+    op_calls: tuple[OpCall, ...] | None = None
+    #: rank 0 of a CUDA cell: its device's peak FLOP/s (``bench/prediction/peaks.py``)
     peak: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        self.flops = figures(FlopsPerStep, self.flops)  # as JSON carries it from the rank
+
     def to_json(self) -> dict[str, Any]:
-        return finite(asdict(self))
+        calls = calls_to_json(self.op_calls) if self.op_calls is not None else None
+        return finite({**asdict(replace(self, op_calls=None)), "op_calls": calls})
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> RankResult:
-        return RankResult(**{k: v for k, v in d.items() if k in RankResult.__dataclass_fields__})
+        fields = {k: v for k, v in d.items() if k in RankResult.__dataclass_fields__}
+        if fields.get("op_calls") is not None:
+            fields["op_calls"] = calls_from_json(fields["op_calls"])
+        return RankResult(**fields)
 
     def write(self, path: Path) -> None:
         """Write atomically (rename), so the launcher never reads half a result."""
@@ -219,43 +230,50 @@ def build_record(
     if failure is not None:
         record.status, record.error, record.failure = failure
         return record
+    _add_measured(record, cell, plan, results)
+    return record
+
+
+def _add_measured(record: Record, cell: CellConfig, plan: WorldPlan, results: list[RankResult]) -> None:
+    """What a cell whose ranks all finished measured, and what the step-time model predicts of
+    it over this machine's probes."""
     steps = slowest_rank([r.step_times for r in results])
     times = summarize(steps)
     record.step_time_s = times
     record.step_times_s = steps or None
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
-        record.samples_per_s = cell.batch_size * world_size / times["median"]
+        record.samples_per_s = cell.batch_size * record.world_size / times["median"]
     _add_throughput(record, cell, results)
-    _add_compute_replay(record, results)
-    _add_prediction(record)
+    probes = MachineProbes()
+    _add_compute_replay(record, results, probes)
+    _add_prediction(record, probes)
     _add_memory(record, cell, results)
-    return record
 
 
-def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
+def _add_compute_replay(record: Record, results: list[RankResult], probes: MachineProbes) -> None:
     """A CPU cell's forward and backward replayed op by op at a rank's threads, as many copies at
     once as the cell has ranks on this host's cores (``replay_copies``), cached in the results
-    home (``step_prediction.replayed_compute``): the step-time model's compute term. Made here,
+    home (``MachineProbes.replayed_compute``): the step-time model's compute term. Made here,
     after the ranks ended, so the replay has the cores to itself; one whose calls would not fit
     in half the free memory is not made (the model falls back to FLOPs at a stated efficiency),
     and a failed one costs the record its replay only."""
-    trace = next((r.op_trace for r in results if r.op_trace), None)
-    if record.device != "cpu" or record.status != "ok" or not trace:
+    calls = next((r.op_calls for r in results if r.op_calls), None)
+    if record.device != "cpu" or record.status != "ok" or not calls:
         return
     from shardbench.harness.config import available_memory
-    from shardbench.harness.step_prediction import rank_threads, replay_copies, replayed_compute
-    from shardbench.metrics.op_trace import largest_call_bytes
+    from shardbench.prediction.op_calls import largest_call_bytes
+    from shardbench.prediction.record_step_time import rank_threads, replay_copies
 
     why = None
     try:
         copies = replay_copies(record)
-        need = copies * largest_call_bytes(trace)  # each copy's largest call, inputs and output
+        need = copies * largest_call_bytes(calls)  # each copy's largest call, inputs and output
         free = available_memory()
         if free is not None and need > free / 2:
             why = f"compute not replayed (its largest call needs {need:,} bytes, over half the free memory)"
         else:
-            record.compute_replay = replayed_compute(
-                trace,
+            record.compute_replay = probes.replayed_compute(
+                calls,
                 rank_threads(record),
                 copies,
                 record.env.get("device_name") or UNNAMED_DEVICE,
@@ -267,18 +285,19 @@ def _add_compute_replay(record: Record, results: list[RankResult]) -> None:
         record.note = "; ".join(p for p in (record.note, why) if p)
 
 
-def _add_prediction(record: Record) -> None:
+def _add_prediction(record: Record, probes: MachineProbes) -> None:
     """A measured cell's predicted step time over its device's default network profile (gloo
     measured here on a CPU, NVLink on CUDA): what the run checks its step-time model with. Made
     here, after the ranks ended, so the probes it may run have the cores to themselves; a
     prediction that cannot be made costs the record its prediction only."""
     if record.simulated or record.status != "ok" or not record.step_time_s:
         return
-    from shardbench.harness.step_prediction import predict_record
-    from shardbench.metrics.network_profiles import default_network
+    from shardbench.prediction.network_profiles import default_network
+    from shardbench.prediction.record_step_time import predict_record
 
     try:
-        record.predicted_step_time, why = predict_record(record, network=default_network(record.device))
+        network = default_network(record.device)
+        record.predicted_step_time, why = predict_record(record, network=network, probes=probes)
     except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its prediction only
         why = f"no step time predicted ({type(e).__name__}: {e})"
     if why and record.flops_per_step:
@@ -292,13 +311,13 @@ def _add_throughput(record: Record, cell: CellConfig, results: list[RankResult])
     flops = next((r.flops for r in results if r.flops), None)
     why = next((r.flops_note for r in results if r.flops_note), None)
     record.flops_per_step = flops
-    if flops and flops.get("tokens_per_sample") and record.samples_per_s:
-        record.tokens_per_s = record.samples_per_s * flops["tokens_per_sample"]
+    if flops and flops.tokens_per_sample and record.samples_per_s:
+        record.tokens_per_s = record.samples_per_s * flops.tokens_per_sample
     median = (record.step_time_s or {}).get("median")
     if flops and median:
-        record.achieved_flops_per_s = {k: flops[k] / median for k in ("model", "hardware")}
+        record.achieved_flops_per_s = {"model": flops.model / median, "hardware": flops.hardware / median}
         try:
-            peak = next((r.peak for r in results if r.peak), None) or _host_peak(cell, record, flops["dtype"])
+            peak = next((r.peak for r in results if r.peak), None) or _host_peak(cell, record, flops.dtype)
         except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its MFU only
             peak, why = None, f"no peak FLOP/s ({type(e).__name__}: {e})"
         if peak:
@@ -311,12 +330,12 @@ def _add_throughput(record: Record, cell: CellConfig, results: list[RankResult])
 
 def _host_peak(cell: CellConfig, record: Record, dtype: str) -> dict[str, Any] | None:
     """A CPU cell's peak: this machine's GEMM probe at the cell's dtype and threads per rank,
-    measured once and cached in the results home (``bench/metrics/peaks.py``). Run here, after
+    measured once and cached in the results home (``bench/prediction/peaks.py``). Run here, after
     the cell's ranks have ended, so the probe has the cores to itself. (A CUDA cell's rank 0
     resolved its own.)"""
     if cell.device != "cpu":
         return None
-    from shardbench.metrics.peaks import measured_peak
+    from shardbench.prediction.peaks import measured_peak
 
     name = record.env.get("device_name") or UNNAMED_DEVICE
     return measured_peak("cpu", name, dtype, record.threads_per_rank, torch_version=record.env["torch"])

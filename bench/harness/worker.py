@@ -38,9 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardbench.harness import counting
 from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
-from shardbench.harness.counting import cell_flops, cuda_peak
+from shardbench.harness.counting import COUNTED, HANDED, StepCounts, cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
 from shardbench.harness.job import STORE_PREFIX, env_int, master_port
@@ -54,11 +53,12 @@ from shardbench.harness.phases import (
     time_steps,
     trace_step,
 )
-from shardbench.harness.prediction import comm_shape_of
 from shardbench.harness.result import RankResult
 from shardbench.metrics.kernels import CudaAttention, pinned_factory
 from shardbench.models.checkpointing import apply_activation_checkpointing
 from shardbench.models.registry import get_workload
+from shardbench.prediction.zero_accounting import comm_shape_of
+from shardbench.step_figures import FlopsPerStep
 from shardbench.strategies.base import RankContext
 from shardbench.strategies.registry import get_strategy
 
@@ -119,6 +119,44 @@ def _is_oom(exc: BaseException) -> bool:
     return "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
 
 
+def _rank_device(cell: CellConfig, local_rank: int) -> torch.device:
+    """The device this rank computes on; on CUDA its memory capped where the cell emulates a
+    smaller card (a real OOM past the budget)."""
+    if cell.device != "cuda" or planned_off_device(cell):
+        return torch.device("cpu")
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    if cell.memory_budget_bytes is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cell.memory_budget_bytes / total), device)
+    return device
+
+
+def _process_group(
+    cell: CellConfig, strategy: Any, device: torch.device, *, rank: int, processes: int, world_size: int
+) -> Any:
+    """The rank's process group: a simulated world's fake one, the real one a strategy that
+    communicates needs, else None."""
+    if cell.simulate:
+        init_fake_world(world_size)
+        return dist.group.WORLD
+    if not strategy.needs_process_group:
+        return None
+    if not dist.is_initialized():
+        # past the launcher's deadline, which comes first and says where each rank is stuck;
+        # under torchrun (no launcher) this bounds a hang
+        timeout = timedelta(seconds=cell.timeout_s + COLLECTIVE_TIMEOUT_MARGIN_S)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            rank=rank,
+            world_size=processes,
+            timeout=timeout,
+            **_job_store(timeout),
+            **({"device_id": device} if device.type == "cuda" else {}),
+        )
+    return dist.group.WORLD
+
+
 def run_rank(
     cell: CellConfig,
     *,
@@ -128,41 +166,19 @@ def run_rank(
     local_rank: int,
     local_world_size: int,
     fault: Fault | None = None,
+    counts: StepCounts | None = None,
 ) -> RankResult:
-    """Run one cell on this rank; return its measurements (raises on failure)."""
+    """Run one cell on this rank; return its measurements (raises on failure). ``counts``: the
+    step counts earlier cells made, which rank 0 adds its own to (default: none)."""
     started = time.perf_counter()  # setup: the strategy's imports and set-up, the model's build
     # a simulated rank computes with the threads a real rank of its world would get on this host
     # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
     # twin real cells are set against (bench/studies/exposed_comm.py)
     torch.set_num_threads(threads_per_rank(world_size if cell.simulate else local_world_size))
-    if cell.device == "cuda" and not planned_off_device(cell):
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        if cell.memory_budget_bytes is not None:  # emulate a smaller card: a real OOM past it
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cell.memory_budget_bytes / total), device)
-    else:
-        device = torch.device("cpu")
+    device = _rank_device(cell, local_rank)
     strategy = get_strategy(cell.strategy)
     workload = get_workload(cell.workload)
-    pg = None
-    if cell.simulate:
-        init_fake_world(world_size)
-        pg = dist.group.WORLD
-    elif strategy.needs_process_group:
-        if not dist.is_initialized():
-            # past the launcher's deadline, which comes first and says where each rank is stuck;
-            # under torchrun (no launcher) this bounds a hang
-            timeout = timedelta(seconds=cell.timeout_s + COLLECTIVE_TIMEOUT_MARGIN_S)
-            dist.init_process_group(
-                "nccl" if device.type == "cuda" else "gloo",
-                rank=rank,
-                world_size=processes,
-                timeout=timeout,
-                **_job_store(timeout),
-                **({"device_id": device} if device.type == "cuda" else {}),
-            )
-        pg = dist.group.WORLD
+    pg = _process_group(cell, strategy, device, rank=rank, processes=processes, world_size=world_size)
 
     ctx = RankContext(
         rank=rank, world_size=world_size, device=device, process_group=pg, precision=cell.precision
@@ -175,7 +191,15 @@ def run_rank(
         CudaAttention() if planned_off_device(cell) else contextlib.nullcontext(),
     ):
         result = _train_and_measure(
-            cell, strategy, workload, ctx, rank=rank, processes=processes, fault=fault, started=started
+            cell,
+            strategy,
+            workload,
+            ctx,
+            rank=rank,
+            processes=processes,
+            fault=fault,
+            started=started,
+            counts=counts if counts is not None else StepCounts(),
         )
     result.placement = placement(cell, 1 if cell.simulate else local_world_size)
     return result
@@ -218,6 +242,7 @@ def _train_and_measure(
     processes: int,
     fault: Fault | None,
     started: float,
+    counts: StepCounts,
 ) -> RankResult:
     """Build and wrap the model, then run the phases (``phases.py``) and assemble the result."""
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
@@ -226,68 +251,20 @@ def _train_and_measure(
     num_params = sum(p.numel() for p in model.parameters())
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     # before the strategy wraps the model: no collective, no hook sees the count (counting.py)
-    flops, flops_note, op_trace = (
-        cell_flops(cell, workload, model, ctx.device, data_rank=0) if rank == 0 else (None, None, None)
+    flops, flops_note, op_calls = (
+        cell_flops(cell, workload, model, ctx.device, 0, counts) if rank == 0 else (None, None, None)
     )
-    if (units := workload.shard_units(model)) is not None:
-        ctx = dataclasses.replace(ctx, shard_units=tuple(units))
-    model, autocast_dtype = strategy.prepare_precision(model, cell.precision)
-    optimizer_factory = workload.optimizer_factory()
-    if cell.fake:  # FakeTensors would make torch fall back to its loop: pin what the device runs
-        optimizer_factory = pinned_factory(optimizer_factory, cell.device)
-    model, optimizer = strategy.setup(model, optimizer_factory, ctx)
-    # a simulated world's collectives move no data, so a scaler would read garbage gradients as
-    # an overflow and skip every step: its optimizer state would never exist to be measured
-    strategy.scaler = None if cell.simulate or cell.fake else strategy.loss_scaler(optimizer, ctx)
-    drop_where_nvml_cannot_answer()  # and a peer's, imported by its setup
+    model, optimizer, autocast_dtype, ctx = _wrapped(cell, strategy, workload, model, ctx)
     setup_s = time.perf_counter() - started
     model.train()
     per_process = 1 if cell.simulate else ctx.world_size // processes
-    steps = CellSteps(
-        cell=cell,
-        strategy=strategy,
-        workload=workload,
-        model=model,
-        optimizer=optimizer,
-        device=ctx.device,
-        rank=rank,
-        data_ranks=range(rank * per_process, (rank + 1) * per_process),
-        autocast_dtype=autocast_dtype,
-        fault=fault,
-    )
+    data_ranks = range(rank * per_process, (rank + 1) * per_process)
+    wrapped = (model, optimizer, ctx.device, rank, data_ranks, autocast_dtype, fault)
+    steps = CellSteps(cell, strategy, workload, *wrapped)
     artifacts: dict[str, str] = {}
-    memory, overlap = Memory(), None
-    try:
-        timing = time_steps(steps)
-        if cell.track_memory:
-            memory = measure_memory(steps, ctx.world_size, artifacts)
-        if cell.trace:
-            overlap = trace_step(steps, artifacts)
-    except Diverged:
-        raise
-    except Exception as e:  # noqa: BLE001 - re-raised with the step it happened at
-        raise StepFailed(steps.step, e) from e
-    peak = None
-    if rank == 0 and flops is not None and ctx.device.type == "cuda" and not cell.fake:
-        try:
-            peak = cuda_peak(flops["dtype"])
-        except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its MFU only
-            flops_note = f"no peak FLOP/s ({type(e).__name__}: {e})"
-    settings = strategy.settings()
-    if (scale := strategy.loss_scale()) is not None:
-        settings["loss_scale"] = {
-            "scale": scale,
-            "warmup_added": timing.warmup_added,
-            "skipped_warmup": timing.skipped_warmup,
-            "skipped_timed": timing.skipped_timed,
-            "skipped_tracked": strategy.skipped_steps - timing.skipped_warmup - timing.skipped_timed,
-        }
-    if memory.kernels is not None:
-        settings["kernels"] = memory.kernels
-    if planned_off_device(cell):
-        settings["planned_for"] = f"{cell.device}, planned on the CPU"
-    if getattr(model, "planned_note", None):  # a stand-in for a wrapper fake tensors cannot build
-        settings["planned"] = model.planned_note
+    timing, memory, overlap = _phases(steps, cell, ctx.world_size, artifacts)
+    peak, flops_note = _rank_peak(cell, ctx, rank, flops, flops_note)
+    settings = _settings(cell, strategy, model, timing, memory)
     strategy.teardown()
     return RankResult(
         rank=rank,
@@ -308,9 +285,80 @@ def _train_and_measure(
         comm_shape=comm_shape_of(cell) if rank == 0 else None,
         flops=flops,
         flops_note=flops_note,
-        op_trace=op_trace,
+        op_calls=op_calls,
         peak=peak,
     )
+
+
+def _wrapped(
+    cell: CellConfig, strategy: Any, workload: Any, model: torch.nn.Module, ctx: RankContext
+) -> tuple[Any, Any, torch.dtype | None, RankContext]:
+    """The model as the strategy wraps it, its optimizer, the autocast dtype, and the rank's
+    context with the workload's shard units."""
+    if (units := workload.shard_units(model)) is not None:
+        ctx = dataclasses.replace(ctx, shard_units=tuple(units))
+    model, autocast_dtype = strategy.prepare_precision(model, cell.precision)
+    optimizer_factory = workload.optimizer_factory()
+    if cell.fake:  # FakeTensors would make torch fall back to its loop: pin what the device runs
+        optimizer_factory = pinned_factory(optimizer_factory, cell.device)
+    model, optimizer = strategy.setup(model, optimizer_factory, ctx)
+    # a simulated world's collectives move no data, so a scaler would read garbage gradients as
+    # an overflow and skip every step: its optimizer state would never exist to be measured
+    strategy.scaler = None if cell.simulate or cell.fake else strategy.loss_scaler(optimizer, ctx)
+    drop_where_nvml_cannot_answer()  # and a peer's, imported by its setup
+    return model, optimizer, autocast_dtype, ctx
+
+
+def _phases(
+    steps: CellSteps, cell: CellConfig, world_size: int, artifacts: dict[str, str]
+) -> tuple[Any, Memory, dict[str, float] | None]:
+    """The timed steps, then the tracked memory and the traced step where the cell asks."""
+    memory, overlap = Memory(), None
+    try:
+        timing = time_steps(steps)
+        if cell.track_memory:
+            memory = measure_memory(steps, world_size, artifacts)
+        if cell.trace:
+            overlap = trace_step(steps, artifacts)
+    except Diverged:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised with the step it happened at
+        raise StepFailed(steps.step, e) from e
+    return timing, memory, overlap
+
+
+def _rank_peak(
+    cell: CellConfig, ctx: RankContext, rank: int, flops: FlopsPerStep | None, note: str | None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """Rank 0 of a CUDA cell: its device's peak, or None and why (a failed probe costs the cell
+    its MFU only)."""
+    if rank != 0 or flops is None or ctx.device.type != "cuda" or cell.fake:
+        return None, note
+    try:
+        return cuda_peak(flops.dtype or "fp32"), note
+    except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its MFU only
+        return None, f"no peak FLOP/s ({type(e).__name__}: {e})"
+
+
+def _settings(cell: CellConfig, strategy: Any, model: Any, timing: Any, memory: Memory) -> dict[str, Any]:
+    """The strategy's settings, with its loss scale, the kernels the memory assumed and how the
+    cell was planned."""
+    settings = strategy.settings()
+    if (scale := strategy.loss_scale()) is not None:
+        settings["loss_scale"] = {
+            "scale": scale,
+            "warmup_added": timing.warmup_added,
+            "skipped_warmup": timing.skipped_warmup,
+            "skipped_timed": timing.skipped_timed,
+            "skipped_tracked": strategy.skipped_steps - timing.skipped_warmup - timing.skipped_timed,
+        }
+    if memory.kernels is not None:
+        settings["kernels"] = memory.kernels
+    if planned_off_device(cell):
+        settings["planned_for"] = f"{cell.device}, planned on the CPU"
+    if getattr(model, "planned_note", None):  # a stand-in for a wrapper fake tensors cannot build
+        settings["planned"] = model.planned_note
+    return settings
 
 
 def run_rank_safely(cell: CellConfig, **kw: Any) -> RankResult:
@@ -359,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         local_world_size=local_world_size,
     )
     start = time.perf_counter()
+    kw["counts"] = counts = StepCounts()
     if args.result_dir is not None and rank == 0:  # the counter: what earlier cells counted
-        counting.adopt_counts(args.result_dir / counting.HANDED)
+        counts.adopt(args.result_dir / HANDED)
     try:
         kw["fault"] = next((f for f in faults_from_env() if f.applies_to(cell.strategy)), None)
     except ValueError as e:
@@ -370,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.result_dir is not None:  # launched by shardbench.harness.launch: it assembles the record
         result.write(args.result_dir / f"rank{rank}.json")
         with contextlib.suppress(OSError):  # a count not handed on is made again, nothing lost
-            counting.export_counts(args.result_dir / counting.COUNTED, own_only=True)
+            counts.export(args.result_dir / COUNTED, own_only=True)
         if dist.is_initialized() and result.status == "ok":
             dist.destroy_process_group()
         return 0 if result.status == "ok" else 1

@@ -3,6 +3,7 @@ one-line verdict. Renders a ``bench/studies/plan.py`` ``Plan``; decides nothing.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from shardbench.harness.config import CellConfig
@@ -30,14 +31,13 @@ def _step(row: PlanRow) -> str:
 
 def _predicted(row: PlanRow) -> list[str]:
     """The predicted step, the tokens/s it would give per rank (a GPU on CUDA) and for the
-    whole job, and its MFU (``bench/metrics/step_time.py``)."""
+    whole job, and its MFU (``bench/prediction/step_time.py``)."""
     p = row.predicted
     if not p:
         return ["-", "-", "-", "-"]
-    tokens = p.get("tokens_per_s")
-    mfu = p.get("mfu")
+    tokens, mfu = p.tokens_per_s, p.mfu
     return [
-        seconds_text(p["step"]),
+        seconds_text(p.step),
         count_text(tokens / row.record.world_size) if tokens else "-",
         count_text(tokens) if tokens else "-",
         "-" if mfu is None else f"{mfu:.3g}" if mfu < 0.001 else f"{mfu:.1%}",
@@ -59,27 +59,27 @@ def network_line(plan: Plan) -> str | None:
         why = next((r.not_predicted for r in plan.rows if r.not_predicted), None)
         hint = "; --gpu NAME names the GPU to predict for" if "no peak" in (why or "") else ""
         return why and f"{why}{hint}"
-    update = p.get("seconds_per_update_element") or 0
-    share = p.get("core_share", 1.0)
+    update = p.seconds_per_update_element or 0
+    share = p.core_share if p.core_share is not None else 1.0
     cores = f", x {share:.3g} core share (ranks outnumber cores)" if share < 1 else ""
     overlap = (
         "every collective exposed (it shares the compute's cores)"
-        if p.get("shares_compute")
+        if p.shares_compute
         else "gradients under backward, unit gathers prefetched, post-step gathers exposed"
     )
-    if p.get("efficiency") is None:  # compute replayed op by op: no FLOP rate, no efficiency
+    if p.efficiency is None:  # compute replayed op by op: no FLOP rate, no efficiency
         compute = "forward and backward replayed op by op on this CPU" + (
             f" / {share:.3g} core share (ranks outnumber cores)" if share < 1 else ""
         )
     else:
         compute = (
-            f"FLOPs / ({p['peak_flops_per_s'] / 1e12:.3g} TFLOP/s {p.get('peak_kind')} peak "
-            f"x {p.get('efficiency'):g}{cores})"
+            f"FLOPs / ({(p.peak_flops_per_s or 0) / 1e12:.3g} TFLOP/s {p.peak_kind} peak "
+            f"x {p.efficiency:g}{cores})"
         )
     return (
         f"predicted step = {compute} + optimizer update"
         + (f" ({update * 1e9:.3g} ns per element)" if update else " (not modelled: no memory bandwidth)")
-        + f" + exposed communication over {p.get('network_source')}; {overlap} (docs/measuring.md)"
+        + f" + exposed communication over {p.network_source}; {overlap} (docs/measuring.md)"
     )
 
 
@@ -297,7 +297,7 @@ def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
                 "model_state_bytes": r.model_states,
                 "formula_bytes": r.formula,
                 "max_batch": r.max_batch,
-                "predicted_step_time": r.predicted,
+                "predicted_step_time": asdict(r.predicted) if r.predicted else None,
             }
             for r in plan.rows
         ],

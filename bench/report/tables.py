@@ -10,6 +10,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -17,6 +18,10 @@ from shardbench.paths import path_component
 from shardbench.records import Record, oversubscription, placement_of
 from shardbench.studies.versus import model_states
 from shardbench.wording import first_sentence
+
+if TYPE_CHECKING:
+    from shardbench.studies.exposed_comm import Exposed
+    from shardbench.studies.scaling import Scaling
 
 MIB = 2**20
 
@@ -71,7 +76,6 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
     """
     from shardbench.report.chart_types import reading_order
     from shardbench.studies.exposed_comm import exposed_comm
-    from shardbench.studies.prediction_check import predicted_over_measured
     from shardbench.studies.scaling import record_scaling
 
     records = sorted(records, key=reading_order)
@@ -92,91 +96,113 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
         **dict.fromkeys(("pred_step_ms", "pred_vs_meas"), any(r.predicted_step_time for r in records)),
     }
     for r in records:
-        bd = r.mem_breakdown_bytes or {}
-        held = r.model_state_bytes or {}
-        model_state = model_states(r)
-        predicted = (r.predicted_mem_bytes or {}).get("total")
-        t = r.step_time_s or {}
         row: dict[str, object] = {"run_id": r.run_id} if several_runs else {}
-        row.update(
-            {
-                "workload": r.workload,
-                "preset": r.preset,
-                "params_M": r.params / 1e6,
-                "strategy": r.strategy,
-                "repeat": r.repeat,
-                "world_size": r.world_size,
-                "simulated": r.simulated,
-                "fake": r.fake,
-                "AC": r.activation_checkpointing,
-                "precision": r.precision,
-                "batch_per_rank": r.batch_size_per_rank,
-                "status": r.status,
-                # its ranks waited for a core: its step time is not judged (studies.speed_verdict)
-                "oversubscribed": oversubscribed(r),
-                "step_ms": t.get("median", float("nan")) * 1e3 if t else None,
-                "step_mad_ms": t.get("mad", float("nan")) * 1e3 if t else None,
-                # the step-time model's (bench/metrics/step_time.py) and its ratio to the median
-                "pred_step_ms": (r.predicted_step_time or {}).get("step", float("nan")) * 1e3
-                if r.predicted_step_time
-                else None,
-                "pred_vs_meas": predicted_over_measured(r),
-                "samples_per_s": r.samples_per_s,
-                # per rank (a GPU on CUDA), as torchtitan, Megatron and llm-foundry report it,
-                # and all ranks together, as samples_per_s
-                "tokens_per_s_per_rank": r.tokens_per_s / r.world_size
-                if r.tokens_per_s and r.world_size
-                else None,
-                "tokens_per_s_job": r.tokens_per_s,
-                # per-rank samples/s over ddp's N=1 cell of the run and repeat
-                # (bench/studies/scaling.py), or why there is none, and what to read it with
-                "scaling_efficiency": (s := scaled.get(id(r))) and s.efficiency,
-                "scaling_note": None if s is None else s.why or "; ".join(s.flags),
-                # one rank's step, forward and backward (bench/metrics/flops.py), and what the
-                # rank achieved against the device's peak (bench/metrics/peaks.py)
-                "model_GFLOP_per_step": _giga((r.flops_per_step or {}).get("model")),
-                "hw_GFLOP_per_step": _giga((r.flops_per_step or {}).get("hardware")),
-                "TFLOP_s_per_rank": _tera((r.achieved_flops_per_s or {}).get("model")),
-                "MFU": r.mfu,
-                "HFU": r.hfu,
-                "peak_TFLOP_s": _tera((r.peak_flops_per_s or {}).get("flops_per_s")),
-                "peak_kind": (r.peak_flops_per_s or {}).get("kind"),
-                "peak_MiB": _mib((r.peak_mem_bytes or {}).get("max")),
-                "params_MiB": _mib(bd.get("params")),
-                "grads_MiB": _mib(bd.get("grads")),
-                "optim_MiB": _mib(bd.get("optimizer")),
-                "activ_MiB": _mib(bd.get("activations")),
-                "comm_MiB": _mib(bd.get("comm")),
-                "other_MiB": _mib(bd.get("other")),
-                # the model states held after the step, beside the peak's: where zero2's gradient
-                # shards are (they do not exist yet at its forward peak)
-                "held_params_MiB": _mib(held.get("params")),
-                "held_grads_MiB": _mib(held.get("grads")),
-                "held_optim_MiB": _mib(held.get("optimizer")),
-                # bytes a ring sends per rank in one steady step (bench/metrics/comm.py)
-                "comm_sent_MiB": _mib(sent := (r.comm_per_step or {}).get("sent_per_rank")),
-                # ZeRO's accounting for the same step (bench/metrics/analytic.py) and the ratio
-                "pred_comm_MiB": _mib(sent_pred := (r.predicted_comm or {}).get("sent_per_rank")),
-                "comm_vs_pred": sent / sent_pred if sent is not None and sent_pred else None,
-                # the share of the real step communication added (bench/studies/exposed_comm.py)
-                "exposed_comm": exposed[id(r)].fraction if id(r) in exposed else None,
-                "exposed_comm_trace": (r.comm_overlap or {}).get("exposed_fraction"),
-                "pred_model_state_MiB": _mib(predicted),
-                "model_state_vs_pred": (model_state / predicted) if model_state and predicted else None,
-                # a peer's own estimate of the same model states (DeepSpeed's estimators)
-                "peer_estimate_MiB": _mib(estimate := _peer_estimate(r)),
-                "model_state_vs_peer_estimate": (model_state / estimate)
-                if model_state and estimate
-                else None,
-                "note": _note(r),
-                # the failed cell's whole error, beside the table (write_error_files)
-                "traceback": error_file(r),
-            }
-        )
+        row.update(_cell_columns(r))
+        row.update(_time_columns(r, scaled))
+        row.update(_throughput_columns(r))
+        row.update(_memory_columns(r, exposed))
         rows.append(row)
     frame = pd.DataFrame(rows)
     unused = [column for column, shown in optional.items() if not shown]
     return frame if frame.empty else frame.drop(columns=unused)
+
+
+def _cell_columns(r: Record) -> dict[str, object]:
+    """Which cell a row is, and how it ran."""
+    return {
+        "workload": r.workload,
+        "preset": r.preset,
+        "params_M": r.params / 1e6,
+        "strategy": r.strategy,
+        "repeat": r.repeat,
+        "world_size": r.world_size,
+        "simulated": r.simulated,
+        "fake": r.fake,
+        "AC": r.activation_checkpointing,
+        "precision": r.precision,
+        "batch_per_rank": r.batch_size_per_rank,
+        "status": r.status,
+        # its ranks waited for a core: its step time is not judged (studies.speed_verdict)
+        "oversubscribed": oversubscribed(r),
+    }
+
+
+def _time_columns(r: Record, scaled: dict[int, Scaling]) -> dict[str, object]:
+    """The step time, the step-time model's prediction beside it, samples and tokens per
+    second, and the scaling efficiency."""
+    from shardbench.prediction.accuracy import predicted_over_measured
+
+    t = r.step_time_s or {}
+    return {
+        "step_ms": t.get("median", float("nan")) * 1e3 if t else None,
+        "step_mad_ms": t.get("mad", float("nan")) * 1e3 if t else None,
+        # the step-time model's (bench/prediction/step_time.py) and its ratio to the median
+        "pred_step_ms": r.predicted_step_time.step * 1e3 if r.predicted_step_time else None,
+        "pred_vs_meas": predicted_over_measured(r),
+        "samples_per_s": r.samples_per_s,
+        # per rank (a GPU on CUDA), as torchtitan, Megatron and llm-foundry report it,
+        # and all ranks together, as samples_per_s
+        "tokens_per_s_per_rank": r.tokens_per_s / r.world_size if r.tokens_per_s and r.world_size else None,
+        "tokens_per_s_job": r.tokens_per_s,
+        # per-rank samples/s over ddp's N=1 cell of the run and repeat
+        # (bench/studies/scaling.py), or why there is none, and what to read it with
+        "scaling_efficiency": (s := scaled.get(id(r))) and s.efficiency,
+        "scaling_note": None if s is None else s.why or "; ".join(s.flags),
+    }
+
+
+def _throughput_columns(r: Record) -> dict[str, object]:
+    """One rank's step in FLOPs and what it achieved against the device's peak."""
+    return {
+        # one rank's step, forward and backward (bench/prediction/flops.py), and what the
+        # rank achieved against the device's peak (bench/prediction/peaks.py)
+        "model_GFLOP_per_step": _giga(r.flops_per_step and r.flops_per_step.model),
+        "hw_GFLOP_per_step": _giga(r.flops_per_step and r.flops_per_step.hardware),
+        "TFLOP_s_per_rank": _tera((r.achieved_flops_per_s or {}).get("model")),
+        "MFU": r.mfu,
+        "HFU": r.hfu,
+        "peak_TFLOP_s": _tera((r.peak_flops_per_s or {}).get("flops_per_s")),
+        "peak_kind": (r.peak_flops_per_s or {}).get("kind"),
+    }
+
+
+def _memory_columns(r: Record, exposed: dict[int, Exposed]) -> dict[str, object]:
+    """The peak and its breakdown, the model states held after the step, communication, and
+    each beside what was predicted of it."""
+    bd = r.mem_breakdown_bytes or {}
+    held = r.model_state_bytes or {}
+    model_state = model_states(r)
+    predicted = (r.predicted_mem_bytes or {}).get("total")
+    return {
+        "peak_MiB": _mib((r.peak_mem_bytes or {}).get("max")),
+        "params_MiB": _mib(bd.get("params")),
+        "grads_MiB": _mib(bd.get("grads")),
+        "optim_MiB": _mib(bd.get("optimizer")),
+        "activ_MiB": _mib(bd.get("activations")),
+        "comm_MiB": _mib(bd.get("comm")),
+        "other_MiB": _mib(bd.get("other")),
+        # the model states held after the step, beside the peak's: where zero2's gradient
+        # shards are (they do not exist yet at its forward peak)
+        "held_params_MiB": _mib(held.get("params")),
+        "held_grads_MiB": _mib(held.get("grads")),
+        "held_optim_MiB": _mib(held.get("optimizer")),
+        # bytes a ring sends per rank in one steady step (bench/metrics/comm.py)
+        "comm_sent_MiB": _mib(sent := (r.comm_per_step or {}).get("sent_per_rank")),
+        # ZeRO's accounting for the same step (bench/metrics/analytic.py) and the ratio
+        "pred_comm_MiB": _mib(sent_pred := (r.predicted_comm or {}).get("sent_per_rank")),
+        "comm_vs_pred": sent / sent_pred if sent is not None and sent_pred else None,
+        # the share of the real step communication added (bench/studies/exposed_comm.py)
+        "exposed_comm": exposed[id(r)].fraction if id(r) in exposed else None,
+        "exposed_comm_trace": (r.comm_overlap or {}).get("exposed_fraction"),
+        "pred_model_state_MiB": _mib(predicted),
+        "model_state_vs_pred": (model_state / predicted) if model_state and predicted else None,
+        # a peer's own estimate of the same model states (DeepSpeed's estimators)
+        "peer_estimate_MiB": _mib(estimate := _peer_estimate(r)),
+        "model_state_vs_peer_estimate": (model_state / estimate) if model_state and estimate else None,
+        "note": _note(r),
+        # the failed cell's whole error, beside the table (write_error_files)
+        "traceback": error_file(r),
+    }
 
 
 def oversubscribed(r: Record) -> str:

@@ -79,8 +79,8 @@ def _per_rank(value: float | None, r: Record) -> float | None:
 
 
 def _predicted_vs_measured(r: Record) -> str:
-    """The step-time model's prediction over the measured median (``studies.prediction_check``)."""
-    from shardbench.studies.prediction_check import predicted_over_measured
+    """The step-time model's prediction over the measured median (``prediction.accuracy``)."""
+    from shardbench.prediction.accuracy import predicted_over_measured
 
     ratio = predicted_over_measured(r)
     return "" if ratio is None else f"{ratio:.2f}"
@@ -350,7 +350,7 @@ def terminal_table(records: Sequence[Record], columns: Sequence[str] = DEFAULT_C
     lines = ratio_lines(records) + verdict_lines(records) + exposed_lines(records) + scaling_lines(records)
     lines += thread_peak_lines(records)
     if "pred/meas" in columns:
-        from shardbench.studies.prediction_check import error_line
+        from shardbench.prediction.accuracy import error_line
 
         lines += wrap(error_line(records) or "", WIDTH, indent="  ")
     return "\n".join(part for part in (text, extra, "\n".join(lines)) if part)
@@ -430,7 +430,7 @@ def blank_reason(r: Record, column: str) -> str | None:
     if column in _TOKENS:
         return (
             "the workload's samples are not token sequences"
-            if not r.flops_per_step.get("tokens_per_sample")
+            if not r.flops_per_step.tokens_per_sample
             else None
         )
     if column in ("MFU", "HFU") and not r.peak_flops_per_s:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
@@ -105,6 +105,11 @@ def _quartiles(xs: list[float]) -> tuple[float, float]:
     return 0.75 * xs[k] + 0.25 * xs[k + 1], 0.25 * xs[3 * k + 1] + 0.75 * xs[3 * k + 2]
 
 
+def _plain(value: Any) -> Any:
+    """A record's field as the JSON the record holds (its typed figures as their objects)."""
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+
+
 def step_stats(times: Sequence[float]) -> dict[str, Any]:
     """pytest-benchmark's ``stats`` of one benchmark whose rounds took ``times`` seconds."""
     data = [float(t) for t in times]
@@ -160,7 +165,7 @@ def to_benchmark(r: Record, scaling: Scaling | None = None) -> dict[str, Any]:
         "param": name.split("/", 1)[1],
         "extra_info": {
             "step_time_s": dict(r.step_time_s or {}),
-            **{k: getattr(r, k) for k in EXTRA_FIELDS},
+            **{k: _plain(getattr(r, k)) for k in EXTRA_FIELDS},
             **({} if scaling is None else {"scaling_efficiency": asdict(scaling)}),
         },
         "options": {"timer": "time.perf_counter (synchronized; slowest rank per step)", "warmup": r.warmup},

@@ -365,7 +365,7 @@ def analytic_ceiling(base: CellConfig, names: list[str], counts: list[int], budg
     number of sizes). Model states are a lower bound of the peak, so nothing from there on can
     fit; the search never allocates a model many times the budget (a 20B DDP probe would take
     320 GB of host memory). Predictions grow with the parameter count: a bisection finds it."""
-    from shardbench.harness.prediction import predict
+    from shardbench.prediction.zero_accounting import predict
 
     def over(i: int) -> bool:
         return predict(replace(base, preset=names[i]), base.world_size, counts[i])["total"] > budget

@@ -33,6 +33,8 @@ from typing import Any
 
 from shardbench.harness.config import CellConfig, make_cell
 from shardbench.records import Record
+from shardbench.step_figures import PredictedStep
+from shardbench.step_figures import from_json as figures
 from shardbench.studies.plan_reserve import Reserve, ReservePolicy
 from shardbench.studies.reference import REFERENCE
 from shardbench.studies.speed_verdict import SpeedVerdict, pair_verdict
@@ -147,13 +149,16 @@ class PlanRow:
     reserve: Reserve = Reserve()
     #: step time over ddp's and its speed verdict, where both ran and were timed
     step_vs_ddp: SpeedVerdict | None = None
-    #: the step-time model's prediction (``bench/harness/step_prediction.py``), or None and why
-    predicted: dict[str, Any] | None = None
+    #: the step-time model's prediction (``bench/prediction/record_step_time.py``), or None and why
+    predicted: PredictedStep | None = None
     not_predicted: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "predicted", figures(PredictedStep, self.predicted))
 
     @property
     def predicted_step(self) -> float | None:
-        return (self.predicted or {}).get("step")
+        return self.predicted.step if self.predicted else None
 
     @property
     def level(self) -> int:
@@ -320,18 +325,20 @@ def why_faster(fast: PlanRow, least: PlanRow) -> str:
     """Why the fastest strategy beats the least sharding one: the predicted terms that differ."""
     from shardbench.units import seconds_text
 
-    a, b = fast.predicted or {}, least.predicted or {}
+    a, b = fast.predicted, least.predicted
+    assert a is not None and b is not None, "only predicted rows are compared"
     names = {"compute": "compute", "update": "optimizer update", "exposed_comm": "exposed communication"}
+    differ = {k: (getattr(a, k) or 0) - (getattr(b, k) or 0) for k in names}
     terms = [
-        f"{label} {seconds_text(a[k] - b[k], signed=True)}"
+        f"{label} {seconds_text(differ[k], signed=True)}"
         for k, label in names.items()
-        if abs(a.get(k, 0) - b.get(k, 0)) > 1e-3 * b["step"]
+        if abs(differ[k]) > 1e-3 * b.step
     ]
     ba, bb = fast.record.batch_size_per_rank, least.record.batch_size_per_rank
     batches = f" (batch {ba} against {bb}: per sample, faster)" if ba != bb else ""
     return (
         f"{fast.strategy} is predicted faster than {least.strategy}, the least sharding that fits "
-        f"({seconds_text(a['step'])} against {seconds_text(b['step'])} per step{batches}: {', '.join(terms)})"
+        f"({seconds_text(a.step)} against {seconds_text(b.step)} per step{batches}: {', '.join(terms)})"
     )
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardbench.metrics import probe_cache
+from shardbench.prediction import probe_cache
 from shardbench.wording import count
 
 #: the dtypes a step's matrix products run at, as the table and the probe name them
@@ -203,7 +203,7 @@ def measured_peak(
     check_dtype(dtype)
     key = cache_key(device, device_name, torch_version, threads if device == "cpu" else None, dtype)
     if measure is None:
-        from shardbench.metrics.gemm_probe import probe as measure
+        from shardbench.prediction.gemm_probe import probe as measure
 
     def probe() -> dict[str, Any]:
         threads_here = threads if device == "cpu" else None

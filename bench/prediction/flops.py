@@ -45,13 +45,17 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from shardbench.models.checkpointing import is_checkpointed, without_recompute
 from shardbench.precision import is_half
+from shardbench.step_figures import FlopsPerStep
+
+if TYPE_CHECKING:
+    from shardbench.prediction.op_calls import OpCall
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -168,9 +172,6 @@ class StepFlops:
     hardware: int
     by_op: dict[str, int]
     counted_on: str
-    #: every operator call of the counted (hardware) pass, for the op replay of the step's
-    #: compute time (``op_trace.OpTrace.to_json``), where asked for; not part of the record
-    trace: list[list[Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -179,23 +180,24 @@ class StepFlops:
     def from_json(cls, d: dict[str, Any]) -> StepFlops:
         return cls(**d)
 
-    def to_record(self, batch: int, tokens_per_sample: int | None, dtype: str) -> dict[str, Any]:
+    def to_record(
+        self, batch: int, tokens_per_sample: int | None, dtype: str, count_s: float | None = None
+    ) -> FlopsPerStep:
         """The record's ``flops_per_step``: the counts, per sample and per token (where the
-        workload has a sequence), and the matmul dtype the step ran at."""
+        workload has a sequence), the matmul dtype the step ran at and the count's seconds."""
         tokens = batch * tokens_per_sample if tokens_per_sample else None
-        return {
-            "model": self.model,
-            "hardware": self.hardware,
-            "per_sample": {"model": self.model / batch, "hardware": self.hardware / batch},
-            "per_token": {"model": self.model / tokens, "hardware": self.hardware / tokens}
-            if tokens
-            else None,
-            "batch": batch,
-            "tokens_per_sample": tokens_per_sample,
-            "dtype": dtype,
-            "by_op": dict(self.by_op),
-            "counted_on": self.counted_on,
-        }
+        return FlopsPerStep(
+            model=self.model,
+            hardware=self.hardware,
+            per_sample={"model": self.model / batch, "hardware": self.hardware / batch},
+            per_token={"model": self.model / tokens, "hardware": self.hardware / tokens} if tokens else None,
+            batch=batch,
+            tokens_per_sample=tokens_per_sample,
+            dtype=dtype,
+            by_op=dict(self.by_op),
+            counted_on=self.counted_on,
+            count_s=count_s,
+        )
 
 
 class _Step(nn.Module):
@@ -247,7 +249,7 @@ def _counting_context(device: torch.device) -> Iterator[None]:
         yield
 
 
-def count_step_flops(
+def count_step(
     model: nn.Module,
     loss: LossFn,
     make_inputs: Callable[[], Any],
@@ -255,52 +257,79 @@ def count_step_flops(
     device: torch.device,
     tensors: str = "fake",
     autocast: torch.dtype | None = None,
-    trace: bool = False,
-) -> StepFlops:
-    """Count one step of ``loss(model, make_inputs())``, forward and backward.
+    record_calls: bool = False,
+) -> tuple[StepFlops, tuple[OpCall, ...] | None]:
+    """Count one step of ``loss(model, make_inputs())``, forward and backward; with
+    ``record_calls``, beside the count the counted pass's operator calls (``op_calls``) for the
+    op replay of the step's compute time (a pass the recording fails is counted again without
+    it, no calls: the count never depends on it).
 
     ``tensors``: "fake" counts under a FakeTensorMode of its own; "active" under the
     FakeTensorMode already active (a ``--fake`` cell, whose model is made of fake tensors); "real"
     on real tensors (a workload fake tensors cannot run). ``autocast``: the dtype of the cell's
-    autocast, if any. ``trace``: record the counted pass's operator calls too (``op_trace``); a
-    pass the recording fails is counted again without it, so the count never depends on it. The
-    model is left as it was: its parameters get no gradient, its buffers keep their values, the
-    RNG its state."""
+    autocast, if any. The model is left as it was: its parameters get no gradient, its buffers
+    keep their values, the RNG its state."""
+    return _count_step(model, loss, make_inputs, device, tensors, autocast, record=record_calls)
+
+
+def count_step_flops(model: nn.Module, loss: LossFn, make_inputs: Callable[[], Any], **how: Any) -> StepFlops:
+    """``count_step``'s count alone (its keyword arguments, no calls recorded)."""
+    return count_step(model, loss, make_inputs, **how)[0]
+
+
+def _count_step(
+    model: nn.Module,
+    loss: LossFn,
+    make_inputs: Callable[[], Any],
+    device: torch.device,
+    tensors: str,
+    autocast: torch.dtype | None,
+    *,
+    record: bool,
+) -> tuple[StepFlops, tuple[OpCall, ...] | None]:
     if tensors not in ("fake", "active", "real"):
         raise ValueError(f"tensors must be 'fake', 'active' or 'real', got {tensors!r}")
     step = _Step(model, loss, autocast, device.type)
     mode = _fake_mode() if tensors == "fake" else contextlib.nullcontext()
     with _counting_context(device), mode:
-        if tensors == "fake":
-            state = {n: mode.from_tensor(t) for n, t in _tensors(step)}
-        else:  # leaves of their own, sharing the parameters' storage; buffers copied
-            params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in step.named_parameters()}
-            state = {**params, **{n: b.clone() for n, b in step.named_buffers()}}
+        state = _substitute_state(step, mode if tensors == "fake" else None)
         inputs = make_inputs()
-        checkpointed = any(is_checkpointed(m) for m in model.modules())
-        calls = None
-        try:
-            executed, scores, by_op, calls = _count(step, state, inputs, trace=trace)
-        except Exception:  # noqa: BLE001 - the recording's failure costs the trace only
-            if not trace:
-                raise
-            _clear_grads(state)
-            executed, scores, by_op, _ = _count(step, state, inputs)
-        hardware = executed + scores
-        if checkpointed:
+        (executed, scores, by_op), calls = _hardware_pass(step, state, inputs, record)
+        if any(is_checkpointed(m) for m in model.modules()):
             _clear_grads(state)
             with without_recompute():
-                model_flops, _, _, _ = _count(step, state, inputs)
+                model_flops, _, _ = _count(step, state, inputs)
         else:
             model_flops = executed
         del state, inputs
-    return StepFlops(
-        model=model_flops,
-        hardware=hardware,
-        by_op=by_op,
-        counted_on="real tensors" if tensors == "real" else "fake tensors",
-        trace=calls,
-    )
+    counted_on = "real tensors" if tensors == "real" else "fake tensors"
+    return StepFlops(model_flops, executed + scores, by_op, counted_on), calls
+
+
+def _substitute_state(step: _Step, fake: Any | None) -> dict[str, torch.Tensor]:
+    """The parameters and buffers the counted pass runs on: fake copies under ``fake``, else
+    leaves of their own sharing the parameters' storage, and buffers copied."""
+    if fake is not None:
+        return {n: fake.from_tensor(t) for n, t in _tensors(step)}
+    params = {n: p.detach().requires_grad_(p.requires_grad) for n, p in step.named_parameters()}
+    return {**params, **{n: b.clone() for n, b in step.named_buffers()}}
+
+
+def _hardware_pass(
+    step: _Step, state: dict[str, torch.Tensor], inputs: Any, record: bool
+) -> tuple[tuple[int, int, dict[str, int]], tuple[OpCall, ...] | None]:
+    """The executed pass's count, and with ``record`` its calls: a recording that fails costs
+    the calls only, the pass is counted again without it."""
+    if not record:
+        return _count(step, state, inputs), None
+    from shardbench.prediction.op_calls import CallRecorder
+
+    recorder = CallRecorder()
+    try:
+        return _count(step, state, inputs, recorder), recorder.calls()
+    except Exception:  # noqa: BLE001 - the recording's failure costs the calls only
+        _clear_grads(state)
+        return _count(step, state, inputs), None
 
 
 def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -313,25 +342,20 @@ def _clear_grads(state: dict[str, torch.Tensor]) -> None:
 
 
 def _count(
-    step: _Step, state: dict[str, torch.Tensor], inputs: Any, *, trace: bool = False
-) -> tuple[int, int, dict[str, int], list[list[Any]] | None]:
-    """One pass: its model FLOPs, the fused attention's score recompute, per op both (the
-    recompute under ``SCORE_RECOMPUTE``), and with ``trace`` its operator calls."""
+    step: _Step, state: dict[str, torch.Tensor], inputs: Any, recorder: Any = None
+) -> tuple[int, int, dict[str, int]]:
+    """One pass: its model FLOPs, the fused attention's score recompute, and per op both (the
+    recompute under ``SCORE_RECOMPUTE``); its calls go to ``recorder`` where one is given."""
     from torch.func import functional_call
     from torch.utils.flop_counter import FlopCounterMode
 
     recomputed: list[int] = []
-    tracer: Any = contextlib.nullcontext()
-    if trace:
-        from shardbench.metrics.op_trace import OpTrace
-
-        tracer = OpTrace()
-    with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter, tracer:
+    recording = recorder if recorder is not None else contextlib.nullcontext()
+    with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter, recording:
         functional_call(step, state, (inputs,))
     by_op = {
         str(op): int(n) for op, n in sorted(counter.get_flop_counts().get("Global", {}).items(), key=str)
     }
     if recomputed:
         by_op[SCORE_RECOMPUTE] = sum(recomputed)
-    calls = tracer.to_json() if trace else None
-    return counter.get_total_flops(), sum(recomputed), by_op, calls
+    return counter.get_total_flops(), sum(recomputed), by_op

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardbench.metrics.network_profiles import NetworkProfile
+from shardbench.prediction.network_profiles import NetworkProfile
 
 #: the fraction of the peak a training step's counted FLOPs run at, by where the peak comes from,
 #: where the compute was not replayed. Against a CPU's GEMM probe: 0.3, the order the committed

@@ -1,5 +1,5 @@
 """One rank's compute time, measured op by op: every operator call its training step dispatches
-(``op_trace``: recorded during the FLOP count, under fake tensors, nothing computed) is replayed,
+(``op_calls``: recorded during the FLOP count, under fake tensors, nothing computed) is replayed,
 each distinct call once, on real tensors on this device, and timed.
 
     compute = sum over distinct calls of (times the step makes it x its median replayed time)
@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from shardbench.metrics.op_trace import dtype_of, reach
+from shardbench.prediction.op_calls import Named, OpCall, TensorDesc, dtype_of
 
 #: one distinct call: up to this many timed repeats after a warm-up, fewer past the budget
 REPEATS = 5
@@ -40,43 +40,46 @@ BUDGET_S = 0.02
 #: the values integer inputs are given, tried in turn
 INTEGER_FILLS = (0, 1)
 #: a whole replay's time: the calls not reached by then count as not replayed, so a step too
-#: large to replay in time falls back to its FLOPs (``step_prediction.replay_usable``)
+#: large to replay in time falls back to its FLOPs (``record_step_time.replay_usable``)
 TOTAL_BUDGET_S = 120.0
 
 
-def decode(x: Any, device: str | None = None, integers: int = 0) -> Any:
-    """``encode``'s argument rebuilt with real data: a tensor of the recorded strides over
-    storage of the size they reach (an expanded view's stride 0 reaches one element per row),
-    floating values uniform in [0, 1), integer ones all ``integers``."""
-    if not isinstance(x, dict):
-        return x
-    if "t" in x:
-        shape, stride, dtype_name, recorded = x["t"]
-        dtype = dtype_of(dtype_name)
-        dev = torch.device(device or recorded)
-        if "values" in x:  # recorded as they were (``op_trace``): contiguous
-            return torch.tensor(x["values"], dtype=dtype, device=dev).reshape(shape)
-        size = reach(shape, stride)
-        if dtype.is_floating_point or dtype.is_complex:
-            base = torch.rand(size, dtype=dtype, device=dev)
-        else:
-            base = torch.full((size,), integers, dtype=dtype, device=dev)
-        return base.as_strided(shape, stride)
-    if "float" in x:
-        return float(x["float"])
-    if "list" in x:
-        return [decode(v, device, integers) for v in x["list"]]
-    if "tuple" in x:
-        return tuple(decode(v, device, integers) for v in x["tuple"])
-    if "dtype" in x:
-        return dtype_of(x["dtype"])
-    if "device" in x:
-        return torch.device(device or x["device"])
-    if "layout" in x:
-        return getattr(torch, x["layout"])
-    if "memory_format" in x:
-        return getattr(torch, x["memory_format"])
-    return None
+def materialize(x: Any, device: str | None = None, integers: int = 0) -> Any:
+    """A described argument (``op_calls.describe``) rebuilt with real data: a tensor of the
+    recorded strides over storage of the size they reach (an expanded view's stride 0 reaches
+    one element per row), floating values uniform in [0, 1), integer ones all ``integers``."""
+    if isinstance(x, TensorDesc):
+        return _tensor(x, device, integers)
+    if isinstance(x, (list, tuple)):
+        return type(x)(materialize(v, device, integers) for v in x)
+    if isinstance(x, Named):
+        return _named(x, device)
+    return x
+
+
+def _tensor(desc: TensorDesc, device: str | None, integers: int) -> torch.Tensor:
+    dtype = dtype_of(desc.dtype)
+    dev = torch.device(device or desc.device)
+    if desc.values is not None:  # recorded as they were (``op_calls``): contiguous
+        return torch.tensor(desc.values, dtype=dtype, device=dev).reshape(desc.shape)
+    size = desc.reach()
+    if dtype.is_floating_point or dtype.is_complex:
+        base = torch.rand(size, dtype=dtype, device=dev)
+    else:
+        base = torch.full((size,), integers, dtype=dtype, device=dev)
+    return base.as_strided(desc.shape, desc.stride)
+
+
+def _named(x: Named, device: str | None) -> Any:
+    if x.kind == "float":
+        return float(x.name)
+    if x.kind == "dtype":
+        return dtype_of(x.name)
+    if x.kind == "device":
+        return torch.device(device or x.name)
+    if x.kind in ("layout", "memory_format"):
+        return getattr(torch, x.name)
+    return None  # opaque: not data
 
 
 def operator(name: str) -> Any:
@@ -103,21 +106,21 @@ def _time_call(func: Any, args: list[Any], kwargs: dict[str, Any], device: str) 
 
 
 def replay(
-    trace: list[list[Any]], *, threads: int | None = None, device: str | None = None, copies: int = 1
+    calls: Sequence[OpCall], *, threads: int | None = None, device: str | None = None, copies: int = 1
 ) -> dict[str, Any]:
-    """Each distinct call of ``trace`` (``OpTrace.to_json``) timed on real tensors at ``threads``
+    """Each distinct call of a step (``op_calls``) timed on real tensors at ``threads``
     (the rank's), on ``device`` (default: each call's own), in ``copies`` threads at once: the
     ranks of a cell that share a host compete for its caches and memory bandwidth, so a rank's
     compute is measured beside the others'. Returns the compute ``seconds`` (the slowest copy's,
     as the slowest rank paces a step), each copy's, the step's ``calls``, the ``distinct`` calls,
     the ``unreplayed_calls`` and how long the replay took (``replay_s``)."""
-    from shardbench.metrics.at_once import at_once
+    from shardbench.prediction.at_once import at_once
 
     started = time.perf_counter()
 
     def one(_: int, together: Callable[[], None]) -> tuple[float, int]:
         together()
-        return _replay_once(trace, device, started + TOTAL_BUDGET_S)
+        return _replay_once(calls, device, started + TOTAL_BUDGET_S)
 
     results = at_once(one, copies, threads)
     per_copy = [seconds for seconds, _ in results]
@@ -125,41 +128,49 @@ def replay(
         "seconds": max(per_copy),
         "seconds_per_copy": per_copy,
         "copies": copies,
-        "calls": sum(count for _, _, _, count, _ in trace),
-        "distinct": len(trace),
+        "calls": sum(c.count for c in calls),
+        "distinct": len(calls),
         "unreplayed_calls": max(unreplayed for _, unreplayed in results),
         "replay_s": time.perf_counter() - started,
     }
 
 
-def _replay_once(trace: list[list[Any]], device: str | None, deadline: float) -> tuple[float, int]:
+def _replay_once(calls: Sequence[OpCall], device: str | None, deadline: float) -> tuple[float, int]:
     """One copy's replay: its compute seconds and the calls it could not make (or did not reach
-    by ``deadline``). Integer inputs not recorded with their values are zeros, a valid index
-    anywhere; a call that refuses them (lengths must be positive) is tried with ones."""
+    by ``deadline``)."""
     seconds, unreplayed = 0.0, 0
     with torch.no_grad():
-        for name, args, kwargs, count, _ in trace:
+        for call in calls:
             if time.perf_counter() > deadline:
-                unreplayed += count
+                unreplayed += call.count
                 continue
-            dev = device or _first_device(args) or "cpu"
-            for integers in INTEGER_FILLS:
-                try:
-                    real_args = decode(args, device, integers)
-                    real_kwargs = {k: decode(v, device, integers) for k, v in kwargs.items()}
-                    seconds += count * _time_call(operator(name), real_args, real_kwargs, dev)
-                    break
-                except Exception:  # noqa: BLE001 - a call fresh tensors cannot make is counted out
-                    real_args = real_kwargs = None  # the failed try's tensors go before the next
+            once = _time_once(call, device)
+            if once is None:
+                unreplayed += call.count
             else:
-                unreplayed += count
+                seconds += call.count * once
     return seconds, unreplayed
 
 
+def _time_once(call: OpCall, device: str | None) -> float | None:
+    """One call's median time, or None where fresh tensors cannot make it. Integer inputs not
+    recorded with their values are zeros, a valid index anywhere; a call that refuses them
+    (lengths must be positive) is tried with ones."""
+    dev = device or _first_device(call.args) or "cpu"
+    for integers in INTEGER_FILLS:
+        try:
+            args = materialize(call.args, device, integers)
+            kwargs = {k: materialize(v, device, integers) for k, v in call.kwargs.items()}
+            return _time_call(operator(call.operator), list(args), kwargs, dev)
+        except Exception:  # noqa: BLE001 - a call fresh tensors cannot make is counted out
+            args = kwargs = None  # the failed try's tensors go before the next
+    return None
+
+
 def _first_device(args: Any) -> str | None:
-    if isinstance(args, dict) and "t" in args:
-        return args["t"][3]
-    values = args.values() if isinstance(args, dict) else args if isinstance(args, list) else ()
+    if isinstance(args, TensorDesc):
+        return args.device
+    values = args.values() if isinstance(args, dict) else args if isinstance(args, (list, tuple)) else ()
     for v in values:
         if (d := _first_device(v)) is not None:
             return d

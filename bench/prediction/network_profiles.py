@@ -1,8 +1,9 @@
 """Network profiles: what one collective costs, for the step-time model
-(``bench/metrics/step_time.py``).
+(``bench/prediction/step_time.py``).
 
-A collective of ``bytes`` (the full tensor, as ``analytic.predicted_comm`` and ``comm.py`` count
-it) issued in ``calls`` calls on ``n`` ranks costs, by the standard ring model,
+A collective of ``bytes`` (the full tensor, as ``metrics.analytic.predicted_comm`` and
+``metrics.comm`` count it) issued in ``calls`` calls on ``n`` ranks costs, by the standard ring
+model,
 
     calls * latency + RING[kind](n) * bytes / bandwidth
 

@@ -1,11 +1,11 @@
 """An update probe: the seconds one AdamW step takes per parameter element on this CPU, at a
-thread count; the step-time model's optimizer term (``bench/metrics/step_time.py``).
+thread count; the step-time model's optimizer term (``bench/prediction/step_time.py``).
 
 The optimizer step is not counted in a step's FLOPs (``flops.py``) and is memory-bound: AdamW
 reads a parameter, its gradient and two moments and writes three of them back, so its time
 grows with the elements a rank updates (all of them under ddp, its 1/N share under ZeRO), not
 with FLOPs. The method is fixed: ``torch.optim.AdamW`` with the implementation the harness pins
-for the CPU (``kernels.pin_implementation``) over ``TENSORS`` fp32 tensors of ``ELEMENTS``
+for the CPU (``metrics.kernels.pin_implementation``) over ``TENSORS`` fp32 tensors of ``ELEMENTS``
 elements in all, gradients of ones; one untimed step, then ``REPEATS`` timed; the median over
 the elements is the figure. Its rate depends on where the optimizer state lives: a few million
 elements stay in a large last-level cache, a base model's hundred million stream from memory at
@@ -50,8 +50,8 @@ def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, 
     ``threads``, ``copies``."""
     import torch
 
-    from shardbench.metrics.at_once import at_once
     from shardbench.metrics.kernels import pin_implementation
+    from shardbench.prediction.at_once import at_once
 
     def optimizer() -> torch.optim.Optimizer:
         params = [torch.nn.Parameter(torch.zeros(elements // TENSORS)) for _ in range(TENSORS)]

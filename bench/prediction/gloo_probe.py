@@ -7,7 +7,7 @@ store, each at ``threads`` intra-op threads (what a rank of the run has). For ea
 kind and each size in ``SIZES`` (fp32 tensors, the full tensor's bytes), one untimed call, then
 ``REPEATS`` calls each timed alone between barriers on rank 0; the median is the size's time.
 The fit is least squares of seconds against the bytes a ring sends per rank
-(``analytic.RING``): the intercept is the latency, the slope's inverse the bandwidth. A kind gloo
+(``metrics.analytic.RING``): the intercept is the latency, the slope's inverse the bandwidth. A kind gloo
 cannot run here is left out (its collectives are costed at all-reduce's rates). On a 2-core CPU
 it takes a few seconds; it runs once per machine, torch version, world size and threads, and is
 cached in the results home (``probe_cache``: ``peaks/network.json``).

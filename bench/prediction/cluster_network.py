@@ -1,7 +1,7 @@
 """A two-tier cluster network: a fast link inside each node of G ranks, a slower one across nodes.
 
 A collective costs, per call, the latency of each tier it uses, plus what each tier carries
-(``topology.tier_bytes``: the hierarchical model) over that tier's bandwidth per rank:
+(``metrics.topology.tier_bytes``: the hierarchical model) over that tier's bandwidth per rank:
 
     calls * (latency_within [g > 1] + latency_across [k > 1])
       + bytes_within / bandwidth_within + bytes_across / bandwidth_across
@@ -22,8 +22,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardbench.metrics.network_profiles import GB, NAMED, LinkCost
 from shardbench.metrics.topology import node_shape, tier_bytes
+from shardbench.prediction.network_profiles import GB, NAMED, LinkCost
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from shardbench.wording import count
 
 def predicted_over_measured(r: Record) -> float | None:
     """The cell's predicted step time over its measured median; None where either is missing."""
-    predicted = (r.predicted_step_time or {}).get("step")
+    predicted = r.predicted_step_time.step if r.predicted_step_time else None
     measured = (r.step_time_s or {}).get("median")
     if r.status != "ok" or r.simulated or not predicted or not measured:
         return None
@@ -32,7 +32,7 @@ def error_line(records: Sequence[Record]) -> str | None:
     if found is None:
         return None
     error, cells = found
-    networks = sorted({(r.predicted_step_time or {}).get("network") for r in records} - {None})
+    networks = sorted({r.predicted_step_time.network for r in records if r.predicted_step_time} - {None})
     return (
         f"predicted step time: median absolute error {error:.0%} over {count(cells, 'cell')} "
         f"(network {', '.join(networks)}; the model: docs/measuring.md#predicted-step-time)"

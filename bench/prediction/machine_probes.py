@@ -1,0 +1,117 @@
+"""This machine's probes as the step-time model asks for them: the ``gloo`` network profile
+(``gloo_probe``), AdamW's update rate (``update_probe``) and a step's op replay (``op_replay``).
+
+Each is measured once per machine, torch version and what else makes two probes the same
+measurement (the keys below), and cached in the results home (``probe_cache``:
+``peaks/network.json``, ``peaks/update.json``, ``peaks/compute.json``). A ``MachineProbes``
+holds the replays it made or read besides, for the life of its owner (the assembly of a run's
+records, a command): an owner never inherits another's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shardbench.prediction.network_profiles import MEASURED, LinkCost, NetworkProfile
+from shardbench.step_figures import ComputeReplay
+from shardbench.step_figures import from_json as figures
+from shardbench.wording import count
+
+if TYPE_CHECKING:
+    from shardbench.prediction.op_calls import OpCall
+
+#: probes as the caches call them: (world size, threads) -> figures; (threads, elements,
+#: copies) -> figures
+NetworkMeasure = Callable[[int, int], dict[str, Any]]
+UpdateMeasure = Callable[[int, int, int], dict[str, Any]]
+
+
+def network_key(world_size: int, threads: int, device_name: str, torch_version: str, cores: int) -> str:
+    """What makes two gloo probes the same measurement: the CPU, torch (gloo comes with it), the
+    ranks, their threads and the cores they share."""
+    return f"{device_name} | torch {torch_version} | {world_size} ranks | {threads} threads | {cores} cores"
+
+
+def update_key(threads: int, size: int, copies: int, device_name: str, torch_version: str) -> str:
+    """What makes two update probes the same measurement: the CPU, torch, the threads, the
+    elements probed and the copies at once."""
+    return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | {size} elements"
+
+
+def compute_key(calls_signature: str, threads: int, copies: int, device_name: str, torch_version: str) -> str:
+    """What makes two replays the same measurement: the step's calls, the CPU, torch, the
+    threads and the copies replayed at once."""
+    return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | step {calls_signature}"
+
+
+@dataclass
+class MachineProbes:
+    """The probes one owner asks for. ``home``: the results home they are cached in (default:
+    the user's); ``measure_network`` and ``measure_update``: the probes to run on a miss
+    (default: ``gloo_probe.probe``, ``update_probe.probe``; a test gives stand-ins)."""
+
+    home: Path | None = None
+    measure_network: NetworkMeasure | None = None
+    measure_update: UpdateMeasure | None = None
+    #: the replays made or read so far, by ``compute_key``: many cells of one step replay it once
+    _replayed: dict[str, ComputeReplay] = field(default_factory=dict, repr=False)
+
+    def gloo_profile(
+        self, world_size: int, threads: int, device_name: str, torch_version: str
+    ) -> NetworkProfile:
+        """The gloo profile of this machine at ``world_size`` ranks of ``threads`` threads each."""
+        from shardbench.harness.config import available_cores
+        from shardbench.prediction.probe_cache import cached
+
+        measure = self.measure_network
+        if measure is None:
+            from shardbench.prediction.gloo_probe import probe as measure
+        key = network_key(world_size, threads, device_name, torch_version, available_cores())
+        entry = cached("network", key, lambda: measure(world_size, threads), self.home)
+        kinds = {k: LinkCost(v["latency_s"], v["bandwidth"]) for k, v in entry["kinds"].items()}
+        default = kinds.get("all_reduce") or next(iter(kinds.values()))
+        return NetworkProfile(
+            MEASURED,
+            default,
+            f"gloo probe at N={world_size}, {count(threads, 'thread')} per rank, "
+            f"measured {entry.get('measured_at')}",
+            by_kind=kinds,
+            shares_compute=True,
+        )
+
+    def update_rate(
+        self, threads: int, elements: int, copies: int, device_name: str, torch_version: str
+    ) -> float:
+        """Seconds per element of an AdamW step on this CPU at ``threads`` for a rank that
+        updates ``elements``, ``copies`` ranks at once (``update_probe``)."""
+        from shardbench.harness.config import available_memory
+        from shardbench.prediction.probe_cache import cached
+        from shardbench.prediction.update_probe import size_for
+
+        measure = self.measure_update
+        if measure is None:
+            from shardbench.prediction.update_probe import probe as measure
+        size = size_for(elements, copies, available_memory())
+        key = update_key(threads, size, copies, device_name, torch_version)
+        return cached("update", key, lambda: measure(threads, size, copies), self.home)["seconds_per_element"]
+
+    def replayed_compute(
+        self, calls: Sequence[OpCall], threads: int, copies: int, device_name: str, torch_version: str
+    ) -> ComputeReplay:
+        """One rank's forward and backward replayed op by op on this CPU at ``threads``,
+        ``copies`` at once (``op_replay``): its compute ``seconds`` and how the replay went,
+        cached by the step's calls."""
+        from shardbench.prediction.op_calls import signature
+        from shardbench.prediction.op_replay import replay
+        from shardbench.prediction.probe_cache import cached
+
+        def measure() -> dict[str, Any]:
+            return {**replay(calls, threads=threads, device="cpu", copies=copies), "threads": threads}
+
+        key = compute_key(signature(calls), threads, copies, device_name, torch_version)
+        if key not in self._replayed:
+            self._replayed[key] = figures(ComputeReplay, cached("compute", key, measure, self.home))
+        return self._replayed[key]

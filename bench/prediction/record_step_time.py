@@ -1,0 +1,202 @@
+"""A record's predicted step time (``bench/prediction/step_time.py``) from what the record carries:
+its FLOPs, the device's peak, the optimizer elements the ZeRO formula gives the rank, and the
+collectives of its step; over a network profile (``--network``: gloo measured here at the
+cell's world size, or a named GPU one).
+
+The bytes of each collective are ``metrics.analytic.predicted_comm``'s for the profile's backend
+(gloo or nccl: a strategy reduces its gradients differently on each); the calls are those the
+cell's own step issued (``comm_per_step``: on real ranks, or on a simulated rank's fake group),
+matched by role (the gradients' reduction, the parameters' gathers), since the calls follow the
+buckets and units, whatever the backend. Collectives outside the prediction (buffer broadcasts,
+flags) are costed as the step counted them.
+
+The ``gloo`` profile and the update rate are this machine's probes (``machine_probes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardbench.metrics.analytic import predicted_comm
+from shardbench.precision import MODEL_STATE_BYTES
+from shardbench.prediction.machine_probes import MachineProbes
+from shardbench.prediction.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile, check_network
+from shardbench.prediction.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
+from shardbench.records import UNNAMED_DEVICE, Record, placement_of
+from shardbench.step_figures import ComputeReplay, PredictedStep
+
+#: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
+#: moments, and writes the parameter and the moments back
+UPDATE_BYTES = 28
+#: the share of a step's calls a replay may miss and still be its compute term; past it the model
+#: counts compute from the FLOPs at a stated efficiency
+UNREPLAYED_MAX = 0.05
+
+
+def replay_usable(replayed: ComputeReplay | None) -> bool:
+    """Whether a replay stands for the step: it replayed all but ``UNREPLAYED_MAX`` of the calls."""
+    if not replayed or not replayed.calls:
+        return False
+    return replayed.unreplayed_calls <= UNREPLAYED_MAX * replayed.calls
+
+
+def rank_threads(record: Record) -> int:
+    """The threads one of the cell's ranks computes with: the record's own, but a simulated rank
+    stands for N ranks on this host, each with the threads a real run would give it
+    (``threads_per_rank``), whatever the one simulated process had."""
+    if record.simulated and record.device == "cpu":
+        from shardbench.harness.config import threads_per_rank
+
+        return threads_per_rank(record.world_size)
+    return record.threads_per_rank or 1
+
+
+def replay_copies(record: Record) -> int:
+    """How many copies of a rank's step to replay at once: the cell's ranks on this host (a
+    simulated rank stands for N), as many as have their threads' cores. Ranks past the cores
+    take turns on them, which the core share (``core_share``) counts instead of more copies."""
+    from shardbench.harness.config import available_cores
+
+    placed = placement_of(record)
+    ranks = record.world_size if record.simulated else placed.get("ranks", record.world_size)
+    cores = placed.get("cores") or available_cores()
+    return max(1, min(ranks, cores // rank_threads(record)))
+
+
+def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collective, ...]:
+    """The step's collectives on ``backend``, by role: predicted bytes, the cell's own calls."""
+    from shardbench.strategies.registry import get_strategy
+
+    strategy = get_strategy(record.strategy)
+    counted = (record.comm_per_step or {}).get("ops") or {}
+    target = strategy.communication(record.precision, backend)
+    own = strategy.communication(record.precision, record.backend) if record.backend != "none" else None
+    if target is None or own is None:  # a strategy whose communication is not declared: as counted
+        return tuple(Collective(k, int(v["bytes"]), int(v["calls"])) for k, v in sorted(counted.items()))
+    n = record.world_size
+    if shape is not None:
+        predicted = predicted_comm(target, shape, n)["ops"]
+    else:
+        predicted = (record.predicted_comm or {}).get("ops") or {}
+    grad_kind, own_grad = target.gradient_collective(n), own.gradient_collective(n)
+    param_role = "parameters-per-unit" if target.gathers > 1 else "parameters-after-step"
+    roles = {grad_kind: ("gradients", own_grad), target.parameters: (param_role, own.parameters)}
+    out = []
+    for kind, (role, own_kind) in roles.items():
+        if kind is None or kind not in predicted:
+            continue
+        calls = int((counted.get(own_kind) or {}).get("calls") or 1)
+        out.append(Collective(kind, int(predicted[kind]["bytes"]), calls, role))
+    claimed = {own_grad, own.parameters}
+    for kind, v in sorted(counted.items()):  # small collectives outside the prediction
+        if kind not in claimed:
+            out.append(Collective(kind, int(v["bytes"]), int(v["calls"])))
+    return tuple(out)
+
+
+def _compute_source(replay: ComputeReplay | None, used: bool) -> str:
+    """How the prediction reached its compute, and why not by the replay where one was made."""
+    if used:
+        return "op replay"
+    if replay:
+        missed = f"{replay.unreplayed_calls:,} of {replay.calls:,}"
+        return f"FLOPs at peak x efficiency (the op replay missed {missed} calls)"
+    return "FLOPs at peak x efficiency"
+
+
+def predict_record(
+    record: Record,
+    *,
+    network: str,
+    peak: dict[str, Any] | None = None,
+    shape: Any | None = None,
+    probes: MachineProbes | None = None,
+) -> tuple[PredictedStep | None, str | None]:
+    """The record's ``predicted_step_time`` (seconds and how they were reached), or None and why
+    not. ``peak``: the device's (default: the record's own); ``shape``: the model's
+    ``CommShape`` (default: the record's predicted bytes, on its own backend); ``probes``: this
+    machine's (default: those cached in the user's results home)."""
+    check_network(network)
+    counted = record.flops_per_step
+    peak = peak or record.peak_flops_per_s
+    if not counted or not counted.hardware:
+        return None, "no step time predicted (no FLOPs counted)"
+    if not peak:
+        return None, "no step time predicted (no peak FLOP/s for the device)"
+    cpu = record.device == "cpu"
+    if network == MEASURED and not cpu:
+        return None, "no step time predicted (the gloo profile is this CPU's: use a named --network on CUDA)"
+    probes = probes if probes is not None else MachineProbes()
+    share = _core_share(record) if cpu else 1.0
+    efficiency = EFFICIENCY.get(peak.get("kind", "measured"), 1.0)
+    rate = peak["flops_per_s"] * efficiency * share
+    replayed = record.compute_replay if cpu and replay_usable(record.compute_replay) else None
+    elements, spe = _update(record, peak, share, probes)
+    profile, backend = _profile(record, network, probes)
+    n = record.world_size
+    inputs = StepInputs(
+        flops=counted.hardware,
+        rate=rate,
+        compute_s=replayed.seconds / share if replayed else None,
+        update_elements=elements,
+        seconds_per_element=spe,
+        collectives=collectives(record, backend, shape) if n > 1 else (),
+        world_size=n,
+    )
+    seconds = predict_step(inputs, profile)
+    step, tokens = seconds["step"], counted.tokens_per_sample
+    return PredictedStep(
+        **seconds,
+        tokens_per_s=record.batch_size_per_rank * n * tokens / step if tokens and step else None,
+        mfu=counted.model / step / peak["flops_per_s"] if step else None,
+        peak_flops_per_s=peak["flops_per_s"],
+        shares_compute=profile.shares_compute,
+        network=profile.name,
+        network_source=profile.source,
+        compute_source=_compute_source(record.compute_replay if cpu else None, replayed is not None),
+        rate_flops_per_s=None if replayed else rate,
+        peak_kind=peak.get("kind"),
+        efficiency=None if replayed else efficiency,
+        core_share=share,
+        seconds_per_update_element=spe,
+    ), None
+
+
+def _machine(record: Record) -> tuple[str, str]:
+    """The record's CPU and torch, which the probes are keyed by."""
+    return record.env.get("device_name") or UNNAMED_DEVICE, record.env.get("torch") or "?"
+
+
+def _core_share(record: Record) -> float:
+    """A CPU rank's share of its threads' cores; a simulated rank stands for N ranks on this
+    host: they share its cores as a real run would."""
+    n = record.world_size
+    placed = placement_of(record)
+    ranks = n if record.simulated else placed.get("ranks", n)
+    return core_share(ranks, placed.get("cores"), rank_threads(record))
+
+
+def _update(record: Record, peak: dict[str, Any], share: float, probes: MachineProbes) -> tuple[int, float]:
+    """The optimizer elements the rank updates and the seconds each takes: on a CPU the update
+    probe's, at the rank's size beside the other ranks and on its share of the cores; elsewhere
+    (memory-bound) the bytes AdamW moves per element over the datasheet's memory bandwidth."""
+    from shardbench.strategies.registry import get_strategy
+
+    held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
+    precision = get_strategy(record.strategy).model_state_precision(record.precision)
+    elements = held // MODEL_STATE_BYTES[precision].optimizer
+    if record.device == "cpu":
+        threads, copies = rank_threads(record), replay_copies(record)
+        return elements, probes.update_rate(threads, elements, copies, *_machine(record)) / share
+    memory = peak.get("memory_bytes_per_s")
+    return elements, UPDATE_BYTES / memory if memory else 0.0
+
+
+def _profile(record: Record, network: str, probes: MachineProbes) -> tuple[NetworkProfile, str]:
+    """The network profile the collectives are costed on, and the backend whose bytes they
+    are: gloo's measured here (one rank alone sends nothing), or a named one over nccl."""
+    if network != MEASURED:
+        return NAMED[network], "nccl"
+    if record.world_size == 1:
+        return NetworkProfile(MEASURED, LinkCost(0.0, float("inf")), "one rank", shares_compute=True), "gloo"
+    return probes.gloo_profile(record.world_size, rank_threads(record), *_machine(record)), "gloo"
