@@ -48,6 +48,16 @@ from shardbench.wording import count
 #: (``step_figures``), their JSON unchanged: an older record's objects read into them
 #: (``Record.from_json``).
 SCHEMA = 4
+#: a layout whose records measure what an earlier one's did (only how they are written changed)
+#: -> that earlier layout: records of the two compare as of one environment
+MEASURED_ALIKE = {4: 3}
+
+
+def measured_as(schema: int) -> int:
+    """The layout whose measurements a record of ``schema`` holds (``MEASURED_ALIKE``)."""
+    return MEASURED_ALIKE.get(schema, schema)
+
+
 STATUSES = ("ok", "oom", "error", "timeout", "diverged", "interrupted", "skipped")
 FAILED_STATUSES = tuple(s for s in STATUSES if s not in ("ok", "skipped"))
 #: fields a line must have to be read as a record at all

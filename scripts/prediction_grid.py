@@ -30,8 +30,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardbench.records import Record, load_records
 from shardbench.prediction.accuracy import predicted_over_measured
+from shardbench.records import Record, load_records
 
 #: each workload's paper preset and the batch per rank the claim measures it at
 PAPER = {

@@ -166,6 +166,14 @@ def test_environment_change_is_refused_unless_allowed() -> None:
         compare_runs([rec(schema=2)], [rec()])
 
 
+def test_layouts_that_measure_alike_compare_without_an_environment_change() -> None:
+    """Schema 4 only typed how the step figures are written: a schema-3 baseline still judges it."""
+    from shardbench.records import MEASURED_ALIKE
+
+    assert MEASURED_ALIKE[4] == 3
+    assert one([rec(schema=3)], [rec(schema=4)]).verdict == "unchanged"
+
+
 def test_rules_file_overrides_and_ignores(tmp_path: Path) -> None:
     rules_file = tmp_path / "rules.toml"
     rules_file.write_text(

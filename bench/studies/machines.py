@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from shardbench.records import measured_as
+
 
 class Measured(Protocol):
     """What is read of a record here (a ``Record``, or the shape of one for this machine)."""
@@ -35,8 +37,8 @@ ENV_KEYS = ("torch", "device_name", "cpu_model", "schema")
 
 def env_value(record: Measured, key: str) -> Any:
     """``record``'s fact ``key`` as the environment check reads it (None: not compared)."""
-    if key == "schema":
-        return record.schema
+    if key == "schema":  # what was measured, not how it is written (``records.MEASURED_ALIKE``)
+        return measured_as(record.schema)
     if key == "cpu_model" and record.device != "cpu":
         return None  # a GPU record's processor does not decide its numbers
     if key == "device_name" and record.device == "cpu":
