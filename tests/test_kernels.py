@@ -80,3 +80,29 @@ def test_a_cuda_plan_assumes_cudas_attention() -> None:
     assert cuda.mem_breakdown_bytes["activations"] < cpu.mem_breakdown_bytes["activations"]
     if not torch.cuda.is_available():
         assert cuda.strategy_settings["planned_for"] == "cuda, planned on the CPU"
+
+
+@pytest.mark.parametrize(("dtype", "kernel"), [(torch.float32, "efficient"), (torch.bfloat16, "flash")])
+def test_a_cuda_plan_routes_the_attention_inside_multihead_attention(dtype: torch.dtype, kernel: str) -> None:
+    """nn.MultiheadAttention calls the attention from inside torch's own function: the plan
+    routes that call to the kernel CUDA would run too, and leaves no routing behind."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from shardbench.metrics.kernels import CudaAttention
+
+    ran: list[str] = []
+
+    class Ops(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ran.append(func._opname)
+            return func(*args, **(kwargs or {}))
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with FakeTensorMode():
+        attn = torch.nn.MultiheadAttention(64, num_heads=8, batch_first=True, dtype=dtype)
+        x = torch.randn(2, 16, 64, dtype=dtype)
+        with CudaAttention(), Ops():
+            attn(x, x, x, need_weights=False)[0].sum().backward()
+    assert any(kernel in op and "attention" in op for op in ran), ran
+    assert not any(op.endswith("_for_cpu") for op in ran), ran
+    assert torch.nn.functional.scaled_dot_product_attention is sdpa

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -143,11 +144,33 @@ class CudaAttention(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
+        if func is F.scaled_dot_product_attention:
             out = _cuda_sdpa(*args, **kwargs)
             if out is not None:
                 return out
+        if func is F.multi_head_attention_forward:
+            # nn.MultiheadAttention's attention is called from inside this function, where no
+            # mode sees it (a mode is off while it handles a call): route it for the call
+            with _sdpa_routed():
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _sdpa_routed() -> Iterator[None]:
+    """``F.scaled_dot_product_attention``, as torch's own functions look it up, answered as CUDA
+    would (``_cuda_sdpa``) while inside; the CPU's where CUDA would use math."""
+    cpu = F.scaled_dot_product_attention
+
+    def routed(*args: Any, **kwargs: Any) -> torch.Tensor:
+        out = _cuda_sdpa(*args, **kwargs)
+        return cpu(*args, **kwargs) if out is None else out
+
+    F.scaled_dot_product_attention = routed
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = cpu
 
 
 def _cuda_sdpa(

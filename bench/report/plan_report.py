@@ -222,13 +222,12 @@ def verdict(plan: Plan) -> str:
     )
 
 
-#: why a plan for CUDA made on the CPU can name a CPU attention kernel: the plan routes the
-#: attention a model calls to CUDA's kernel, but not the attention torch calls from inside its
-#: own functions (``nn.MultiheadAttention``'s), which runs the CPU's
+#: why a plan for CUDA made on the CPU can name a CPU attention kernel: the plan routes
+#: attention to the fused kernel CUDA would pick, and where CUDA has none for the inputs (a head
+#: over 256 wide, a dtype it does not fuse) the call runs as it came, on the CPU's kernel
 CPU_ATTENTION_IN_A_CUDA_PLAN = (
-    "attention marked (CPU) ran the CPU's kernel: torch calls it from inside nn.MultiheadAttention, "
-    "out of the plan's reach; like CUDA's fused kernels it keeps a log-sum-exp per query, not the "
-    "score matrix"
+    "attention marked (CPU) ran the CPU's kernel: CUDA has no fused kernel for these inputs and "
+    "would run the math path, which keeps the score matrix, so the plan's activations may be low"
 )
 
 
