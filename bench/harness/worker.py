@@ -165,7 +165,12 @@ def run_rank(
         pg = dist.group.WORLD
 
     ctx = RankContext(
-        rank=rank, world_size=world_size, device=device, process_group=pg, precision=cell.precision
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        process_group=pg,
+        precision=cell.precision,
+        shard_group=cell.shard_group,
     )
     if cell.fake:
         workload.check_plannable()

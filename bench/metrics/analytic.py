@@ -42,6 +42,10 @@ activations. With a dominant root (BERT's embeddings are ~22% of bert-base) the 
 at the peak sit well above 4 Psi / N, while the model states measured between steps equal the
 prediction.
 
+Hybrid sharding (a shard width S: shard within groups of S ranks, replicate across the N/S
+groups) keeps what is sharded once per group: each sharded term is divided by S instead of N
+(zero3 at S: 16 Psi / S), what is replicated stays whole.
+
 The prediction is driven by a strategy's declared ``Sharding``, not its name, so a new strategy
 gets the right formula by declaring what it shards; ``FORMULAS`` names the paper's rows. A
 strategy's storage precision is what it really keeps: DDP-style strategies run bf16 as autocast
@@ -110,29 +114,32 @@ def predicted_model_state_bytes(
     sharding: Sharding,
     group_sizes: list[list[int]] | None = None,
     trainable: int | None = None,
+    shard_size: int | None = None,
 ) -> dict[str, int]:
     """Per-rank bytes of params, grads and optimizer state (and their total) for AdamW, for the
     largest rank. ``group_sizes`` (elements of each parameter in each optimizer group) is needed
     for ``whole_parameters`` partitions. ``trainable``: the parameters that take gradients
     (default: all); a frozen parameter is held (and sharded with the parameters) but has neither
-    gradient nor optimizer state."""
+    gradient nor optimizer state. ``shard_size``: hybrid sharding's S, the ranks each sharded
+    term is divided among (default: all ``world_size``)."""
     if precision not in MODEL_STATE_BYTES:
         raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(MODEL_STATE_BYTES)}")
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     p, g, o = MODEL_STATE_BYTES[precision]
+    shards = world_size if shard_size is None else shard_size
 
     learning = num_params if trainable is None else trainable
 
     def share(nbytes_per_param: int, sharded: bool, count: int = learning) -> int:
         total = nbytes_per_param * count
-        return -(-total // world_size) if sharded else total  # ceil: the largest rank's share
+        return -(-total // shards) if sharded else total  # ceil: the largest rank's share
 
     optimizer = share(o, sharding.optimizer_state)
     if sharding.optimizer_state and sharding.whole_parameters:
         if group_sizes is None:
             raise ValueError("a whole-parameter partition needs the parameter sizes (group_sizes)")
-        optimizer = o * max(whole_parameter_partition(group_sizes, world_size))
+        optimizer = o * max(whole_parameter_partition(group_sizes, shards))
     out = {
         "params": share(p, sharding.parameters, num_params),
         "grads": share(g, sharding.gradients),
@@ -216,13 +223,19 @@ class Communication:
     #: each parameter is sharded on dim 0, padded to a multiple of N (FSDP2's ``Shard(0)``),
     #: rather than packed into flat buckets
     dim0_padding: bool = False
+    #: where it shards in groups smaller than the world, the backend our ZeRO's reducer runs on
+    #: then (zero1 on gloo keeps DDP's all-reduce only over the whole world); None: as flat
+    grouped_reducer_backend: str | None = None
 
     def __post_init__(self) -> None:
         if (self.gradients is None) == (self.reducer_backend is None):
             raise ValueError("a Communication reduces gradients one way: give gradients or reducer_backend")
 
-    def gradient_collective(self, world_size: int) -> str:
-        """The collective the gradients are reduced with at ``world_size`` ranks."""
+    def gradient_collective(self, world_size: int, *, grouped: bool = False) -> str:
+        """The collective the gradients are reduced with at ``world_size`` ranks (``grouped``:
+        within a shard group smaller than the world)."""
+        if grouped and self.grouped_reducer_backend is not None:
+            return sharded_gradient_collective(self.grouped_reducer_backend, world_size)
         if self.reducer_backend is not None:
             return sharded_gradient_collective(self.reducer_backend, world_size)
         assert self.gradients is not None
@@ -262,22 +275,43 @@ class CommShape:
         return _padded(self.frozen, world_size)
 
 
-def predicted_comm(comm: Communication, shape: CommShape, world_size: int) -> dict[str, Any]:
+def predicted_comm(
+    comm: Communication, shape: CommShape, world_size: int, shard_size: int | None = None
+) -> dict[str, Any]:
     """Per operator kind, the bytes of the full tensors a rank communicates in a step and what a
-    ring sends per rank for them; ``sent_per_rank`` in all (``comm.py``'s summary, predicted)."""
-    elements = shape.padded(world_size) if comm.dim0_padding else shape.elements
-    volumes: dict[str, int] = {comm.gradient_collective(world_size): elements * comm.gradient_bytes}
+    ring sends per rank for them; ``sent_per_rank`` in all (``comm.py``'s summary, predicted).
+
+    ``shard_size`` S < N (hybrid sharding): the gradients are reduced and the parameters
+    gathered within the shard group of S ranks, and each reduced chunk (1/S of the gradients)
+    is then all-reduced across the N/S ranks holding it (``replicate``); ``groups`` gives what
+    a rank sends within its shard group and across replicas."""
+    s = world_size if shard_size is None else shard_size
+    grouped = s < world_size
+    elements = shape.padded(s) if comm.dim0_padding else shape.elements
+    shard = {comm.gradient_collective(s, grouped=grouped): elements * comm.gradient_bytes}
     if comm.parameters is not None:
         sharded, root = elements, shape.root_elements
         if comm.frozen_gathered:
-            sharded += shape.frozen_padded(world_size) if comm.dim0_padding else shape.frozen_elements
+            sharded += shape.frozen_padded(s) if comm.dim0_padding else shape.frozen_elements
             root += shape.root_frozen_elements
         kept = root if comm.root_kept and comm.gathers > 1 else 0
         gathered = comm.gathers * sharded - kept
-        volumes[comm.parameters] = volumes.get(comm.parameters, 0) + gathered * comm.parameter_bytes
-    ops = {
-        kind: {"bytes": size, "sent_per_rank": round(size * RING[kind](world_size))}
-        for kind, size in sorted(volumes.items())
+        shard[comm.parameters] = shard.get(comm.parameters, 0) + gathered * comm.parameter_bytes
+    sent_in = {kind: round(size * RING[kind](s)) for kind, size in shard.items()}
+    across = {"all_reduce": -(-elements // s) * comm.gradient_bytes} if grouped else {}
+    sent_across = {kind: round(size * RING[kind](world_size // s)) for kind, size in across.items()}
+    ops: dict[str, dict[str, int]] = {}
+    for volumes, sent in ((shard, sent_in), (across, sent_across)):
+        for kind, size in volumes.items():
+            entry = ops.setdefault(kind, {"bytes": 0, "sent_per_rank": 0})
+            entry["bytes"] += size
+            entry["sent_per_rank"] += sent[kind]
+    out: dict[str, Any] = {
+        "world_size": world_size,
+        "ops": dict(sorted(ops.items())),
+        "sent_per_rank": sum(v["sent_per_rank"] for v in ops.values()),
     }
-    sent = sum(v["sent_per_rank"] for v in ops.values())
-    return {"world_size": world_size, "ops": ops, "sent_per_rank": sent}
+    if grouped:
+        out["shard_group"] = s
+        out["groups"] = {"shard": sum(sent_in.values()), "replicate": sum(sent_across.values())}
+    return out

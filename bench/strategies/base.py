@@ -43,6 +43,9 @@ class RankContext:
     #: the modules the workload asks parameter-sharding strategies (zero3, FSDP2) to gather as
     #: units (``Workload.shard_units``); None: each strategy's default wrapping
     shard_units: tuple[nn.Module, ...] | None = None
+    #: hybrid sharding: shard within groups of this many ranks, replicate across the N/S groups
+    #: (a strategy whose card takes ``shard_group``); None: over all N
+    shard_group: int | None = None
 
 
 class _ShardingView:

@@ -86,6 +86,9 @@ class StrategyCard:
     #: without it (FSDP2, FairScale: their peaks moved by up to 0.25 MiB, 4.8 %, between runs of
     #: the same code on the CPU) is allowed 1 MiB
     exact_memory: bool = False
+    #: shards within groups of S ranks and replicates across the N/S groups when a cell gives a
+    #: shard width (``shard_group``; hybrid sharding); a strategy without it shards over all N
+    shard_group: bool = False
 
     @property
     def not_simulatable_because(self) -> str:
@@ -153,6 +156,7 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="zero1",
+        shard_group=True,
         implementation="shardbench.strategies.zero1:Zero1Strategy",
         description="ours: ShardedOptimizer (ZeRO-1, element-balanced), grads reduce-scattered (gloo: DDP)",
         sharding=ZERO1,
@@ -161,6 +165,7 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="zero2",
+        shard_group=True,
         implementation="shardbench.strategies.zero2:Zero2Strategy",
         aliases=("sharded", "ddp_sharded"),
         description="ours: ShardedOptimizer + ShardedDataParallel (ZeRO-2, element-balanced)",
@@ -170,6 +175,7 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="zero3",
+        shard_group=True,
         implementation="shardbench.strategies.zero3:Zero3Strategy",
         description="ours: ShardedOptimizer + ShardedDataParallel(stage=3) (ZeRO-3, per-unit gathers)",
         sharding=ZERO3,
