@@ -205,6 +205,14 @@ CARDS: tuple[StrategyCard, ...] = (
         display=Display(order=41, color="#a1d99b", role="peer"),
     ),
     StrategyCard(
+        name="fsdp2-hsdp",
+        shard_group=True,
+        implementation="shardbench.strategies.fsdp2_hsdp:FSDP2HSDPStrategy",
+        description="peer: FSDP2 hybrid sharding (HSDP), fully_shard over a (N/S replicate, S shard) mesh",
+        sharding=ZERO3,
+        display=Display(order=44, color="#74c476", role="peer"),
+    ),
+    StrategyCard(
         name="fairscale-zero1",
         implementation="shardbench.strategies.fairscale_oss:FairScaleZero1Strategy",
         description="peer: FairScale OSS (whole-parameter partition) + DDP",

@@ -1,0 +1,21 @@
+"""The hybrid-sharding peers train to the single-process reference where they shard in groups
+(N = 4, S = 2), each in one world: FSDP2's HSDP through the harness's strategy interface, on the
+workload every flat peer's parity test uses."""
+
+from __future__ import annotations
+
+from tests.dist import run_in_world
+from tests.parity import max_rel_diff, train_reference, train_strategy_rank
+from tests.tiny_models import MLPWorkload
+
+
+def _hybrid_rank(rank: int, world_size: int, name: str, shard_group: int) -> dict:
+    return train_strategy_rank(rank, world_size, name, MLPWorkload(), "tiny", 4, 4, shard_group=shard_group)
+
+
+def test_fsdp2_hsdp_matches_reference_at_n4_s2() -> None:
+    ref = train_reference(MLPWorkload(), "tiny", 4, 4, 4)
+    states = run_in_world(_hybrid_rank, 4, "fsdp2-hsdp", 2)
+    for rank, state in enumerate(states):
+        diff, where = max_rel_diff(state, ref)
+        assert diff < 1e-6, f"fsdp2-hsdp N=4 S=2 rank {rank}: {where} off by {diff:.2e}"
