@@ -27,7 +27,13 @@ def predict(
         group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
     precision = strategy.model_state_precision(cell.precision)
     return predicted_model_state_bytes(
-        num_params, world_size, precision, sharding, group_sizes, trainable, cell.shard_group
+        num_params,
+        world_size,
+        precision,
+        sharding,
+        group_sizes,
+        trainable,
+        strategy.model_state_shards(world_size, cell.shard_group),
     )
 
 

@@ -226,6 +226,10 @@ class Communication:
     #: where it shards in groups smaller than the world, the backend our ZeRO's reducer runs on
     #: then (zero1 on gloo keeps DDP's all-reduce only over the whole world); None: as flat
     grouped_reducer_backend: str | None = None
+    #: ZeRO++'s hierarchical partitioning (hpZ): where it shards in groups smaller than the
+    #: world, backward gathers from a secondary copy of the parameters partitioned within the
+    #: group, while forward's gathers and the gradients' reduction still span all N
+    secondary_gather: bool = False
 
     def __post_init__(self) -> None:
         if (self.gradients is None) == (self.reducer_backend is None):
@@ -283,29 +287,41 @@ def predicted_comm(
 
     ``shard_size`` S < N (hybrid sharding): the gradients are reduced and the parameters
     gathered within the shard group of S ranks, and each reduced chunk (1/S of the gradients)
-    is then all-reduced across the N/S ranks holding it (``replicate``); ``groups`` gives what
-    a rank sends within its shard group and across replicas."""
+    is then all-reduced across the N/S ranks holding it (``replicate``); with
+    ``secondary_gather`` (ZeRO++'s hpZ) only backward's gathers stay within the group.
+    ``groups`` gives what a rank sends within its shard group and across replicas."""
     s = world_size if shard_size is None else shard_size
     grouped = s < world_size
-    elements = shape.padded(s) if comm.dim0_padding else shape.elements
-    shard = {comm.gradient_collective(s, grouped=grouped): elements * comm.gradient_bytes}
+    secondary = grouped and comm.secondary_gather
+    span = world_size if secondary else s  # the ranks gradients are reduced over
+    inside = "shard" if grouped and not secondary else None  # where those collectives run
+    elements = shape.padded(span) if comm.dim0_padding else shape.elements
+    #: (kind, bytes of the full tensors, ranks of the ring, which group or None for the world)
+    reduced = comm.gradient_collective(span, grouped=inside is not None)
+    sends = [(reduced, elements * comm.gradient_bytes, span, inside)]
     if comm.parameters is not None:
         sharded, root = elements, shape.root_elements
         if comm.frozen_gathered:
-            sharded += shape.frozen_padded(s) if comm.dim0_padding else shape.frozen_elements
+            sharded += shape.frozen_padded(span) if comm.dim0_padding else shape.frozen_elements
             root += shape.root_frozen_elements
         kept = root if comm.root_kept and comm.gathers > 1 else 0
-        gathered = comm.gathers * sharded - kept
-        shard[comm.parameters] = shard.get(comm.parameters, 0) + gathered * comm.parameter_bytes
-    sent_in = {kind: round(size * RING[kind](s)) for kind, size in shard.items()}
-    across = {"all_reduce": -(-elements // s) * comm.gradient_bytes} if grouped else {}
-    sent_across = {kind: round(size * RING[kind](world_size // s)) for kind, size in across.items()}
+        size = comm.parameter_bytes
+        if secondary:  # forward from the primary partitions, backward from the secondary
+            sends.append((comm.parameters, sharded * size, world_size, None))
+            sends.append((comm.parameters, ((comm.gathers - 1) * sharded - kept) * size, s, "shard"))
+        else:
+            sends.append((comm.parameters, (comm.gathers * sharded - kept) * size, s, inside))
+    if grouped and not secondary:
+        sends.append(("all_reduce", -(-elements // s) * comm.gradient_bytes, world_size // s, "replicate"))
     ops: dict[str, dict[str, int]] = {}
-    for volumes, sent in ((shard, sent_in), (across, sent_across)):
-        for kind, size in volumes.items():
-            entry = ops.setdefault(kind, {"bytes": 0, "sent_per_rank": 0})
-            entry["bytes"] += size
-            entry["sent_per_rank"] += sent[kind]
+    groups: dict[str, int] = {}
+    for kind, size, ranks, where in sends:
+        sent = round(size * RING[kind](ranks))
+        entry = ops.setdefault(kind, {"bytes": 0, "sent_per_rank": 0})
+        entry["bytes"] += size
+        entry["sent_per_rank"] += sent
+        if where is not None:
+            groups[where] = groups.get(where, 0) + sent
     out: dict[str, Any] = {
         "world_size": world_size,
         "ops": dict(sorted(ops.items())),
@@ -313,5 +329,5 @@ def predicted_comm(
     }
     if grouped:
         out["shard_group"] = s
-        out["groups"] = {"shard": sum(sent_in.values()), "replicate": sum(sent_across.values())}
+        out["groups"] = dict(sorted(groups.items()))
     return out

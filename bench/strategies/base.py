@@ -150,6 +150,11 @@ class Strategy:
         ``sharding``, unless it holds more whole during a step than after it."""
         return self.sharding
 
+    def model_state_shards(self, world_size: int, shard_group: int | None) -> int:
+        """The ranks each sharded model state is divided among between steps: the shard
+        group's S where it shards in groups (hybrid sharding), else all N."""
+        return shard_group or world_size
+
     def model_state_precision(self, precision: str) -> str:
         """The precision model states are stored in when training at ``precision``: the default
         (autocast over fp32 parameters) keeps fp32 states, so "fp32" either way."""

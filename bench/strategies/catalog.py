@@ -267,4 +267,18 @@ CARDS: tuple[StrategyCard, ...] = (
             (3, ZERO3, 43, "#e5f5e0"),
         )
     ),
+    StrategyCard(
+        name="deepspeed-zero3-hpz",
+        shard_group=True,
+        implementation="shardbench.strategies.deepspeed_hpz:DeepSpeedZero3HpZStrategy",
+        description=(
+            "peer: DeepSpeed ZeRO-3 with ZeRO++ hierarchical partitioning (zero_hpz_partition_size = S)"
+        ),
+        sharding=ZERO3,
+        display=Display(order=45, color="#006d2c", role="peer"),
+        simulatable=False,
+        requires=("deepspeed",),
+        extra="peers",
+        deviations=DEEPSPEED_ZERO3_DEVIATIONS,
+    ),
 )
