@@ -14,7 +14,7 @@ from shardbench.harness.config import load_suite
 from shardbench.harness.shard_width import fit_shard_groups
 from shardbench.models.registry import get_workload
 from shardbench.records import CellKey, Record, strategy_label
-from shardbench.studies.compare import cell_label
+from shardbench.studies.compare import cell_label, compare_runs
 from tests.cells import run_cell_here, tiny_cell
 
 
@@ -107,3 +107,21 @@ def test_hybrid_model_states_and_bytes_sent_follow_the_formula_with_s(strategy: 
     sent, expected = record.comm_per_step, record.predicted_comm
     assert sent["groups"] == expected["groups"]
     assert expected["groups"]["replicate"] == 4 * psi // 2  # the chunk (1/S) all-reduced over 2 replicas
+
+
+def test_compare_matches_old_flat_records_and_keeps_hybrid_cells_apart() -> None:
+    """A baseline written before the field (no S) compares with today's flat cell; a hybrid
+    cell is a cell of its own, new to that baseline, and regresses against its own kind."""
+    from tests.test_compare import GIB, rec
+
+    old = rec(strategy="zero2")
+    old_json = {k: v for k, v in old.to_json().items() if k != "shard_group"}
+    baseline = [Record.from_json(old_json)]
+    flat, hybrid = rec(strategy="zero2", shard_group=2), rec(strategy="zero2", shard_group=1)
+    got = {c.cell: c.verdict for c in compare_runs(baseline, [flat, hybrid]).cells}
+    assert got == {
+        "transformer/tiny/zero2/n2/fp32/b8/cpu": "unchanged",
+        "transformer/tiny/zero2/n2/s1/fp32/b8/cpu": "new",
+    }
+    worse = rec(strategy="zero2", shard_group=1, peak_mem_bytes={"max": 2 * GIB, "per_rank": [2 * GIB] * 2})
+    assert compare_runs([hybrid], [worse]).exit_code == 1

@@ -68,7 +68,7 @@ class CollectiveCounter(TorchDispatchMode):
                 ranks = _group_ranks(args)
                 sent = size * RING[kind](len(ranks) if ranks else self.world_size)
                 entry["sent_per_rank"] += sent
-                if ranks and len(ranks) < self.world_size:
+                if ranks and 1 < len(ranks) < self.world_size:  # (a group of one sends nothing)
                     where = _group_kind(ranks)
                     self.groups[where] = self.groups.get(where, 0.0) + sent
         return func(*args, **(kwargs or {}))

@@ -10,7 +10,7 @@ argument validation never import torch, and there is still one place a declarati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from shardbench.metrics.analytic import REPLICATED, ZERO1, ZERO2, ZERO3, Sharding
@@ -267,18 +267,13 @@ CARDS: tuple[StrategyCard, ...] = (
             (3, ZERO3, 43, "#e5f5e0"),
         )
     ),
-    StrategyCard(
+    replace(
+        _deepspeed_card(3, ZERO3, 45, "#006d2c"),
         name="deepspeed-zero3-hpz",
         shard_group=True,
         implementation="shardbench.strategies.deepspeed_hpz:DeepSpeedZero3HpZStrategy",
         description=(
             "peer: DeepSpeed ZeRO-3 with ZeRO++ hierarchical partitioning (zero_hpz_partition_size = S)"
         ),
-        sharding=ZERO3,
-        display=Display(order=45, color="#006d2c", role="peer"),
-        simulatable=False,
-        requires=("deepspeed",),
-        extra="peers",
-        deviations=DEEPSPEED_ZERO3_DEVIATIONS,
     ),
 )
