@@ -125,3 +125,15 @@ def test_compare_matches_old_flat_records_and_keeps_hybrid_cells_apart() -> None
     }
     worse = rec(strategy="zero2", shard_group=1, peak_mem_bytes={"max": 2 * GIB, "per_rank": [2 * GIB] * 2})
     assert compare_runs([hybrid], [worse]).exit_code == 1
+
+
+def test_charts_put_a_hybrid_cell_beside_its_flat_one() -> None:
+    """One group for the cell, a bar for each shard width: the hybrid one hatched in its
+    strategy's colour, so the two read as one strategy at two widths."""
+    from shardbench.report.chart_types import group_labels
+    from shardbench.report.styles import hatch, strategy_color
+
+    records = [_record(shard_group=4), _record(shard_group=2)]
+    assert len(set(group_labels(records))) == 1
+    assert strategy_color("zero3 S=2") == strategy_color("zero3")
+    assert (hatch("zero3"), hatch("zero3 S=2")) == (None, "//")

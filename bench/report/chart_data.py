@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from shardbench.records import Record
+from shardbench.records import Record, strategy_label
 from shardbench.report.chart_types import (
     GIB,
     Bar,
@@ -85,7 +85,7 @@ def _peak_panel(recs: Sequence[Record], title: str = "") -> Panel:
     for group, r in zip(group_labels(recs), recs, strict=True):
         peak = _peak(r)
         value = None if peak is None else peak / scale
-        bars.append(Bar(group, r.strategy, value, status_of(r, value)))
+        bars.append(Bar(group, strategy_label(r), value, status_of(r, value)))
         if r.strategy == REFERENCE and value is not None:
             reference[group] = value
     return Panel(ylabel=f"peak memory per rank ({unit})", bars=tuple(bars), reference=reference, title=title)
@@ -131,7 +131,7 @@ def breakdown_charts(records: Sequence[Record]) -> list[Chart]:
             bars.append(
                 Bar(
                     group,
-                    r.strategy,
+                    strategy_label(r),
                     total,
                     status_of(r, total),
                     parts=parts,
@@ -165,9 +165,9 @@ def step_time_charts(records: Sequence[Record]) -> list[Chart]:
             t = (r.step_time_s or {}) if r.status == "ok" else {}
             ms = None if t.get("median") is None else t["median"] * 1e3
             mad = None if t.get("mad") is None else t["mad"] * 1e3
-            times.append(Bar(group, r.strategy, ms, status_of(r, ms), err=mad))
+            times.append(Bar(group, strategy_label(r), ms, status_of(r, ms), err=mad))
             rate = r.samples_per_s if r.status == "ok" else None
-            rates.append(Bar(group, r.strategy, rate, status_of(r, rate)))
+            rates.append(Bar(group, strategy_label(r), rate, status_of(r, rate)))
         panels = (
             Panel(
                 ylabel="step time (ms)", bars=tuple(times), title="step time: median of the measured steps"
@@ -196,7 +196,7 @@ def mfu_charts(records: Sequence[Record]) -> list[Chart]:
         if not any(r.mfu is not None for r in recs):
             continue
         bars = tuple(
-            Bar(group, r.strategy, pct, status_of(r, pct))
+            Bar(group, strategy_label(r), pct, status_of(r, pct))
             for group, r in zip(group_labels(recs), recs, strict=True)
             for pct in [None if r.mfu is None or r.status != "ok" else r.mfu * 100]
         )
