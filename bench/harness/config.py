@@ -1,8 +1,8 @@
 """Run configuration: frozen dataclasses and suite loading.
 
 A *cell* is one measured combination (workload x preset x strategy x world size x precision x
-batch x shard width). A *suite* is a TOML file in ``bench/suites/`` whose lists expand, by cross product, into
-cells. Command-line flags override a suite's lists. Everything is validated here, before any
+batch x shard width). A *suite* is a TOML file in ``bench/suites/`` whose lists expand, by cross
+product, into cells. Command-line flags override a suite's lists. Everything is validated here, before any
 process starts or any file is written, so bad input fails fast with a message naming what is
 allowed.
 """

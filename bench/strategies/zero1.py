@@ -6,9 +6,10 @@ reduce-scattered to the rank that owns it and the updated parameters are all-gat
 sends what DDP's all-reduce sends (ZeRO's P_os: 2 Psi). Full gradients stay in the buckets, as
 stage 1 keeps them (4 Psi, as DDP's buckets).
 
-On gloo (flat), DistributedDataParallel (configured exactly as the ``ddp`` baseline) all-reduces the
+On gloo, DistributedDataParallel (configured exactly as the ``ddp`` baseline) all-reduces the
 gradients and the optimizer all-gathers the updated parameters, 1.5x DDP's bytes: there it is the
-faster of the two (docs/measuring.md, "zero1 on gloo"). The ShardedOptimizer is built *before*
+faster of the two (docs/measuring.md, "zero1 on gloo"). Sharded in groups smaller than the world
+(``shard_group``), it reduces with our wrapper on gloo too: DDP's all-reduce spans the world. The ShardedOptimizer is built *before*
 either wrapper sees the model, because it moves the parameters into its flat buckets.
 """
 
