@@ -9,8 +9,9 @@ stage 1 keeps them (4 Psi, as DDP's buckets).
 On gloo, DistributedDataParallel (configured exactly as the ``ddp`` baseline) all-reduces the
 gradients and the optimizer all-gathers the updated parameters, 1.5x DDP's bytes: there it is the
 faster of the two (docs/measuring.md, "zero1 on gloo"). Sharded in groups smaller than the world
-(``shard_group``), it reduces with our wrapper on gloo too: DDP's all-reduce spans the world. The ShardedOptimizer is built *before*
-either wrapper sees the model, because it moves the parameters into its flat buckets.
+(``shard_group``), it reduces with our wrapper on gloo too: DDP's all-reduce spans the world.
+The ShardedOptimizer is built *before* either wrapper sees the model, because it moves the
+parameters into its flat buckets.
 """
 
 from __future__ import annotations
