@@ -1,8 +1,12 @@
-"""The hybrid-sharding peers train to the single-process reference where they shard in groups
-(N = 4, S = 2), each in one world: FSDP2's HSDP through the harness's strategy interface, on the
-workload every flat peer's parity test uses."""
+"""The strategies that shard in groups train to the single-process reference at N = 4, S = 2
+through the harness's strategy interface, each in the shared world of 4: FSDP2's HSDP on the
+workload every flat peer's parity test uses, DeepSpeed's hpZ on a wider one, and ours where the
+strategy wires its wrapper itself (zero1 on gloo leaves DDP for our reducer; zero3 gathers the
+workload's units)."""
 
 from __future__ import annotations
+
+import pytest
 
 from tests.dist import run_in_world
 from tests.parity import max_rel_diff, train_reference, train_strategy_rank
@@ -13,12 +17,13 @@ def _hybrid_rank(rank: int, world_size: int, name: str, shard_group: int) -> dic
     return train_strategy_rank(rank, world_size, name, MLPWorkload(), "tiny", 4, 4, shard_group=shard_group)
 
 
-def test_fsdp2_hsdp_matches_reference_at_n4_s2() -> None:
+@pytest.mark.parametrize("name", ["fsdp2-hsdp", "zero1", "zero3"])
+def test_matches_reference_at_n4_s2(name: str) -> None:
     ref = train_reference(MLPWorkload(), "tiny", 4, 4, 4)
-    states = run_in_world(_hybrid_rank, 4, "fsdp2-hsdp", 2)
+    states = run_in_world(_hybrid_rank, 4, name, 2)
     for rank, state in enumerate(states):
         diff, where = max_rel_diff(state, ref)
-        assert diff < 1e-6, f"fsdp2-hsdp N=4 S=2 rank {rank}: {where} off by {diff:.2e}"
+        assert diff < 1e-6, f"{name} N=4 S=2 rank {rank}: {where} off by {diff:.2e}"
 
 
 def _hpz_rank(rank: int, world_size: int) -> tuple[dict, dict]:
