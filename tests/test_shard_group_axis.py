@@ -40,7 +40,7 @@ def test_no_shard_width_is_n_for_a_strategy_that_takes_one() -> None:
     [
         (
             [tiny_cell(strategy="zero2", world_size=4, shard_group=3)],
-            "shard group 3 divides no world size of the 1 cell that shard in groups (4); allowed: 1, 2, 4",
+            "shard group 3 divides no world size of a strategy that shards in groups (4); allowed: 1, 2, 4",
         ),
         (
             [tiny_cell(strategy="ddp", world_size=4, shard_group=2)],

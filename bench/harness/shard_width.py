@@ -16,7 +16,6 @@ from dataclasses import replace
 
 from shardbench.harness.config import CellConfig
 from shardbench.strategies.registry import canonical_name, strategy_card, strategy_cards
-from shardbench.wording import count
 
 
 def takes_shard_group(strategy: str) -> bool:
@@ -82,6 +81,6 @@ def _refusal(s: int, cells: list[CellConfig]) -> str:
     worlds = sorted({c.world_size for c in takers})
     allowed = sorted({d for n in worlds for d in divisors(n)})
     return (
-        f"shard group {s} divides no world size of the {count(len(takers), 'cell')} that shard in groups "
+        f"shard group {s} divides no world size of a strategy that shards in groups "
         f"({', '.join(map(str, worlds))}); allowed: {', '.join(map(str, allowed))}"
     )
