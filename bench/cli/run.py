@@ -316,7 +316,9 @@ def run_name(suite: str, cells: Sequence[CellConfig], *, scaling: bool = False) 
     ran: flags that replaced the suite's lists measured something the suite never named."""
     workloads = list(dict.fromkeys(c.workload for c in cells))
     spec = override(load_suite(suite), scaling=scaling).for_devices(cuda_devices())
-    own = {_identity(c) for c in spec.cells() if c.workload in workloads}
+    from shardbench.harness.shard_width import fit_shard_groups
+
+    own = {_identity(c) for c in fit_shard_groups(spec.cells())[0] if c.workload in workloads}
     if {_identity(c) for c in cells} <= own:
         return safe_name(spec.name)
     labels = [workload_label(w) for w in workloads]
