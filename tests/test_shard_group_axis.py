@@ -15,6 +15,7 @@ from shardbench.harness.shard_width import fit_shard_groups
 from shardbench.models.registry import get_workload
 from shardbench.records import CellKey, Record, strategy_label
 from shardbench.studies.compare import cell_label, compare_runs
+from shardbench.studies.export import benchmark_name
 from tests.cells import run_cell_here, tiny_cell
 
 
@@ -75,6 +76,8 @@ def test_the_shard_width_is_part_of_a_cells_identity() -> None:
     assert cell_label(CellKey.of(hybrid)) == "transformer/tiny/zero3/n4/s2/fp32/b2/cpu"
     assert cell_label(CellKey.of(old)) == "transformer/tiny/zero3/n4/fp32/b2/cpu"
     assert [strategy_label(r) for r in (old, flat, hybrid)] == ["zero3", "zero3", "zero3 S=2"]
+    names = [benchmark_name(r) for r in (old, flat, hybrid)]
+    assert names == [*["transformer/tiny/zero3/n4/fp32/b2"] * 2, "transformer/tiny/zero3/n4/s2/fp32/b2"]
     cell = tiny_cell(strategy="zero3", world_size=4)
     assert replace(cell, shard_group=4).key() == cell.key() != replace(cell, shard_group=2).key()
 
