@@ -213,9 +213,9 @@ def _label(r: Record, vary: set[str]) -> str:
 
 
 def series_labels(records: Sequence[Record]) -> list[str]:
-    """Line labels for x = world size: the strategy (``+AC`` with activation checkpointing, a
-    line of its own), plus the run id where runs share a point."""
-    names = [f"{r.strategy}+AC" if r.activation_checkpointing else r.strategy for r in records]
+    """Line labels for x = world size: the strategy (with its shard width, and ``+AC`` with
+    activation checkpointing, each a line of its own), plus the run id where runs share a point."""
+    names = [f"{strategy_label(r)}+AC" if r.activation_checkpointing else strategy_label(r) for r in records]
     dup = {s for s, idx in by_key(range(len(records)), lambda i: names[i])
            if len({records[i].world_size for i in idx}) < len(idx)}  # fmt: skip
     return [f"{n} [{r.run_id}]" if n in dup else n for n, r in zip(names, records, strict=True)]

@@ -40,6 +40,11 @@ def hatch(series: str) -> str | None:
     return GROUPED_HATCH if _strategy(series) != series else None
 
 
+def line_marker(series: str) -> str:
+    """A line's marker: a square for a series that shards in groups, the default circle else."""
+    return "s" if hatch(series) else "o"
+
+
 def _strategy(series: str) -> str:
     """The strategy of a series labelled with its shard width (``records.strategy_label``)."""
     return series.split(" S=")[0]
