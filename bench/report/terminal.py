@@ -368,7 +368,7 @@ _ROW_KEYS: tuple[tuple[str, Callable[[Record], tuple[str, ...]]], ...] = (
     ("at", lambda r: (f"N={r.world_size}",)),
     ("at", lambda r: (r.precision,)),
     ("at", lambda r: (f"N={r.world_size}", r.precision)),
-    ("of", lambda r: (r.workload, r.preset, r.strategy, f"N={r.world_size}", r.precision)),
+    ("of", lambda r: (r.workload, r.preset, strategy_label(r), f"N={r.world_size}", r.precision)),
 )
 
 
@@ -528,8 +528,9 @@ def scaling_lines(records: Sequence[Record]) -> list[str]:
 
     groups: dict[tuple, list[str]] = {}
     for key, text in scaling_texts(records).items():
+        shards = "" if key.shard_group is None else f" S={key.shard_group}"
         groups.setdefault(key.without("strategy", "world_size"), []).append(
-            f"{key.strategy} N={key.world_size} {text}"
+            f"{key.strategy}{shards} N={key.world_size} {text}"
         )
     lines = []
     for key, parts in groups.items():
