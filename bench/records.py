@@ -82,6 +82,9 @@ class CellKey(NamedTuple):
     precision: str
     batch_size: int | None
     device: str
+    #: hybrid sharding's shard width S where it is not N (``flat_as_none``): a record without
+    #: it, and a flat one, are the same cell
+    shard_group: int | None = None
 
     @classmethod
     def of(cls, r: Record) -> CellKey:
@@ -110,6 +113,7 @@ class CellKey(NamedTuple):
             r.precision,
             batch,
             r.device,
+            flat_as_none(r.shard_group, r.world_size),
         )
 
     @classmethod
@@ -127,12 +131,27 @@ class CellKey(NamedTuple):
             r.precision,
             r.batch_size_per_rank,
             r.device,
+            flat_as_none(r.shard_group, r.requested_world_size),
         )
         return key, r.repeat
 
     def without(self, *names: str) -> tuple[Any, ...]:
-        """The key with ``names`` set aside: cells equal in everything else share it."""
+        """The key with ``names`` set aside: cells equal in everything else share it. The shard
+        width is a setting of the strategy: setting the strategy aside sets it aside too."""
+        names = (*names, "shard_group") if "strategy" in names else names
         return tuple(v for k, v in zip(self._fields, self, strict=True) if k not in names)
+
+
+def flat_as_none(shard_group: int | None, world_size: int) -> int | None:
+    """A cell's shard width as its identity has it: None where it shards over all N (S = N,
+    or no S: a record written before the field, a strategy that takes none)."""
+    return None if shard_group is None or shard_group == world_size else shard_group
+
+
+def strategy_label(r: Record) -> str:
+    """The strategy as tables show it: with its shard width where that is not N (``zero3 S=2``)."""
+    s = flat_as_none(r.shard_group, r.world_size)
+    return r.strategy if s is None else f"{r.strategy} S={s}"
 
 
 class RecordWriteError(OSError):
@@ -178,6 +197,9 @@ class Record:
     fake: bool = False
     #: the workload's checkpoint units recomputed their activations in backward
     activation_checkpointing: bool = False
+    #: hybrid sharding's shard width S (N where a strategy that takes one shards over all N);
+    #: None for a strategy that takes none, and on a record written before the field (flat)
+    shard_group: int | None = None
     #: only on ``shardbench max-size`` summary records (suite "max-size"); see bench/studies/maxsize.py
     max_size: dict[str, Any] | None = None
     loss: dict[str, float | None] | None = None  # {"first", "last"}, rank 0

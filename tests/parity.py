@@ -81,11 +81,12 @@ def train_strategy_rank(
     optimizer_factory: Callable[..., torch.optim.Optimizer] | None = None,
     activation_checkpointing: bool = False,
     precision: str = "fp32",
+    shard_group: int | None = None,
 ) -> dict[str, Any]:
     """Run on each rank (inside tests.dist.run_distributed); returns the rank's final state
     (whole parameters: a wrapper that shards them consolidates them with ``full_state_dict``).
     At ``precision`` the strategy readies the model, autocasts and scales its loss as the
-    harness has it do."""
+    harness has it do; ``shard_group``: hybrid sharding's S, as a cell gives it."""
     import torch.distributed as dist
 
     from shardbench.models.checkpointing import apply_activation_checkpointing
@@ -102,6 +103,7 @@ def train_strategy_rank(
         device=torch.device("cpu"),
         process_group=dist.group.WORLD,
         precision=precision,
+        shard_group=shard_group,
     )
     model, autocast_dtype = strategy.prepare_precision(model, precision)
     model, opt = strategy.setup(model, optimizer_factory or workload.optimizer_factory(), ctx)

@@ -181,7 +181,7 @@ LLAMA_TOY = (
     "num_key_value_heads=2:vocab_size=256:seq_len=32"
 )
 #: each simulatable strategy with one of the workloads at one precision, every pair of them
-#: covered (all 28 cells take about half a minute on two cores; the recompute is the same for
+#: covered (all 32 cells take about half a minute on two cores; the recompute is the same for
 #: every strategy, only where its parameters come from differs): BERT passes a padding mask, so
 #: CUDA runs memory-efficient attention at both precisions, Llama is causal, so flash at bf16
 PLANNED = [
@@ -192,6 +192,7 @@ PLANNED = [
     ("fsdp2-zero2", "transformer", "bf16"),
     ("zero3", "hf:LlamaForCausalLM", "fp32"),
     ("fsdp2-zero3", "hf:LlamaForCausalLM", "bf16"),
+    ("fsdp2-hsdp", "transformer", "fp32"),
 ]
 
 

@@ -22,6 +22,9 @@ from tests.parity import max_rel_diff, train_reference, train_strategy_rank
 from tests.tiny_models import MLPWorkload
 
 MULTI_RANK = ["ddp", "zero1", "zero2", "zero3", "torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
+#: trained to the reference where they shard in groups (tests/test_hybrid_peers.py): flat, each
+#: is one of the above
+HYBRID = ["fsdp2-hsdp", "deepspeed-zero3-hpz"]
 PEERS = [
     "fairscale-zero1",
     "fairscale-zero2",
@@ -33,19 +36,20 @@ PEERS = [
 
 
 def test_registry_names_and_aliases() -> None:
-    assert strategy_names() == ["dp", *MULTI_RANK, *PEERS]
+    assert strategy_names() == ["dp", *MULTI_RANK, *HYBRID[:1], *PEERS, *HYBRID[1:]]
     assert canonical_name("sharded") == canonical_name("ddp_sharded") == "zero2"
     with pytest.raises(ValueError, match="allowed: dp, ddp, zero1, zero2, .*sharded \\(= zero2\\)"):
         get_strategy("zero9")
 
 
 def test_declared_sharding() -> None:
-    sharding = {n: get_strategy(n).sharding for n in MULTI_RANK}
+    sharding = {n: get_strategy(n).sharding for n in [*MULTI_RANK, *HYBRID]}
     assert sharding["ddp"] == REPLICATED
     assert sharding["zero1"] == ZERO1
     assert sharding["torch-zero1"] == Sharding(optimizer_state=True, whole_parameters=True)
     assert sharding["zero2"] == sharding["fsdp2-zero2"] == ZERO2
-    assert sharding["zero3"] == sharding["fsdp2-zero3"] == ZERO3
+    assert sharding["zero3"] == sharding["fsdp2-zero3"] == sharding["fsdp2-hsdp"] == ZERO3
+    assert sharding["deepspeed-zero3-hpz"] == ZERO3
     # the shards_* flags are read-only views of the declaration, on classes and instances alike
     zero2 = get_strategy("zero2")
     flags = (zero2.shards_optimizer_state, zero2.shards_gradients, zero2.shards_parameters)
@@ -65,7 +69,7 @@ def test_declared_display() -> None:
         "dp", "ddp",
         "zero1", "torch-zero1", "fairscale-zero1", "deepspeed-zero1",
         "zero2", "fsdp2-zero2", "fairscale-zero2", "deepspeed-zero2",
-        "zero3", "fsdp2-zero3", "fairscale-zero3", "deepspeed-zero3",
+        "zero3", "fsdp2-zero3", "fairscale-zero3", "deepspeed-zero3", "fsdp2-hsdp", "deepspeed-zero3-hpz",
     ]  # fmt: skip
     assert len({d.color for d in displays.values()}) == len(displays)
     assert {n for n, d in displays.items() if d.role == "ours"} == {"zero1", "zero2", "zero3"}

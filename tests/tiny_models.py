@@ -37,7 +37,12 @@ class MLPWorkload(Workload):
     # small enough that Adam's sign-of-noise steps on near-zero gradients stay below 1e-6 of the
     # weights, large enough that a wrong update (one step off, a lost shard) is ~1e-3 away
     lr = 1e-4
-    presets: dict[str, dict[str, Any]] = {"tiny": dict(vocab=512, dim=32, classes=8, seq=6)}
+    presets: dict[str, dict[str, Any]] = {
+        "tiny": dict(vocab=512, dim=32, classes=8, seq=6),
+        # every parameter above DeepSpeed's stage-3 persistence threshold (1e5 elements), so
+        # its ZeRO-3 partitions and gathers each of them rather than keeping it whole
+        "wide": dict(vocab=512, dim=160, classes=8, seq=6),
+    }
 
     def build(self, preset: str, *, dropout: bool = True) -> nn.Module:
         p = self.presets[preset]

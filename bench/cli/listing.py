@@ -44,6 +44,7 @@ def listing() -> dict:
             "shards_gradients": c.sharding.gradients,
             "shards_parameters": c.sharding.parameters,
             "simulatable": c.simulatable,
+            "shard_group": c.shard_group,
             "cuda_only": c.cuda_only,
             "available": not missing_packages(c.name),
             "extra": c.extra,

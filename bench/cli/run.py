@@ -74,6 +74,14 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--batch-size", type=csv_list(int), help=f"per-rank batch size(s) {suites(smoke.batch_sizes)}"
     )
+    run.add_argument(
+        "--shard-group",
+        type=csv_list(int),
+        metavar="S[,...]",
+        help="hybrid sharding: shard within groups of S ranks and replicate across the N/S groups, "
+        "for the strategies that take it (zero1, zero2, zero3, fsdp2-hsdp, ...); S must divide the "
+        "world size (default: the suite's, else S = N: over all ranks)",
+    )
     run.add_argument("--steps", type=int, help=f"measured steps per cell {suites(smoke.steps)}")
     run.add_argument("--warmup", type=int, help=f"unmeasured warm-up steps per cell {suites(smoke.warmup)}")
     run.add_argument("--device", choices=DEVICES, help=f"where the cells run {suites(smoke.device)}")
@@ -315,7 +323,9 @@ def run_name(suite: str, cells: Sequence[CellConfig], *, scaling: bool = False) 
     ran: flags that replaced the suite's lists measured something the suite never named."""
     workloads = list(dict.fromkeys(c.workload for c in cells))
     spec = override(load_suite(suite), scaling=scaling).for_devices(cuda_devices())
-    own = {_identity(c) for c in spec.cells() if c.workload in workloads}
+    from shardbench.harness.shard_width import fit_shard_groups
+
+    own = {_identity(c) for c in fit_shard_groups(spec.cells())[0] if c.workload in workloads}
     if {_identity(c) for c in cells} <= own:
         return safe_name(spec.name)
     labels = [workload_label(w) for w in workloads]

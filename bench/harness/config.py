@@ -1,8 +1,8 @@
 """Run configuration: frozen dataclasses and suite loading.
 
 A *cell* is one measured combination (workload x preset x strategy x world size x precision x
-batch). A *suite* is a TOML file in ``bench/suites/`` whose lists expand, by cross product, into
-cells. Command-line flags override a suite's lists. Everything is validated here, before any
+batch x shard width). A *suite* is a TOML file in ``bench/suites/`` whose lists expand, by cross
+product, into cells. Command-line flags override a suite's lists. Everything is validated here, before any
 process starts or any file is written, so bad input fails fast with a message naming what is
 allowed.
 """
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shardbench.records import CellKey
+from shardbench.records import CellKey, flat_as_none
 from shardbench.strategies.catalog import WorldPlan
 from shardbench.strategies.registry import reference_strategy
 
@@ -60,6 +60,10 @@ class CellConfig:
     #: recompute each of the workload's checkpoint units in backward instead of keeping its
     #: activations (models/checkpointing.py): less activation memory for more compute
     activation_checkpointing: bool = False
+    #: hybrid sharding: shard within groups of this many ranks and replicate across the N/S
+    #: groups (a strategy whose card takes ``shard_group``); None: over all N, as S = N is
+    #: (``plan_cells`` fixes it to N for such a strategy, so its record states it)
+    shard_group: int | None = None
     #: how the world is laid out (processes launched, world size reported, note), fixed once by
     #: ``shardbench.harness.validate.plan_cells`` and carried to every rank in the cell JSON
     plan: WorldPlan | None = None
@@ -104,6 +108,7 @@ class CellConfig:
             self.precision,
             self.batch_size,
             self.device,
+            flat_as_none(self.shard_group, self.world_size),
         )
         return key, self.repeat
 
@@ -156,6 +161,8 @@ class SuiteSpec:
     presets: tuple[str, ...] = ("tiny",)
     precisions: tuple[str, ...] = ("fp32",)
     batch_sizes: tuple[int, ...] = (8,)
+    #: shard widths S (hybrid sharding) of the strategies that take one; None: over all N
+    shard_group: tuple[int | None, ...] = (None,)
     steps: int = 5
     warmup: int = 2
     device: str = "cpu"
@@ -232,7 +239,7 @@ def scaling_reference(cell: CellConfig) -> CellConfig | None:
     simulated or planned world, which time no communication)."""
     if cell.world_size <= 1 or cell.simulate or cell.fake:
         return None
-    return replace(cell, strategy=reference_strategy(), world_size=1)
+    return replace(cell, strategy=reference_strategy(), world_size=1, shard_group=None)
 
 
 # order matters: the cross product in SuiteSpec.cells() follows it
@@ -243,6 +250,7 @@ _LIST_KEYS = {
     "world_sizes": int,
     "precisions": str,
     "batch_sizes": int,
+    "shard_group": int,
 }
 _SCALAR_KEYS = {
     "description": str,
@@ -271,7 +279,7 @@ _MATRIX_SCALARS = (
 )
 
 #: the CellConfig field each list of ``_LIST_KEYS`` varies, in the same order
-_LIST_FIELDS = ("workload", "preset", "strategy", "world_size", "precision", "batch_size")
+_LIST_FIELDS = ("workload", "preset", "strategy", "world_size", "precision", "batch_size", "shard_group")
 _SUITE_LIST = dict(zip(_LIST_FIELDS, _LIST_KEYS, strict=True))
 
 #: command-line flag (argparse's name for it) -> the CellConfig field it sets. Every command
@@ -284,6 +292,7 @@ FLAG_FIELDS = {
     "world_size": "world_size",
     "precision": "precision",
     "batch_size": "batch_size",
+    "shard_group": "shard_group",
     "steps": "steps",
     "warmup": "warmup",
     "device": "device",

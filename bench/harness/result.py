@@ -172,6 +172,7 @@ def cell_fields(cell: CellConfig) -> dict[str, Any]:
         "device": cell.device,
         "precision": cell.precision,
         "batch_size_per_rank": cell.batch_size,
+        "shard_group": cell.shard_group,
         "steps": cell.steps,
         "warmup": cell.warmup,
         "repeat": cell.repeat,

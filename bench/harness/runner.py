@@ -27,7 +27,7 @@ from types import FrameType
 from shardbench.harness.config import CellConfig
 from shardbench.harness.launch import CellEndsRun, run_cell
 from shardbench.harness.result import build_record, with_slow_start
-from shardbench.records import CellKey, Record, append_record, read_records
+from shardbench.records import CellKey, Record, append_record, flat_as_none, read_records
 from shardbench.wording import count, wrap
 
 _RUN_IDS = itertools.count()
@@ -205,8 +205,9 @@ def done_line(cell: CellConfig, record: Record) -> str:
 
 
 def _label(cell: CellConfig) -> str:
+    shards = f"S={cell.shard_group} " if flat_as_none(cell.shard_group, cell.world_size) else ""
     return (
-        f"{cell.workload}/{cell.preset} {cell.strategy} N={cell.world_size} "
+        f"{cell.workload}/{cell.preset} {cell.strategy} N={cell.world_size} {shards}"
         f"{cell.precision} b={cell.batch_size}" + (" AC" if cell.activation_checkpointing else "")
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterable
 from dataclasses import replace
@@ -86,12 +87,17 @@ def check_timeout(seconds: Any) -> None:
 
 def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
     """Validate each cell and fix its plan: canonical strategy name, workload and preset known,
-    numbers in range, and the world the strategy really gets on this device (``ValueError``
+    numbers in range, the shard width fitted (``shard_width``: a line on stderr for each kind of
+    cell it leaves out), and the world the strategy really gets on this device (``ValueError``
     otherwise). Returns the planned cells in order."""
     from shardbench.harness.bounded import check_workload
+    from shardbench.harness.shard_width import fit_shard_groups
     from shardbench.models.registry import get_workload
     from shardbench.strategies.registry import canonical_name, check_runnable, get_strategy
 
+    cells, left_out = fit_shard_groups(cells)
+    for line in left_out:
+        print(f"shardbench: {line}", file=sys.stderr)
     planned: list[CellConfig] = []
     for cell in cells:
         if cell.device not in DEVICES:

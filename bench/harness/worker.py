@@ -181,7 +181,12 @@ def run_rank(
     pg = _process_group(cell, strategy, device, rank=rank, processes=processes, world_size=world_size)
 
     ctx = RankContext(
-        rank=rank, world_size=world_size, device=device, process_group=pg, precision=cell.precision
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        process_group=pg,
+        precision=cell.precision,
+        shard_group=cell.shard_group,
     )
     if cell.fake:
         workload.check_plannable()

@@ -42,6 +42,10 @@ activations. With a dominant root (BERT's embeddings are ~22% of bert-base) the 
 at the peak sit well above 4 Psi / N, while the model states measured between steps equal the
 prediction.
 
+Hybrid sharding (a shard width S: shard within groups of S ranks, replicate across the N/S
+groups) keeps what is sharded once per group: each sharded term is divided by S instead of N
+(zero3 at S: 16 Psi / S), what is replicated stays whole.
+
 The prediction is driven by a strategy's declared ``Sharding``, not its name, so a new strategy
 gets the right formula by declaring what it shards; ``FORMULAS`` names the paper's rows. A
 strategy's storage precision is what it really keeps: DDP-style strategies run bf16 as autocast
@@ -110,29 +114,32 @@ def predicted_model_state_bytes(
     sharding: Sharding,
     group_sizes: list[list[int]] | None = None,
     trainable: int | None = None,
+    shard_size: int | None = None,
 ) -> dict[str, int]:
     """Per-rank bytes of params, grads and optimizer state (and their total) for AdamW, for the
     largest rank. ``group_sizes`` (elements of each parameter in each optimizer group) is needed
     for ``whole_parameters`` partitions. ``trainable``: the parameters that take gradients
     (default: all); a frozen parameter is held (and sharded with the parameters) but has neither
-    gradient nor optimizer state."""
+    gradient nor optimizer state. ``shard_size``: hybrid sharding's S, the ranks each sharded
+    term is divided among (default: all ``world_size``)."""
     if precision not in MODEL_STATE_BYTES:
         raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(MODEL_STATE_BYTES)}")
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     p, g, o = MODEL_STATE_BYTES[precision]
+    shards = world_size if shard_size is None else shard_size
 
     learning = num_params if trainable is None else trainable
 
     def share(nbytes_per_param: int, sharded: bool, count: int = learning) -> int:
         total = nbytes_per_param * count
-        return -(-total // world_size) if sharded else total  # ceil: the largest rank's share
+        return -(-total // shards) if sharded else total  # ceil: the largest rank's share
 
     optimizer = share(o, sharding.optimizer_state)
     if sharding.optimizer_state and sharding.whole_parameters:
         if group_sizes is None:
             raise ValueError("a whole-parameter partition needs the parameter sizes (group_sizes)")
-        optimizer = o * max(whole_parameter_partition(group_sizes, world_size))
+        optimizer = o * max(whole_parameter_partition(group_sizes, shards))
     out = {
         "params": share(p, sharding.parameters, num_params),
         "grads": share(g, sharding.gradients),
@@ -216,13 +223,23 @@ class Communication:
     #: each parameter is sharded on dim 0, padded to a multiple of N (FSDP2's ``Shard(0)``),
     #: rather than packed into flat buckets
     dim0_padding: bool = False
+    #: where it shards in groups smaller than the world, the backend our ZeRO's reducer runs on
+    #: then (zero1 on gloo keeps DDP's all-reduce only over the whole world); None: as flat
+    grouped_reducer_backend: str | None = None
+    #: ZeRO++'s hierarchical partitioning (hpZ): where it shards in groups smaller than the
+    #: world, backward gathers from a secondary copy of the parameters partitioned within the
+    #: group, while forward's gathers and the gradients' reduction still span all N
+    secondary_gather: bool = False
 
     def __post_init__(self) -> None:
         if (self.gradients is None) == (self.reducer_backend is None):
             raise ValueError("a Communication reduces gradients one way: give gradients or reducer_backend")
 
-    def gradient_collective(self, world_size: int) -> str:
-        """The collective the gradients are reduced with at ``world_size`` ranks."""
+    def gradient_collective(self, world_size: int, *, grouped: bool = False) -> str:
+        """The collective the gradients are reduced with at ``world_size`` ranks (``grouped``:
+        within a shard group smaller than the world)."""
+        if grouped and self.grouped_reducer_backend is not None:
+            return sharded_gradient_collective(self.grouped_reducer_backend, world_size)
         if self.reducer_backend is not None:
             return sharded_gradient_collective(self.reducer_backend, world_size)
         assert self.gradients is not None
@@ -262,22 +279,55 @@ class CommShape:
         return _padded(self.frozen, world_size)
 
 
-def predicted_comm(comm: Communication, shape: CommShape, world_size: int) -> dict[str, Any]:
+def predicted_comm(
+    comm: Communication, shape: CommShape, world_size: int, shard_size: int | None = None
+) -> dict[str, Any]:
     """Per operator kind, the bytes of the full tensors a rank communicates in a step and what a
-    ring sends per rank for them; ``sent_per_rank`` in all (``comm.py``'s summary, predicted)."""
-    elements = shape.padded(world_size) if comm.dim0_padding else shape.elements
-    volumes: dict[str, int] = {comm.gradient_collective(world_size): elements * comm.gradient_bytes}
+    ring sends per rank for them; ``sent_per_rank`` in all (``comm.py``'s summary, predicted).
+
+    ``shard_size`` S < N (hybrid sharding): the gradients are reduced and the parameters
+    gathered within the shard group of S ranks, and each reduced chunk (1/S of the gradients)
+    is then all-reduced across the N/S ranks holding it (``replicate``); with
+    ``secondary_gather`` (ZeRO++'s hpZ) only backward's gathers stay within the group.
+    ``groups`` gives what a rank sends within its shard group and across replicas."""
+    s = world_size if shard_size is None else shard_size
+    grouped = s < world_size
+    secondary = grouped and comm.secondary_gather
+    span = world_size if secondary else s  # the ranks gradients are reduced over
+    inside = "shard" if grouped and not secondary else None  # where those collectives run
+    elements = shape.padded(span) if comm.dim0_padding else shape.elements
+    #: (kind, bytes of the full tensors, ranks of the ring, which group or None for the world)
+    reduced = comm.gradient_collective(span, grouped=inside is not None)
+    sends = [(reduced, elements * comm.gradient_bytes, span, inside)]
     if comm.parameters is not None:
         sharded, root = elements, shape.root_elements
         if comm.frozen_gathered:
-            sharded += shape.frozen_padded(world_size) if comm.dim0_padding else shape.frozen_elements
+            sharded += shape.frozen_padded(span) if comm.dim0_padding else shape.frozen_elements
             root += shape.root_frozen_elements
         kept = root if comm.root_kept and comm.gathers > 1 else 0
-        gathered = comm.gathers * sharded - kept
-        volumes[comm.parameters] = volumes.get(comm.parameters, 0) + gathered * comm.parameter_bytes
-    ops = {
-        kind: {"bytes": size, "sent_per_rank": round(size * RING[kind](world_size))}
-        for kind, size in sorted(volumes.items())
+        size = comm.parameter_bytes
+        if secondary:  # forward from the primary partitions, backward from the secondary
+            sends.append((comm.parameters, sharded * size, world_size, None))
+            sends.append((comm.parameters, ((comm.gathers - 1) * sharded - kept) * size, s, "shard"))
+        else:
+            sends.append((comm.parameters, (comm.gathers * sharded - kept) * size, s, inside))
+    if grouped and not secondary:
+        sends.append(("all_reduce", -(-elements // s) * comm.gradient_bytes, world_size // s, "replicate"))
+    ops: dict[str, dict[str, int]] = {}
+    groups: dict[str, int] = {}
+    for kind, size, ranks, where in sends:
+        sent = round(size * RING[kind](ranks))
+        entry = ops.setdefault(kind, {"bytes": 0, "sent_per_rank": 0})
+        entry["bytes"] += size
+        entry["sent_per_rank"] += sent
+        if where is not None:
+            groups[where] = groups.get(where, 0) + sent
+    out: dict[str, Any] = {
+        "world_size": world_size,
+        "ops": dict(sorted(ops.items())),
+        "sent_per_rank": sum(v["sent_per_rank"] for v in ops.values()),
     }
-    sent = sum(v["sent_per_rank"] for v in ops.values())
-    return {"world_size": world_size, "ops": ops, "sent_per_rank": sent}
+    if grouped:
+        out["shard_group"] = s
+        out["groups"] = dict(sorted(groups.items()))
+    return out

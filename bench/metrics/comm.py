@@ -12,13 +12,18 @@ all-reduce's tensor; an all-gather's output; a reduce-scatter's input; a broadca
 the bytes a ring algorithm sends per rank for it: all-reduce 2(N-1)/N x size, all-gather and
 reduce-scatter (N-1)/N x the full size, broadcast and reduce (N-1)/N x size (a pipelined ring:
 every rank but the last forwards the tensor once; per rank on average). Bytes are those of the tensors as
-communicated (a bf16 bucket counts 2 bytes per element).
+communicated (a bf16 bucket counts 2 bytes per element). N is the size of the group the
+collective runs over: under hybrid sharding a rank's collectives run within its shard group and
+across its replicas, and ``groups`` says what it sent in each (a group of consecutive ranks is
+a shard group, one of ranks a stride apart its replica group).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardbench.metrics.analytic import RING
@@ -46,6 +51,8 @@ class CollectiveCounter(TorchDispatchMode):
         super().__init__()
         self.world_size = world_size
         self.ops: dict[str, dict[str, float]] = {}
+        #: sent per rank in groups smaller than the world, by ``_group_kind``
+        self.groups: dict[str, float] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func.namespace == "c10d":
@@ -58,14 +65,40 @@ class CollectiveCounter(TorchDispatchMode):
             entry["calls"] += 1
             entry["bytes"] += size
             if kind in RING:
-                entry["sent_per_rank"] += size * RING[kind](self.world_size)
+                ranks = _group_ranks(args)
+                sent = size * RING[kind](len(ranks) if ranks else self.world_size)
+                entry["sent_per_rank"] += sent
+                if ranks and 1 < len(ranks) < self.world_size:  # (a group of one sends nothing)
+                    where = _group_kind(ranks)
+                    self.groups[where] = self.groups.get(where, 0.0) + sent
         return func(*args, **(kwargs or {}))
 
     def summary(self) -> dict[str, Any]:
         """``{"world_size", "ops": {kind: {calls, bytes, sent_per_rank}}, "sent_per_rank"}``."""
         ops = {k: {**v, "sent_per_rank": round(v["sent_per_rank"])} for k, v in sorted(self.ops.items())}
-        return {
+        out: dict[str, Any] = {
             "world_size": self.world_size,
             "ops": ops,
             "sent_per_rank": sum(v["sent_per_rank"] for v in ops.values()),
         }
+        if self.groups:
+            out["groups"] = {k: round(v) for k, v in sorted(self.groups.items())}
+        return out
+
+
+def _group_ranks(args: tuple) -> list[int] | None:
+    """The global ranks of the process group a c10d operator runs over (None: not found)."""
+    for a in args:
+        if isinstance(a, torch.ScriptObject) and "ProcessGroup" in str(a._type()):
+            try:
+                return dist.get_process_group_ranks(dist.ProcessGroup.unbox(a))
+            except (RuntimeError, ValueError):
+                return None
+    return None
+
+
+def _group_kind(ranks: list[int]) -> str:
+    """A group of consecutive ranks is a shard group ("shard"), one of ranks a stride apart a
+    replica group ("replicate")."""
+    ordered = sorted(ranks)
+    return "shard" if ordered[-1] - ordered[0] == len(ordered) - 1 else "replicate"

@@ -26,7 +26,15 @@ def predict(
 
         group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
     precision = strategy.model_state_precision(cell.precision)
-    return predicted_model_state_bytes(num_params, world_size, precision, sharding, group_sizes, trainable)
+    return predicted_model_state_bytes(
+        num_params,
+        world_size,
+        precision,
+        sharding,
+        group_sizes,
+        trainable,
+        strategy.model_state_shards(world_size, cell.shard_group),
+    )
 
 
 def predict_comm(
@@ -47,7 +55,7 @@ def predict_comm(
         frozen=frozen,
         root_frozen_elements=shape.get("root_frozen_elements", 0),
     )
-    return predicted_comm(comm, comm_shape, world_size)
+    return predicted_comm(comm, comm_shape, world_size, cell.shard_group)
 
 
 def comm_shape_of(cell: CellConfig) -> dict[str, Any] | None:

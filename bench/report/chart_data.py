@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from shardbench.records import Record
+from shardbench.records import Record, strategy_label
 from shardbench.report.chart_types import (
     GIB,
     Bar,
@@ -28,7 +28,7 @@ from shardbench.report.chart_types import (
     status_of,
     subtitle,
 )
-from shardbench.report.styles import strategy_key
+from shardbench.report.styles import line_marker, strategy_key
 from shardbench.studies.maxsize import kept_reserve
 from shardbench.studies.reference import REFERENCE
 from shardbench.wording import count
@@ -85,7 +85,7 @@ def _peak_panel(recs: Sequence[Record], title: str = "") -> Panel:
     for group, r in zip(group_labels(recs), recs, strict=True):
         peak = _peak(r)
         value = None if peak is None else peak / scale
-        bars.append(Bar(group, r.strategy, value, status_of(r, value)))
+        bars.append(Bar(group, strategy_label(r), value, status_of(r, value)))
         if r.strategy == REFERENCE and value is not None:
             reference[group] = value
     return Panel(ylabel=f"peak memory per rank ({unit})", bars=tuple(bars), reference=reference, title=title)
@@ -131,7 +131,7 @@ def breakdown_charts(records: Sequence[Record]) -> list[Chart]:
             bars.append(
                 Bar(
                     group,
-                    r.strategy,
+                    strategy_label(r),
                     total,
                     status_of(r, total),
                     parts=parts,
@@ -165,9 +165,9 @@ def step_time_charts(records: Sequence[Record]) -> list[Chart]:
             t = (r.step_time_s or {}) if r.status == "ok" else {}
             ms = None if t.get("median") is None else t["median"] * 1e3
             mad = None if t.get("mad") is None else t["mad"] * 1e3
-            times.append(Bar(group, r.strategy, ms, status_of(r, ms), err=mad))
+            times.append(Bar(group, strategy_label(r), ms, status_of(r, ms), err=mad))
             rate = r.samples_per_s if r.status == "ok" else None
-            rates.append(Bar(group, r.strategy, rate, status_of(r, rate)))
+            rates.append(Bar(group, strategy_label(r), rate, status_of(r, rate)))
         panels = (
             Panel(
                 ylabel="step time (ms)", bars=tuple(times), title="step time: median of the measured steps"
@@ -196,7 +196,7 @@ def mfu_charts(records: Sequence[Record]) -> list[Chart]:
         if not any(r.mfu is not None for r in recs):
             continue
         bars = tuple(
-            Bar(group, r.strategy, pct, status_of(r, pct))
+            Bar(group, strategy_label(r), pct, status_of(r, pct))
             for group, r in zip(group_labels(recs), recs, strict=True)
             for pct in [None if r.mfu is None or r.status != "ok" else r.mfu * 100]
         )
@@ -240,14 +240,16 @@ def throughput_scaling_charts(records: Sequence[Record]) -> list[Chart]:
             continue
         one = statistics.median(refs)
         lines = []
-        for strategy, rs in by_key(sorted(scaled, key=_line_order), lambda r: r.strategy):
+        for strategy, rs in by_key(sorted(scaled, key=_line_order), strategy_label):
             points = [(1, one, "ok")]
             for n, at_n in by_key(rs, lambda r: r.world_size):
                 rates = [r.samples_per_s for r in at_n if r.status == "ok" and r.samples_per_s]
                 points.append((n, statistics.median(rates) if rates else None, _worst(at_n, rates)))
             x = tuple(n for n, _, _ in points)
             y = tuple(v for _, v, _ in points)
-            lines.append(Line(strategy, strategy, x, y, tuple(s for *_, s in points), (False,) * len(x)))
+            status = tuple(s for *_, s in points)
+            marker = line_marker(strategy)
+            lines.append(Line(strategy, strategy, x, y, status, (False,) * len(x), marker=marker))
         xs = (1, *sorted({r.world_size for r in scaled}))
         ideal = tuple(n * one for n in xs)
         lines.append(Line("ideal", REFERENCE, xs, ideal, ("ok",) * len(xs), (False,) * len(xs), dashed=True))
@@ -392,13 +394,14 @@ def _scaling_lines(series: str, rs: Sequence[Record], scale: float) -> list[Line
     peaks = [_peak(r) for r in rs]
     ys = tuple(None if p is None else p / scale for p in peaks)
     status = tuple(status_of(r, y) for r, y in zip(rs, ys, strict=True))
-    lines = [Line(series, rs[0].strategy, tuple(r.world_size for r in rs), ys, status, hollow)]
+    marker = line_marker(strategy_label(rs[0]))
+    lines = [Line(series, rs[0].strategy, tuple(r.world_size for r in rs), ys, status, hollow, marker=marker)]
     pts = [(r, p) for r in rs if (p := _predicted(r)) is not None]
     if pts:
         x = tuple(r.world_size for r, _ in pts)
         y = tuple(p / scale for _, p in pts)
         h = tuple(r.simulated or r.fake for r, _ in pts)
-        lines.append(Line(series, rs[0].strategy, x, y, ("ok",) * len(pts), h, dashed=True))
+        lines.append(Line(series, rs[0].strategy, x, y, ("ok",) * len(pts), h, dashed=True, marker=marker))
     return lines
 
 
@@ -427,20 +430,22 @@ def comm_scaling_charts(records: Sequence[Record]) -> list[Chart]:
             continue
         one = {}
         for r in sorted(recs, key=realest, reverse=True):  # the realest record of each point wins
-            one[(r.strategy, r.world_size)] = r
+            one[(strategy_label(r), r.world_size)] = r
         recs = sorted(one.values(), key=_line_order)
         unit, scale = mem_unit([_sent(r) for r in recs] + [_sent(r, "predicted_comm") for r in recs])
         lines = []
-        for strategy, rs in by_key(recs, lambda r: r.strategy):
+        for strategy, rs in by_key(recs, strategy_label):
             ys = tuple(None if (s := _sent(r)) is None else s / scale for r in rs)
             hollow = tuple(r.simulated or r.fake for r in rs)
             status = tuple(status_of(r, y) for r, y in zip(rs, ys, strict=True))
-            lines.append(Line(strategy, strategy, tuple(r.world_size for r in rs), ys, status, hollow))
+            marker, x = line_marker(strategy), tuple(r.world_size for r in rs)
+            lines.append(Line(strategy, strategy, x, ys, status, hollow, marker=marker))
             pts = [(r, p) for r in rs if (p := _sent(r, "predicted_comm")) is not None]
             if pts:
                 x, y = tuple(r.world_size for r, _ in pts), tuple(p / scale for _, p in pts)
                 h = tuple(r.simulated or r.fake for r, _ in pts)
-                lines.append(Line(strategy, strategy, x, y, ("ok",) * len(pts), h, dashed=True))
+                done = ("ok",) * len(pts)
+                lines.append(Line(strategy, strategy, x, y, done, h, dashed=True, marker=marker))
         panel = Panel(
             ylabel=f"sent per rank per step ({unit})",
             lines=tuple(lines),

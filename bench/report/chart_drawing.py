@@ -22,7 +22,7 @@ from matplotlib.patches import Patch
 from shardbench.records import Record
 from shardbench.report import chart_data as C
 from shardbench.report.chart_types import Bar, Chart, Panel
-from shardbench.report.styles import legend_label, strategy_color
+from shardbench.report.styles import hatch, legend_label, strategy_color
 from shardbench.studies.reference import REFERENCE
 
 FORMATS = ("png", "svg")
@@ -166,7 +166,10 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
         if b.value is None:
             _failed_bar(ax, x, width, top * 0.3, b, strategy_color(b.series))
             continue
-        ax.bar(x, b.value, width, color=strategy_color(b.series), edgecolor="white", linewidth=0.5)
+        ax.bar(
+            x, b.value, width, color=strategy_color(b.series), edgecolor="white", linewidth=0.5,
+            hatch=hatch(b.series),
+        )  # fmt: skip
         if b.err is not None:
             ax.errorbar(x, b.value, yerr=b.err, color="black", capsize=2, linewidth=0.8)
         ax.text(x, b.value + (b.err or 0), _number(b.value), ha="center", va="bottom", fontsize=BAR_NUMBER,
@@ -184,7 +187,10 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
     else:
         ax.set_ylim(0, top * 1.25)
     ax.grid(axis="y", alpha=0.3)
-    handles: list[Artist] = [Patch(color=strategy_color(s), label=legend_label(s, s)) for s in series]
+    handles: list[Artist] = [
+        Patch(facecolor=strategy_color(s), edgecolor="white", hatch=hatch(s), label=legend_label(s, s))
+        for s in series
+    ]
     if panel.reference:
         handles.append(
             Line2D([], [], color="black", linestyle="--", label=f"{REFERENCE} (reference)")

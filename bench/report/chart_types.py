@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shardbench.paths import path_component
-from shardbench.records import Record
+from shardbench.records import Record, strategy_label
 from shardbench.report.styles import strategy_key
 
 T = TypeVar("T")
@@ -160,7 +160,7 @@ def cells(records: Sequence[Record]) -> list[Record]:
 def reading_order(r: Record) -> tuple:
     return (
         r.workload, r.params, r.preset, r.world_size, r.simulated, r.fake, r.activation_checkpointing,
-        r.precision, r.device, r.batch_size_per_rank, r.run_id, strategy_key(r.strategy),
+        r.precision, r.device, r.batch_size_per_rank, r.run_id, strategy_key(strategy_label(r)),
     )  # fmt: skip
 
 
@@ -175,21 +175,22 @@ def by_key(items: Iterable[T], key: Callable[[T], Hashable]) -> list[tuple[Any, 
 def group_labels(records: Sequence[Record]) -> list[str]:
     """The x label of each record's cell (preset, and what else varies), without its strategy.
 
-    Where one strategy appears twice under a label (several runs measured the same cell), that
-    label is split by run id so the runs stand side by side instead of hiding each other.
+    Where one strategy (at one shard width) appears twice under a label (several runs measured
+    the same cell), that label is split by run id so the runs stand side by side instead of
+    hiding each other.
     """
     vary = {a for a in ("world_size", "precision", "device", "batch_size_per_rank") if _varies(records, a)}
     labels = [_label(r, vary) for r in records]
     for label, idxs in by_key(range(len(records)), lambda i: labels[i]):
-        strategies = [records[i].strategy for i in idxs]
+        strategies = [strategy_label(records[i]) for i in idxs]
         if len(set(strategies)) < len(strategies):
             for i in idxs:
                 labels[i] = f"{label}\n{records[i].run_id}"
     seen: Counter[tuple[str, str]] = Counter()
     for i, r in enumerate(records):  # the same run repeated a cell: keep both, numbered
-        seen[(labels[i], r.strategy)] += 1
-        if seen[(labels[i], r.strategy)] > 1:
-            labels[i] += f" #{seen[(labels[i], r.strategy)]}"
+        seen[(labels[i], strategy_label(r))] += 1
+        if seen[(labels[i], strategy_label(r))] > 1:
+            labels[i] += f" #{seen[(labels[i], strategy_label(r))]}"
     return labels
 
 
@@ -212,9 +213,9 @@ def _label(r: Record, vary: set[str]) -> str:
 
 
 def series_labels(records: Sequence[Record]) -> list[str]:
-    """Line labels for x = world size: the strategy (``+AC`` with activation checkpointing, a
-    line of its own), plus the run id where runs share a point."""
-    names = [f"{r.strategy}+AC" if r.activation_checkpointing else r.strategy for r in records]
+    """Line labels for x = world size: the strategy (with its shard width, and ``+AC`` with
+    activation checkpointing, each a line of its own), plus the run id where runs share a point."""
+    names = [f"{strategy_label(r)}+AC" if r.activation_checkpointing else strategy_label(r) for r in records]
     dup = {s for s, idx in by_key(range(len(records)), lambda i: names[i])
            if len({records[i].world_size for i in idx}) < len(idx)}  # fmt: skip
     return [f"{n} [{r.run_id}]" if n in dup else n for n, r in zip(names, records, strict=True)]

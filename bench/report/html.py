@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from shardbench.records import FAILED_STATUSES, Record
+from shardbench.records import FAILED_STATUSES, Record, strategy_label
 from shardbench.report.plan_html import plan_lead
 from shardbench.report.scaling_html import scaling_table
 from shardbench.report.summary_html import summary_table
@@ -251,7 +251,7 @@ def _drill_down(records: Sequence[Record]) -> str:
         if not r.artifacts:
             continue
         links = " · ".join(f'<a href="{_e(path)}">{_e(label)}</a>' for label, path in r.artifacts.items())
-        cell = f"{r.workload} {r.preset} {r.strategy} N={r.world_size} b={r.batch_size_per_rank}"
+        cell = f"{r.workload} {r.preset} {strategy_label(r)} N={r.world_size} b={r.batch_size_per_rank}"
         rows.append(f"<li>{_e(cell)}: {links}</li>")
     if not rows:
         return ""

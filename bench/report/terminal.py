@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shardbench.records import CellKey, Record, oversubscription
+from shardbench.records import CellKey, Record, oversubscription, strategy_label
 from shardbench.report.chart_types import reading_order
 from shardbench.studies.reference import REFERENCE
 from shardbench.studies.speed_verdict import ONE_RUN, REPEAT_HINT, RULE
@@ -131,7 +131,7 @@ COLUMNS: dict[str, Column] = {
         Column("workload", lambda r: r.workload),
         Column("preset", lambda r: r.preset),
         Column("params", lambda r: f"{r.params / 1e6:.1f}M", right=True),
-        Column("strategy", lambda r: r.strategy),
+        Column("strategy", strategy_label),
         Column("N", lambda r: str(r.world_size), right=True),
         Column("prec", lambda r: r.precision),
         Column("batch", lambda r: str(r.batch_size_per_rank), right=True),
@@ -212,7 +212,7 @@ def ratio_lines(records: Sequence[Record]) -> list[str]:
     for group in against_reference(records):
         parts = []
         for v in group.others:
-            text = f"{v.record.strategy}: "
+            text = f"{strategy_label(v.record)}: "
             text += f"{v.peak:.2f}x peak" if v.peak else "peak unmeasured"
             if v.step_time:
                 text += f", {v.step_time:.2f}x step time"
@@ -383,7 +383,7 @@ _ROW_KEYS: tuple[tuple[str, Callable[[Record], tuple[str, ...]]], ...] = (
     ("at", lambda r: (f"N={r.world_size}",)),
     ("at", lambda r: (r.precision,)),
     ("at", lambda r: (f"N={r.world_size}", r.precision)),
-    ("of", lambda r: (r.workload, r.preset, r.strategy, f"N={r.world_size}", r.precision)),
+    ("of", lambda r: (r.workload, r.preset, strategy_label(r), f"N={r.world_size}", r.precision)),
 )
 
 
@@ -494,7 +494,7 @@ def _rows_text(rows: Sequence[Record], records: Sequence[Record]) -> str:
     parts: list[Callable[[Record], str]] = [
         *([lambda r: r.workload] if varies(lambda r: r.workload) else []),
         *([lambda r: r.preset] if varies(lambda r: r.preset) else []),
-        lambda r: r.strategy,
+        strategy_label,
         lambda r: f"N={r.world_size}",
         *([lambda r: r.precision] if varies(lambda r: r.precision) else []),
         *([lambda r: f"repeat {r.repeat}"] if repeated(records) else []),
@@ -509,7 +509,7 @@ def error_lines(records: Sequence[Record]) -> list[str]:
     for r in records:
         if r.status != "ok" and r.error:
             repeat = f" repeat {r.repeat}" if repeated(records) else ""
-            head = f"{r.status}: {r.workload} {r.preset} {r.strategy} N={r.world_size}{repeat}: "
+            head = f"{r.status}: {r.workload} {r.preset} {strategy_label(r)} N={r.world_size}{repeat}: "
             lines += wrap(head + first_sentence(r.error), WIDTH, indent="  ")
     return lines
 
@@ -523,7 +523,7 @@ def exposed_lines(records: Sequence[Record]) -> list[str]:
     groups: dict[CellKey, list[str]] = {}
     for r in records:
         if id(r) in exposed:
-            groups.setdefault(group_key(r), []).append(f"{r.strategy} {exposed[id(r)].text()}")
+            groups.setdefault(group_key(r), []).append(f"{strategy_label(r)} {exposed[id(r)].text()}")
     lines = []
     for key, parts in groups.items():
         ac = " AC" if key.activation_checkpointing else ""
@@ -543,8 +543,9 @@ def scaling_lines(records: Sequence[Record]) -> list[str]:
 
     groups: dict[tuple, list[str]] = {}
     for key, text in scaling_texts(records).items():
+        shards = "" if key.shard_group is None else f" S={key.shard_group}"
         groups.setdefault(key.without("strategy", "world_size"), []).append(
-            f"{key.strategy} N={key.world_size} {text}"
+            f"{key.strategy}{shards} N={key.world_size} {text}"
         )
     lines = []
     for key, parts in groups.items():

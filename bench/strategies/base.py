@@ -43,6 +43,9 @@ class RankContext:
     #: the modules the workload asks parameter-sharding strategies (zero3, FSDP2) to gather as
     #: units (``Workload.shard_units``); None: each strategy's default wrapping
     shard_units: tuple[nn.Module, ...] | None = None
+    #: hybrid sharding: shard within groups of this many ranks, replicate across the N/S groups
+    #: (a strategy whose card takes ``shard_group``); None: over all N
+    shard_group: int | None = None
 
 
 class _ShardingView:
@@ -146,6 +149,11 @@ class Strategy:
         """What a rank keeps sharded between steps, where the model states are measured: its
         ``sharding``, unless it holds more whole during a step than after it."""
         return self.sharding
+
+    def model_state_shards(self, world_size: int, shard_group: int | None) -> int:
+        """The ranks each sharded model state is divided among between steps: the shard
+        group's S where it shards in groups (hybrid sharding), else all N."""
+        return shard_group or world_size
 
     def model_state_precision(self, precision: str) -> str:
         """The precision model states are stored in when training at ``precision``: the default

@@ -10,7 +10,7 @@ argument validation never import torch, and there is still one place a declarati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from shardbench.metrics.analytic import REPLICATED, ZERO1, ZERO2, ZERO3, Sharding
@@ -86,6 +86,9 @@ class StrategyCard:
     #: without it (FSDP2, FairScale: their peaks moved by up to 0.25 MiB, 4.8 %, between runs of
     #: the same code on the CPU) is allowed 1 MiB
     exact_memory: bool = False
+    #: shards within groups of S ranks and replicates across the N/S groups when a cell gives a
+    #: shard width (``shard_group``; hybrid sharding); a strategy without it shards over all N
+    shard_group: bool = False
 
     @property
     def not_simulatable_because(self) -> str:
@@ -153,6 +156,7 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="zero1",
+        shard_group=True,
         implementation="shardbench.strategies.zero1:Zero1Strategy",
         description="ours: ShardedOptimizer (ZeRO-1, element-balanced), grads reduce-scattered (gloo: DDP)",
         sharding=ZERO1,
@@ -161,6 +165,7 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="zero2",
+        shard_group=True,
         implementation="shardbench.strategies.zero2:Zero2Strategy",
         aliases=("sharded", "ddp_sharded"),
         description="ours: ShardedOptimizer + ShardedDataParallel (ZeRO-2, element-balanced)",
@@ -170,6 +175,7 @@ CARDS: tuple[StrategyCard, ...] = (
     ),
     StrategyCard(
         name="zero3",
+        shard_group=True,
         implementation="shardbench.strategies.zero3:Zero3Strategy",
         description="ours: ShardedOptimizer + ShardedDataParallel(stage=3) (ZeRO-3, per-unit gathers)",
         sharding=ZERO3,
@@ -197,6 +203,14 @@ CARDS: tuple[StrategyCard, ...] = (
         description="peer: FSDP2 fully_shard, reshard_after_forward=True (ZeRO-3)",
         sharding=ZERO3,
         display=Display(order=41, color="#a1d99b", role="peer"),
+    ),
+    StrategyCard(
+        name="fsdp2-hsdp",
+        shard_group=True,
+        implementation="shardbench.strategies.fsdp2_hsdp:FSDP2HSDPStrategy",
+        description="peer: FSDP2 hybrid sharding (HSDP), fully_shard over a (N/S replicate, S shard) mesh",
+        sharding=ZERO3,
+        display=Display(order=44, color="#74c476", role="peer"),
     ),
     StrategyCard(
         name="fairscale-zero1",
@@ -252,5 +266,14 @@ CARDS: tuple[StrategyCard, ...] = (
             (2, ZERO2, 33, "#feedde"),
             (3, ZERO3, 43, "#e5f5e0"),
         )
+    ),
+    replace(
+        _deepspeed_card(3, ZERO3, 45, "#006d2c"),
+        name="deepspeed-zero3-hpz",
+        shard_group=True,
+        implementation="shardbench.strategies.deepspeed_hpz:DeepSpeedZero3HpZStrategy",
+        description=(
+            "peer: DeepSpeed ZeRO-3 with ZeRO++ hierarchical partitioning (zero_hpz_partition_size = S)"
+        ),
     ),
 )

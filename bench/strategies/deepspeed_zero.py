@@ -166,13 +166,17 @@ class DeepSpeedZeroStrategy(Strategy):
         os.environ.setdefault("LOCAL_RANK", str(ctx.rank))
         deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo")
         num_params = sum(p.numel() for p in model.parameters())
-        self.config = deepspeed_config(self.stage, ctx.precision, self.micro_batch, num_params)
+        self.config = self.engine_config(ctx, num_params)
         self.estimate = deepspeed_estimate(self.stage, model, ctx.world_size)
         engine, optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer_factory(model), config=self.config
         )
         self.engine = engine
         return engine, optimizer
+
+    def engine_config(self, ctx: RankContext, num_params: int) -> dict[str, Any]:
+        """The engine's configuration for this rank's cell (``deepspeed_config``)."""
+        return deepspeed_config(self.stage, ctx.precision, self.micro_batch, num_params)
 
     def train_step(self, model: nn.Module, optimizer: Any, inputs: Any, loss_fn: LossFn) -> torch.Tensor:
         """DeepSpeed's own loop: the engine clears gradients in ``step``, so after a step the

@@ -8,8 +8,10 @@ stage 1 keeps them (4 Psi, as DDP's buckets).
 
 On gloo, DistributedDataParallel (configured exactly as the ``ddp`` baseline) all-reduces the
 gradients and the optimizer all-gathers the updated parameters, 1.5x DDP's bytes: there it is the
-faster of the two (docs/measuring.md, "zero1 on gloo"). The ShardedOptimizer is built *before*
-either wrapper sees the model, because it moves the parameters into its flat buckets.
+faster of the two (docs/measuring.md, "zero1 on gloo"). Sharded in groups smaller than the world
+(``shard_group``), it reduces with our wrapper on gloo too: DDP's all-reduce spans the world.
+The ShardedOptimizer is built *before* either wrapper sees the model, because it moves the
+parameters into its flat buckets.
 """
 
 from __future__ import annotations
@@ -32,14 +34,25 @@ from shardbench.strategies.sharded_optimizer_strategy import ShardedOptimizerStr
 DDP_BACKENDS = ("gloo",)
 
 
+def hybrid(ctx: RankContext) -> bool:
+    """Whether the cell shards within groups smaller than the world: DDP's all-reduce spans
+    the world, so a hybrid zero1 reduces with our wrapper on every backend."""
+    return ctx.shard_group is not None and ctx.shard_group < ctx.world_size
+
+
 class Zero1Strategy(ShardedOptimizerStrategy, card="zero1"):
     def communication(self, precision: str, backend: str) -> Communication:
-        """Gradients reduce-scattered (all-reduced by DDP on gloo), then the updated parameters
-        all-gathered, both in the parameters' dtype."""
+        """Gradients reduce-scattered (all-reduced by DDP on gloo; by our reducer where it
+        shards in groups), then the updated parameters all-gathered, both in the parameters'
+        dtype."""
         size = element_bytes(precision)
         gradients = "all_reduce" if backend in DDP_BACKENDS else "reduce_scatter"
         return Communication(
-            gradients=gradients, gradient_bytes=size, parameters="all_gather", parameter_bytes=size
+            gradients=gradients,
+            gradient_bytes=size,
+            parameters="all_gather",
+            parameter_bytes=size,
+            grouped_reducer_backend=backend,
         )
 
     def settings(self) -> dict[str, Any]:
@@ -52,7 +65,7 @@ class Zero1Strategy(ShardedOptimizerStrategy, card="zero1"):
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         optimizer = self.build_optimizer(model, optimizer_factory, ctx)
-        if dist.get_backend(ctx.process_group) in DDP_BACKENDS:
+        if dist.get_backend(ctx.process_group) in DDP_BACKENDS and not hybrid(ctx):
             return wrap_ddp(model, ctx), optimizer
-        self.model = ShardedDataParallel(model, optimizer, stage=1)
+        self.model = ShardedDataParallel(model, optimizer, stage=1, shard_group_size=ctx.shard_group)
         return self.model, optimizer

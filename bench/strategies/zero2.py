@@ -34,5 +34,5 @@ class Zero2Strategy(ShardedOptimizerStrategy, card="zero2"):
         self, model: nn.Module, optimizer_factory: OptimizerFactory, ctx: RankContext
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         optimizer = self.build_optimizer(model, optimizer_factory, ctx)
-        self.model = ShardedDataParallel(model, optimizer, stage=2)
+        self.model = ShardedDataParallel(model, optimizer, stage=2, shard_group_size=ctx.shard_group)
         return self.model, optimizer

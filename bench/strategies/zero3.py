@@ -45,7 +45,9 @@ class Zero3Strategy(ShardedOptimizerStrategy, card="zero3"):
             policy = lambda module: id(module) in chosen  # noqa: E731
             self.units = "the workload's units (Workload.shard_units), then the root"
         optimizer = self.build_optimizer(model, optimizer_factory, ctx)
-        self.model = ShardedDataParallel(model, optimizer, stage=3, unit=policy)
+        self.model = ShardedDataParallel(
+            model, optimizer, stage=3, unit=policy, shard_group_size=ctx.shard_group
+        )
         return self.model, optimizer
 
     def settings(self) -> dict[str, Any]:

@@ -117,14 +117,16 @@ def identity(r: Record) -> CellKey:
 
 
 def cell_label(key: tuple[Any, ...]) -> str:
-    """A short stable name: workload/preset/strategy/nN/precision/bB/device[/sim|/fake][/ac]
-    (``/ac``: activation checkpointing; a cell without it keeps the name it always had)."""
+    """A short stable name: workload/preset/strategy/nN/[sS/]precision/bB/device[/sim|/fake][/ac]
+    (``/ac``: activation checkpointing, ``sS``: a shard width other than N; a cell without them
+    keeps the name it always had)."""
     fields = dict(zip(IDENTITY, key, strict=True))
     mode = "/fake" if fields["fake"] else "/sim" if fields["simulated"] else ""
     mode += "/ac" if fields["activation_checkpointing"] else ""
     batch = "" if fields["batch_size"] is None else f"/b{fields['batch_size']}"
+    shards = "" if fields.get("shard_group") is None else f"s{fields['shard_group']}/"
     return (
-        f"{fields['workload']}/{fields['preset']}/{fields['strategy']}/n{fields['world_size']}/"
+        f"{fields['workload']}/{fields['preset']}/{fields['strategy']}/n{fields['world_size']}/{shards}"
         f"{fields['precision']}{batch}/{fields['device']}{mode}"
     )
 

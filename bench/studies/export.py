@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
 
-from shardbench.records import Record, finite
+from shardbench.records import Record, finite, flat_as_none
 from shardbench.studies.scaling import Scaling, record_scaling
 from shardbench.wording import count
 
@@ -68,10 +68,13 @@ EXTRA_FIELDS = (
 def benchmark_name(r: Record) -> str:
     """``transformer/tiny/ddp/n2/fp32/b4``; a simulated world is ``n8-sim`` (it timed no
     communication, so it must not be compared with a real world of the same size), and a cell
-    with activation checkpointing ends in ``/ac`` (it recomputes, so it is slower by design).
+    with activation checkpointing ends in ``/ac`` (it recomputes, so it is slower by design), and
+    one sharded in groups of S smaller than N has ``.../n4/s2/...``.
     Repetition k > 0 of a cell (``run --repeat``, records of schema 3) is ``.../b4/r<k>``: the
     first keeps the cell's name, so runs with and without repeats still match by name."""
     world = f"n{r.world_size}" + ("-sim" if r.simulated else "")
+    if (shards := flat_as_none(r.shard_group, r.world_size)) is not None:
+        world += f"/s{shards}"
     name = f"{r.workload}/{r.preset}/{r.strategy}/{world}/{r.precision}/b{r.batch_size_per_rank}"
     name += "/ac" if r.activation_checkpointing else ""
     repeat = getattr(r, "repeat", 0) or 0
@@ -156,6 +159,7 @@ def to_benchmark(r: Record, scaling: Scaling | None = None) -> dict[str, Any]:
             "preset": r.preset,
             "strategy": r.strategy,
             "world_size": r.world_size,
+            "shard_group": flat_as_none(r.shard_group, r.world_size),
             "simulated": r.simulated,
             "activation_checkpointing": r.activation_checkpointing,
             "precision": r.precision,

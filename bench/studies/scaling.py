@@ -107,7 +107,7 @@ class CellScaling:
 
 def reference_key(r: Record) -> CellKey:
     """The key of ``r``'s N = 1 cell: the reference strategy at world size 1, all else equal."""
-    return CellKey.of(r)._replace(strategy=REFERENCE, world_size=1)
+    return CellKey.of(r)._replace(strategy=REFERENCE, world_size=1, shard_group=None)
 
 
 def is_reference(r: Record) -> bool:

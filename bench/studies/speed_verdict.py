@@ -157,7 +157,8 @@ def speed_verdicts(records: Sequence[Record]) -> dict[CellKey, SpeedVerdict]:
     spread = pair_spread(ratios.values())
     out = {}
     for key in ratios:
-        verdict = speed_verdict(cells[key], cells[key._replace(strategy=REFERENCE)], spread=spread)
+        reference = cells[key._replace(strategy=REFERENCE, shard_group=None)]
+        verdict = speed_verdict(cells[key], reference, spread=spread)
         if verdict is not None:
             out[key] = verdict
     return out

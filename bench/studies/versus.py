@@ -69,7 +69,7 @@ class Group:
 
 def group_key(r: Record) -> CellKey:
     """The cells whose strategies are set against each other: equal in all but the strategy."""
-    return CellKey.of(r)._replace(strategy="")
+    return CellKey.of(r)._replace(strategy="", shard_group=None)
 
 
 def repeated(records: Sequence[Record]) -> bool:
