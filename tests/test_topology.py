@@ -59,3 +59,25 @@ def test_unknown_kinds_send_nothing_counted() -> None:
 def test_ranks_per_node_that_do_not_fill_nodes_are_refused_in_one_line(bad: object) -> None:
     with pytest.raises(ValueError, match=r"ranks per node must divide .* 8 ranks .* allowed: 1, 2, 4, 8$"):
         check_ranks_per_node(bad, 8)
+
+
+def test_predicted_tiers_of_hybrid_zero3_keep_the_shard_group_in_its_node() -> None:
+    """zero3 at N = 4 on two nodes of 2: with S = 2 the gathers and the reduce-scatter stay in
+    the node and only the replicas' all-reduce of a half crosses; with S = 4 the reduce-scatter
+    and the gathers cross with half of every tensor (the model's factor: 2 ranks a node)."""
+    from shardbench.metrics.analytic import CommShape, Communication, predicted_comm
+
+    zero3 = Communication(
+        gradients="reduce_scatter", gradient_bytes=4, parameters="all_gather", parameter_bytes=4, gathers=2
+    )
+    shape = CommShape(dims=((64, 64 * 64),))
+    elements = 64 * 64
+    narrow = predicted_comm(zero3, shape, 4, shard_size=2, ranks_per_node=2)
+    wide = predicted_comm(zero3, shape, 4, shard_size=4, ranks_per_node=2)
+    assert narrow["tiers"]["all_gather"]["across_nodes"] == 0
+    assert narrow["tiers"]["reduce_scatter"]["across_nodes"] == 0
+    assert narrow["tiers"]["all_reduce"] == {"within_node": 0, "across_nodes": 4 * elements // 2}
+    assert wide["tiers"]["all_gather"]["across_nodes"] == round(1 / 2 * 2 * 4 * elements / 2)
+    for out in (narrow, wide):  # the tiers split what the ring sends, never change it
+        split = sum(t["within_node"] + t["across_nodes"] for t in out["tiers"].values())
+        assert split == pytest.approx(out["sent_per_rank"], abs=3)

@@ -59,6 +59,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shardbench.metrics.topology import (
+    NO_BYTES,
+    PASSES,
+    TierBytes,
+    replica_group_ranks,
+    ring_factor,
+    shard_group_ranks,
+    tier_bytes,
+)
 from shardbench.precision import MODEL_STATE_BYTES
 
 
@@ -168,13 +177,7 @@ def predicted_model_state_bytes(
 # of our flat buckets to N equal chunks (at most N-1 elements per bucket).
 
 #: the fraction of a collective's full size a ring sends per rank, for a world of n
-RING = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: (n - 1) / n,  # a pipelined ring: each rank but the last forwards it once
-    "reduce": lambda n: (n - 1) / n,  # the same ring, reversed: each rank but the root sends it once
-}
+RING = {kind: (lambda n, kind=kind: ring_factor(kind, n)) for kind in PASSES}
 
 
 #: from this world size on, our ZeRO on gloo reduces each gradient chunk to its owner rather
@@ -279,26 +282,42 @@ class CommShape:
         return _padded(self.frozen, world_size)
 
 
-def predicted_comm(
-    comm: Communication, shape: CommShape, world_size: int, shard_size: int | None = None
-) -> dict[str, Any]:
-    """Per operator kind, the bytes of the full tensors a rank communicates in a step and what a
-    ring sends per rank for them; ``sent_per_rank`` in all (``comm.py``'s summary, predicted).
+@dataclass(frozen=True)
+class Send:
+    """One kind of collective a rank issues in a step over one group: the bytes of its full
+    tensors, the ranks of its ring, and the group ("world", or hybrid sharding's "shard" and
+    "replicate")."""
 
-    ``shard_size`` S < N (hybrid sharding): the gradients are reduced and the parameters
-    gathered within the shard group of S ranks, and each reduced chunk (1/S of the gradients)
-    is then all-reduced across the N/S ranks holding it (``replicate``); with
-    ``secondary_gather`` (ZeRO++'s hpZ) only backward's gathers stay within the group.
-    ``groups`` gives what a rank sends within its shard group and across replicas."""
+    kind: str
+    nbytes: int
+    ranks: int
+    group: str = "world"
+
+    def group_ranks(self, world_size: int, shard_size: int, rank: int = 0) -> list[int]:
+        """The global ranks of ``rank``'s group of this kind (consecutive shard groups)."""
+        if self.group == "shard":
+            return shard_group_ranks(rank, world_size, shard_size)
+        if self.group == "replicate":
+            return replica_group_ranks(rank, world_size, shard_size)
+        return list(range(world_size))
+
+
+def comm_sends(
+    comm: Communication, shape: CommShape, world_size: int, shard_size: int | None = None
+) -> list[Send]:
+    """What a rank communicates in a step, collective by collective group (``predicted_comm``
+    sums them). ``shard_size`` S < N (hybrid sharding): the gradients are reduced and the
+    parameters gathered within the shard group of S ranks, and each reduced chunk (1/S of the
+    gradients) is then all-reduced across the N/S ranks holding it (``replicate``); with
+    ``secondary_gather`` (ZeRO++'s hpZ) only backward's gathers stay within the group."""
     s = world_size if shard_size is None else shard_size
     grouped = s < world_size
     secondary = grouped and comm.secondary_gather
     span = world_size if secondary else s  # the ranks gradients are reduced over
-    inside = "shard" if grouped and not secondary else None  # where those collectives run
+    inside = "shard" if grouped and not secondary else "world"  # where those collectives run
     elements = shape.padded(span) if comm.dim0_padding else shape.elements
-    #: (kind, bytes of the full tensors, ranks of the ring, which group or None for the world)
-    reduced = comm.gradient_collective(span, grouped=inside is not None)
-    sends = [(reduced, elements * comm.gradient_bytes, span, inside)]
+    reduced = comm.gradient_collective(span, grouped=inside != "world")
+    sends = [Send(reduced, elements * comm.gradient_bytes, span, inside)]
     if comm.parameters is not None:
         sharded, root = elements, shape.root_elements
         if comm.frozen_gathered:
@@ -307,21 +326,40 @@ def predicted_comm(
         kept = root if comm.root_kept and comm.gathers > 1 else 0
         size = comm.parameter_bytes
         if secondary:  # forward from the primary partitions, backward from the secondary
-            sends.append((comm.parameters, sharded * size, world_size, None))
-            sends.append((comm.parameters, ((comm.gathers - 1) * sharded - kept) * size, s, "shard"))
+            sends.append(Send(comm.parameters, sharded * size, world_size))
+            sends.append(Send(comm.parameters, ((comm.gathers - 1) * sharded - kept) * size, s, "shard"))
         else:
-            sends.append((comm.parameters, (comm.gathers * sharded - kept) * size, s, inside))
+            sends.append(Send(comm.parameters, (comm.gathers * sharded - kept) * size, s, inside))
     if grouped and not secondary:
-        sends.append(("all_reduce", -(-elements // s) * comm.gradient_bytes, world_size // s, "replicate"))
+        chunk = -(-elements // s) * comm.gradient_bytes
+        sends.append(Send("all_reduce", chunk, world_size // s, "replicate"))
+    return sends
+
+
+def predicted_comm(
+    comm: Communication,
+    shape: CommShape,
+    world_size: int,
+    shard_size: int | None = None,
+    ranks_per_node: int | None = None,
+) -> dict[str, Any]:
+    """Per operator kind, the bytes of the full tensors a rank communicates in a step and what a
+    ring sends per rank for them; ``sent_per_rank`` in all (``comm.py``'s summary, predicted).
+    Where it shards in groups (``comm_sends``), ``groups`` gives what a rank sends within its
+    shard group and across replicas; with ``ranks_per_node`` G, ``tiers`` gives, per kind, what
+    rank 0 sends within its node and across nodes (``topology.tier_bytes``)."""
+    s = world_size if shard_size is None else shard_size
+    grouped = s < world_size
+    sends = comm_sends(comm, shape, world_size, shard_size)
     ops: dict[str, dict[str, int]] = {}
     groups: dict[str, int] = {}
-    for kind, size, ranks, where in sends:
-        sent = round(size * RING[kind](ranks))
-        entry = ops.setdefault(kind, {"bytes": 0, "sent_per_rank": 0})
-        entry["bytes"] += size
+    for send in sends:
+        sent = round(send.nbytes * RING[send.kind](send.ranks))
+        entry = ops.setdefault(send.kind, {"bytes": 0, "sent_per_rank": 0})
+        entry["bytes"] += send.nbytes
         entry["sent_per_rank"] += sent
-        if where is not None:
-            groups[where] = groups.get(where, 0) + sent
+        if send.group != "world":
+            groups[send.group] = groups.get(send.group, 0) + sent
     out: dict[str, Any] = {
         "world_size": world_size,
         "ops": dict(sorted(ops.items())),
@@ -330,4 +368,21 @@ def predicted_comm(
     if grouped:
         out["shard_group"] = s
         out["groups"] = dict(sorted(groups.items()))
+    if ranks_per_node is not None:
+        out["ranks_per_node"] = ranks_per_node
+        out["tiers"] = tiers_of(sends, world_size, s, ranks_per_node)
     return out
+
+
+def tiers_of(
+    sends: list[Send], world_size: int, shard_size: int, ranks_per_node: int
+) -> dict[str, dict[str, int]]:
+    """Per kind, the bytes rank 0 sends within its node and across nodes (``tier_bytes``)."""
+    tiers: dict[str, TierBytes] = {}
+    for send in sends:
+        split = tier_bytes(send.kind, send.nbytes, send.group_ranks(world_size, shard_size), ranks_per_node)
+        tiers[send.kind] = tiers.get(send.kind, NO_BYTES) + split
+    return {
+        kind: {"within_node": round(t.within_node), "across_nodes": round(t.across_nodes)}
+        for kind, t in sorted(tiers.items())
+    }

@@ -15,8 +15,9 @@ across). Per rank of the group, of a full tensor of M bytes:
     all-gather, reduce-scatter   (g-1)/g  M           (k-1)/k  M/g
     broadcast, reduce            (g-1)/g  M           (k-1)/k  M/g
 
-The two add up to the flat ring's figure for n = g k ranks (``analytic.RING``): the hierarchy
-moves the same bytes, it only decides which link carries them. A group whose ranks are spread
+The two add up to the flat ring's figure for n = g k ranks (``ring_factor``, which
+``analytic.RING`` is): the hierarchy moves the same bytes, it only decides which link carries
+them. A group whose ranks are spread
 unevenly over nodes (possible only for a user's own groups) is counted with g its smallest
 per-node share, which bounds what crosses from above.
 
@@ -29,11 +30,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardbench.metrics.analytic import RING
-
-#: the factor of a full tensor's bytes a ring over n members sends per member, per kind, where
-#: a reduction and its spreading are one pass each (all-reduce: two)
+#: the passes of a full tensor a ring makes per kind: a reduction or a spreading is one (each
+#: member sends (n-1)/n of the tensor), an all-reduce both (a reduce-scatter, then an all-gather);
+#: a broadcast or reduce is a pipelined ring, each member but the last forwarding it once
 PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1, "reduce": 1}
+
+
+def ring_factor(kind: str, n: int) -> float:
+    """The fraction of a full tensor's bytes each of n ranks sends for one ``kind`` collective."""
+    return PASSES[kind] * (n - 1) / n
 
 
 @dataclass(frozen=True)
@@ -82,14 +87,14 @@ def tier_bytes(kind: str, nbytes: float, group_ranks: Sequence[int], ranks_per_n
     """What each rank of ``group_ranks`` sends, per tier, for one ``kind`` collective on a full
     tensor of ``nbytes`` (see the module docstring). Kinds without a ring model send nothing
     counted, as in ``analytic.RING``."""
-    if kind not in RING:
+    if kind not in PASSES:
         return NO_BYTES
     n = len(group_ranks)
     if n <= 1:
         return NO_BYTES
     g, k = node_shape(group_ranks, ranks_per_node)
     if g * k != n:  # uneven: the flat figure, split as if g ranks a node carried it
-        flat = RING[kind](n) * nbytes
+        flat = ring_factor(kind, n) * nbytes
         across = PASSES[kind] * (k - 1) / k * nbytes / g
         return TierBytes(flat - across, across)
     within = PASSES[kind] * (g - 1) / g * nbytes
