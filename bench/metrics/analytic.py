@@ -292,6 +292,9 @@ class Send:
     nbytes: int
     ranks: int
     group: str = "world"
+    #: what it moves: the gradients' reduction, the parameters' gathers, or the replicas'
+    #: average of each reduced chunk
+    purpose: str = "gradients"
 
     def group_ranks(self, world_size: int, shard_size: int, rank: int = 0) -> list[int]:
         """The global ranks of ``rank``'s group of this kind (consecutive shard groups)."""
@@ -317,7 +320,7 @@ def comm_sends(
     inside = "shard" if grouped and not secondary else "world"  # where those collectives run
     elements = shape.padded(span) if comm.dim0_padding else shape.elements
     reduced = comm.gradient_collective(span, grouped=inside != "world")
-    sends = [Send(reduced, elements * comm.gradient_bytes, span, inside)]
+    sends = [Send(reduced, elements * comm.gradient_bytes, span, inside, "gradients")]
     if comm.parameters is not None:
         sharded, root = elements, shape.root_elements
         if comm.frozen_gathered:
@@ -326,13 +329,15 @@ def comm_sends(
         kept = root if comm.root_kept and comm.gathers > 1 else 0
         size = comm.parameter_bytes
         if secondary:  # forward from the primary partitions, backward from the secondary
-            sends.append(Send(comm.parameters, sharded * size, world_size))
-            sends.append(Send(comm.parameters, ((comm.gathers - 1) * sharded - kept) * size, s, "shard"))
+            sends.append(Send(comm.parameters, sharded * size, world_size, "world", "parameters"))
+            backward = ((comm.gathers - 1) * sharded - kept) * size
+            sends.append(Send(comm.parameters, backward, s, "shard", "parameters"))
         else:
-            sends.append(Send(comm.parameters, (comm.gathers * sharded - kept) * size, s, inside))
+            gathered = (comm.gathers * sharded - kept) * size
+            sends.append(Send(comm.parameters, gathered, s, inside, "parameters"))
     if grouped and not secondary:
         chunk = -(-elements // s) * comm.gradient_bytes
-        sends.append(Send("all_reduce", chunk, world_size // s, "replicate"))
+        sends.append(Send("all_reduce", chunk, world_size // s, "replicate", "replicas"))
     return sends
 
 

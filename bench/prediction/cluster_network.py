@@ -35,8 +35,10 @@ class ClusterNetwork:
     across: LinkCost
     ranks_per_node: int
     source: str
+    #: a cluster's collectives run on their own links and engines, beside the compute
+    shares_compute = False
 
-    def seconds(self, kind: str, nbytes: float, calls: int, group_ranks: Sequence[int]) -> float:
+    def collective_seconds(self, kind: str, nbytes: float, calls: int, group_ranks: Sequence[int]) -> float:
         """``calls`` collectives of ``kind`` moving ``nbytes`` of full tensors in all, over the
         group of ``group_ranks`` (global ranks, placed ``ranks_per_node`` to a node)."""
         if len(group_ranks) <= 1:
@@ -123,3 +125,34 @@ def parse_custom(spec: str, ranks_per_node: int) -> ClusterNetwork:
         raise ValueError(f"network {spec!r}: give both tiers; allowed: {CUSTOM_FORM}")
     given = "figures given by the user"
     return ClusterNetwork("custom", links["intra"], links["inter"], ranks_per_node, given)
+
+
+#: what ``--network`` accepts, for a refusal
+NETWORK_FORMS = (
+    "a flat profile (gloo, nvlink, ib-200, ib-400), a cluster ("
+    + ", ".join(CLUSTERS)
+    + ") or intra=<bandwidth>:<latency>,inter=<bandwidth>:<latency>"
+)
+
+
+def cluster_network(name: str, ranks_per_node: int | None = None) -> ClusterNetwork | None:
+    """The two-tier network ``name`` names (a cluster, with ``ranks_per_node`` in place of its
+    nodes' size where given, or a user's own figures), or None for a flat profile's name."""
+    if name in CLUSTERS:
+        named = CLUSTERS[name]
+        return named.with_ranks_per_node(ranks_per_node) if ranks_per_node else named
+    if is_custom(name):
+        if ranks_per_node is None:
+            raise ValueError(f"network {name!r}: a network of two tiers needs --ranks-per-node")
+        return parse_custom(name, ranks_per_node)
+    return None
+
+
+def check_any_network(name: str, ranks_per_node: int | None = None) -> str:
+    """``name`` if it is a flat profile, a cluster or a readable pair of tiers; ValueError in one
+    line naming what is allowed otherwise."""
+    from shardbench.prediction.network_profiles import CHOICES
+
+    if name in CHOICES or cluster_network(name, ranks_per_node or 1) is not None:
+        return name
+    raise ValueError(f"unknown network {name!r}; allowed: {NETWORK_FORMS}")

@@ -23,6 +23,7 @@ This module imports no torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shardbench.metrics.analytic import RING
@@ -61,6 +62,10 @@ class NetworkProfile:
 
     def seconds(self, kind: str, nbytes: float, calls: int, world_size: int) -> float:
         return self.cost(kind).seconds(kind, nbytes, calls, world_size)
+
+    def collective_seconds(self, kind: str, nbytes: float, calls: int, group_ranks: Sequence[int]) -> float:
+        """The same over the ring of ``group_ranks`` (one flat link: only their number counts)."""
+        return self.seconds(kind, nbytes, calls, len(group_ranks))
 
     def describe(self) -> str:
         """One line: the profile's name, its figures and their source."""
@@ -104,8 +109,3 @@ def default_network(device: str) -> str:
     """What ``--network`` is when not given: gloo measured here on a CPU, NVLink on CUDA."""
     return MEASURED if device == "cpu" else "nvlink"
 
-
-def check_network(name: str) -> str:
-    if name not in CHOICES:
-        raise ValueError(f"unknown network profile {name!r}; allowed: {', '.join(CHOICES)}")
-    return name

@@ -15,15 +15,19 @@ The ``gloo`` profile and the update rate are this machine's probes (``machine_pr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shardbench.metrics.analytic import predicted_comm
+from shardbench.metrics.analytic import Send, comm_sends
 from shardbench.precision import MODEL_STATE_BYTES
+from shardbench.prediction.cluster_network import ClusterNetwork, check_any_network, cluster_network
 from shardbench.prediction.machine_probes import MachineProbes
-from shardbench.prediction.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile, check_network
+from shardbench.prediction.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile
 from shardbench.prediction.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
 from shardbench.records import UNNAMED_DEVICE, Record, placement_of
 from shardbench.step_figures import ComputeReplay, PredictedStep
+
+if TYPE_CHECKING:
+    from shardbench.strategies.base import Strategy
 
 #: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
 #: moments, and writes the parameter and the moments back
@@ -63,35 +67,47 @@ def replay_copies(record: Record) -> int:
     return max(1, min(ranks, cores // rank_threads(record)))
 
 
-def collectives(record: Record, backend: str, shape: Any | None) -> tuple[Collective, ...]:
-    """The step's collectives on ``backend``, by role: predicted bytes, the cell's own calls."""
-    from shardbench.strategies.registry import get_strategy
-
-    strategy = get_strategy(record.strategy)
+def collectives(
+    record: Record, strategy: Strategy, backend: str, shape: Any | None
+) -> tuple[Collective, ...]:
+    """The step's collectives on ``backend``, by role and group: predicted bytes, the cell's own
+    calls."""
     counted = (record.comm_per_step or {}).get("ops") or {}
     target = strategy.communication(record.precision, backend)
     own = strategy.communication(record.precision, record.backend) if record.backend != "none" else None
     if target is None or own is None:  # a strategy whose communication is not declared: as counted
         return tuple(Collective(k, int(v["bytes"]), int(v["calls"])) for k, v in sorted(counted.items()))
-    n = record.world_size
-    if shape is not None:
-        predicted = predicted_comm(target, shape, n)["ops"]
-    else:
-        predicted = (record.predicted_comm or {}).get("ops") or {}
-    grad_kind, own_grad = target.gradient_collective(n), own.gradient_collective(n)
+    n, s = record.world_size, record.shard_group or record.world_size
+    grouped = s < n
+    own_grad = own.gradient_collective(s if grouped else n, grouped=grouped)
+    own_kinds = {"gradients": own_grad, "replicas": own_grad, "parameters": own.parameters}
     param_role = "parameters-per-unit" if target.gathers > 1 else "parameters-after-step"
-    roles = {grad_kind: ("gradients", own_grad), target.parameters: (param_role, own.parameters)}
+    roles = {"gradients": "gradients", "replicas": "gradients", "parameters": param_role}
     out = []
-    for kind, (role, own_kind) in roles.items():
-        if kind is None or kind not in predicted:
-            continue
-        calls = int((counted.get(own_kind) or {}).get("calls") or 1)
-        out.append(Collective(kind, int(predicted[kind]["bytes"]), calls, role))
-    claimed = {own_grad, own.parameters}
+    for send in _sends(record, target, shape, s):
+        calls = int((counted.get(own_kinds[send.purpose]) or {}).get("calls") or 1)
+        ranks = tuple(send.group_ranks(n, s))
+        out.append(Collective(send.kind, send.nbytes, calls, roles[send.purpose], ranks))
+    claimed = {own_grad, own.parameters} | ({"all_reduce"} if grouped else set())
     for kind, v in sorted(counted.items()):  # small collectives outside the prediction
         if kind not in claimed:
             out.append(Collective(kind, int(v["bytes"]), int(v["calls"])))
     return tuple(out)
+
+
+def _sends(record: Record, target: Any, shape: Any | None, shard_size: int) -> list[Send]:
+    """What the record's rank sends on the target backend: from the model's shape where known,
+    else the record's own predicted bytes per kind (over the world)."""
+    n = record.world_size
+    if shape is not None:
+        return comm_sends(target, shape, n, shard_size)
+    predicted = (record.predicted_comm or {}).get("ops") or {}
+    grad_kind = target.gradient_collective(n)
+    return [
+        Send(kind, int(v["bytes"]), n, "world", "gradients" if kind == grad_kind else "parameters")
+        for kind, v in sorted(predicted.items())
+        if kind in (grad_kind, target.parameters)
+    ]
 
 
 def _compute_source(replay: ComputeReplay | None, used: bool) -> str:
@@ -111,12 +127,16 @@ def predict_record(
     peak: dict[str, Any] | None = None,
     shape: Any | None = None,
     probes: MachineProbes | None = None,
+    strategy: Strategy | None = None,
+    ranks_per_node: int | None = None,
 ) -> tuple[PredictedStep | None, str | None]:
     """The record's ``predicted_step_time`` (seconds and how they were reached), or None and why
     not. ``peak``: the device's (default: the record's own); ``shape``: the model's
     ``CommShape`` (default: the record's predicted bytes, on its own backend); ``probes``: this
-    machine's (default: those cached in the user's results home)."""
-    check_network(network)
+    machine's (default: those cached in the user's results home); ``strategy``: the record's
+    (default: from its name); ``ranks_per_node``: the nodes' size a two-tier network places the
+    ranks by (default: the named cluster's)."""
+    check_any_network(network, ranks_per_node)
     counted = record.flops_per_step
     peak = peak or record.peak_flops_per_s
     if not counted or not counted.hardware:
@@ -131,8 +151,9 @@ def predict_record(
     efficiency = EFFICIENCY.get(peak.get("kind", "measured"), 1.0)
     rate = peak["flops_per_s"] * efficiency * share
     replayed = record.compute_replay if cpu and replay_usable(record.compute_replay) else None
-    elements, spe = _update(record, peak, share, probes)
-    profile, backend = _profile(record, network, probes)
+    strategy = strategy or _strategy_of(record)
+    elements, spe = _update(record, strategy, peak, share, probes)
+    profile, backend = _profile(record, network, probes, ranks_per_node)
     n = record.world_size
     inputs = StepInputs(
         flops=counted.hardware,
@@ -140,7 +161,7 @@ def predict_record(
         compute_s=replayed.seconds / share if replayed else None,
         update_elements=elements,
         seconds_per_element=spe,
-        collectives=collectives(record, backend, shape) if n > 1 else (),
+        collectives=collectives(record, strategy, backend, shape) if n > 1 else (),
         world_size=n,
     )
     seconds = predict_step(inputs, profile)
@@ -162,6 +183,12 @@ def predict_record(
     ), None
 
 
+def _strategy_of(record: Record) -> Strategy:
+    from shardbench.strategies.registry import get_strategy
+
+    return get_strategy(record.strategy)
+
+
 def _machine(record: Record) -> tuple[str, str]:
     """The record's CPU and torch, which the probes are keyed by."""
     return record.env.get("device_name") or UNNAMED_DEVICE, record.env.get("torch") or "?"
@@ -176,14 +203,14 @@ def _core_share(record: Record) -> float:
     return core_share(ranks, placed.get("cores"), rank_threads(record))
 
 
-def _update(record: Record, peak: dict[str, Any], share: float, probes: MachineProbes) -> tuple[int, float]:
+def _update(
+    record: Record, strategy: Strategy, peak: dict[str, Any], share: float, probes: MachineProbes
+) -> tuple[int, float]:
     """The optimizer elements the rank updates and the seconds each takes: on a CPU the update
     probe's, at the rank's size beside the other ranks and on its share of the cores; elsewhere
     (memory-bound) the bytes AdamW moves per element over the datasheet's memory bandwidth."""
-    from shardbench.strategies.registry import get_strategy
-
     held = (record.predicted_mem_bytes or {}).get("optimizer") or 0
-    precision = get_strategy(record.strategy).model_state_precision(record.precision)
+    precision = strategy.model_state_precision(record.precision)
     elements = held // MODEL_STATE_BYTES[precision].optimizer
     if record.device == "cpu":
         threads, copies = rank_threads(record), replay_copies(record)
@@ -192,9 +219,14 @@ def _update(record: Record, peak: dict[str, Any], share: float, probes: MachineP
     return elements, UPDATE_BYTES / memory if memory else 0.0
 
 
-def _profile(record: Record, network: str, probes: MachineProbes) -> tuple[NetworkProfile, str]:
+def _profile(
+    record: Record, network: str, probes: MachineProbes, ranks_per_node: int | None = None
+) -> tuple[NetworkProfile | ClusterNetwork, str]:
     """The network profile the collectives are costed on, and the backend whose bytes they
-    are: gloo's measured here (one rank alone sends nothing), or a named one over nccl."""
+    are: gloo's measured here (one rank alone sends nothing), or a named one over nccl: a flat
+    link, or a cluster of two tiers (``cluster_network``)."""
+    if (cluster := cluster_network(network, ranks_per_node)) is not None:
+        return cluster, "nccl"
     if network != MEASURED:
         return NAMED[network], "nccl"
     if record.world_size == 1:

@@ -13,8 +13,10 @@ collectives it issues and a network profile.
   the optimizer-state elements a rank holds (all of them under ddp, 1/N under ZeRO), at the rate
   ``update_probe`` measured on a CPU (over the rank's core share, as its compute), or AdamW's
   bytes per element over the datasheet's memory bandwidth on CUDA.
-* communication: each collective at the profile's ``calls x latency + ring bytes / bandwidth``
-  (``network_profiles``), and how much of it is *exposed*, by these rules:
+* communication: each collective over its group (the world, or hybrid sharding's shard and
+  replica groups) at the profile's ``calls x latency + ring bytes / bandwidth``
+  (``network_profiles``), or each tier's share on a two-tier cluster (``cluster_network``), and
+  how much of it is *exposed*, by these rules:
 
   - gradient reduction (DDP's buckets, ZeRO's reduce of each bucket) runs under backward: all but
     its last call is hidden behind backward compute (two thirds of ``compute``); what exceeds
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardbench.prediction.cluster_network import ClusterNetwork
 from shardbench.prediction.network_profiles import NetworkProfile
 
 #: the fraction of the peak a training step's counted FLOPs run at, by where the peak comes from,
@@ -63,6 +66,9 @@ class Collective:
     nbytes: int
     calls: int
     role: str = "other"
+    #: the global ranks of the group it runs over (hybrid sharding's shard or replica group);
+    #: empty: the whole world
+    ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ def core_share(ranks: int, cores: int | None, threads: int | None) -> float:
     return min(1.0, cores / (ranks * max(1, threads or 1)))
 
 
-def predict_step(inputs: StepInputs, profile: NetworkProfile) -> dict[str, float]:
+def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -> dict[str, float]:
     """The step's predicted seconds: ``step`` and its terms ``compute``, ``update``, ``comm``
     (every collective's time) and ``exposed_comm`` (the part the rules above leave exposed)."""
     if inputs.compute_s is not None:
@@ -96,7 +102,7 @@ def predict_step(inputs: StepInputs, profile: NetworkProfile) -> dict[str, float
     backward = BACKWARD_SHARE * compute
     total = exposed = 0.0
     for c in inputs.collectives:
-        t = profile.seconds(c.kind, c.nbytes, c.calls, inputs.world_size)
+        t = profile.collective_seconds(c.kind, c.nbytes, c.calls, c.ranks or tuple(range(inputs.world_size)))
         total += t
         if profile.shares_compute or c.role in ("parameters-after-step", "other") or c.calls < 1:
             exposed += t
