@@ -399,13 +399,16 @@ def test_a_cell_of_one_process_stays_on_rank_0(monkeypatch, tiny_cell) -> None:
     def local_world(*args, **kwargs):
         raise StartedHere
 
+    from shardbench.harness.job_cells import Leader
+
     sent = []
     monkeypatch.setattr(launch, "RankWorld", local_world)
+    monkeypatch.setattr(Leader, "_on_job", lambda self, cell, run_id: sent.append(cell) or "record")
     simulated, real = plan_cells([tiny_cell(simulate=True, world_size=8), tiny_cell()])
-    with launch.cells_through(lambda cell, run_id: sent.append(cell) or "record"):
-        assert launch.run_cell(real, run_id="t") == "record"
-        with pytest.raises(StartedHere):
-            launch.run_cell(simulated, run_id="t")
+    leader = Leader(link=None)
+    assert leader.run_cell(real, run_id="t") == "record"
+    with pytest.raises(StartedHere):
+        leader.run_cell(simulated, run_id="t")
     assert sent == [real]
 
 

@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsHelpFormatter,
     )
     ap.add_argument("--version", action="version", version=f"shardbench {_version()}")
+    # what runs the cells of more than one process: the job's, set by ``cli.job.in_job``
+    ap.set_defaults(job_cells=None)
     sub = ap.add_subparsers(dest="command", required=True)
     add_run_parser(sub)
     add_max_size_parser(sub)

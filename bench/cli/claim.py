@@ -186,7 +186,7 @@ def cmd_claim(args: argparse.Namespace) -> int:
 
         if note := deepspeed_build_note(spec.real_peers, spec.device):
             print(note, file=sys.stderr)
-        done = claim(spec, out_dir=out, workloads=workloads, resume=args.resume)
+        done = claim(spec, out_dir=out, workloads=workloads, resume=args.resume, job_cells=args.job_cells)
         results = done.results
         report = write_claim_report(spec, results, out, done.wall_s, resumed=done.resumed)
     code = 0

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from shardbench.cli.common import DEFAULT_RUNS_DIR, UsageError
 from shardbench.cli.suite_searches import SuiteSearch, run_searches
@@ -20,11 +21,18 @@ from shardbench.harness.config import CellConfig
 from shardbench.paths import path_component
 from shardbench.wording import count, program
 
+if TYPE_CHECKING:
+    from shardbench.harness.launch import JobCells
+
 #: ``--repeat`` beyond this is a typo, not a measurement plan
 MAX_REPEAT = 100
 
 
 CELLS_FILE = "cells.json"
+
+#: the job's cells for ``run`` alone: its handler (``cli/run.py``) hands ``execute_run`` no
+#: ``job_cells`` of its own, so ``cli.job.in_job`` sets them here for that command
+RUN_JOB_CELLS: ContextVar[JobCells | None] = ContextVar("run_job_cells", default=None)
 
 
 def check_repeat(repeat: int | None) -> int | None:
@@ -85,15 +93,18 @@ def execute_run(
     columns: Sequence[str] | None = None,
     suite: str | None = None,
     charts: bool = True,
+    job_cells: JobCells | None = None,
 ) -> Executed:
     """Run validated cells into ``out`` (a new run directory by default), then the suite's
-    max-size searches, print the table and write the report (without its charts: ``charts``)."""
+    max-size searches, print the table and write the report (without its charts: ``charts``).
+    ``job_cells``: inside a torchrun or Slurm job, what runs each cell on the job's processes."""
     from shardbench.harness.runner import done_keys, new_run_id, run_cells
     from shardbench.harness.validate import check_output_dir
     from shardbench.records import PROBE_SUITE, CellKey, RecordWriteError, latest_outcomes, read_records
     from shardbench.report.build import write_report
     from shardbench.report.tables import ERRORS_DIR, error_file, write_tables
 
+    job_cells = job_cells or RUN_JOB_CELLS.get()
     run_id = new_run_id(name)
     if resume is not None:  # the run goes on as it was: its id, its name and its tags
         earlier = read_records([resume / "records.jsonl"])
@@ -145,13 +156,16 @@ def execute_run(
             name=name,
             tags=tags,
             on_record=lambda records: write_tables(latest_outcomes([*before, *records]), out),
+            job_cells=job_cells,
         )
     except RecordWriteError as e:
         print(
             f"shardbench run: error: {e}; the run stopped (records written so far are kept)", file=sys.stderr
         )
         return Executed(out, 1, run_id)
-    searches_failed = run_searches(list(searches), out, run_id) if outcome.interrupted is None else 0
+    searches_failed = 0
+    if outcome.interrupted is None:
+        searches_failed = run_searches(list(searches), out, run_id, job_cells)
     from shardbench.report.terminal import DEFAULT_COLUMNS, terminal_table
 
     report = write_report(out, charts=charts)  # before any output: a reader gone (| head) ends it

@@ -21,9 +21,10 @@ def in_job(job: Job, handler: Handler) -> Handler:
     """``handler`` as run by this process of ``job``."""
 
     def run(args: argparse.Namespace) -> int:
+        from shardbench.cli.execute import RUN_JOB_CELLS
         from shardbench.harness.job_cells import Leader, follow
         from shardbench.harness.job_link import JobError, JobLink
-        from shardbench.harness.launch import CellEndsRun, cells_through
+        from shardbench.harness.launch import CellEndsRun
 
         try:
             link = JobLink(job)
@@ -40,9 +41,10 @@ def in_job(job: Job, handler: Handler) -> Handler:
             hosts = ", ".join(dict.fromkeys(link.hosts))
             print(f"shardbench {args.command}: {job.describe()}, on {hosts}", file=sys.stderr)
             leader, code = Leader(link), None
+            args.job_cells = leader.run_cell
+            for_run = RUN_JOB_CELLS.set(leader.run_cell)
             try:
-                with cells_through(leader.run_cell):
-                    code = handler(args)
+                code = handler(args)
             except CellEndsRun as e:  # from a max-size search or a claim (run stops by itself)
                 print(f"shardbench {args.command}: {e.because}; the records written so far are kept",
                       file=sys.stderr)  # fmt: skip
@@ -55,6 +57,7 @@ def in_job(job: Job, handler: Handler) -> Handler:
                 code = 2
                 raise
             finally:
+                RUN_JOB_CELLS.reset(for_run)
                 leader.finish(code)
             return code
 

@@ -180,6 +180,7 @@ def cmd_max_size(args: argparse.Namespace) -> int:
             resolution=args.resolution,
             out_dir=out,
             run_id=run_id,
+            job_cells=args.job_cells,
         )
     write_tables(read_records([out]), out)
     print(f"report: {write_report(out)}")

@@ -104,7 +104,9 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         except OSError:
             raise UsageError(f"--out {out}: another nightly is running into it") from None
         try:
-            done = execute_run(cells, name=name, tags=tags, out=out, searches=searches)
+            done = execute_run(
+                cells, name=name, tags=tags, out=out, searches=searches, job_cells=args.job_cells
+            )
         finally:
             # removed while still held: a night that starts after it finds the folder full and is
             # refused for that, and the folder keeps only the night's own files

@@ -207,9 +207,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.max_batch:
         for cell in cells:  # the largest batch whose peak fits with its reserve, as max-size finds it
             reserve = reserves.of(cell.strategy)
-            search(cell, budget=budget, reserve=reserve, vary="batch", out_dir=out, run_id=run_id)
+            search(cell, budget=budget, reserve=reserve, vary="batch", out_dir=out, run_id=run_id,
+                   job_cells=args.job_cells)  # fmt: skip
     else:
-        interrupted = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}).interrupted
+        ran = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}, job_cells=args.job_cells)
+        interrupted = ran.interrupted
     records = [r for r in read_records([out]) if r.run_id == run_id]  # not an earlier plan's in --out
     first = (cells or unplanned)[0]
     network = args.network or default_network(args.device)

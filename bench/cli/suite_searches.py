@@ -18,6 +18,7 @@ from shardbench.cli.common import UsageError
 from shardbench.harness.config import CellConfig, SuiteSpec
 
 if TYPE_CHECKING:
+    from shardbench.harness.launch import JobCells
     from shardbench.studies.plan_reserve import ReservePolicy
 
 
@@ -62,7 +63,9 @@ def _resolve(table: dict[str, Any], where: str) -> SuiteSearch:
     return SuiteSearch(where, args.vary, cells, budget, reserves, ladder, args.resolution)
 
 
-def run_searches(searches: list[SuiteSearch], out: Path, run_id: str) -> int:
+def run_searches(
+    searches: list[SuiteSearch], out: Path, run_id: str, job_cells: JobCells | None = None
+) -> int:
     """Each search into the run directory (its probes and its summary record); returns how many
     failed to finish. A failed search is said on stderr and the next one runs: its answer is then
     absent, which ``nightly`` counts as a regression (a missing cell)."""
@@ -81,6 +84,7 @@ def run_searches(searches: list[SuiteSearch], out: Path, run_id: str) -> int:
                     resolution=s.resolution,
                     out_dir=out,
                     run_id=run_id,
+                    job_cells=job_cells,
                 )
             except Exception as e:  # noqa: BLE001 - one search's crash must not cost the others
                 failed += 1

@@ -2,8 +2,8 @@
 
 Every process of the job runs the same command. Rank 0 runs it as on one machine (a suite,
 nightly's gate, max-size's probes, a claim: the records, tables, report and verdict are its
-own) with one change: a cell of N > 1 processes goes to the job (``Leader.run_cell``, installed
-with ``launch.cells_through``). Rank 0 posts the cell in the job's store; each of the job's first
+own) with one change: a cell of N > 1 processes goes to the job (``Leader.run_cell``, handed to
+the command as its ``job_cells``). Rank 0 posts the cell in the job's store; each of the job's first
 N processes starts one fresh rank process for it, exactly as the local launcher starts each of
 its ranks (``launch.RankWorld``: the same worker, the same phases, the same deadline and
 stack dump), and the N ranks meet in a key prefix of the job's store used for this cell alone,
@@ -34,6 +34,7 @@ from shardbench.harness.config import CellConfig, threads_per_rank
 from shardbench.harness.job import STORE_PREFIX
 from shardbench.harness.job_link import SILENT_S, JobError, JobLink
 from shardbench.harness.launch import POLL_S, CellEndsRun, RankWorld, kept_counts, launcher_dir
+from shardbench.harness.launch import run_cell as run_here
 from shardbench.harness.result import RankResult, build_record
 from shardbench.records import Record
 from shardbench.wording import count
@@ -116,7 +117,13 @@ class Leader:
         self.posted += 1
 
     def run_cell(self, cell: CellConfig, *, run_id: str) -> Record:
-        """The record of ``cell`` run on the job's first N processes (``launch.cells_through``)."""
+        """The record of ``cell``: run on the job's first N processes, or here by the local
+        launcher when it has one process (simulated, fake, dp), which needs no other host."""
+        if cell.world_plan().processes > 1:
+            return self._on_job(cell, run_id=run_id)
+        return run_here(cell, run_id=run_id)
+
+    def _on_job(self, cell: CellConfig, *, run_id: str) -> Record:
         plan, start = cell.world_plan(), time.perf_counter()
         seq, world = self.cells, self.link.job.world_size
         self.cells += 1

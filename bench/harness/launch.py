@@ -46,6 +46,7 @@ from typing import Any
 
 from shardbench.harness import counting, guardian
 from shardbench.harness.config import CellConfig, threads_per_rank
+from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.harness.result import RankResult, build_record, signal_name
 from shardbench.paths import path_component
 from shardbench.records import Record
@@ -380,21 +381,10 @@ class CellEndsRun(Exception):
         return f"stopped: {self}"
 
 
-#: where cells of more than one process go instead of this host's ranks: inside a torchrun or
-#: Slurm job, rank 0 routes them to the job's processes (``job_cells.py``); None on one machine
-_multi_process_cells: Callable[..., Record] | None = None
-
-
-@contextlib.contextmanager
-def cells_through(runner: Callable[..., Record]) -> Iterator[None]:
-    """While inside, ``run_cell`` hands every cell of more than one process to
-    ``runner(cell, run_id=...)``; a cell of one process (simulated, fake, dp) still runs here."""
-    global _multi_process_cells
-    previous, _multi_process_cells = _multi_process_cells, runner
-    try:
-        yield
-    finally:
-        _multi_process_cells = previous
+#: runs a cell on a torchrun or Slurm job's processes rather than this host's ranks (rank 0's
+#: ``job_cells.Leader.run_cell``): the commands that run cells are handed it inside a job, and
+#: None on one machine
+JobCells = Callable[..., Record]
 
 
 @contextlib.contextmanager
@@ -416,9 +406,8 @@ def counts_file(owner: str) -> Path:
 def run_cell(cell: CellConfig, *, run_id: str) -> Record:
     """Run one cell in fresh processes and return its record (never raises for a failed cell;
     an exception from outside, e.g. an interrupt, stops the ranks and propagates)."""
-    plan = cell.world_plan()
-    if _multi_process_cells is not None and plan.processes > 1:
-        return _multi_process_cells(cell, run_id=run_id)
+    resolved = ResolvedCell.of(cell)
+    plan = resolved.world_plan()
     start = time.perf_counter()
     with (
         kept_counts(f"run {run_id}") as counts,
@@ -433,5 +422,5 @@ def run_cell(cell: CellConfig, *, run_id: str) -> Record:
             world.stop()
         results = world.results(timed_out)
     return build_record(
-        cell, plan, results, run_id=run_id, wall_s=time.perf_counter() - start, processes=plan.processes
+        resolved, plan, results, run_id=run_id, wall_s=time.perf_counter() - start, processes=plan.processes
     )

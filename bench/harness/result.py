@@ -18,9 +18,10 @@ import os
 import signal
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardbench.harness.config import CellConfig
+from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.metrics.timing import slowest_rank, summarize
 from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.op_calls import OpCall, calls_from_json, calls_to_json
@@ -29,7 +30,9 @@ from shardbench.records import UNNAMED_DEVICE, Record, capture_env, finite, firs
 from shardbench.step_figures import FlopsPerStep
 from shardbench.step_figures import from_json as figures
 from shardbench.strategies.catalog import WorldPlan
-from shardbench.strategies.registry import get_strategy
+
+if TYPE_CHECKING:
+    from shardbench.strategies.base import Strategy
 
 
 @dataclass
@@ -180,7 +183,7 @@ def cell_fields(cell: CellConfig) -> dict[str, Any]:
 
 
 def build_record(
-    cell: CellConfig,
+    cell: CellConfig | ResolvedCell,
     plan: WorldPlan,
     results: list[RankResult],
     *,
@@ -189,12 +192,14 @@ def build_record(
     processes: int,
 ) -> Record:
     """Assemble the cell's record from every rank's result."""
-    strategy = get_strategy(cell.strategy)
+    resolved = ResolvedCell.of(cell)
+    cell, strategy = resolved.cell, resolved.strategy
     results = sorted(results, key=lambda r: r.rank)
     world_size = plan.reported_world_size(processes)
     failure = _failure(results)
     ok = [r for r in results if r.status == "ok"]
-    num_params = ok[0].num_params if ok and ok[0].num_params else workload_params(cell)
+    num_params = ok[0].num_params if ok and ok[0].num_params else workload_params(resolved)
+    backend = _backend(resolved, plan)
     record = Record(
         **cell_fields(cell),
         run_id=run_id,
@@ -202,13 +207,13 @@ def build_record(
         strategy=strategy.name,
         world_size=world_size,
         simulated=plan.simulated,
-        backend=_backend(cell, plan),
+        backend=backend,
         status="ok",
         note=_note(cell, plan, ok, startup := _startup(results)),
         startup_s=startup,
         strategy_settings=ok[0].settings if ok else strategy.settings(),
         predicted_mem_bytes=predict(
-            cell, world_size, num_params, ok[0].num_trainable if ok and ok[0].num_params else None
+            resolved, world_size, num_params, ok[0].num_trainable if ok and ok[0].num_params else None
         ),
         wall_s=wall_s,
         env=capture_env(cell.device),
@@ -223,7 +228,7 @@ def build_record(
             default=None,
         ),
         predicted_comm=predict_comm(
-            cell, world_size, _backend(cell, plan), next((r.comm_shape for r in ok if r.comm_shape), None)
+            resolved, world_size, backend, next((r.comm_shape for r in ok if r.comm_shape), None)
         ),
     )
     first_losses = results[0].losses if results else []
@@ -231,15 +236,16 @@ def build_record(
     if failure is not None:
         record.status, record.error, record.failure = failure
         return record
-    _add_measured(record, cell, plan, results)
+    _add_measured(record, resolved, plan, results)
     return record
 
 
-def _add_measured(record: Record, cell: CellConfig, plan: WorldPlan, results: list[RankResult]) -> None:
+def _add_measured(record: Record, resolved: ResolvedCell, plan: WorldPlan, results: list[RankResult]) -> None:
     """What a cell whose ranks all finished measured, and what the step-time model predicts of
     it over this machine's probes."""
     steps = slowest_rank([r.step_times for r in results])
     times = summarize(steps)
+    cell = resolved.cell
     record.step_time_s = times
     record.step_times_s = steps or None
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
@@ -247,7 +253,7 @@ def _add_measured(record: Record, cell: CellConfig, plan: WorldPlan, results: li
     _add_throughput(record, cell, results)
     probes = MachineProbes()
     _add_compute_replay(record, results, probes)
-    _add_prediction(record, probes)
+    _add_prediction(record, probes, resolved.strategy)
     _add_memory(record, cell, results)
 
 
@@ -286,7 +292,7 @@ def _add_compute_replay(record: Record, results: list[RankResult], probes: Machi
         record.note = "; ".join(p for p in (record.note, why) if p)
 
 
-def _add_prediction(record: Record, probes: MachineProbes) -> None:
+def _add_prediction(record: Record, probes: MachineProbes, strategy: Strategy) -> None:
     """A measured cell's predicted step time over its device's default network profile (gloo
     measured here on a CPU, NVLink on CUDA): what the run checks its step-time model with. Made
     here, after the ranks ended, so the probes it may run have the cores to themselves; a
@@ -298,7 +304,9 @@ def _add_prediction(record: Record, probes: MachineProbes) -> None:
 
     try:
         network = default_network(record.device)
-        record.predicted_step_time, why = predict_record(record, network=network, probes=probes)
+        record.predicted_step_time, why = predict_record(
+            record, network=network, probes=probes, strategy=strategy
+        )
     except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its prediction only
         why = f"no step time predicted ({type(e).__name__}: {e})"
     if why and record.flops_per_step:
@@ -370,12 +378,12 @@ def _placement(results: list[RankResult]) -> dict[str, int] | None:
     return max(placed, key=lambda p: p["ranks"] / (p.get("cores") or p.get("devices") or 1), default=None)
 
 
-def _backend(cell: CellConfig, plan: WorldPlan) -> str:
+def _backend(resolved: ResolvedCell, plan: WorldPlan) -> str:
     if plan.simulated:
         return "fake"
-    if not get_strategy(cell.strategy).needs_process_group:
+    if not resolved.strategy.needs_process_group:
         return "none"
-    return "nccl" if cell.device == "cuda" else "gloo"
+    return "nccl" if resolved.cell.device == "cuda" else "gloo"
 
 
 def _artifacts(cell: CellConfig, results: list[RankResult]) -> dict[str, str] | None:

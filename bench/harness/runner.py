@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 
 from shardbench.harness.config import CellConfig
-from shardbench.harness.launch import CellEndsRun, run_cell
+from shardbench.harness.launch import CellEndsRun, JobCells, run_cell
 from shardbench.harness.result import build_record, with_slow_start
 from shardbench.records import CellKey, Record, append_record, flat_as_none, read_records
 from shardbench.wording import count, wrap
@@ -150,10 +150,12 @@ def run_cells(
     name: str | None = None,
     tags: Mapping[str, str] | None = None,
     on_record: Callable[[list[Record]], object] | None = None,
+    job_cells: JobCells | None = None,
 ) -> RunOutcome:
     """Run every cell not in ``skip`` with a progress display on stderr; every record carries
     the run's ``name`` and ``tags`` (reports label runs by name, compare matches them).
-    ``on_record(records)`` runs after each record is appended, with every record so far."""
+    ``on_record(records)`` runs after each record is appended, with every record so far.
+    ``job_cells``: inside a torchrun or Slurm job, what runs each cell on the job's processes."""
     outcome = RunOutcome()
     todo = interleave_repeats([c for c in cells if c.key() not in (skip or set())])
     outcome.skipped = len(cells) - len(todo)
@@ -164,7 +166,7 @@ def run_cells(
             stopped: Interrupted | CellEndsRun | None = None
             try:
                 with interrupts.cell():
-                    record = run_cell(cell, run_id=run_id)
+                    record = (job_cells or run_cell)(cell, run_id=run_id)
             except Interrupted as e:
                 record = _interrupted_record(cell, e, run_id=run_id, wall_s=time.perf_counter() - start)
             except CellEndsRun as e:  # this cell's record is the last

@@ -53,14 +53,13 @@ from shardbench.harness.phases import (
     time_steps,
     trace_step,
 )
+from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.harness.result import RankResult
 from shardbench.metrics.kernels import CudaAttention, pinned_factory
 from shardbench.models.checkpointing import apply_activation_checkpointing
-from shardbench.models.registry import get_workload
 from shardbench.prediction.zero_accounting import comm_shape_of
 from shardbench.step_figures import FlopsPerStep
 from shardbench.strategies.base import RankContext
-from shardbench.strategies.registry import get_strategy
 
 COLLECTIVE_TIMEOUT_MARGIN_S = 30.0
 
@@ -158,7 +157,7 @@ def _process_group(
 
 
 def run_rank(
-    cell: CellConfig,
+    cell: CellConfig | ResolvedCell,
     *,
     rank: int,
     world_size: int,
@@ -171,13 +170,14 @@ def run_rank(
     """Run one cell on this rank; return its measurements (raises on failure). ``counts``: the
     step counts earlier cells made, which rank 0 adds its own to (default: none)."""
     started = time.perf_counter()  # setup: the strategy's imports and set-up, the model's build
+    resolved = ResolvedCell.of(cell)
+    cell = resolved.cell
     # a simulated rank computes with the threads a real rank of its world would get on this host
     # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
     # twin real cells are set against (bench/studies/exposed_comm.py)
     torch.set_num_threads(threads_per_rank(world_size if cell.simulate else local_world_size))
     device = _rank_device(cell, local_rank)
-    strategy = get_strategy(cell.strategy)
-    workload = get_workload(cell.workload)
+    strategy, workload = resolved.strategy, resolved.workload
     pg = _process_group(cell, strategy, device, rank=rank, processes=processes, world_size=world_size)
 
     ctx = RankContext(
@@ -196,9 +196,7 @@ def run_rank(
         CudaAttention() if planned_off_device(cell) else contextlib.nullcontext(),
     ):
         result = _train_and_measure(
-            cell,
-            strategy,
-            workload,
+            resolved,
             ctx,
             rank=rank,
             processes=processes,
@@ -238,9 +236,7 @@ def build_model(workload: Any, cell: CellConfig, device: torch.device) -> torch.
 
 
 def _train_and_measure(
-    cell: CellConfig,
-    strategy: Any,
-    workload: Any,
+    resolved: ResolvedCell,
     ctx: RankContext,
     *,
     rank: int,
@@ -250,6 +246,7 @@ def _train_and_measure(
     counts: StepCounts,
 ) -> RankResult:
     """Build and wrap the model, then run the phases (``phases.py``) and assemble the result."""
+    cell, strategy, workload = resolved.cell, resolved.strategy, resolved.workload
     torch.manual_seed(cell.seed)  # identical initial weights on every rank
     model = build_model(workload, cell, ctx.device)
     drop_where_nvml_cannot_answer()  # a model's library may have set it on import (nvml_check.py)
@@ -287,7 +284,7 @@ def _train_and_measure(
         comm=memory.comm,
         comm_overlap=overlap,
         threads=torch.get_num_threads(),
-        comm_shape=comm_shape_of(cell) if rank == 0 else None,
+        comm_shape=comm_shape_of(resolved) if rank == 0 else None,
         flops=flops,
         flops_note=flops_note,
         op_calls=op_calls,
@@ -366,7 +363,7 @@ def _settings(cell: CellConfig, strategy: Any, model: Any, timing: Any, memory: 
     return settings
 
 
-def run_rank_safely(cell: CellConfig, **kw: Any) -> RankResult:
+def run_rank_safely(cell: CellConfig | ResolvedCell, **kw: Any) -> RankResult:
     """``run_rank``, with any failure turned into a result carrying this rank's traceback."""
     try:
         return run_rank(cell, **kw)
@@ -403,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         local_world_size = env_int(env, "LOCAL_WORLD_SIZE", minimum=1, default=processes)
     except ValueError as e:
         raise SystemExit(f"{ap.prog}: {e}") from None
-    plan = cell.world_plan()
+    resolved = ResolvedCell.of(cell)  # its workload is resolved by the rank, where a failure is data
+    plan = resolved.world_plan()
     kw: dict[str, Any] = dict(
         rank=rank,
         world_size=plan.reported_world_size(processes),
@@ -420,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         result = RankResult(rank=rank, status="error", error=f"rank {rank}: {e}", failed_at=time.time())
     else:
-        result = run_rank_safely(cell, **kw)
+        result = run_rank_safely(resolved, **kw)
     if args.result_dir is not None:  # launched by shardbench.harness.launch: it assembles the record
         result.write(args.result_dir / f"rank{rank}.json")
         with contextlib.suppress(OSError):  # a count not handed on is made again, nothing lost
@@ -428,11 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized() and result.status == "ok":
             dist.destroy_process_group()
         return 0 if result.status == "ok" else 1
-    return _torchrun_finish(cell, plan, result, args, rank=rank, processes=processes, start=start)
+    return _torchrun_finish(resolved, plan, result, args, rank=rank, processes=processes, start=start)
 
 
 def _torchrun_finish(
-    cell: CellConfig,
+    cell: ResolvedCell,
     plan: Any,
     result: RankResult,
     args: argparse.Namespace,

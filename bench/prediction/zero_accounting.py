@@ -10,21 +10,20 @@ import functools
 from typing import Any
 
 from shardbench.harness.config import CellConfig
+from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.metrics.analytic import CommShape, predicted_comm, predicted_model_state_bytes
-from shardbench.strategies.registry import get_strategy
 
 
 def predict(
-    cell: CellConfig, world_size: int, num_params: int, trainable: int | None = None
+    cell: CellConfig | ResolvedCell, world_size: int, num_params: int, trainable: int | None = None
 ) -> dict[str, int]:
     """The analytic model-state bytes per rank for this cell (bench/metrics/analytic.py)."""
-    strategy = get_strategy(cell.strategy)
+    resolved = ResolvedCell.of(cell)
+    cell, strategy = resolved.cell, resolved.strategy
     sharding = strategy.kept_sharding()
     group_sizes = None
     if sharding.whole_parameters:
-        from shardbench.models.registry import get_workload
-
-        group_sizes = get_workload(cell.workload).param_group_sizes(cell.preset)
+        group_sizes = resolved.workload.param_group_sizes(cell.preset)
     precision = strategy.model_state_precision(cell.precision)
     return predicted_model_state_bytes(
         num_params,
@@ -38,13 +37,15 @@ def predict(
 
 
 def predict_comm(
-    cell: CellConfig, world_size: int, backend: str, shape: dict[str, Any] | None
+    cell: CellConfig | ResolvedCell, world_size: int, backend: str, shape: dict[str, Any] | None
 ) -> dict[str, Any] | None:
     """The analytic communication per rank per step for this cell (bench/metrics/analytic.py)
     from the shapes a rank reported (``comm_shape_of``); None for a strategy that issues no
     collectives, or when no rank reported them (a failed cell: nothing measured to compare
     with)."""
-    comm = get_strategy(cell.strategy).communication(cell.precision, backend)
+    resolved = ResolvedCell.of(cell)
+    cell = resolved.cell
+    comm = resolved.strategy.communication(cell.precision, backend)
     if comm is None or backend == "none" or shape is None:
         return None
     dims = tuple((int(d), int(n)) for d, n in shape["dims"])
@@ -58,10 +59,11 @@ def predict_comm(
     return predicted_comm(comm, comm_shape, world_size, cell.shard_group)
 
 
-def comm_shape_of(cell: CellConfig) -> dict[str, Any] | None:
+def comm_shape_of(cell: CellConfig | ResolvedCell) -> dict[str, Any] | None:
     """What a rank reports for ``predict_comm``: ``comm_shape`` as JSON, or None when the
     strategy issues no collectives or the shapes cannot be had (no prediction, no failure)."""
-    strategy = get_strategy(cell.strategy)
+    resolved = ResolvedCell.of(cell)
+    cell, strategy = resolved.cell, resolved.strategy
     if all(strategy.communication(cell.precision, b) is None for b in ("gloo", "nccl", "fake")):
         return None
     try:
@@ -107,7 +109,6 @@ def comm_shape(workload_name: str, preset: str) -> CommShape:
     )
 
 
-def workload_params(cell: CellConfig) -> int:
-    from shardbench.models.registry import get_workload
-
-    return get_workload(cell.workload).param_count(cell.preset)
+def workload_params(cell: CellConfig | ResolvedCell) -> int:
+    resolved = ResolvedCell.of(cell)
+    return resolved.workload.param_count(resolved.cell.preset)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shardbench.harness.config import CellConfig, make_cell
-from shardbench.harness.launch import run_cell
+from shardbench.harness.launch import JobCells, run_cell
 from shardbench.harness.result import with_slow_start
 from shardbench.models.registry import get_workload
 from shardbench.records import Record, append_record, read_records
@@ -50,11 +50,13 @@ def run_claim(
     workloads: tuple[str, ...] | None = None,
     progress: Callable[[str], None] = print_wrapped,
     measured: dict[str, WorkloadResult] | None = None,
+    job_cells: JobCells | None = None,
 ) -> list[WorkloadResult]:
     """Measure every workload of ``spec``; records go to ``out_dir/records.jsonl`` as they come.
     ``measured`` (``claim --resume``): results by variant label whose ok cells are kept, not
-    measured again."""
-    claim = _ClaimCells(spec, out_dir, run_id, progress)
+    measured again. ``job_cells``: inside a torchrun or Slurm job, what runs each cell on the
+    job's processes."""
+    claim = _ClaimCells(spec, out_dir, run_id, progress, job_cells)
     results = []
     for w in spec.variants():
         if workloads and w.name not in workloads:
@@ -68,8 +70,10 @@ class _ClaimCells:
     """The cells of one claim: each workload's memory, timing and max-size cells, measured
     unless a kept record of the same cell is ok."""
 
-    def __init__(self, spec: ClaimSpec, out_dir: Path, run_id: str, progress: Callable[[str], None]) -> None:
+    def __init__(self, spec: ClaimSpec, out_dir: Path, run_id: str, progress: Callable[[str], None],
+                 job_cells: JobCells | None = None) -> None:  # fmt: skip
         self.spec, self.out_dir, self.run_id, self.progress = spec, out_dir, run_id, progress
+        self.job_cells = job_cells
         self.budget = parse_budget(spec.budget)
         self.reserves = policy(spec.device, fixed=spec.reserve_bytes)  # plan's: a fit means the same
 
@@ -95,7 +99,7 @@ class _ClaimCells:
     def record(self, cell: CellConfig, kept: dict[str, Record]) -> Record:
         if (r := kept.get(cell.strategy)) is not None and r.status == "ok":
             return r
-        r = run_cell(cell, run_id=self.run_id)
+        r = (self.job_cells or run_cell)(cell, run_id=self.run_id)
         append_record(self.out_dir / "records.jsonl", r)
         label = f"{cell.workload}/{cell.preset} {cell.strategy} N={r.world_size}"
         self.progress(with_slow_start(f"{label}: {r.status} ({r.wall_s:.0f}s)", r))
@@ -137,6 +141,7 @@ class _ClaimCells:
             out_dir=self.out_dir,
             run_id=self.run_id,
             progress=self.progress,
+            job_cells=self.job_cells,
         )
 
 
@@ -148,12 +153,17 @@ class ClaimRun:
 
 
 def claim(
-    spec: ClaimSpec, *, out_dir: Path, workloads: tuple[str, ...] | None = None, resume: bool = False
+    spec: ClaimSpec,
+    *,
+    out_dir: Path,
+    workloads: tuple[str, ...] | None = None,
+    resume: bool = False,
+    job_cells: JobCells | None = None,
 ) -> ClaimRun:
     """Run the claim into ``out_dir`` (records as they come) and return its per-workload
     results. With ``resume``, the directory's ok cells are kept and only the others measured (a
     claim stopped part-way, or a spec that gained a strategy); the results then cover every
-    variant."""
+    variant. ``job_cells``: inside a torchrun or Slurm job, what runs each cell on its processes."""
     start = time.perf_counter()
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-claim-{spec.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -165,7 +175,9 @@ def claim(
         old.rename(
             out_dir / f"records.{time.strftime('%Y%m%d-%H%M%S', time.localtime(old.stat().st_mtime))}.bak"
         )
-    results = run_claim(spec, out_dir=out_dir, run_id=run_id, workloads=workloads, measured=measured)
+    results = run_claim(
+        spec, out_dir=out_dir, run_id=run_id, workloads=workloads, measured=measured, job_cells=job_cells
+    )
     if measured:
         ran = {r.workload.label: r for r in results}
         results = every_variant(spec, {**measured, **ran})

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.harness.config import CellConfig
-from shardbench.harness.launch import run_cell
+from shardbench.harness.launch import JobCells, run_cell
 from shardbench.harness.result import with_slow_start
 from shardbench.records import Record, append_record
 from shardbench.studies.plan_reserve import NO_RESERVE, Reserve
@@ -131,14 +131,15 @@ class _Prober:
     the fit (an error, two timeouts) stops the search (``SearchFailed``)."""
 
     def __init__(self, base: CellConfig, budget: int, reserve: Reserve, vary: str, where: tuple[Path, str],
-                 known: dict[str, Record], progress: Callable[[str], None]) -> None:  # fmt: skip
+                 known: dict[str, Record], progress: Callable[[str], None],
+                 job_cells: JobCells | None = None) -> None:  # fmt: skip
         self.base, self.budget, self.reserve, self.vary = base, budget, reserve, vary
         self.out_dir, self.run_id = where
-        self.known, self.progress = known, progress
+        self.known, self.progress, self.job_cells = known, progress, job_cells
         self.probes: list[Probe] = []
 
     def measure(self, cell: CellConfig) -> Record:
-        record = run_cell(cell, run_id=self.run_id)
+        record = (self.job_cells or run_cell)(cell, run_id=self.run_id)
         append_record(self.out_dir / "records.jsonl", record)
         return record
 
@@ -173,6 +174,7 @@ def search(
     progress: Callable[[str], None] = print_wrapped,
     known: dict[str, Record] | None = None,
     reserve: Reserve = NO_RESERVE,
+    job_cells: JobCells | None = None,
 ) -> Record:
     """Run the search for one cell (its preset or batch size is what varies); append every
     probe's record and the summary record to ``out_dir/records.jsonl``; return the summary.
@@ -183,7 +185,8 @@ def search(
     to records already measured for exactly this cell (e.g. the claim's memory cells): they
     count as probes without being run again and bound the bisection. ``reserve``: what each peak
     needs beside it within ``budget`` (``plan_reserve.policy(device).of(strategy)``; none by
-    default, as on the CPU)."""
+    default, as on the CPU). ``job_cells``: inside a torchrun or Slurm job, what runs each probe
+    on the job's processes."""
     started = time.perf_counter()
     known = {k: v for k, v in (known or {}).items() if v.status == "ok"}
     if vary not in VARY:
@@ -194,7 +197,7 @@ def search(
     sizes = SizeAxis.of(base.workload, ladder, base.preset) if vary == "params" else None
     if sizes is not None:
         known = sizes.aliases(known)
-    probe = _Prober(base, budget, reserve, vary, (out_dir, run_id), known, progress)
+    probe = _Prober(base, budget, reserve, vary, (out_dir, run_id), known, progress, job_cells)
     judged = dict(budget=budget, reserve=reserve, vary=vary, run_id=run_id)
     usable = reserve.usable(budget)  # the largest peak that fits with its reserve: where to aim
     try:
