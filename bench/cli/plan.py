@@ -21,7 +21,7 @@ from shardbench.cli.common import (
 )
 from shardbench.harness.config import DEVICES, CellConfig, fields_from_flags
 from shardbench.precision import PRECISIONS
-from shardbench.prediction.network_profiles import CHOICES as NETWORKS
+from shardbench.prediction.cluster_network import CLUSTERS
 
 if TYPE_CHECKING:
     from shardbench.records import Record
@@ -69,9 +69,24 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--network",
-        choices=NETWORKS,
         help="the network the predicted step time assumes: gloo (measured on this machine at N; "
-        "the CPU's default), nvlink (CUDA's default), ib-200 or ib-400",
+        "the CPU's default), nvlink (CUDA's default), ib-200 or ib-400 (one flat link); a cluster of "
+        f"two tiers ({', '.join(CLUSTERS)}: NVLink inside 8-GPU nodes, InfiniBand across); or your "
+        "own tiers, intra=450GB/s:10us,inter=50GB/s:20us (with --ranks-per-node)",
+    )
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        help="ranks a node holds (G): collectives are costed per tier, and each strategy that shards "
+        "in groups is planned at every shard width S that divides N and is a multiple or a divisor "
+        "of G (S = 1 shards nothing) (default: the cluster's, with a cluster --network)",
+    )
+    p.add_argument(
+        "--shard-group",
+        dest="shard_widths",
+        type=csv_list(int),
+        help="the shard widths S to plan for the strategies that shard in groups, instead of those "
+        "--ranks-per-node gives (comma-separated; each must divide N)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per planned cell")
     p.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
@@ -104,7 +119,8 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
         fields.update(preset=preset, fake=not workload.not_plannable)
         if args.max_batch:
             fields["batch_size"] = 1
-        cells = planning_cells(**fields, strategies=strategies)
+        args.ranks_per_node, widths = cluster_shape(args)
+        cells = planning_cells(**fields, strategies=strategies, shard_widths=widths)
         unplanned = [c for c in cells if not plannable(c.strategy)]
         cells = plan_cells([c for c in cells if plannable(c.strategy)]) if len(unplanned) < len(cells) else []
     except ValueError as e:
@@ -113,7 +129,32 @@ def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellC
     return cells, unplanned, budget, reserves
 
 
-def predicted_rows(rows: list[PlanRow], network: str, gpu: str | None = None) -> tuple[PlanRow, ...]:
+def cluster_shape(args: argparse.Namespace) -> tuple[int | None, tuple[int, ...]]:
+    """The ranks a node holds (``--ranks-per-node``, else the cluster ``--network`` names; a
+    world smaller than a node is one node) and the shard widths to plan (``--shard-group``, else
+    ``shard_widths`` of the nodes); ValueError in one line for a shape that does not fit N."""
+    from shardbench.metrics.topology import check_ranks_per_node
+    from shardbench.prediction.cluster_network import check_any_network, cluster_network
+    from shardbench.strategies.sharded.groups import check_shard_size
+    from shardbench.studies.plan import shard_widths
+
+    n, per_node = args.world_size, args.ranks_per_node
+    if args.network is not None:
+        check_any_network(args.network, per_node)
+        if per_node is None and (cluster := cluster_network(args.network)) is not None:
+            per_node = min(cluster.ranks_per_node, n)
+    if per_node is not None:
+        check_ranks_per_node(per_node, n)
+    for width in args.shard_widths or ():
+        check_shard_size(width, n)
+    if args.shard_widths:
+        return per_node, tuple(args.shard_widths)
+    return per_node, tuple(shard_widths(n, per_node)) if per_node and per_node < n else ()
+
+
+def predicted_rows(
+    rows: list[PlanRow], network: str, gpu: str | None = None, ranks_per_node: int | None = None
+) -> tuple[PlanRow, ...]:
     """Each planned row with its predicted step time over ``network`` (``record_step_time``),
     against the device's peak (the record's, else this machine's GEMM probe at a real rank's
     threads, or the datasheet of the CUDA device here), or with why none could be made."""
@@ -134,7 +175,9 @@ def predicted_rows(rows: list[PlanRow], network: str, gpu: str | None = None) ->
             shape = None
         try:
             peak = r.peak_flops_per_s or _device_peak(r, gpu)
-            predicted, why = predict_record(r, network=network, peak=peak, shape=shape)
+            predicted, why = predict_record(
+                r, network=network, peak=peak, shape=shape, ranks_per_node=ranks_per_node
+            )
         except Exception as e:  # noqa: BLE001 - a failed probe costs the plan its prediction only
             predicted, why = None, f"no step time predicted ({type(e).__name__}: {e})"
         out.append(replace(row, predicted=predicted, not_predicted=why))
@@ -217,11 +260,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     network = args.network or default_network(args.device)
     plan = Plan(
         rows=predicted_rows(
-            rows_from(records, budget, max_batch=args.max_batch, policy=reserves), network, args.gpu
+            rows_from(records, budget, max_batch=args.max_batch, policy=reserves),
+            network,
+            args.gpu,
+            args.ranks_per_node,
         ),
         budget=budget,
         policy=reserves,
         batch=None if args.max_batch else first.batch_size,
+        ranks_per_node=args.ranks_per_node,
     )
     heading = title(plan, first, budget_text=args.budget, gpu=args.gpu, gpu_implied=implied)
     (out / "plan.md").write_text(plan_markdown(plan, title_text=heading))

@@ -8,7 +8,7 @@ from typing import Any
 
 from shardbench.harness.config import CellConfig
 from shardbench.report.tables import error_file, markdown_table
-from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command, why_faster
+from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command, why_faster, why_width
 from shardbench.studies.reference import REFERENCE
 from shardbench.units import count_text, in_unit, params_text, seconds_text, size_unit
 from shardbench.wording import first_sentence, wrap
@@ -132,7 +132,7 @@ def table(plan: Plan) -> tuple[list[str], list[list[str]]]:
     for r in rows:
         parts = r.record.mem_breakdown_bytes or {}
         other = None if r.unplanned or not parts else parts.get("other", 0) + parts.get("comm", 0)
-        line = [r.strategy, LEVELS[r.level], _fits(r), in_unit(r.peak, unit), in_unit(r.reserve_bytes, unit)]
+        line = [r.label, LEVELS[r.level], _fits(r), in_unit(r.peak, unit), in_unit(r.reserve_bytes, unit)]
         line += [in_unit(r.headroom, unit), in_unit(r.model_states, unit), in_unit(r.formula, unit)]
         line += [
             in_unit(None if r.unplanned or not parts else parts.get("activations", 0), unit),
@@ -153,10 +153,9 @@ def reserve_line(plan: Plan) -> str:
         return f"reserve: {in_unit(policy.fixed, unit)} {label} per rank beside each peak (--reserve)"
     if policy.device != "cuda":
         return "reserve: none (on the CPU nothing is held beside the tensors; --reserve SIZE sets one)"
-    measured = [
-        f"{r.strategy} {policy.ratios[r.strategy]:.4f}" for r in plan.rows if r.strategy in policy.ratios
-    ]
-    unmeasured = [r.strategy for r in plan.rows if r.strategy not in policy.ratios]
+    strategies = list(dict.fromkeys(r.strategy for r in plan.rows))  # once each, whatever its widths
+    measured = [f"{s} {policy.ratios[s]:.4f}" for s in strategies if s in policy.ratios]
+    unmeasured = [s for s in strategies if s not in policy.ratios]
     parts = [", ".join(measured)] if measured else []
     if unmeasured:
         parts.append(f"{', '.join(unmeasured)} not measured: the worst of all, {policy.worst:.4f}")
@@ -216,7 +215,7 @@ def verdict(plan: Plan) -> str:
     if most is not None and best.max_batch and most.max_batch and most.max_batch > best.max_batch:
         batch_part += f"; the largest batch of all is {most.strategy}'s, {most.max_batch}"
     return (
-        f"recommended: {best.strategy} ({why}; peak {in_unit(best.peak, unit)} + reserve "
+        f"recommended: {best.label} ({why}; peak {in_unit(best.peak, unit)} + reserve "
         f"{in_unit(best.reserve_bytes, unit)} of {budget}, {in_unit(best.headroom, unit)} {label} headroom "
         f"after the reserve{batch_part}){broken}"
     )
@@ -267,6 +266,13 @@ def title(
     )
 
 
+def width_line(plan: Plan) -> str | None:
+    """Why the recommendation shards as wide as it does, where it shards in groups: one line."""
+    best = plan.best
+    reason = why_width(best, plan.rows, plan.ranks_per_node) if best else None
+    return f"shard width: {reason}" if reason else None
+
+
 def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
     """The plan as data for other renderers (the HTML report): the budget, the reserve, the
     recommendation and each strategy's figures in bytes, with the lines the terminal prints."""
@@ -280,14 +286,16 @@ def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
         "table": body,
         "batch": plan.batch,
         "params": plan.params,
-        "recommended": best.strategy if best else None,
+        "recommended": best.label if best else None,
         "verdict": verdict(plan),
+        "shard_width": width_line(plan),
         "reserve": reserve_line(plan),
         "network": network_line(plan),
         "least_sharding": plan.least.strategy if plan.least else None,
         "rows": [
             {
                 "strategy": r.strategy,
+                "shard_group": r.shard_width,
                 "fits": r.fits,
                 "status": r.record.status,
                 "peak_bytes": r.peak,
@@ -313,7 +321,9 @@ def plan_markdown(plan: Plan, *, title_text: str) -> str:
             line[fits] += f" ([traceback]({name}))"
     kernels = kernels_line(plan)
     tail = f"\n\n{kernels}" if kernels else ""
-    lines = [f"# {title_text}", markdown_table(columns, body), verdict(plan), reserve_line(plan)]
+    lines = [f"# {title_text}", markdown_table(columns, body), verdict(plan)]
+    lines += [w] if (w := width_line(plan)) else []
+    lines += [reserve_line(plan)]
     lines += [n] if (n := network_line(plan)) else []
     return "\n\n".join(lines) + f"{tail}\n"
 
@@ -378,7 +388,7 @@ def print_plan(plan: Plan, *, title_text: str) -> None:
     for line in wrap(title_text, width):  # above the table, wrapped here: rich would split words
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(t)
-    for text in (verdict(plan), reserve_line(plan), network_line(plan), kernels_line(plan)):
+    for text in (verdict(plan), width_line(plan), reserve_line(plan), network_line(plan), kernels_line(plan)):
         if text:
             for line in wrap(text, width):
                 console.print(line, markup=False, highlight=False, soft_wrap=True)

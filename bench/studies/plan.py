@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardbench.harness.config import CellConfig, make_cell
-from shardbench.records import Record
+from shardbench.records import Record, strategy_label
 from shardbench.step_figures import PredictedStep
 from shardbench.step_figures import from_json as figures
 from shardbench.studies.plan_reserve import Reserve, ReservePolicy
@@ -70,12 +70,34 @@ def sharding_level(strategy: str) -> int:
     return int(s.optimizer_state or s.whole_parameters) + int(s.gradients) + int(s.parameters)
 
 
-def planning_cells(*, strategies: Sequence[str] = PLAN_STRATEGIES, **fields: Any) -> list[CellConfig]:
+def planning_cells(
+    *, strategies: Sequence[str] = PLAN_STRATEGIES, shard_widths: Sequence[int] = (), **fields: Any
+) -> list[CellConfig]:
     """One cell per strategy of ``fields`` (CellConfig fields): one simulated rank, one warm-up
     and one measured step (memory is what a plan needs; the peak is reached within the first
-    steps)."""
+    steps). A strategy that shards in groups (its card's ``shard_group``) gets a cell for each
+    of ``shard_widths`` below the world size too, after its flat one."""
+    from shardbench.strategies.registry import strategy_card
+
     planned = {"steps": 1, "warmup": 1, "suite": "plan", "simulate": True}
-    return [make_cell(**{**fields, **planned, "strategy": s}) for s in strategies]
+    cells = []
+    for s in strategies:
+        cell = make_cell(**{**fields, **planned, "strategy": s})
+        cells.append(cell)
+        if strategy_card(s).shard_group:
+            cells += [replace(cell, shard_group=w) for w in shard_widths if w < cell.world_size]
+    return cells
+
+
+def shard_widths(world_size: int, ranks_per_node: int) -> list[int]:
+    """The shard widths worth planning on nodes of G ranks: every S that divides N and is a
+    multiple of G (whole nodes) or a divisor of it (within one node), from 2 up (S = 1 shards
+    nothing)."""
+    return [
+        w
+        for w in range(2, world_size + 1)
+        if world_size % w == 0 and (w % ranks_per_node == 0 or ranks_per_node % w == 0)
+    ]
 
 
 def plannable(strategy: str) -> bool:
@@ -165,6 +187,16 @@ class PlanRow:
         return sharding_level(self.strategy)
 
     @property
+    def label(self) -> str:
+        """The strategy as the table names it: with its shard width where that is not N."""
+        return strategy_label(self.record)
+
+    @property
+    def shard_width(self) -> int:
+        """S: the ranks it shards over (N where it shards over all, or shards nothing)."""
+        return self.record.shard_group or self.record.world_size
+
+    @property
     def peak(self) -> int | None:
         return (self.record.peak_mem_bytes or {}).get("max")
 
@@ -223,6 +255,8 @@ class Plan:
     policy: ReservePolicy
     #: the per-rank batch planned; None with ``--max-batch``
     batch: int | None
+    #: the ranks a node holds, where the plan knows the cluster's shape (its shard widths)
+    ranks_per_node: int | None = None
 
     @property
     def best(self) -> PlanRow | None:
@@ -337,7 +371,7 @@ def why_faster(fast: PlanRow, least: PlanRow) -> str:
     ba, bb = fast.record.batch_size_per_rank, least.record.batch_size_per_rank
     batches = f" (batch {ba} against {bb}: per sample, faster)" if ba != bb else ""
     return (
-        f"{fast.strategy} is predicted faster than {least.strategy}, the least sharding that fits "
+        f"{fast.label} is predicted faster than {least.label}, the least sharding that fits "
         f"({seconds_text(a.step)} against {seconds_text(b.step)} per step{batches}: {', '.join(terms)})"
     )
 
@@ -348,3 +382,25 @@ def recommend(rows: Sequence[PlanRow]) -> PlanRow | None:
     if not fitting:
         return None
     return min(fitting, key=lambda r: (r.level, -(r.headroom or 0)))
+
+
+def why_width(best: PlanRow, rows: Sequence[PlanRow], ranks_per_node: int | None) -> str | None:
+    """Why ``best``'s shard width: where its shard group lies on the nodes, and its predicted
+    step and memory against the same strategy sharded over all N. None where it shards over all
+    N, or that row was not predicted."""
+    from shardbench.units import size_text
+
+    n = best.record.world_size
+    flat = next((r for r in rows if r.strategy == best.strategy and r.shard_width == n), None)
+    if best.shard_width == n or flat is None or not flat.predicted_step or not best.predicted_step:
+        return None
+    if ranks_per_node and best.shard_width <= ranks_per_node:
+        where = "every gather and reduce-scatter stays in the node"
+    elif ranks_per_node:
+        where = f"its shard group spans {best.shard_width // ranks_per_node} nodes, not {n // ranks_per_node}"
+    else:
+        where = f"its shard group is {best.shard_width} ranks, not {n}"
+    speed = flat.predicted_step / best.predicted_step
+    more = (best.peak or 0) - (flat.peak or 0)
+    cost = f"for {size_text(more)} more per rank" if more > 0 else f"and {size_text(-more)} less per rank"
+    return f"{best.label}: {where}; {speed:.2f}x {flat.strategy} S={n}'s predicted step {cost}"
