@@ -40,7 +40,7 @@ SLURM = {
 def test_torchrun_variables() -> None:
     assert detect_job(TORCHRUN) == Job(
         launcher="torchrun", rank=3, world_size=16, local_rank=3, master_addr="node01",
-        master_port=29400, agent_store=True, attempt=2,
+        master_port=29400, agent_store=True, attempt=2, ranks_per_node=8,
     )  # fmt: skip
 
 
@@ -48,13 +48,13 @@ def test_slurm_variables_rank_0_hosts_the_store_on_the_first_node() -> None:
     job = detect_job(SLURM)
     assert job == Job(
         launcher="slurm", rank=9, world_size=16, local_rank=1, master_addr="gpu07",
-        master_port=15000 + 123456 % 10000, nodes=("gpu07", "gpu08"),
+        master_port=15000 + 123456 % 10000, nodes=("gpu07", "gpu08"), ranks_per_node=8,
     )  # fmt: skip
     # the step's own count and list before the job's; MASTER_ADDR/PORT before the derived ones
     step = {**SLURM, "SLURM_STEP_NUM_TASKS": "12", "SLURM_STEP_NODELIST": "a[3-4]", "MASTER_PORT": "1234"}
     assert detect_job(step) == Job(
         launcher="slurm", rank=9, world_size=12, local_rank=1, master_addr="a3", master_port=1234,
-        nodes=("a3", "a4"),
+        nodes=("a3", "a4"), ranks_per_node=8,
     )  # fmt: skip
     assert detect_job({**step, "MASTER_ADDR": "head"}).master_addr == "head"
 

@@ -81,3 +81,37 @@ def test_predicted_tiers_of_hybrid_zero3_keep_the_shard_group_in_its_node() -> N
     for out in (narrow, wide):  # the tiers split what the ring sends, never change it
         split = sum(t["within_node"] + t["across_nodes"] for t in out["tiers"].values())
         assert split == pytest.approx(out["sent_per_rank"], abs=3)
+
+
+def _zero3_on_two_nodes(shard: int):
+    from tests.cells import run_cell_here, tiny_cell
+
+    record = run_cell_here(
+        tiny_cell(strategy="zero3", world_size=4, shard_group=shard, ranks_per_node=2, simulate=True)
+    )
+    assert record.status == "ok", record.error
+    return record
+
+
+def _across(tiers: dict, kinds) -> int:
+    return sum(tiers[k]["across_nodes"] for k in kinds)
+
+
+def test_a_cells_bytes_per_tier_are_what_the_prediction_says() -> None:
+    """zero3 at N = 4 on two nodes of 2 ranks (a simulated rank: the collectives it issues are
+    counted on its fake group): within 1% per kind and tier for every kind predicted, and
+    sharding within the node (S = 2) sends fewer bytes across nodes than over both (S = 4), by
+    the factor the model says."""
+    records = {shard: _zero3_on_two_nodes(shard) for shard in (2, 4)}
+    for record in records.values():
+        measured, predicted = record.comm_per_step["tiers"], record.predicted_comm["tiers"]
+        assert record.comm_per_step["ranks_per_node"] == record.predicted_comm["ranks_per_node"] == 2
+        for kind, tiers in predicted.items():
+            for tier, sent in tiers.items():
+                assert measured[kind][tier] == pytest.approx(sent, rel=0.01, abs=1024), (kind, tier)
+    predicted = {s: r.predicted_comm["tiers"] for s, r in records.items()}
+    measured = {s: r.comm_per_step["tiers"] for s, r in records.items()}
+    factor = _across(predicted[2], predicted[2]) / _across(predicted[4], predicted[4])
+    assert factor < 1
+    measured_factor = _across(measured[2], predicted[2]) / _across(measured[4], predicted[4])
+    assert measured_factor == pytest.approx(factor, rel=0.01)

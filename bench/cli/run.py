@@ -82,6 +82,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         "for the strategies that take it (zero1, zero2, zero3, fsdp2-hsdp, ...); S must divide the "
         "world size (default: the suite's, else S = N: over all ranks)",
     )
+    run.add_argument(
+        "--ranks-per-node",
+        type=int,
+        metavar="G",
+        help="ranks a node holds: each collective's bytes are accounted within a node and across "
+        "nodes (default: the suite's, else the torchrun or Slurm job's, else one node)",
+    )
     run.add_argument("--steps", type=int, help=f"measured steps per cell {suites(smoke.steps)}")
     run.add_argument("--warmup", type=int, help=f"unmeasured warm-up steps per cell {suites(smoke.warmup)}")
     run.add_argument("--device", choices=DEVICES, help=f"where the cells run {suites(smoke.device)}")

@@ -64,6 +64,10 @@ class CellConfig:
     #: groups (a strategy whose card takes ``shard_group``); None: over all N, as S = N is
     #: (``plan_cells`` fixes it to N for such a strategy, so its record states it)
     shard_group: int | None = None
+    #: ranks a node holds (G), where the cluster's shape is known (``--ranks-per-node``, or a
+    #: torchrun or Slurm job's): communication is then accounted per tier, within a node and
+    #: across nodes (``metrics.topology``); None: one node, no tiers
+    ranks_per_node: int | None = None
     #: how the world is laid out (processes launched, world size reported, note), fixed once by
     #: ``shardbench.harness.validate.plan_cells`` and carried to every rank in the cell JSON
     plan: WorldPlan | None = None
@@ -163,6 +167,8 @@ class SuiteSpec:
     batch_sizes: tuple[int, ...] = (8,)
     #: shard widths S (hybrid sharding) of the strategies that take one; None: over all N
     shard_group: tuple[int | None, ...] = (None,)
+    #: ranks a node holds, for communication per tier (``CellConfig.ranks_per_node``)
+    ranks_per_node: int | None = None
     steps: int = 5
     warmup: int = 2
     device: str = "cpu"
@@ -222,6 +228,7 @@ class SuiteSpec:
                     **{key: at[key] for key in _MATRIX_SCALARS if key not in ("repeat", "scaling")},
                     device=self.device,
                     suite=self.name,
+                    ranks_per_node=self.ranks_per_node,
                 )
                 # a --fake cell measures no time and its memory is deterministic: once is enough
                 repeats = range(1 if cell.fake else at["repeat"])
@@ -263,6 +270,7 @@ _SCALAR_KEYS = {
     "activation_checkpointing": bool,
     "repeat": int,
     "scaling": bool,
+    "ranks_per_node": int,
 }
 
 
@@ -293,6 +301,7 @@ FLAG_FIELDS = {
     "precision": "precision",
     "batch_size": "batch_size",
     "shard_group": "shard_group",
+    "ranks_per_node": "ranks_per_node",
     "steps": "steps",
     "warmup": "warmup",
     "device": "device",

@@ -50,6 +50,9 @@ class Job:
     attempt: int = 0
     #: the job's nodes, in order (Slurm's node list; empty where the launcher does not say)
     nodes: tuple[str, ...] = ()
+    #: processes a node holds (torchrun's LOCAL_WORLD_SIZE, Slurm's SLURM_NTASKS_PER_NODE);
+    #: None where the launcher does not say
+    ranks_per_node: int | None = None
 
     def describe(self) -> str:
         processes = count(self.world_size, "process", "processes")
@@ -95,6 +98,7 @@ def _torchrun(env: Mapping[str, str]) -> Job:
         master_port=master_port(env) if "MASTER_PORT" in env else DEFAULT_PORT,
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         attempt=env_int(env, RESTARTS, minimum=0, default=0),
+        ranks_per_node=env_int(env, "LOCAL_WORLD_SIZE", minimum=1) if env.get("LOCAL_WORLD_SIZE") else None,
     )
 
 
@@ -132,6 +136,9 @@ def _slurm(env: Mapping[str, str]) -> Job:
         master_addr=addr,
         master_port=port,
         nodes=nodes,
+        ranks_per_node=(
+            env_int(env, "SLURM_NTASKS_PER_NODE", minimum=1) if env.get("SLURM_NTASKS_PER_NODE") else None
+        ),
     )
 
 
@@ -209,3 +216,11 @@ def _expand_item(item: str, text: str, name: str) -> list[str]:
             raise ValueError(f"{name}={text!r}: the range {part!r} runs backwards")
         hosts += [f"{head}{n:0{len(lo)}d}" for n in range(int(lo), last + 1)]
     return [h for host in hosts for h in _expand_item(host + tail, text, name)]
+
+
+def cell_ranks_per_node(ranks_per_node: int | None, world_size: int) -> int | None:
+    """The ranks a node holds for a cell: as asked, else the job's (torchrun, Slurm), else None
+    (one node); a world smaller than a node is one node."""
+    if ranks_per_node is None and (job := current_job()) is not None:
+        ranks_per_node = job.ranks_per_node
+    return None if ranks_per_node is None else min(ranks_per_node, world_size)

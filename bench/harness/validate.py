@@ -92,6 +92,7 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
     otherwise). Returns the planned cells in order."""
     from shardbench.harness.bounded import check_workload
     from shardbench.harness.shard_width import fit_shard_groups
+    from shardbench.metrics.topology import check_ranks_per_node
     from shardbench.models.registry import get_workload
     from shardbench.strategies.registry import canonical_name, check_runnable, get_strategy
 
@@ -105,6 +106,9 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
         if cell.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {cell.precision!r}; allowed: {', '.join(PRECISIONS)}")
         check_world_size(cell.world_size, simulate=cell.simulate or cell.fake)
+        per_node = cell.ranks_per_node
+        if per_node is not None and not (isinstance(per_node, int) and per_node >= cell.world_size):
+            check_ranks_per_node(per_node, cell.world_size)  # a world past one node: full nodes
         check_number("batch size", cell.batch_size, minimum=1, integer=True)
         check_number("steps", cell.steps, minimum=1, integer=True)
         check_number("warmup", cell.warmup, minimum=0, integer=True)

@@ -67,6 +67,7 @@ from shardbench.metrics.topology import (
     ring_factor,
     shard_group_ranks,
     tier_bytes,
+    tiers_json,
 )
 from shardbench.precision import MODEL_STATE_BYTES
 
@@ -387,7 +388,4 @@ def tiers_of(
     for send in sends:
         split = tier_bytes(send.kind, send.nbytes, send.group_ranks(world_size, shard_size), ranks_per_node)
         tiers[send.kind] = tiers.get(send.kind, NO_BYTES) + split
-    return {
-        kind: {"within_node": round(t.within_node), "across_nodes": round(t.across_nodes)}
-        for kind, t in sorted(tiers.items())
-    }
+    return tiers_json(tiers)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardbench.metrics.analytic import RING
+from shardbench.metrics.topology import NO_BYTES, TierBytes, tier_bytes, tiers_json
 from shardbench.tensors import tensors_in
 
 #: c10d operator -> (kind, which argument holds the full-size tensor(s))
@@ -47,12 +48,16 @@ _KINDS = {
 class CollectiveCounter(TorchDispatchMode):
     """Counts the collectives issued inside it (see the module docstring)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, ranks_per_node: int | None = None) -> None:
         super().__init__()
         self.world_size = world_size
         self.ops: dict[str, dict[str, float]] = {}
         #: sent per rank in groups smaller than the world, by ``_group_kind``
         self.groups: dict[str, float] = {}
+        #: with the ranks a node holds: what this rank sends within its node and across nodes,
+        #: per kind (``topology.tier_bytes`` over the group each collective runs on)
+        self.ranks_per_node = ranks_per_node
+        self.tiers: dict[str, TierBytes] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func.namespace == "c10d":
@@ -71,6 +76,9 @@ class CollectiveCounter(TorchDispatchMode):
                 if ranks and 1 < len(ranks) < self.world_size:  # (a group of one sends nothing)
                     where = _group_kind(ranks)
                     self.groups[where] = self.groups.get(where, 0.0) + sent
+                if self.ranks_per_node:
+                    split = tier_bytes(kind, size, ranks or range(self.world_size), self.ranks_per_node)
+                    self.tiers[kind] = self.tiers.get(kind, NO_BYTES) + split
         return func(*args, **(kwargs or {}))
 
     def summary(self) -> dict[str, Any]:
@@ -83,6 +91,9 @@ class CollectiveCounter(TorchDispatchMode):
         }
         if self.groups:
             out["groups"] = {k: round(v) for k, v in sorted(self.groups.items())}
+        if self.ranks_per_node:
+            out["ranks_per_node"] = self.ranks_per_node
+            out["tiers"] = tiers_json(self.tiers)
         return out
 
 

@@ -62,6 +62,14 @@ class TierBytes:
 NO_BYTES = TierBytes(0.0, 0.0)
 
 
+def tiers_json(tiers: dict[str, TierBytes]) -> dict[str, dict[str, int]]:
+    """Per kind, the bytes sent within a node and across nodes, as a record holds them."""
+    return {
+        kind: {"within_node": round(t.within_node), "across_nodes": round(t.across_nodes)}
+        for kind, t in sorted(tiers.items())
+    }
+
+
 def check_ranks_per_node(ranks_per_node: object, world_size: int) -> None:
     """ValueError in one line unless ``ranks_per_node`` is a whole number of ranks that fills
     the world's nodes evenly (a divisor of the world size, or the world size itself)."""

@@ -10,6 +10,7 @@ import functools
 from typing import Any
 
 from shardbench.harness.config import CellConfig
+from shardbench.harness.job import cell_ranks_per_node
 from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.metrics.analytic import CommShape, predicted_comm, predicted_model_state_bytes
 
@@ -56,7 +57,8 @@ def predict_comm(
         frozen=frozen,
         root_frozen_elements=shape.get("root_frozen_elements", 0),
     )
-    return predicted_comm(comm, comm_shape, world_size, cell.shard_group)
+    per_node = cell_ranks_per_node(cell.ranks_per_node, world_size)
+    return predicted_comm(comm, comm_shape, world_size, cell.shard_group, per_node)
 
 
 def comm_shape_of(cell: CellConfig | ResolvedCell) -> dict[str, Any] | None:
