@@ -30,11 +30,6 @@ if TYPE_CHECKING:
 
 
 def add_claim_parser(sub: argparse._SubParsersAction) -> None:
-    from shardbench.studies.claim_specs import OWN_BATCH, SPECS
-
-    def per_spec(field: str) -> str:  # "cpu 8, cuda 8, tiny 4": from the specs, never a stale copy
-        return ", ".join(f"{name} {getattr(spec, field)}" for name, spec in SPECS.items())
-
     c = sub.add_parser(
         "claim",
         help="does zero2 halve per-rank memory or double the trainable model vs ddp? a verdict per workload",
@@ -46,6 +41,18 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
         "planned under FakeTensorMode, about half), the tiny spec under a minute; --resume "
         "continues a claim stopped part-way.",
     )
+    _add_spec_arguments(c)
+    _add_workload_arguments(c)
+    _add_output_arguments(c)
+
+
+def _add_spec_arguments(c: argparse.ArgumentParser) -> None:
+    """Which spec runs, and what of it the flags change."""
+    from shardbench.studies.claim_specs import SPECS
+
+    def per_spec(field: str) -> str:  # "cpu 8, cuda 8, tiny 4": from the specs, never a stale copy
+        return ", ".join(f"{name} {getattr(spec, field)}" for name, spec in SPECS.items())
+
     c.add_argument("--device", choices=DEVICES, help="cpu or cuda (default cpu); picks the spec of that name")
     c.add_argument("--spec", choices=list(SPECS), help="what to run (default: the device's); tiny = a test")
     c.add_argument(
@@ -64,6 +71,12 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
         "results/claim/<spec>-<precision>",
     )
     add_reserve_argument(c)
+
+
+def _add_workload_arguments(c: argparse.ArgumentParser) -> None:
+    """Which workloads are measured: some of the spec's, your own, the peers beside them."""
+    from shardbench.studies.claim_specs import OWN_BATCH
+
     c.add_argument(
         "--workload",
         type=csv_list(str),
@@ -84,6 +97,10 @@ def add_claim_parser(sub: argparse._SubParsersAction) -> None:
         "for cuda), and where the spec has real ranks, fairscale-zero2 (OSS + ShardedDataParallel, "
         "Lightning's ddp_sharded) and deepspeed-zero2 on them, beside ddp and zero2 at that N",
     )
+
+
+def _add_output_arguments(c: argparse.ArgumentParser) -> None:
+    """Where the report goes, what it is built from, and the baseline it is gated against."""
     c.add_argument(
         "--out", type=Path, help=f"report directory (default results/claim/<spec>, {OUT_SUFFIXES})"
     )
@@ -134,8 +151,39 @@ def real_peers(spec: ClaimSpec) -> tuple[str, ...]:
 
 
 def cmd_claim(args: argparse.Namespace) -> int:
-    from shardbench.studies.claim import claim
-    from shardbench.studies.claim_specs import SPECS, default_out
+    from shardbench.studies.claim_specs import default_out
+
+    spec, own = _asked_spec(args)
+    if args.root is not None and not args.baseline:
+        raise UsageError(
+            "--root is where --baseline is looked up; without --baseline claim reads none: drop --root"
+        )
+    baseline = _baseline(args.baseline, spec, args.root) if args.baseline else None
+    require_cuda_if(
+        spec.device, asked=f"spec {spec.name!r} (on cuda)", instead="--device cpu, or --spec tiny"
+    )
+    out = args.out or default_out(spec)
+    from shardbench.harness.validate import check_output_dir
+
+    try:
+        check_output_dir(out)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.from_records and args.resume:
+        raise UsageError("--from-records measures nothing and --resume measures the rest: pick one")
+    if args.from_records:
+        report, results = _rebuild(spec, out)
+    else:
+        report, results = _measure(spec, out, args, own)
+    code = _gate(report, spec, baseline, args.baseline, results)
+    print(report.read_text())
+    _say_measured(out, report)
+    return code
+
+
+def _asked_spec(args: argparse.Namespace) -> tuple[ClaimSpec, list[str]]:
+    """The spec the flags ask for, and the names of your own workloads in it."""
+    from shardbench.studies.claim_specs import SPECS
     from shardbench.studies.maxsize import parse_budget
 
     spec = SPECS[args.spec or args.device or "cpu"]
@@ -156,48 +204,42 @@ def cmd_claim(args: argparse.Namespace) -> int:
             if args.world_size < 2:
                 raise ValueError(f"world size must be >= 2 to shard anything, got {args.world_size}")
             spec = replace(spec, world_size=args.world_size)
-        spec, own = _with_own_workloads(spec, args)
+        return _with_own_workloads(spec, args)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.root is not None and not args.baseline:
-        raise UsageError(
-            "--root is where --baseline is looked up; without --baseline claim reads none: drop --root"
-        )
-    baseline = _baseline(args.baseline, spec, args.root) if args.baseline else None
-    require_cuda_if(
-        spec.device, asked=f"spec {spec.name!r} (on cuda)", instead="--device cpu, or --spec tiny"
-    )
-    out = args.out or default_out(spec)
-    from shardbench.harness.validate import check_output_dir
 
-    try:
-        check_output_dir(out)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if args.from_records and args.resume:
-        raise UsageError("--from-records measures nothing and --resume measures the rest: pick one")
-    from shardbench.report.claim_report import gate_section, write_claim_report
 
-    if args.from_records:
-        report, results = _rebuild(spec, out)
-    else:
-        workloads = None if own or not args.workload else tuple(args.workload)
-        from shardbench.cli.first_use import deepspeed_build_note
+def _measure(spec: ClaimSpec, out: Path, args: argparse.Namespace, own: list[str]) -> tuple[Path, list]:
+    """Run the claim (the rest of it, with ``--resume``) and write its report."""
+    from shardbench.cli.first_use import deepspeed_build_note
+    from shardbench.report.claim_report import write_claim_report
+    from shardbench.studies.claim import claim
 
-        if note := deepspeed_build_note(spec.real_peers, spec.device):
-            print(note, file=sys.stderr)
-        done = claim(spec, out_dir=out, workloads=workloads, resume=args.resume, job_cells=args.job_cells)
-        results = done.results
-        report = write_claim_report(spec, results, out, done.wall_s, resumed=done.resumed)
-    code = 0
-    if baseline is not None:
-        from shardbench.studies.claim_gate import compare_claims
+    workloads = None if own or not args.workload else tuple(args.workload)
+    if note := deepspeed_build_note(spec.real_peers, spec.device):
+        print(note, file=sys.stderr)
+    done = claim(spec, out_dir=out, workloads=workloads, resume=args.resume, job_cells=args.job_cells)
+    report = write_claim_report(spec, done.results, out, done.wall_s, resumed=done.resumed)
+    return report, done.results
 
-        changes = compare_claims(spec, baseline, results)
-        with report.open("a") as f:
-            f.write("\n" + gate_section(args.baseline, changes))
-        code = 1 if any(c.regressed for c in changes) else 0
-    print(report.read_text())
+
+def _gate(report: Path, spec: ClaimSpec, baseline: list[Record] | None, name: str, results: list) -> int:
+    """1 where a workload whose claim held in the baseline no longer holds (said in the report's
+    gate section), else 0; 0 without a baseline."""
+    if baseline is None:
+        return 0
+    from shardbench.report.claim_report import gate_section
+    from shardbench.studies.claim_gate import compare_claims
+
+    changes = compare_claims(spec, baseline, results)
+    with report.open("a") as f:
+        f.write("\n" + gate_section(name, changes))
+    return 1 if any(c.regressed for c in changes) else 0
+
+
+def _say_measured(out: Path, report: Path) -> None:
+    """After the report: how far the predictions were from the measurements, where the report
+    is, and a warning when nothing was measured."""
     from shardbench.prediction.accuracy import error_line
     from shardbench.records import none_ok, read_records
 
@@ -207,7 +249,6 @@ def cmd_claim(args: argparse.Namespace) -> int:
     print(f"report: {report}")
     if failed := none_ok(measured):  # every verdict "not measured": said once, not only per workload
         print(f"shardbench claim: warning: {failed}; the report has no measured verdict", file=sys.stderr)
-    return code
 
 
 def _with_own_workloads(spec: ClaimSpec, args: argparse.Namespace) -> tuple[ClaimSpec, list[str]]:

@@ -23,6 +23,8 @@ from shardbench.wording import count, program
 
 if TYPE_CHECKING:
     from shardbench.harness.launch import JobCells
+    from shardbench.harness.runner import RunOutcome
+    from shardbench.records import Record
 
 #: ``--repeat`` beyond this is a typo, not a measurement plan
 MAX_REPEAT = 100
@@ -98,54 +100,18 @@ def execute_run(
     """Run validated cells into ``out`` (a new run directory by default), then the suite's
     max-size searches, print the table and write the report (without its charts: ``charts``).
     ``job_cells``: inside a torchrun or Slurm job, what runs each cell on the job's processes."""
-    from shardbench.harness.runner import done_keys, new_run_id, run_cells
-    from shardbench.harness.validate import check_output_dir
-    from shardbench.records import PROBE_SUITE, CellKey, RecordWriteError, latest_outcomes, read_records
-    from shardbench.report.build import write_report
-    from shardbench.report.tables import ERRORS_DIR, error_file, write_tables
+    from shardbench.harness.runner import done_keys, run_cells
+    from shardbench.records import RecordWriteError, latest_outcomes
+    from shardbench.report.tables import write_tables
 
     job_cells = job_cells or RUN_JOB_CELLS.get()
-    run_id = new_run_id(name)
-    if resume is not None:  # the run goes on as it was: its id, its name and its tags
-        earlier = read_records([resume / "records.jsonl"])
-        if earlier:
-            run_id, name = earlier[0].run_id, earlier[0].name or name
-            tags = {**earlier[0].tags, **tags}
+    run_id, name, tags = _run_identity(name, tags, resume)
     out = out or DEFAULT_RUNS_DIR / run_id
-    try:
-        check_output_dir(out, cells=len(cells))
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if resume is None and suite is not None:  # what --resume continues, without the flags
-        from shardbench.paths import atomic_write_text
-
-        out.mkdir(parents=True, exist_ok=True)
-        kept = {"suite": suite, "cells": [c.to_json() for c in cells]}
-        atomic_write_text(out / CELLS_FILE, json.dumps(kept, indent=1) + "\n")
+    _prepare_out(out, cells, resume=resume, suite=suite)
     cells = [with_drill_down_dir(c, out) for c in cells]
     skip = done_keys(out) if resume is not None else set()
-    recorded = done_keys(out, ok_only=False) if resume is not None else set()
-    if recorded and not {c.key() for c in cells} & recorded:
-        # a resume without the run's own suite and flags would append a different run to it
-        raise UsageError(
-            f"--resume {out}: none of the {count(len(cells), 'cell')} asked for is a cell of that run "
-            f"({name!r}); give the same --suite and flags it was started with"
-        )
-    # what the run recorded before (a resume): its tables and terminal table show the whole run,
-    # each cell once at its latest outcome, not only the cells this invocation runs
-    asked = {c.key() for c in cells}
-    before = [
-        r
-        for r in (read_records([out / "records.jsonl"]) if resume is not None else [])
-        if r.run_id == run_id and r.suite != PROBE_SUITE and r.max_size is None and CellKey.in_run(r) in asked
-    ]
-    if skip:
-        print(
-            f"resume: {len(skip & {c.key() for c in cells})} of {count(len(cells), 'cell')} already ok "
-            f"in {out}; "
-            "running the rest",
-            file=sys.stderr,
-        )
+    before = _recorded_before(out, cells, run_id=run_id, name=name) if resume is not None else []
+    _say_resumed(skip, cells, out)
     say_first_builds(c for c in cells if c.key() not in skip)
     try:
         outcome = run_cells(
@@ -166,9 +132,86 @@ def execute_run(
     searches_failed = 0
     if outcome.interrupted is None:
         searches_failed = run_searches(list(searches), out, run_id, job_cells)
+    _print_outcome(out, outcome, before, columns=columns, charts=charts)
+    if outcome.interrupted is not None:
+        again = f"{program()} run --resume {out}" + ("" if suite is not None else " (and the same flags)")
+        print(f"{outcome.interrupted.because}; resume with: {again}", file=sys.stderr)
+        return Executed(out, outcome.interrupted.exit_code, run_id, stopped=True)
+    failed = searches_failed or any(r.status != "ok" for r in outcome.records)
+    return Executed(out, 1 if failed else 0, run_id)
+
+
+def _run_identity(name: str, tags: dict[str, str], resume: Path | None) -> tuple[str, str, dict[str, str]]:
+    """The run's id, name and tags: a new id, or, resumed, the run's own as it goes on."""
+    from shardbench.harness.runner import new_run_id
+    from shardbench.records import read_records
+
+    run_id = new_run_id(name)
+    if resume is not None and (earlier := read_records([resume / "records.jsonl"])):
+        run_id, name = earlier[0].run_id, earlier[0].name or name
+        tags = {**earlier[0].tags, **tags}
+    return run_id, name, tags
+
+
+def _prepare_out(out: Path, cells: list[CellConfig], *, resume: Path | None, suite: str | None) -> None:
+    """Refuse an output directory the run cannot use; a new run of a suite keeps its cells there
+    (``cells.json``: what ``--resume`` continues, without the flags)."""
+    from shardbench.harness.validate import check_output_dir
+
+    try:
+        check_output_dir(out, cells=len(cells))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if resume is None and suite is not None:
+        from shardbench.paths import atomic_write_text
+
+        out.mkdir(parents=True, exist_ok=True)
+        kept = {"suite": suite, "cells": [c.to_json() for c in cells]}
+        atomic_write_text(out / CELLS_FILE, json.dumps(kept, indent=1) + "\n")
+
+
+def _recorded_before(out: Path, cells: list[CellConfig], *, run_id: str, name: str) -> list[Record]:
+    """What a resumed run recorded before, of the cells asked for: its tables and terminal table
+    show the whole run, each cell once at its latest outcome, not only the cells run now.
+    Refuses a resume whose cells are none of the run's: it would append a different run to it."""
+    from shardbench.harness.runner import done_keys
+    from shardbench.records import PROBE_SUITE, CellKey, read_records
+
+    asked = {c.key() for c in cells}
+    recorded = done_keys(out, ok_only=False)
+    if recorded and not asked & recorded:
+        raise UsageError(
+            f"--resume {out}: none of the {count(len(cells), 'cell')} asked for is a cell of that run "
+            f"({name!r}); give the same --suite and flags it was started with"
+        )
+    return [
+        r
+        for r in read_records([out / "records.jsonl"])
+        if r.run_id == run_id and r.suite != PROBE_SUITE and r.max_size is None and CellKey.in_run(r) in asked
+    ]
+
+
+def _say_resumed(skip: set[tuple], cells: list[CellConfig], out: Path) -> None:
+    if skip:
+        print(
+            f"resume: {len(skip & {c.key() for c in cells})} of {count(len(cells), 'cell')} already ok "
+            f"in {out}; "
+            "running the rest",
+            file=sys.stderr,
+        )
+
+
+def _print_outcome(
+    out: Path, outcome: RunOutcome, before: list[Record], *, columns: Sequence[str] | None, charts: bool
+) -> None:
+    """The report (written before any output: a reader gone, as with ``| head``, ends it), the
+    run's table, and where its records and errors are."""
+    from shardbench.records import latest_outcomes
+    from shardbench.report.build import write_report
+    from shardbench.report.tables import ERRORS_DIR, error_file
     from shardbench.report.terminal import DEFAULT_COLUMNS, terminal_table
 
-    report = write_report(out, charts=charts)  # before any output: a reader gone (| head) ends it
+    report = write_report(out, charts=charts)
     if outcome.records or before:
         print(terminal_table(latest_outcomes([*before, *outcome.records]), columns or DEFAULT_COLUMNS))
     print(f"report: {report} (every column: {out / 'table.md'})")
@@ -178,9 +221,3 @@ def execute_run(
     print(f"{count(len(records), 'cell')} run, {ok} ok{skipped}; records: {out / 'records.jsonl'}")
     if any(error_file(r) for r in records):
         print(f"each failed cell's whole error (its traceback): {out / ERRORS_DIR}/")
-    if outcome.interrupted is not None:
-        again = f"{program()} run --resume {out}" + ("" if suite is not None else " (and the same flags)")
-        print(f"{outcome.interrupted.because}; resume with: {again}", file=sys.stderr)
-        return Executed(out, outcome.interrupted.exit_code, run_id, stopped=True)
-    failed = searches_failed or any(r.status != "ok" for r in records)
-    return Executed(out, 1 if failed else 0, run_id)

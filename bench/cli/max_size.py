@@ -89,11 +89,38 @@ def resolve_max_size(
     """Validated base cells (one per strategy x world size), the budget in bytes, the reserves
     kept beside each peak (``plan``'s, ``reserve_policy``) and the ladder (None: the workload's
     size family, or its named ladder where it has no family)."""
-    from shardbench.harness.bounded import check_workload
     from shardbench.harness.validate import check_timeout, plan_cells
-    from shardbench.models.registry import get_workload
     from shardbench.studies.maxsize import parse_budget
 
+    _fill_defaults(args)
+    try:
+        budget = parse_budget(args.budget)
+        reserves = reserve_policy(args, budget)
+        resolution = args.resolution
+        if not 0 < resolution < 1:
+            raise ValueError(f"--resolution must be a fraction between 0 and 1 (e.g. 0.03), got {resolution}")
+        check_timeout(args.timeout)
+        preset, ladder = _checked_sizes(args)
+        given = fields_from_flags(args)
+        cells = [
+            make_cell(**{**given, "preset": preset, "strategy": s, "world_size": n})
+            for s in args.strategy
+            for n in args.world_size
+        ]
+        cells = plan_cells(cells)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    require_cuda_if(
+        args.device,
+        planned=all(c.fake for c in cells),
+        instead="--device cpu, or --fake to plan for CUDA from this machine",
+    )
+    return cells, budget, reserves, ladder
+
+
+def _fill_defaults(args: argparse.Namespace) -> None:
+    """The flags a search reads, refused where they contradict each other and filled in where
+    a suite's search left them out."""
     if args.vary == "batch" and (given := [f for f in PARAMS_ONLY if getattr(args, f, None) is not None]):
         flag = "--" + given[0].replace("_", "-")
         raise UsageError(
@@ -110,49 +137,36 @@ def resolve_max_size(
             f"--ladder names every preset the search walks; --preset {args.preset} (or --model-config) "
             "would be ignored: give one of them"
         )
-    try:
-        budget = parse_budget(args.budget)
-        reserves = reserve_policy(args, budget)
-        resolution = args.resolution
-        if not 0 < resolution < 1:
-            raise ValueError(f"--resolution must be a fraction between 0 and 1 (e.g. 0.03), got {resolution}")
-        check_timeout(args.timeout)
-        ladder = tuple(args.ladder) if args.ladder else None
-        for preset in ladder or (args.preset,):  # a workload of one's own: in a bounded child first
-            check_workload(args.workload, preset, timeout_s=args.timeout, fake=args.fake)
-        workload = get_workload(args.workload)
-        if args.preset:
-            workload.check_preset(args.preset)
-        if ladder is None and args.vary == "params" and workload.size_family(args.preset) is None:
-            ladder = workload.ladder
-        sizes = [workload.param_count(p) for p in ladder or ()]  # (checks each preset's name too)
-        for i in range(1, len(ladder or ())):
-            if sizes[i] < sizes[i - 1]:
-                raise ValueError(
-                    f"ladder must grow: {ladder[i]!r} ({sizes[i]:,} params) comes after "
-                    f"{ladder[i - 1]!r} ({sizes[i - 1]:,})"
-                )
-        preset = args.preset or (ladder[0] if ladder else next(iter(workload.presets), None))
-        if preset is None or (args.vary == "params" and ladder == ()):
-            raise ValueError(f"workload {args.workload!r} has no size family or ladder; give --ladder")
-        workload.check_preset(preset)
-        if args.fake:
-            workload.check_plannable()
-        given = fields_from_flags(args)
-        cells = [
-            make_cell(**{**given, "preset": preset, "strategy": s, "world_size": n})
-            for s in args.strategy
-            for n in args.world_size
-        ]
-        cells = plan_cells(cells)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    require_cuda_if(
-        args.device,
-        planned=all(c.fake for c in cells),
-        instead="--device cpu, or --fake to plan for CUDA from this machine",
-    )
-    return cells, budget, reserves, ladder
+
+
+def _checked_sizes(args: argparse.Namespace) -> tuple[str, tuple[str, ...] | None]:
+    """The preset the search starts from and the ladder it walks (None: the workload's size
+    family), each checked against the workload; ValueError where one is not usable."""
+    from shardbench.harness.bounded import check_workload
+    from shardbench.models.registry import get_workload
+
+    ladder = tuple(args.ladder) if args.ladder else None
+    for preset in ladder or (args.preset,):  # a workload of one's own: in a bounded child first
+        check_workload(args.workload, preset, timeout_s=args.timeout, fake=args.fake)
+    workload = get_workload(args.workload)
+    if args.preset:
+        workload.check_preset(args.preset)
+    if ladder is None and args.vary == "params" and workload.size_family(args.preset) is None:
+        ladder = workload.ladder
+    sizes = [workload.param_count(p) for p in ladder or ()]  # (checks each preset's name too)
+    for i in range(1, len(ladder or ())):
+        if sizes[i] < sizes[i - 1]:
+            raise ValueError(
+                f"ladder must grow: {ladder[i]!r} ({sizes[i]:,} params) comes after "
+                f"{ladder[i - 1]!r} ({sizes[i - 1]:,})"
+            )
+    preset = args.preset or (ladder[0] if ladder else next(iter(workload.presets), None))
+    if preset is None or (args.vary == "params" and ladder == ()):
+        raise ValueError(f"workload {args.workload!r} has no size family or ladder; give --ladder")
+    workload.check_preset(preset)
+    if args.fake:
+        workload.check_plannable()
+    return preset, ladder
 
 
 def cmd_max_size(args: argparse.Namespace) -> int:

@@ -17,8 +17,9 @@ import fcntl
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardbench.cli.common import (
     DEFAULT_RUNS_DIR,
@@ -31,8 +32,11 @@ from shardbench.cli.common import (
 from shardbench.wording import count
 
 if TYPE_CHECKING:
+    from shardbench.cli.execute import Executed
+    from shardbench.harness.config import CellConfig, SuiteSpec
     from shardbench.records import Record
     from shardbench.studies.compare import Comparison
+    from shardbench.studies.compare_rules import Rules
 
 T = TypeVar("T")
 
@@ -59,58 +63,24 @@ def add_nightly_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from shardbench.cli.common import cuda_devices
     from shardbench.cli.compare import compare_or_refuse
-    from shardbench.cli.execute import check_repeat, execute_run, safe_name
+    from shardbench.cli.execute import safe_name
     from shardbench.cli.suite_searches import resolve_searches
-    from shardbench.harness.config import SUITES_DIR, load_suite, override
     from shardbench.harness.runner import new_run_id
-    from shardbench.harness.validate import check_output_dir, plan_cells
-    from shardbench.paths import history_file
     from shardbench.records import load_records
-    from shardbench.studies.baselines import baselines_dir, find_baseline
-    from shardbench.studies.compare_rules import Rules, load_rules
 
-    try:
-        spec = override(load_suite(args.suite), repeat=check_repeat(args.repeat)).for_devices(cuda_devices())
-        cells = plan_cells(spec.cells())
-        baseline_name = args.baseline or spec.name
-        baseline_path = find_baseline(baseline_name, device=spec.device, root=baselines_dir(args.root))
-        baseline = load_records(baseline_path)
-        rules_path = args.rules or (SUITES_DIR / "rules" / f"{spec.name}.toml")
-        rules = load_rules(rules_path) if args.rules or rules_path.exists() else Rules()
-        history = args.history or history_file(spec.name, args.root)
-        if history.is_dir():
-            raise ValueError(f"--history {history} is a directory; give the history's .jsonl file")
-        check_output_dir(history.parent, cells=1)
-        if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-            raise ValueError(f"--out {args.out}: not an empty directory; a night needs its own directory")
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    night = _Night.checked(args)
+    spec, baseline = night.spec, night.baseline
     searches = resolve_searches(spec)
     require_cuda_if(
         spec.device, asked=f"suite {spec.name!r} (on cuda)", instead="a CPU suite (--suite nightly-cpu)"
     )
-    require_env_of(baseline, spec.device, f"baseline {baseline_name!r}", allow=args.allow_env_change)
+    require_env_of(baseline, spec.device, f"baseline {night.baseline_name!r}", allow=args.allow_env_change)
 
     name = f"{safe_name(spec.name)}-{time.strftime('%Y%m%d')}"
     out = args.out or DEFAULT_RUNS_DIR / new_run_id(name)
-    tags = {"nightly": spec.name, "baseline": baseline_name, **dict(args.tag)}
-    out.mkdir(parents=True, exist_ok=True)
-    lock_path = out / ".nightly.lock"
-    with open(lock_path, "a") as lock:  # a second night in the same --out: refused
-        try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise UsageError(f"--out {out}: another nightly is running into it") from None
-        try:
-            done = execute_run(
-                cells, name=name, tags=tags, out=out, searches=searches, job_cells=args.job_cells
-            )
-        finally:
-            # removed while still held: a night that starts after it finds the folder full and is
-            # refused for that, and the folder keeps only the night's own files
-            lock_path.unlink(missing_ok=True)
+    tags = {"nightly": spec.name, "baseline": night.baseline_name, **dict(args.tag)}
+    done = _run_alone(out, night.cells, name=name, tags=tags, searches=searches, job_cells=args.job_cells)
     if done.stopped:  # interrupted, or its job lost a process: a partial night is not compared or recorded
         return done.code
     try:
@@ -121,17 +91,90 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     comparison = compare_or_refuse(
         baseline,
         current,
-        rules,
+        night.rules,
         allow_env_change=args.allow_env_change,
         missing_fails=True,
         command="nightly",
     )
     print(
         _gate_files(
-            comparison, args, spec.name, name, done.out, baseline_name, baseline_path, history, current
+            comparison,
+            args,
+            spec.name,
+            name,
+            done.out,
+            night.baseline_name,
+            night.baseline_path,
+            night.history,
+            current,
         )
     )
     return comparison.exit_code
+
+
+@dataclass(frozen=True)
+class _Night:
+    """What a night is checked against, every part read and checked before a cell runs."""
+
+    spec: SuiteSpec
+    cells: list[CellConfig]
+    baseline_name: str
+    baseline_path: Path
+    baseline: list[Record]
+    rules: Rules
+    history: Path
+
+    @classmethod
+    def checked(cls, args: argparse.Namespace) -> _Night:
+        from shardbench.cli.common import cuda_devices
+        from shardbench.cli.execute import check_repeat
+        from shardbench.harness.config import SUITES_DIR, load_suite, override
+        from shardbench.harness.validate import check_output_dir, plan_cells
+        from shardbench.paths import history_file
+        from shardbench.records import load_records
+        from shardbench.studies.baselines import baselines_dir, find_baseline
+        from shardbench.studies.compare_rules import Rules, load_rules
+
+        try:
+            spec = override(load_suite(args.suite), repeat=check_repeat(args.repeat)).for_devices(
+                cuda_devices()
+            )
+            cells = plan_cells(spec.cells())
+            baseline_name = args.baseline or spec.name
+            baseline_path = find_baseline(baseline_name, device=spec.device, root=baselines_dir(args.root))
+            baseline = load_records(baseline_path)
+            rules_path = args.rules or (SUITES_DIR / "rules" / f"{spec.name}.toml")
+            rules = load_rules(rules_path) if args.rules or rules_path.exists() else Rules()
+            history = args.history or history_file(spec.name, args.root)
+            if history.is_dir():
+                raise ValueError(f"--history {history} is a directory; give the history's .jsonl file")
+            check_output_dir(history.parent, cells=1)
+            out = args.out
+            if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+                raise ValueError(f"--out {out}: not an empty directory; a night needs its own directory")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return cls(spec, cells, baseline_name, baseline_path, baseline, rules, history)
+
+
+def _run_alone(out: Path, cells: list[CellConfig], **run: Any) -> Executed:
+    """The night's run into ``out``, under a lock there: a second night in the same ``--out`` is
+    refused."""
+    from shardbench.cli.execute import execute_run
+
+    out.mkdir(parents=True, exist_ok=True)
+    lock_path = out / ".nightly.lock"
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(f"--out {out}: another nightly is running into it") from None
+        try:
+            return execute_run(cells, out=out, **run)
+        finally:
+            # removed while still held: a night that starts after it finds the folder full and is
+            # refused for that, and the folder keeps only the night's own files
+            lock_path.unlink(missing_ok=True)
 
 
 def _gate_files(

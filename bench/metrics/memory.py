@@ -72,108 +72,123 @@ class _GlobalPeakTracker:
     @classmethod
     def of(cls, base: type) -> type:
         if base not in cls._cache:
-            from copy import deepcopy
-            from functools import partial
-
-            from torch.distributed._tools.common_utils import get_untyped_storages
-            from torch.distributed._tools.mem_tracker import _TOTAL_KEY, _MemRefType, _ModState
-            from torch.distributed.tensor import DTensor
-            from torch.utils._pytree import tree_map_only
-
-            wait_tensor = torch.ops._c10d_functional.wait_tensor.default
-
-            def _update_peak_stats(self: Any, peak_state: Any) -> None:
-                if getattr(self, "per_module", False):
-                    before = dict(self._peak_mem)
-                    base._update_peak_stats(self, peak_state)
-                    for dev, peak in self._peak_mem.items():
-                        if peak != before.get(dev):
-                            self.peak_comm[dev] = comm_bytes(self, dev)
-                    return
-                for dev, dev_snap in self._curr_mem_snap.items():
-                    total = int(dev_snap.get(_TOTAL_KEY, 0))  # the tracker keeps the sum there
-                    if self._peak_mem.get(dev, 0) < total:
-                        self._peak_mem[dev] = total
-                        self._peak_mem_snap[dev] = deepcopy(dev_snap)
-                        self.peak_comm[dev] = comm_bytes(self, dev)
-
-            def _update_and_maybe_create_winfos(
-                self: Any, t: torch.Tensor, reftype: Any, update_existing: bool = False
-            ) -> Any:
-                # a registered comm buffer stays "Other" (then comm): a library that makes its
-                # parameters' .grad views of its reduce bucket (DeepSpeed's contiguous gradients)
-                # would otherwise have the tracker's gradient hook retype the whole bucket
-                if (
-                    reftype is _MemRefType.GRAD
-                    and t is not None
-                    and (comm := getattr(self, "comm_storages", None))
-                ):
-                    if any(st in comm for st in get_untyped_storages(t)):
-                        reftype = _MemRefType.OTH
-                return base._update_and_maybe_create_winfos(self, t, reftype, update_existing)
-
-            def _track_module_params_and_buffers(
-                self: Any, module: Any, install_grad_hooks: bool = True
-            ) -> Any:
-                # the stock tracker registers a gradient hook on every parameter of a module,
-                # and torch refuses one on a parameter that takes no gradient (a frozen layer):
-                # such a parameter is marked as hooked already, so it is counted, never hooked
-                handles = getattr(self, "_param_to_grad_hook_handles", None)
-                if install_grad_hooks and handles is not None:
-                    for param in module.parameters():
-                        if not param.requires_grad and handles.get(param) is None:
-                            handles[param] = (_NO_HOOK, _NO_HOOK)
-                return base._track_module_params_and_buffers(self, module, install_grad_hooks)
-
-            def _pre_fw_hook(self: Any, module: Any, inputs: Any) -> None:
-                # a forward that runs again within one step: the root called from inside itself
-                # (Lightning's wrapper forward runs training_step, which calls self(...)), or
-                # called twice (two views of a batch). The stock tracker takes any second
-                # forward of the root for the next iteration and refuses it; the probe ends
-                # every step itself (next_step), so here it is one more call, tracked as the
-                # stock tracker tracks a shared submodule's second call
-                if module in self.memory_tracking and not self._mod_tracker.is_bw:
-                    _track_forward_again(self, module, inputs)
-                    return
-                base._pre_fw_hook(self, module, inputs)
-
-            def __torch_dispatch__(
-                self: Any, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
-            ) -> Any:
-                if shape_propagation.running():  # DTensor's metadata, not the rank's memory
-                    return func(*args, **(kwargs or {}))
-                if func is wait_tensor or any(t is DTensor for t in types):
-                    return base.__torch_dispatch__(self, func, types, args, kwargs)
-                # the stock dispatch, whose walk over the outputs (a pytree map that builds a
-                # wrapper on every call) is about 15% of a tracked step's CPU; an operator returns
-                # a tensor or a flat tuple of them, typed here directly, in the same order
-                res = func(*args, **(kwargs or {}))
-                if self._in_opt:
-                    reftype = _MemRefType.OPT
-                elif self._mod_tracker.is_bw and not self._in_ac:
-                    reftype = _MemRefType.TEMP
-                else:
-                    reftype = _MemRefType.ACT
-                if isinstance(res, torch.Tensor):
-                    self._track(reftype, res)
-                elif type(res) in (tuple, list) and all(isinstance(x, torch.Tensor | None) for x in res):
-                    for x in res:
-                        if x is not None:
-                            self._track(reftype, x)
-                else:
-                    tree_map_only(torch.Tensor, partial(self._track, reftype), res)
-                self._update_peak_stats(_ModState.PEAK_BW if self._mod_tracker.is_bw else _ModState.PEAK_FW)
-                return res
-
-            methods = {
-                "__torch_dispatch__": __torch_dispatch__,
-                "_pre_fw_hook": _pre_fw_hook,
-                "_update_peak_stats": _update_peak_stats,
-                "_update_and_maybe_create_winfos": _update_and_maybe_create_winfos,
-                "_track_module_params_and_buffers": _track_module_params_and_buffers,
-            }
+            methods = {**_peak_overrides(base), **_module_overrides(base), **_dispatch_override(base)}
             cls._cache[base] = type("GlobalPeakMemTracker", (base,), methods)
         return cls._cache[base]
+
+
+def _peak_overrides(base: type) -> dict[str, Any]:
+    """The global peak kept alone (the comm bytes alive at it beside), and a registered comm
+    buffer kept out of the gradients."""
+    from copy import deepcopy
+
+    from torch.distributed._tools.common_utils import get_untyped_storages
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, _MemRefType
+
+    def _update_peak_stats(self: Any, peak_state: Any) -> None:
+        if getattr(self, "per_module", False):
+            before = dict(self._peak_mem)
+            base._update_peak_stats(self, peak_state)
+            for dev, peak in self._peak_mem.items():
+                if peak != before.get(dev):
+                    self.peak_comm[dev] = comm_bytes(self, dev)
+            return
+        for dev, dev_snap in self._curr_mem_snap.items():
+            total = int(dev_snap.get(_TOTAL_KEY, 0))  # the tracker keeps the sum there
+            if self._peak_mem.get(dev, 0) < total:
+                self._peak_mem[dev] = total
+                self._peak_mem_snap[dev] = deepcopy(dev_snap)
+                self.peak_comm[dev] = comm_bytes(self, dev)
+
+    def _update_and_maybe_create_winfos(
+        self: Any, t: torch.Tensor, reftype: Any, update_existing: bool = False
+    ) -> Any:
+        # a registered comm buffer stays "Other" (then comm): a library that makes its
+        # parameters' .grad views of its reduce bucket (DeepSpeed's contiguous gradients)
+        # would otherwise have the tracker's gradient hook retype the whole bucket
+        if reftype is _MemRefType.GRAD and t is not None and (comm := getattr(self, "comm_storages", None)):
+            if any(st in comm for st in get_untyped_storages(t)):
+                reftype = _MemRefType.OTH
+        return base._update_and_maybe_create_winfos(self, t, reftype, update_existing)
+
+    return {
+        "_update_peak_stats": _update_peak_stats,
+        "_update_and_maybe_create_winfos": _update_and_maybe_create_winfos,
+    }
+
+
+def _module_overrides(base: type) -> dict[str, Any]:
+    """A frozen parameter counted without a gradient hook, and a module's forward run again
+    within one step tracked as one more call."""
+
+    def _track_module_params_and_buffers(self: Any, module: Any, install_grad_hooks: bool = True) -> Any:
+        # the stock tracker registers a gradient hook on every parameter of a module,
+        # and torch refuses one on a parameter that takes no gradient (a frozen layer):
+        # such a parameter is marked as hooked already, so it is counted, never hooked
+        handles = getattr(self, "_param_to_grad_hook_handles", None)
+        if install_grad_hooks and handles is not None:
+            for param in module.parameters():
+                if not param.requires_grad and handles.get(param) is None:
+                    handles[param] = (_NO_HOOK, _NO_HOOK)
+        return base._track_module_params_and_buffers(self, module, install_grad_hooks)
+
+    def _pre_fw_hook(self: Any, module: Any, inputs: Any) -> None:
+        # a forward that runs again within one step: the root called from inside itself
+        # (Lightning's wrapper forward runs training_step, which calls self(...)), or
+        # called twice (two views of a batch). The stock tracker takes any second
+        # forward of the root for the next iteration and refuses it; the probe ends
+        # every step itself (next_step), so here it is one more call, tracked as the
+        # stock tracker tracks a shared submodule's second call
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            _track_forward_again(self, module, inputs)
+            return
+        base._pre_fw_hook(self, module, inputs)
+
+    return {
+        "_track_module_params_and_buffers": _track_module_params_and_buffers,
+        "_pre_fw_hook": _pre_fw_hook,
+    }
+
+
+def _dispatch_override(base: type) -> dict[str, Any]:
+    """The stock dispatch, with its outputs typed directly rather than through a pytree map."""
+    from functools import partial
+
+    from torch.distributed._tools.mem_tracker import _MemRefType, _ModState
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map_only
+
+    wait_tensor = torch.ops._c10d_functional.wait_tensor.default
+
+    def __torch_dispatch__(
+        self: Any, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        if shape_propagation.running():  # DTensor's metadata, not the rank's memory
+            return func(*args, **(kwargs or {}))
+        if func is wait_tensor or any(t is DTensor for t in types):
+            return base.__torch_dispatch__(self, func, types, args, kwargs)
+        # the stock dispatch, whose walk over the outputs (a pytree map that builds a
+        # wrapper on every call) is about 15% of a tracked step's CPU; an operator returns
+        # a tensor or a flat tuple of them, typed here directly, in the same order
+        res = func(*args, **(kwargs or {}))
+        if self._in_opt:
+            reftype = _MemRefType.OPT
+        elif self._mod_tracker.is_bw and not self._in_ac:
+            reftype = _MemRefType.TEMP
+        else:
+            reftype = _MemRefType.ACT
+        if isinstance(res, torch.Tensor):
+            self._track(reftype, res)
+        elif type(res) in (tuple, list) and all(isinstance(x, torch.Tensor | None) for x in res):
+            for x in res:
+                if x is not None:
+                    self._track(reftype, x)
+        else:
+            tree_map_only(torch.Tensor, partial(self._track, reftype), res)
+        self._update_peak_stats(_ModState.PEAK_BW if self._mod_tracker.is_bw else _ModState.PEAK_FW)
+        return res
+
+    return {"__torch_dispatch__": __torch_dispatch__}
 
 
 def _track_forward_again(tracker: Any, module: Any, inputs: Any) -> None:

@@ -139,13 +139,9 @@ def predict_record(
     check_any_network(network, ranks_per_node)
     counted = record.flops_per_step
     peak = peak or record.peak_flops_per_s
-    if not counted or not counted.hardware:
-        return None, "no step time predicted (no FLOPs counted)"
-    if not peak:
-        return None, "no step time predicted (no peak FLOP/s for the device)"
+    if why := _cannot_predict(record, peak, network):
+        return None, why
     cpu = record.device == "cpu"
-    if network == MEASURED and not cpu:
-        return None, "no step time predicted (the gloo profile is this CPU's: use a named --network on CUDA)"
     probes = probes if probes is not None else MachineProbes()
     share = _core_share(record) if cpu else 1.0
     efficiency = EFFICIENCY.get(peak.get("kind", "measured"), 1.0)
@@ -181,6 +177,18 @@ def predict_record(
         core_share=share,
         seconds_per_update_element=spe,
     ), None
+
+
+def _cannot_predict(record: Record, peak: dict[str, Any] | None, network: str) -> str | None:
+    """Why the record's step time cannot be predicted on ``network``, or None when it can."""
+    counted = record.flops_per_step
+    if not counted or not counted.hardware:
+        return "no step time predicted (no FLOPs counted)"
+    if not peak:
+        return "no step time predicted (no peak FLOP/s for the device)"
+    if network == MEASURED and record.device != "cpu":
+        return "no step time predicted (the gloo profile is this CPU's: use a named --network on CUDA)"
+    return None
 
 
 def _strategy_of(record: Record) -> Strategy:

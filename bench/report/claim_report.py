@@ -41,37 +41,12 @@ def write_claim_report(
         "",
         spec.scale_note,
         "",
-        f"Claim holds for a workload when zero2's per-rank peak <= {MEMORY_THRESHOLD}x DDP's, or its largest "
-        f"trainable model within {spec.budget} per rank >= {SIZE_THRESHOLD:g}x DDP's. Memory: simulated "
-        f"N={spec.world_size}, {spec.precision}, equal per-rank batch. "
-        + (
-            f"Step time: real ranks, N={spec.timing_world_size}."
-            if spec.timing_world_size
-            else "Step time: the simulated runs (compute only, no communication)."
-        )
-        + (
-            f" {', '.join(spec.further)}: measured the same way to show how far sharding goes "
-            "(its columns in the table); the verdict is zero2's."
-            if spec.further
-            else ""
-        )
-        + _reserve_note(results),
+        _rule(spec, results),
         "",
         "## Verdicts",
         "",
+        *_verdicts(spec, results),
     ]
-    sharded = (OURS, *spec.further)
-    for r in results:
-        _, text = r.verdict(spec.world_size)
-        w = r.workload
-        ac = ", activation checkpointing" if w.activation_checkpointing else ""
-        word = r.outcome(spec.world_size).upper()
-        lines.append(f"- **{w.label}** ({w.preset}, batch {w.batch_size}{ac}): {word} - {text}")
-        lines.append(
-            f"  - sharding's cost in throughput, beside its saving in memory: {r.cost_line(sharded)}"
-        )
-        for peer, peer_holds, peer_text in r.peer_verdicts():
-            lines.append(f"  - {_PEER_LABELS.get(peer, peer)}: {_WORD[peer_holds]} - {peer_text}")
     lines += ["", "## Measurements", "", _table(spec, results), ""]
     if any(r.real_memory for r in results):
         lines += ["## Peers on real ranks", "", _PEERS_NOTE, "", _real_table(results), ""]
@@ -93,6 +68,45 @@ def write_claim_report(
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _rule(spec: ClaimSpec, results: list[WorkloadResult]) -> str:
+    """When the claim holds, and how memory and step time were measured."""
+    return (
+        f"Claim holds for a workload when zero2's per-rank peak <= {MEMORY_THRESHOLD}x DDP's, or its largest "
+        f"trainable model within {spec.budget} per rank >= {SIZE_THRESHOLD:g}x DDP's. Memory: simulated "
+        f"N={spec.world_size}, {spec.precision}, equal per-rank batch. "
+        + (
+            f"Step time: real ranks, N={spec.timing_world_size}."
+            if spec.timing_world_size
+            else "Step time: the simulated runs (compute only, no communication)."
+        )
+        + (
+            f" {', '.join(spec.further)}: measured the same way to show how far sharding goes "
+            "(its columns in the table); the verdict is zero2's."
+            if spec.further
+            else ""
+        )
+        + _reserve_note(results)
+    )
+
+
+def _verdicts(spec: ClaimSpec, results: list[WorkloadResult]) -> list[str]:
+    """One item per workload: its verdict, sharding's cost in throughput, and the peers'."""
+    lines = []
+    sharded = (OURS, *spec.further)
+    for r in results:
+        _, text = r.verdict(spec.world_size)
+        w = r.workload
+        ac = ", activation checkpointing" if w.activation_checkpointing else ""
+        word = r.outcome(spec.world_size).upper()
+        lines.append(f"- **{w.label}** ({w.preset}, batch {w.batch_size}{ac}): {word} - {text}")
+        lines.append(
+            f"  - sharding's cost in throughput, beside its saving in memory: {r.cost_line(sharded)}"
+        )
+        for peer, peer_holds, peer_text in r.peer_verdicts():
+            lines.append(f"  - {_PEER_LABELS.get(peer, peer)}: {_WORD[peer_holds]} - {peer_text}")
+    return lines
 
 
 def _reserve_note(results: list[WorkloadResult]) -> str:

@@ -107,15 +107,37 @@ class UnitGatherer:
         self.prefetch = prefetch
         self._backward_started = backward_started
         self._unit_backward_done = unit_backward_done
+        self._index_buckets(units, optimizer)
+        #: the units' frozen parameters: no business of the optimizer, which owns only what it
+        #: optimizes, but sharded, gathered and freed here with their unit's
+        self.frozen = FrozenShards(units, world_size=self.world_size, rank=optimizer.rank)
+        self._place_parameters(units, optimizer)
+        #: while set (``pinned``), every unit stays gathered: nothing is freed
+        self._pinned = False
+        self._order = UnitOrder()
+        self._gathered: set[int] = set()  # units whose flat buffers hold their parameters
+        self._gathering: dict[int, list[Any]] = {}  # unit -> its gathers not yet waited for
+        self._prefetched: set[int] = set()  # gathered ahead, not used yet
+        self._calls = [0] * len(units)  # calls in forward whose backward is not over yet
+        self._done: set[int] = set()  # units whose backward is over in this backward pass
+        #: calls of the root now running: a root may call itself inside its forward (a
+        #: LightningModule's training_step calls ``self(x)``); only the outermost call starts and
+        #: ends a forward pass, so the recorded unit order survives and the root stays whole
+        self._root_depth = 0
+        for u in units:
+            self.free(u.index, force=True)
+        self._hook(units)
+
+    def _index_buckets(self, units: list[Unit], optimizer: ShardedOptimizer) -> None:
         unit_of = {id(p): u.index for u in units for p in u.params}
         #: the unit each of the optimizer's buckets belongs to, and each unit's buckets
         self.unit_of_bucket = [unit_of[id(b.params[0])] for b in optimizer.buckets]
         self.unit_buckets: list[list[int]] = [[] for _ in units]
         for bi, u in enumerate(self.unit_of_bucket):
             self.unit_buckets[u].append(bi)
-        #: the units' frozen parameters: no business of the optimizer, which owns only what it
-        #: optimizes, but sharded, gathered and freed here with their unit's
-        self.frozen = FrozenShards(units, world_size=self.world_size, rank=optimizer.rank)
+
+    def _place_parameters(self, units: list[Unit], optimizer: ShardedOptimizer) -> None:
+        """Where each unit's parameters live in the flat buffers, and what each is between uses."""
         #: per unit, each parameter it gathers with the flat buffer it lives in, its offset
         #: there and its shape: what it is pointed back at once its buffer holds values again
         self._places: list[list[tuple[nn.Parameter, torch.Tensor, int, torch.Size]]] = [[] for _ in units]
@@ -133,20 +155,8 @@ class UnitGatherer:
                 remember_whole_shape(p, shape)
                 make_freeable(p)
                 self._empty[id(p)] = torch.empty((0, len(self._empty) + 1), dtype=p.dtype, device=p.device)
-        #: while set (``pinned``), every unit stays gathered: nothing is freed
-        self._pinned = False
-        self._order = UnitOrder()
-        self._gathered: set[int] = set()  # units whose flat buffers hold their parameters
-        self._gathering: dict[int, list[Any]] = {}  # unit -> its gathers not yet waited for
-        self._prefetched: set[int] = set()  # gathered ahead, not used yet
-        self._calls = [0] * len(units)  # calls in forward whose backward is not over yet
-        self._done: set[int] = set()  # units whose backward is over in this backward pass
-        #: calls of the root now running: a root may call itself inside its forward (a
-        #: LightningModule's training_step calls ``self(x)``); only the outermost call starts and
-        #: ends a forward pass, so the recorded unit order survives and the root stays whole
-        self._root_depth = 0
-        for u in units:
-            self.free(u.index, force=True)
+
+    def _hook(self, units: list[Unit]) -> None:
         #: the forward hooks on the units' modules (a deep copy of the module strips them)
         self.hook_fns: list[Callable[..., Any]] = []
         self._hooks = []

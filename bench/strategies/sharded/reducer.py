@@ -142,6 +142,37 @@ class GradientReducer:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
         self.buckets = list(buckets)
         self.world_size = world_size
+        self.keep = keep
+        self.collective = collective
+        self.max_in_flight = max(1, max_in_flight)
+        #: names the profiler labels (``shardbench::<label>::reduce``) and the optimizer's
+        self.label = label
+        #: memory accounting observer: called with each tensor allocated here and its category
+        #: ("grads" for what a rank keeps as gradients, "comm" for buffers in flight)
+        self.memory_observer: Callable[[torch.Tensor, str], None] | None = None
+        self._init_groups(process_group, replicas, replicate_group, agree_group)
+        self._init_buffers()
+        self._init_flags(fold_flags)
+        self._device = self.buckets[0].params[0].device if self.buckets else torch.device("cpu")
+        #: the global rank that owns chunk r (``reduce``'s destination)
+        self._owners = (
+            [
+                r if process_group is None else dist.get_global_rank(process_group, r)
+                for r in range(world_size)
+            ]
+            if collective == "reduce"
+            else []
+        )
+
+    def _init_groups(
+        self,
+        process_group: dist.ProcessGroup | None,
+        replicas: int,
+        replicate_group: Callable[[], dist.ProcessGroup | None] | None,
+        agree_group: Callable[[], dist.ProcessGroup | None] | None,
+    ) -> None:
+        """The groups the reductions and the flags' agreement run over, and the scale that turns
+        a sum over them into a mean."""
         self._group = held_weakly(process_group)
         #: hybrid sharding: the shard groups holding the same chunks, and this rank's group of
         #: them (a getter: held weakly, ``groups.py``); a reduced chunk is averaged across them
@@ -153,17 +184,12 @@ class GradientReducer:
         #: whether its chunk holds a sum every replica holds alike (stage 1 accumulating): the
         #: replicas but the first drop it before adding the next pass, so that averaging across
         #: them counts it once
-        self._replica_index = dist.get_rank() // world_size if replicas > 1 else 0
-        self._holds_reduced = [False] * len(buckets)
-        self.keep = keep
-        self.collective = collective
-        self.max_in_flight = max(1, max_in_flight)
-        #: names the profiler labels (``shardbench::<label>::reduce``) and the optimizer's
-        self.label = label
-        #: memory accounting observer: called with each tensor allocated here and its category
-        #: ("grads" for what a rank keeps as gradients, "comm" for buffers in flight)
-        self.memory_observer: Callable[[torch.Tensor, str], None] | None = None
-        self._scale = 1.0 / (world_size * replicas)
+        self._replica_index = dist.get_rank() // self.world_size if replicas > 1 else 0
+        self._holds_reduced = [False] * len(self.buckets)
+        self._scale = 1.0 / (self.world_size * replicas)
+
+    def _init_buffers(self) -> None:
+        """Where gradients wait, per bucket, until their reduction is launched and completes."""
         self._filling: dict[int, torch.Tensor] = {}  # keep="shards": buffers not launched yet
         self._full: list[torch.Tensor | None] = [None] * len(self.buckets)  # keep="full"
         self._shards: list[torch.Tensor | None] = [None] * len(self.buckets)  # keep="shards"
@@ -184,30 +210,24 @@ class GradientReducer:
         #: gradient is reduced in place rather than copied into a second buffer
         self._in_place = [len(b.params) == 1 and b.padded == b.numel for b in self.buckets]
         self._used_here = bytearray(slots)  # parameters that added a gradient since the last agree()
+
+    def _init_flags(self, fold_flags: bool) -> None:
+        """Where the used-gradient flags are agreed: folded into the last bucket's all-reduce
+        where they can ride in it (``folds_flags``), else in an all-reduce of their own."""
         #: the bucket whose all-reduce carries the used-gradient flags (-1: none; ``folds_flags``)
         self.fold_bucket = (
             len(self.buckets) - 1
             if fold_flags
-            and keep == "shards"
-            and collective == "all_reduce"
-            and world_size > 1
-            and replicas == 1  # (across replicas the flags are agreed over every rank)
+            and self.keep == "shards"
+            and self.collective == "all_reduce"
+            and self.world_size > 1
+            and self.replicas == 1  # (across replicas the flags are agreed over every rank)
             else -1
         )
         if self.fold_bucket >= 0:
             self._in_place[self.fold_bucket] = False  # its buffer needs room for the flags
         self._folded: Agreement | None = None  # the flags launched with the fold bucket
         self._globally_used: set[int] | None = None  # ... on any rank, since zero_grad
-        self._device = self.buckets[0].params[0].device if self.buckets else torch.device("cpu")
-        #: the global rank that owns chunk r (``reduce``'s destination)
-        self._owners = (
-            [
-                r if process_group is None else dist.get_global_rank(process_group, r)
-                for r in range(world_size)
-            ]
-            if collective == "reduce"
-            else []
-        )
 
     # ----- filling buffers ---------------------------------------------------------------------
     def add(self, bucket: Bucket, i: int, grad: torch.Tensor) -> None:

@@ -95,17 +95,30 @@ def find_units(
             "only the module's own parameters"
         )
 
+    for p in (*sharded, *frozen):
+        owner = _lowest_common_unit(units, users[id(p)])
+        (units[owner].frozen if id(p) in frozen_ids else units[owner].params).append(p)
+    return _kept(units)
+
+
+def _lowest_common_unit(units: list[Unit], users: set[int]) -> int:
+    """The innermost unit enclosing every unit in ``users``: a parameter tied into several units
+    is gathered by the one that holds them all."""
+
     def ancestors(u: int) -> list[int]:
         chain = [u]
         while (parent := units[chain[-1]].parent) is not None:
             chain.append(parent)
         return chain
 
-    for p in (*sharded, *frozen):
-        chains = [ancestors(u) for u in sorted(users[id(p)])]
-        common = set(chains[0]).intersection(*chains[1:])
-        owner = next(u for u in chains[0] if u in common)  # the lowest common ancestor
-        (units[owner].frozen if id(p) in frozen_ids else units[owner].params).append(p)
+    chains = [ancestors(u) for u in sorted(users)]
+    common = set(chains[0]).intersection(*chains[1:])
+    return next(u for u in chains[0] if u in common)
+
+
+def _kept(units: list[Unit]) -> list[Unit]:
+    """The units with parameters to gather (and the root), renumbered in order, each parent the
+    nearest kept unit above it."""
     kept = [u for u in units if u.params or u.frozen or u.is_root]
     renumber = {u.index: i for i, u in enumerate(kept)}
     for u in kept:
