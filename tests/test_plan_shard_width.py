@@ -21,9 +21,15 @@ TIERS = ["--network", "intra=100GB/s:5us,inter=1GB/s:50us", "--ranks-per-node", 
 
 @pytest.mark.parametrize(
     ("world", "per_node", "widths"),
-    [(64, 8, [2, 4, 8, 16, 32, 64]), (16, 8, [2, 4, 8, 16]), (12, 4, [2, 4, 12]), (8, 1, [2, 4, 8])],
+    [
+        (64, 8, [4, 8, 16, 32, 64]),
+        (16, 8, [4, 8, 16]),
+        (12, 4, [2, 4, 12]),
+        (8, 1, [2, 4, 8]),
+        (4, 2, [2, 4]),
+    ],
 )
-def test_the_widths_are_whole_nodes_or_parts_of_one(world: int, per_node: int, widths: list[int]) -> None:
+def test_the_widths_are_whole_nodes_or_half_of_one(world: int, per_node: int, widths: list[int]) -> None:
     assert shard_widths(world, per_node) == widths
 
 

@@ -78,8 +78,8 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "--ranks-per-node",
         type=int,
         help="ranks a node holds (G): collectives are costed per tier, and each strategy that shards "
-        "in groups is planned at every shard width S that divides N and is a multiple or a divisor "
-        "of G (S = 1 shards nothing) (default: the cluster's, with a cluster --network)",
+        "in groups is planned at every shard width S that divides N among G/2, G, 2G, ..., N "
+        "(default: the cluster's, with a cluster --network)",
     )
     p.add_argument(
         "--shard-group",

@@ -90,13 +90,13 @@ def planning_cells(
 
 
 def shard_widths(world_size: int, ranks_per_node: int) -> list[int]:
-    """The shard widths worth planning on nodes of G ranks: every S that divides N and is a
-    multiple of G (whole nodes) or a divisor of it (within one node), from 2 up (S = 1 shards
-    nothing)."""
+    """The shard widths worth planning on nodes of G ranks: every S that divides N and is whole
+    nodes (a multiple of G) or half a node (G/2, the narrowest that still halves what a node's
+    ranks hold twice), from 2 up (S = 1 shards nothing): {G/2, G, 2G, ..., N}."""
     return [
         w
         for w in range(2, world_size + 1)
-        if world_size % w == 0 and (w % ranks_per_node == 0 or ranks_per_node % w == 0)
+        if world_size % w == 0 and (w % ranks_per_node == 0 or 2 * w == ranks_per_node)
     ]
 
 
