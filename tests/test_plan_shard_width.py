@@ -61,6 +61,8 @@ def test_a_plan_over_two_tiers_prefers_the_width_that_stays_in_the_node(
     stays = "shard width: zero3 S=2: every gather and reduce-scatter stays in the node"
     assert plan["shard_width"].startswith(stays)
     assert "zero3 S=4's predicted step" in plan["shard_width"]
+    assert (out / "shard-widths.png").is_file() and (out / "shard-widths.svg").is_file()
+    assert "](shard-widths.png)" in (out / "plan.md").read_text()
     printed = capsys.readouterr().out
     assert "zero3 S=2" in printed and "shard width: zero3 S=2" in " ".join(printed.split())
 

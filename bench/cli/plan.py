@@ -233,6 +233,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from shardbench.records import append_record, read_records
     from shardbench.report.build import write_report
     from shardbench.report.plan_report import PLAN_JSON, plan_json, plan_markdown, print_plan, title
+    from shardbench.report.shard_width_chart import plot_shard_widths
     from shardbench.report.tables import ERRORS_DIR, error_file, write_tables
     from shardbench.studies.maxsize import search
     from shardbench.studies.plan import Plan, rows_from, unplanned_record
@@ -271,8 +272,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         ranks_per_node=args.ranks_per_node,
     )
     heading = title(plan, first, budget_text=args.budget, gpu=args.gpu, gpu_implied=implied)
-    (out / "plan.md").write_text(plan_markdown(plan, title_text=heading))
-    (out / PLAN_JSON).write_text(json.dumps(plan_json(plan, title_text=heading), indent=2) + "\n")
+    as_data = plan_json(plan, title_text=heading)
+    chart = plot_shard_widths(as_data, out)  # where a strategy was planned at several widths
+    (out / "plan.md").write_text(plan_markdown(plan, title_text=heading, charts=[p.name for p in chart[:1]]))
+    (out / PLAN_JSON).write_text(json.dumps(as_data, indent=2) + "\n")
     write_tables(records, out)
     report = write_report(out)  # before any output: a reader gone (| head) ends the command
     print_plan(plan, title_text=heading)

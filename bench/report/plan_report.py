@@ -3,6 +3,7 @@ one-line verdict. Renders a ``bench/studies/plan.py`` ``Plan``; decides nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -311,9 +312,9 @@ def plan_json(plan: Plan, *, title_text: str) -> dict[str, Any]:
     }
 
 
-def plan_markdown(plan: Plan, *, title_text: str) -> str:
+def plan_markdown(plan: Plan, *, title_text: str, charts: Sequence[str] = ()) -> str:
     """``plan.md``: the table (a failed row links its whole error, kept beside the records),
-    the verdict, the reserve and the kernels assumed."""
+    the verdict, the reserve, the kernels assumed, and the charts written beside it."""
     columns, body = table(plan)
     fits = columns.index("fits")
     for row, line in zip(plan.rows, body, strict=True):
@@ -325,6 +326,7 @@ def plan_markdown(plan: Plan, *, title_text: str) -> str:
     lines += [w] if (w := width_line(plan)) else []
     lines += [reserve_line(plan)]
     lines += [n] if (n := network_line(plan)) else []
+    lines += [f"![predicted step and peak per rank against the shard width]({name})" for name in charts]
     return "\n\n".join(lines) + f"{tail}\n"
 
 
