@@ -403,7 +403,7 @@ def test_a_cell_of_one_process_stays_on_rank_0(monkeypatch, tiny_cell) -> None:
 
     sent = []
     monkeypatch.setattr(launch, "RankWorld", local_world)
-    monkeypatch.setattr(Leader, "_on_job", lambda self, cell, run_id: sent.append(cell) or "record")
+    monkeypatch.setattr(Leader, "_on_job", lambda self, r, plan, run_id: sent.append(r.cell) or "record")
     simulated, real = plan_cells([tiny_cell(simulate=True, world_size=8), tiny_cell()])
     leader = Leader(link=None)
     assert leader.run_cell(real, run_id="t") == "record"

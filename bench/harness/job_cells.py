@@ -35,8 +35,10 @@ from shardbench.harness.job import STORE_PREFIX
 from shardbench.harness.job_link import SILENT_S, JobError, JobLink
 from shardbench.harness.launch import POLL_S, CellEndsRun, RankWorld, kept_counts, launcher_dir
 from shardbench.harness.launch import run_cell as run_here
+from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.harness.result import RankResult, build_record
 from shardbench.records import Record
+from shardbench.strategies.catalog import WorldPlan
 from shardbench.wording import count
 
 #: rank 0 waits this long past a cell's timeout for another process's result (one whose
@@ -119,12 +121,13 @@ class Leader:
     def run_cell(self, cell: CellConfig, *, run_id: str) -> Record:
         """The record of ``cell``: run on the job's first N processes, or here by the local
         launcher when it has one process (simulated, fake, dp), which needs no other host."""
-        if cell.world_plan().processes > 1:
-            return self._on_job(cell, run_id=run_id)
+        resolved = ResolvedCell.of(cell)
+        if (plan := resolved.world_plan()).processes > 1:
+            return self._on_job(resolved, plan, run_id=run_id)
         return run_here(cell, run_id=run_id)
 
-    def _on_job(self, cell: CellConfig, *, run_id: str) -> Record:
-        plan, start = cell.world_plan(), time.perf_counter()
+    def _on_job(self, resolved: ResolvedCell, plan: WorldPlan, *, run_id: str) -> Record:
+        cell, start = resolved.cell, time.perf_counter()
         seq, world = self.cells, self.link.job.world_size
         self.cells += 1
         if plan.processes > world:  # (validation refuses such a cell; a stand-in for a bug)
@@ -135,14 +138,14 @@ class Leader:
             results = [
                 RankResult(rank=r, status="error", error=f"rank {r}: {error}") for r in range(plan.processes)
             ]
-            return build_record(cell, plan, results, run_id=run_id, wall_s=0.0, processes=plan.processes)
+            return build_record(resolved, plan, results, run_id=run_id, wall_s=0.0, processes=plan.processes)
         self.post({"cell": cell.to_json(), "seq": seq, "processes": plan.processes})
         deadline = time.monotonic() + cell.timeout_s + RESULT_MARGIN_S
         own = run_own_rank(self.link, seq, cell, plan.processes)
         others, lost = self._gather(seq, plan.processes, deadline=deadline)
         wall_s = time.perf_counter() - start
         record = build_record(
-            cell, plan, [own, *others], run_id=run_id, wall_s=wall_s, processes=plan.processes
+            resolved, plan, [own, *others], run_id=run_id, wall_s=wall_s, processes=plan.processes
         )
         if lost:
             self.lost = lost

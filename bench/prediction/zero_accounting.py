@@ -7,12 +7,15 @@ costs every command seconds). The formulas are ``shardbench.metrics.analytic``'s
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardbench.harness.config import CellConfig
 from shardbench.harness.job import cell_ranks_per_node
 from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.metrics.analytic import CommShape, predicted_comm, predicted_model_state_bytes
+
+if TYPE_CHECKING:
+    from shardbench.models.base import Workload
 
 
 def predict(
@@ -69,7 +72,7 @@ def comm_shape_of(cell: CellConfig | ResolvedCell) -> dict[str, Any] | None:
     if all(strategy.communication(cell.precision, b) is None for b in ("gloo", "nccl", "fake")):
         return None
     try:
-        shape = comm_shape(cell.workload, cell.preset)
+        shape = shape_of(resolved.workload, cell.preset)
     except Exception:  # noqa: BLE001 - a prediction that cannot be made leaves the record without one
         return None
     return {
@@ -82,15 +85,21 @@ def comm_shape_of(cell: CellConfig | ResolvedCell) -> dict[str, Any] | None:
 
 @functools.cache
 def comm_shape(workload_name: str, preset: str) -> CommShape:
+    """``shape_of`` the workload by its name, once per name and preset: a command that predicts
+    for many records of one model builds it once."""
+    from shardbench.models.registry import get_workload
+
+    return shape_of(get_workload(workload_name), preset)
+
+
+def shape_of(workload: Workload, preset: str) -> CommShape:
     """The trainable and the frozen parameters' shapes and the root unit's elements of each
     (the parameters no unit of ``Workload.shard_units``, or zero3's default policy, claims), from
     a meta build."""
     import torch
 
-    from shardbench.models.registry import get_workload
     from shardbench.strategies.sharded.units import find_units
 
-    workload = get_workload(workload_name)
     with torch.device("meta"):
         model = workload.build(preset)
     trainable = [p for p in model.parameters() if p.requires_grad]
