@@ -28,8 +28,14 @@ def seed_probes(home: Path) -> None:
     for threads in range(1, cores + 1):
         for n in range(2, 9):
             key = network_key(n, threads, device, env["torch"], cores)
-            cached("network", key, lambda: {"kinds": STAND_IN_GLOO, "stand_in": True}, home)
+            cached("network", key, lambda: {"kinds": STAND_IN_GLOO, "stand_in": True}, home, load=_settled)
         rate = {"seconds_per_element": STAND_IN_UPDATE_S_PER_ELEMENT, "stand_in": True}
         for size in SIZES:
             for copies in range(1, cores + 1):
-                cached("update", update_key(threads, size, copies, device, env["torch"]), rate.copy, home)
+                key = update_key(threads, size, copies, device, env["torch"])
+                cached("update", key, rate.copy, home, load=_settled)
+
+
+def _settled() -> None:
+    """A stand-in is no measurement: no load to say it was taken under (never provisional)."""
+    return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from shardbench.harness.config import load_suite, suite_names
 
@@ -15,10 +16,17 @@ from shardbench.harness.config import load_suite, suite_names
 def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
     lst = sub.add_parser("list", help="workloads (presets, parameter counts), strategies, suites")
     lst.add_argument("--json", action="store_true", help="machine-readable output")
-    sub.add_parser(
+    env = sub.add_parser(
         "env",
         help="versions and devices of this machine, and the peak FLOP/s MFU is set against "
-        "(a CUDA device's datasheet; the CPU's GEMM probe, measured once and cached in the results home)",
+        "(a CUDA device's datasheet; the CPU's GEMM probe, cached in the results home with when "
+        "and under what load it was measured)",
+    )
+    env.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="drop every cached probe of this machine (GEMM peak, gloo network, optimizer update, "
+        "step replays) and measure the peak again now; the others are measured when next needed",
     )
 
 
@@ -87,6 +95,11 @@ def cmd_env(args: argparse.Namespace) -> int:
 
     from shardbench.records import capture_env
 
+    if getattr(args, "remeasure", False):
+        from shardbench.prediction.probe_cache import forget_all
+
+        for dropped in forget_all():
+            print(f"shardbench env: dropped {dropped}", file=sys.stderr)
     env = capture_env("cuda" if torch.cuda.is_available() else "cpu")
     env["cuda_available"] = torch.cuda.is_available()
     env["gloo_available"] = torch.distributed.is_gloo_available()
@@ -117,7 +130,8 @@ def peak_flops(env: dict) -> dict:
     measured_peak("cpu", cpu, "fp32", threads_per_rank(1), torch_version=torch.__version__)
     out["cpu_measured"] = {
         key: {
-            k: entry.get(k) for k in ("flops_per_s", "median_flops_per_s", "mad_flops_per_s", "measured_at")
+            k: entry.get(k)
+            for k in ("flops_per_s", "median_flops_per_s", "mad_flops_per_s", "measured_at", "load_per_core")
         }
         for key, entry in read_cache().items()
         if entry.get("device_name") == cpu and entry.get("torch") == torch.__version__

@@ -216,7 +216,7 @@ def measured_peak(
             "dtype": dtype,
         }
 
-    entry = read_cache(home).get(key) or probe_cache.cached(CACHE, key, probe, home)
+    entry = probe_cache.cached(CACHE, key, probe, home)
     return {
         "flops_per_s": entry["flops_per_s"],
         "kind": "measured",
@@ -238,7 +238,9 @@ def probe_source(entry: dict[str, Any]) -> str:
     spread = (
         f" (median {median / TERA:.3g} ± {mad / TERA:.3g})" if median is not None and mad is not None else ""
     )
+    load = entry.get("load_per_core")
+    under = "" if load is None else f" at a load of {load:.2f} per core"
     return (
         f"GEMM probe: {n}x{n} @ {n}x{n} {entry.get('dtype')}{threads}, best of {repeats} "
-        f"= {entry['flops_per_s'] / TERA:.3g} TFLOP/s{spread}, measured {entry.get('measured_at')}"
+        f"= {entry['flops_per_s'] / TERA:.3g} TFLOP/s{spread}, measured {entry.get('measured_at')}{under}"
     )
