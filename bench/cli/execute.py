@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -31,11 +30,6 @@ MAX_REPEAT = 100
 
 
 CELLS_FILE = "cells.json"
-
-#: the job's cells for ``run`` alone: its handler (``cli/run.py``) hands ``execute_run`` no
-#: ``job_cells`` of its own, so ``cli.job.in_job`` sets them here for that command
-RUN_JOB_CELLS: ContextVar[JobCells | None] = ContextVar("run_job_cells", default=None)
-
 
 def check_repeat(repeat: int | None) -> int | None:
     if repeat is not None and not 1 <= repeat <= MAX_REPEAT:
@@ -104,7 +98,6 @@ def execute_run(
     from shardbench.records import RecordWriteError, latest_outcomes
     from shardbench.report.tables import write_tables
 
-    job_cells = job_cells or RUN_JOB_CELLS.get()
     run_id, name, tags = _run_identity(name, tags, resume)
     out = out or DEFAULT_RUNS_DIR / run_id
     _prepare_out(out, cells, resume=resume, suite=suite)

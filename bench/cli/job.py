@@ -21,7 +21,6 @@ def in_job(job: Job, handler: Handler) -> Handler:
     """``handler`` as run by this process of ``job``."""
 
     def run(args: argparse.Namespace) -> int:
-        from shardbench.cli.execute import RUN_JOB_CELLS
         from shardbench.harness.job_cells import Leader, follow
         from shardbench.harness.job_link import JobError, JobLink
         from shardbench.harness.launch import CellEndsRun
@@ -42,7 +41,6 @@ def in_job(job: Job, handler: Handler) -> Handler:
             print(f"shardbench {args.command}: {job.describe()}, on {hosts}", file=sys.stderr)
             leader, code = Leader(link), None
             args.job_cells = leader.run_cell
-            for_run = RUN_JOB_CELLS.set(leader.run_cell)
             try:
                 code = handler(args)
             except CellEndsRun as e:  # from a max-size search or a claim (run stops by itself)
@@ -57,7 +55,6 @@ def in_job(job: Job, handler: Handler) -> Handler:
                 code = 2
                 raise
             finally:
-                RUN_JOB_CELLS.reset(for_run)
                 leader.finish(code)
             return code
 

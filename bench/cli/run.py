@@ -271,6 +271,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         columns=columns,
         suite=args.suite or DEFAULT_SUITE,
         charts=args.charts,
+        job_cells=args.job_cells,
     ).code
 
 
