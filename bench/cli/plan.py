@@ -24,14 +24,14 @@ from shardbench.precision import PRECISIONS
 from shardbench.prediction.cluster_network import CLUSTERS
 
 if TYPE_CHECKING:
+    from shardbench.harness.launch import CellEndsRun
+    from shardbench.harness.runner import Interrupted
     from shardbench.records import Record
-    from shardbench.studies.plan import PlanRow
+    from shardbench.studies.plan import Plan, PlanRow
     from shardbench.studies.plan_reserve import ReservePolicy
 
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
-    from shardbench.studies.plan import PLAN_STRATEGIES
-
     p = sub.add_parser(
         "plan",
         help="will a model train on N ranks within a memory budget, and with which strategy",
@@ -39,6 +39,16 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "FakeTensorMode where the workload allows: nothing is allocated) and recommend the least "
         "sharding that fits the per-rank budget.",
     )
+    _add_plan_cell_arguments(p)
+    _add_plan_cluster_arguments(p)
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per planned cell")
+    p.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
+
+
+def _add_plan_cell_arguments(p: argparse.ArgumentParser) -> None:
+    """What is planned: the model, the world, the budget and the strategies to plan it with."""
+    from shardbench.studies.plan import PLAN_STRATEGIES
+
     p.add_argument(
         "--workload", required=True, help="a built-in name, hf:<Arch>, module:factory or file.py:factory"
     )
@@ -57,6 +67,11 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy", type=csv_list(str), default=PLAN_STRATEGIES, help="strategies to plan (comma-separated)"
     )
+
+
+def _add_plan_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """The hardware the plan is for: the device, the GPU and network its step time is predicted
+    on, and the nodes and shard widths of the ranks."""
     p.add_argument(
         "--device",
         choices=DEVICES,
@@ -88,8 +103,6 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         help="the shard widths S to plan for the strategies that shard in groups, instead of those "
         "--ranks-per-node gives (comma-separated; each must divide N)",
     )
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per planned cell")
-    p.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
 
 
 def resolve_plan(args: argparse.Namespace) -> tuple[list[CellConfig], list[CellConfig], int, ReservePolicy]:
@@ -227,57 +240,20 @@ def check_gpu(gpu: str | None) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     implied = args.device is None and args.gpu is not None  # the title says so
     cells, unplanned, budget, reserves = resolve_plan(args)
-    from shardbench.harness.runner import new_run_id, run_cells
-    from shardbench.harness.validate import check_output_dir
-    from shardbench.prediction.network_profiles import default_network
-    from shardbench.records import append_record, read_records
-    from shardbench.report.build import write_report
-    from shardbench.report.plan_report import PLAN_JSON, plan_json, plan_markdown, print_plan, title
-    from shardbench.report.shard_width_chart import plot_shard_widths
-    from shardbench.report.tables import ERRORS_DIR, error_file, write_tables
-    from shardbench.studies.maxsize import search
-    from shardbench.studies.plan import Plan, rows_from, unplanned_record
+    from shardbench.harness.runner import new_run_id
+    from shardbench.records import read_records
+    from shardbench.report.plan_report import print_plan, title
+    from shardbench.report.tables import ERRORS_DIR, error_file
 
     run_id = new_run_id("plan")
     out = args.out or DEFAULT_RUNS_DIR / run_id
-    try:
-        check_output_dir(out, cells=len(cells) + len(unplanned))
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    out.mkdir(parents=True, exist_ok=True)
-    for cell in unplanned:
-        append_record(out / "records.jsonl", unplanned_record(cell, run_id=run_id))
-    interrupted = None
-    if args.max_batch:
-        for cell in cells:  # the largest batch whose peak fits with its reserve, as max-size finds it
-            reserve = reserves.of(cell.strategy)
-            search(cell, budget=budget, reserve=reserve, vary="batch", out_dir=out, run_id=run_id,
-                   job_cells=args.job_cells)  # fmt: skip
-    else:
-        ran = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}, job_cells=args.job_cells)
-        interrupted = ran.interrupted
+    interrupted = _run_plan_cells(args, cells, unplanned, budget, reserves, out=out, run_id=run_id)
     records = [r for r in read_records([out]) if r.run_id == run_id]  # not an earlier plan's in --out
     first = (cells or unplanned)[0]
-    network = args.network or default_network(args.device)
-    plan = Plan(
-        rows=predicted_rows(
-            rows_from(records, budget, max_batch=args.max_batch, policy=reserves),
-            network,
-            args.gpu,
-            args.ranks_per_node,
-        ),
-        budget=budget,
-        policy=reserves,
-        batch=None if args.max_batch else first.batch_size,
-        ranks_per_node=args.ranks_per_node,
-    )
+    plan = _plan_of(args, records, budget, reserves, batch=None if args.max_batch else first.batch_size)
     heading = title(plan, first, budget_text=args.budget, gpu=args.gpu, gpu_implied=implied)
-    as_data = plan_json(plan, title_text=heading)
-    chart = plot_shard_widths(as_data, out)  # where a strategy was planned at several widths
-    (out / "plan.md").write_text(plan_markdown(plan, title_text=heading, charts=[p.name for p in chart[:1]]))
-    (out / PLAN_JSON).write_text(json.dumps(as_data, indent=2) + "\n")
-    write_tables(records, out)
-    report = write_report(out)  # before any output: a reader gone (| head) ends the command
+    # the report before any output: a reader gone (| head) ends the command
+    report = _write_plan(plan, records, out, heading)
     print_plan(plan, title_text=heading)
     print(f"report: {report}")
     print(f"plan: {out / 'plan.md'}; records: {out / 'records.jsonl'}")
@@ -288,3 +264,83 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return interrupted.exit_code
     planned = [r for r in plan.rows if not r.unplanned]
     return 0 if planned and all(r.record.status in ("ok", "oom") for r in planned) else 1
+
+
+def _run_plan_cells(
+    args: argparse.Namespace,
+    cells: list[CellConfig],
+    unplanned: list[CellConfig],
+    budget: int,
+    reserves: ReservePolicy,
+    *,
+    out: Path,
+    run_id: str,
+) -> Interrupted | CellEndsRun | None:
+    """Record the unplanned cells and run the planned ones into ``out`` (with ``--max-batch``,
+    each strategy's largest batch that fits with its reserve); what stopped the run, if anything.
+    UsageError, before anything is written, for an ``out`` that cannot take them."""
+    from shardbench.harness.runner import run_cells
+    from shardbench.harness.validate import check_output_dir
+    from shardbench.records import append_record
+    from shardbench.studies.maxsize import search
+    from shardbench.studies.plan import unplanned_record
+
+    try:
+        check_output_dir(out, cells=len(cells) + len(unplanned))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    for cell in unplanned:
+        append_record(out / "records.jsonl", unplanned_record(cell, run_id=run_id))
+    if args.max_batch:
+        for cell in cells:  # the largest batch whose peak fits with its reserve, as max-size finds it
+            reserve = reserves.of(cell.strategy)
+            search(cell, budget=budget, reserve=reserve, vary="batch", out_dir=out, run_id=run_id,
+                   job_cells=args.job_cells)  # fmt: skip
+        return None
+    ran = run_cells(cells, out_dir=out, run_id=run_id, name="plan", tags={}, job_cells=args.job_cells)
+    return ran.interrupted
+
+
+def _plan_of(
+    args: argparse.Namespace,
+    records: list[Record],
+    budget: int,
+    reserves: ReservePolicy,
+    *,
+    batch: int | None,
+) -> Plan:
+    """The plan the run's records make, each row with its step time predicted over ``--network``
+    (the device's default network without one)."""
+    from shardbench.prediction.network_profiles import default_network
+    from shardbench.studies.plan import Plan, rows_from
+
+    network = args.network or default_network(args.device)
+    return Plan(
+        rows=predicted_rows(
+            rows_from(records, budget, max_batch=args.max_batch, policy=reserves),
+            network,
+            args.gpu,
+            args.ranks_per_node,
+        ),
+        budget=budget,
+        policy=reserves,
+        batch=batch,
+        ranks_per_node=args.ranks_per_node,
+    )
+
+
+def _write_plan(plan: Plan, records: list[Record], out: Path, heading: str) -> Path | str:
+    """plan.md (with the shard-width chart where a strategy was planned at several widths),
+    plan.json, the tables and the report into ``out``; the report's path."""
+    from shardbench.report.build import write_report
+    from shardbench.report.plan_report import PLAN_JSON, plan_json, plan_markdown
+    from shardbench.report.shard_width_chart import plot_shard_widths
+    from shardbench.report.tables import write_tables
+
+    as_data = plan_json(plan, title_text=heading)
+    chart = plot_shard_widths(as_data, out)
+    (out / "plan.md").write_text(plan_markdown(plan, title_text=heading, charts=[p.name for p in chart[:1]]))
+    (out / PLAN_JSON).write_text(json.dumps(as_data, indent=2) + "\n")
+    write_tables(records, out)
+    return write_report(out)

@@ -40,39 +40,50 @@ from shardbench.wording import count, program
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a suite (default: smoke) or the cells given by flags")
     smoke = load_suite(DEFAULT_SUITE)
+    _add_cell_arguments(run, smoke)
+    _add_measurement_arguments(run, smoke)
+    _add_labelling_arguments(run)
+    _add_output_arguments(run)
 
-    def suites(value: object) -> str:
-        """What an option defaults to: the suite's, and the default suite's value."""
-        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
-        return f"(default: the suite's; {DEFAULT_SUITE}: {shown})"
 
+def _suite_default(value: object) -> str:
+    """What an option defaults to: the suite's, and the default suite's value."""
+    shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+    return f"(default: the suite's; {DEFAULT_SUITE}: {shown})"
+
+
+def _add_cell_arguments(run: argparse.ArgumentParser, smoke: SuiteSpec) -> None:
+    """The axes whose cross product makes the cells: the suite, or the flags that override its
+    axes (``smoke``: the default suite, whose values the help shows)."""
     run.add_argument(
         "--suite", help=f"suite name ({', '.join(suite_names())}) or a .toml path (default: {DEFAULT_SUITE})"
     )
     run.add_argument(
-        "--workload", type=csv_list(str), help=f"comma-separated workloads {suites(smoke.workloads)}"
+        "--workload", type=csv_list(str), help=f"comma-separated workloads {_suite_default(smoke.workloads)}"
     )
     multi = f"; {','.join(smoke.multi_gpu_strategies)} too on >= 2 GPUs" if smoke.multi_gpu_strategies else ""
     run.add_argument(
         "--strategy",
         type=csv_list(str),
-        help=f"comma-separated strategies {suites(smoke.strategies)[:-1]}{multi})",
+        help=f"comma-separated strategies {_suite_default(smoke.strategies)[:-1]}{multi})",
     )
     run.add_argument(
-        "--world-size", type=csv_list(int), help=f"comma-separated world sizes {suites(smoke.world_sizes)}"
+        "--world-size",
+        type=csv_list(int),
+        help=f"comma-separated world sizes {_suite_default(smoke.world_sizes)}",
     )
     run.add_argument(
-        "--preset", type=csv_list(str), help=f"comma-separated size presets {suites(smoke.presets)}"
+        "--preset", type=csv_list(str), help=f"comma-separated size presets {_suite_default(smoke.presets)}"
     )
     add_model_config_args(run)
     run.add_argument(
         "--precision",
         type=csv_choices(PRECISIONS),
         metavar=choices_metavar(PRECISIONS),
-        help=f"training precision(s), comma-separated {suites(smoke.precisions)}",
+        help=f"training precision(s), comma-separated {_suite_default(smoke.precisions)}",
     )
     run.add_argument(
-        "--batch-size", type=csv_list(int), help=f"per-rank batch size(s) {suites(smoke.batch_sizes)}"
+        "--batch-size", type=csv_list(int), help=f"per-rank batch size(s) {_suite_default(smoke.batch_sizes)}"
     )
     run.add_argument(
         "--shard-group",
@@ -89,11 +100,19 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         help="ranks a node holds: each collective's bytes are accounted within a node and across "
         "nodes (default: the suite's, else the torchrun or Slurm job's, else one node)",
     )
-    run.add_argument("--steps", type=int, help=f"measured steps per cell {suites(smoke.steps)}")
-    run.add_argument("--warmup", type=int, help=f"unmeasured warm-up steps per cell {suites(smoke.warmup)}")
-    run.add_argument("--device", choices=DEVICES, help=f"where the cells run {suites(smoke.device)}")
+
+
+def _add_measurement_arguments(run: argparse.ArgumentParser, smoke: SuiteSpec) -> None:
+    """How each cell is measured: its steps, where it runs, and how it is simulated."""
+    run.add_argument("--steps", type=int, help=f"measured steps per cell {_suite_default(smoke.steps)}")
     run.add_argument(
-        "--timeout", type=float, help=f"seconds per cell before it times out {suites(smoke.timeout_s)}"
+        "--warmup", type=int, help=f"unmeasured warm-up steps per cell {_suite_default(smoke.warmup)}"
+    )
+    run.add_argument("--device", choices=DEVICES, help=f"where the cells run {_suite_default(smoke.device)}")
+    run.add_argument(
+        "--timeout",
+        type=float,
+        help=f"seconds per cell before it times out {_suite_default(smoke.timeout_s)}",
     )
     run.add_argument(
         "--simulate",
@@ -116,6 +135,10 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         help="recompute each transformer block / ResNet bottleneck / recurrent layer in backward "
         "instead of keeping its activations (torch.utils.checkpoint, non-reentrant)",
     )
+
+
+def _add_labelling_arguments(run: argparse.ArgumentParser) -> None:
+    """What the run is called and labelled with, and how often and against what it is measured."""
     run.add_argument(
         "--name",
         help="a name for the run (default: the suite's when every cell is one of the suite's, else the "
@@ -143,6 +166,10 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
         "all else equal) and run it in the same rounds; tables and the report show per-rank "
         "samples/s at N over the N=1 cell's (docs/measuring.md; default: the suite's scaling)",
     )
+
+
+def _add_output_arguments(run: argparse.ArgumentParser) -> None:
+    """Where the run is written, what else is written with it, and resuming one written before."""
     run.add_argument("--out", type=Path, help="output directory (default: results/runs/<run_id>)")
     run.add_argument(
         "--memory-snapshot",
