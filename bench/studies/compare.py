@@ -262,25 +262,11 @@ def compare_runs(
     baseline = for_machine(baseline, current)
     changes = env_changes(baseline, current)
     if changes and not allow_env_change:
-        listed = "; ".join(f"{k}: {b} -> {c}" for k, (b, c) in changes.items())
-        raise EnvironmentChanged(
-            f"the runs differ in environment ({listed}); their numbers do not compare. "
-            "Save a new baseline on this environment, or pass --allow-env-change to compare anyway"
-        )
+        _refuse_env_changes(changes)
     base_cells, cur_cells = _by_cell(baseline), _by_cell(current)
     if base_cells and cur_cells and not set(base_cells) & set(cur_cells):
-        raise NothingInCommon(
-            f"no cell is in both runs ({len(base_cells)} in the baseline, {len(cur_cells)} now): "
-            f"{_what_differs(set(base_cells), set(cur_cells))}; is it the right baseline?"
-        )
-    spread = pair_spread(
-        side.ratio for sides in (base_cells, cur_cells) for side in sides.values() if side.ratio is not None
-    )
-    # each side's own, for the strategy-wide test; a side of one pair a run has none: the comparison's
-    spreads = tuple(
-        pair_spread(side.ratio for side in sides.values() if side.ratio is not None) or spread
-        for sides in (base_cells, cur_cells)
-    )
+        _refuse_nothing_in_common(base_cells, cur_cells)
+    spread, spreads = _pair_spreads(base_cells, cur_cells)
     cells, changes_of_ratios = [], []
     for key in sorted(set(base_cells) | set(cur_cells), key=str):
         fields = dict(zip(IDENTITY, key, strict=True))
@@ -309,6 +295,39 @@ def compare_runs(
         dedicated=rules.dedicated,
         strategies=strategy_deltas(changes_of_ratios),
     )
+
+
+def _refuse_env_changes(changes: dict[str, tuple[list, list]]) -> None:
+    """Raise ``EnvironmentChanged`` listing how the sides' environments differ."""
+    listed = "; ".join(f"{k}: {b} -> {c}" for k, (b, c) in changes.items())
+    raise EnvironmentChanged(
+        f"the runs differ in environment ({listed}); their numbers do not compare. "
+        "Save a new baseline on this environment, or pass --allow-env-change to compare anyway"
+    )
+
+
+def _refuse_nothing_in_common(base_cells: dict[tuple, Side], cur_cells: dict[tuple, Side]) -> None:
+    """Raise ``NothingInCommon`` saying how the two sides' cells differ."""
+    raise NothingInCommon(
+        f"no cell is in both runs ({len(base_cells)} in the baseline, {len(cur_cells)} now): "
+        f"{_what_differs(set(base_cells), set(cur_cells))}; is it the right baseline?"
+    )
+
+
+def _pair_spreads(
+    base_cells: dict[tuple, Side], cur_cells: dict[tuple, Side]
+) -> tuple[float, tuple[float, float]]:
+    """The pairs' relative spread over the whole comparison (``pair_spread``), and each side's
+    own (the baseline's, the current run's) for the strategy-wide test: a side whose run has
+    only one pair has none of its own, and takes the comparison's."""
+    spread = pair_spread(
+        side.ratio for sides in (base_cells, cur_cells) for side in sides.values() if side.ratio is not None
+    )
+    spreads = tuple(
+        pair_spread(side.ratio for side in sides.values() if side.ratio is not None) or spread
+        for sides in (base_cells, cur_cells)
+    )
+    return spread, spreads
 
 
 def _ratio_changes(delta: CellDelta, t: Thresholds, ratios: tuple[Ratio, Ratio] | None) -> list[CellChange]:
@@ -451,6 +470,21 @@ def _compare_cell(
         delta.metrics = [_max_size_delta(base.max_size[0], base.max_size[1], cur.max_size[1])]
         delta.verdict = delta.metrics[0].verdict
         return delta
+    return _compare_measured(delta, base, cur, t, spread=spread, spreads=spreads)
+
+
+def _compare_measured(
+    delta: CellDelta,
+    base: Side,
+    cur: Side,
+    t: Thresholds,
+    *,
+    spread: float,
+    spreads: tuple[float, float],
+) -> CellDelta:
+    """``delta`` of a cell measured ok on both sides: its memory, bytes sent, time, step-time
+    ratio and MFU compared; regressed where any metric regressed, else improved where any
+    improved."""
     for side, name in ((base, "baseline"), (cur, "current")):
         if side.memory_varied:
             delta.notes.append(f"{name}: {', '.join(side.memory_varied)} differed between repeats")
