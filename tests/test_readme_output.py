@@ -91,3 +91,11 @@ def test_readme_says_how_far_the_example_figures_move() -> None:
     assert transformer and all(float(ratio[1]) <= float(row[-1]) <= float(ratio[2]) for row in transformer), (
         "pred/meas of transformer tiny outside the range the README states"
     )
+
+
+def test_the_plan_example_is_within_the_first_50_lines() -> None:
+    """A newcomer meets the answer to "will my model fit?" without scrolling past a run's log."""
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    plan = ".venv/bin/shardbench plan "
+    first = next(i for i, line in enumerate(lines, 1) if line.strip().startswith(plan))
+    assert first <= 50, f"README's plan example starts at line {first}"

@@ -158,7 +158,7 @@ def test_plan_recommends_the_fastest_that_fits_and_says_why() -> None:
     assert recommend(rows) is ddp and fastest(rows) is zero2
     assert why_faster(zero2, ddp) == (
         "zero2 is predicted faster than ddp, the least sharding that fits (2.75 s against 3.25 s per step: "
-        "optimizer update -750 ms, exposed communication +250 ms)"
+        "750 ms less optimizer update, 250 ms more exposed communication)"
     )
     # within FASTER_BY (10%) of the least sharding: a tie the model cannot call, so the least sharding
     close = row("zero2", 40, compute=2.0, update=0.5, exposed_comm=0.5)  # 3.00 s against 3.25 s: 7.7%

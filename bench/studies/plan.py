@@ -364,7 +364,7 @@ def why_faster(fast: PlanRow, least: PlanRow) -> str:
     names = {"compute": "compute", "update": "optimizer update", "exposed_comm": "exposed communication"}
     differ = {k: (getattr(a, k) or 0) - (getattr(b, k) or 0) for k in names}
     terms = [
-        f"{label} {seconds_text(differ[k], signed=True)}"
+        f"{seconds_text(abs(differ[k]))} {'less' if differ[k] < 0 else 'more'} {label}"
         for k, label in names.items()
         if abs(differ[k]) > 1e-3 * b.step
     ]
