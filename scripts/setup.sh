@@ -11,7 +11,7 @@ fi
 stamp=.venv/.shardbench-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "setup: installing shardbench and its pinned stack into .venv (first time: about a minute)" >&2
+    echo "setup: installing shardbench and its pinned stack into .venv (first time: a few minutes: it downloads the pinned stack and builds DeepSpeed)" >&2
     # This machine's pip config lists local mirrors that lack most packages; pip warns about each.
     pip() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" \
         2> >(grep -v "is ignored: it is neither" >&2); }
