@@ -103,18 +103,7 @@ class ShardedDataParallel(nn.Module):
     ) -> None:
         plan = stage_plan(stage)
         opt = sharded_optimizer
-        if shard_group_size is not None:
-            check_shard_size(shard_group_size, opt.world_size)
-            if opt.process_group is not None:
-                raise ValueError(
-                    "shard_group_size needs the ShardedOptimizer over the default group (it makes "
-                    "the shard and replica groups from it); drop process_group= or shard_group_size="
-                )
-        given = sorted(name for name, v in (("unit", unit), ("prefetch", prefetch)) if v is not _UNSET)
-        if not plan.parameters and given:
-            raise ValueError(
-                f"{', '.join(given)}: stage 3 options (stage {stage} does not shard parameters); pass stage=3"
-            )
+        self._check_arguments(opt, stage, plan.parameters, shard_group_size, unit=unit, prefetch=prefetch)
         super().__init__()
         self.module = module
         self.optimizer = opt
@@ -124,22 +113,7 @@ class ShardedDataParallel(nn.Module):
         #: names the profiler labels (``shardbench::<label>::reduce``)
         self.label = plan.label
         self.broadcast_buffers = broadcast_buffers
-        #: the ranks that train this module data-parallel (held as the optimizer held it), and
-        #: how many of them: broadcasts and the used-gradient agreement run over all of them
-        self._data_group = held_weakly(opt.process_group)
-        self.world_size = opt.world_size
-        self._src = global_rank(self.data_group, 0)
-        #: hybrid sharding: this rank's replica group (the ranks holding the same chunks), held
-        #: weakly; None where the shard group is the whole world
-        self._replicate_group = None
-        self.replicas = 1
-        if shard_group_size is not None and shard_group_size != opt.world_size:
-            shard, replicate = shard_groups(shard_group_size)
-            opt.shard_within(shard)
-            self._replicate_group = held_weakly(replicate)
-            self.replicas = self.world_size // shard_group_size
-        #: ranks each chunk is sharded over (S; N without hybrid sharding)
-        self.shard_size = opt.world_size
+        self._set_up_groups(shard_group_size)
         self._unit_policy = None if unit is _UNSET else unit
         self._prefetch = True if prefetch is _UNSET else prefetch
         self._collective = gradient_collective or default_collective(
@@ -156,6 +130,54 @@ class ShardedDataParallel(nn.Module):
             opt.shard_parameters([u.params for u in units])
         self._build(units)
         self._reads = StageThreeReads(self) if plan.parameters else None
+
+    @staticmethod
+    def _check_arguments(
+        opt: ShardedOptimizer,
+        stage: int,
+        shards_parameters: bool,
+        shard_group_size: int | None,
+        *,
+        unit: UnitPolicy | None,
+        prefetch: bool,
+    ) -> None:
+        """ValueError for a shard group size that does not divide the world or comes with an
+        optimizer over a group of its own, and for stage 3 options given to a stage that does
+        not shard parameters; before anything is built, so a refused wrapper changes nothing."""
+        if shard_group_size is not None:
+            check_shard_size(shard_group_size, opt.world_size)
+            if opt.process_group is not None:
+                raise ValueError(
+                    "shard_group_size needs the ShardedOptimizer over the default group (it makes "
+                    "the shard and replica groups from it); drop process_group= or shard_group_size="
+                )
+        given = sorted(name for name, v in (("unit", unit), ("prefetch", prefetch)) if v is not _UNSET)
+        if not shards_parameters and given:
+            raise ValueError(
+                f"{', '.join(given)}: stage 3 options (stage {stage} does not shard parameters); pass stage=3"
+            )
+
+    def _set_up_groups(self, shard_group_size: int | None) -> None:
+        """The groups this rank trains in: every data-parallel rank, and with hybrid sharding
+        (``shard_group_size`` below the world) the shard group the optimizer is narrowed to and
+        the replica group across the shard groups."""
+        opt = self.optimizer
+        #: the ranks that train this module data-parallel (held as the optimizer held it), and
+        #: how many of them: broadcasts and the used-gradient agreement run over all of them
+        self._data_group = held_weakly(opt.process_group)
+        self.world_size = opt.world_size
+        self._src = global_rank(self.data_group, 0)
+        #: hybrid sharding: this rank's replica group (the ranks holding the same chunks), held
+        #: weakly; None where the shard group is the whole world
+        self._replicate_group = None
+        self.replicas = 1
+        if shard_group_size is not None and shard_group_size != opt.world_size:
+            shard, replicate = shard_groups(shard_group_size)
+            opt.shard_within(shard)
+            self._replicate_group = held_weakly(replicate)
+            self.replicas = self.world_size // shard_group_size
+        #: ranks each chunk is sharded over (S; N without hybrid sharding)
+        self.shard_size = opt.world_size
 
     @property
     def process_group(self) -> dist.ProcessGroup | None:
