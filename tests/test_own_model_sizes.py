@@ -73,7 +73,7 @@ def test_claim_takes_your_own_model(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
     seen = {}
 
-    def fake_claim(spec, *, out_dir, workloads, resume):
+    def fake_claim(spec, *, out_dir, workloads, resume, job_cells=None):
         seen.update(spec=spec, out=out_dir, workloads=workloads)
         out_dir.mkdir(parents=True, exist_ok=True)
         return claim_study.ClaimRun(results=[], wall_s=0.0, resumed=False)

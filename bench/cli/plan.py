@@ -101,7 +101,7 @@ def _add_plan_cluster_arguments(p: argparse.ArgumentParser) -> None:
         dest="shard_widths",
         type=csv_list(int),
         help="the shard widths S to plan for the strategies that shard in groups, instead of those "
-        "--ranks-per-node gives (comma-separated; each must divide N)",
+        "--ranks-per-node gives (comma-separated; each must divide N; default: those, else only S = N)",
     )
 
 
