@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from shardbench.cli import main
 from shardbench.paths import history_file
 from shardbench.studies.history import append_history
+from tests.git_files import not_ignored
 from tests.records import make_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,17 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
     shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs git and the checkout"
 )
-
-
-def shown_by_git(paths: list[Path]) -> list[str]:
-    """Those of ``paths`` (relative to the checkout) that git would list as untracked."""
-    names = [str(p) for p in paths]
-    done = subprocess.run(
-        ["git", "check-ignore", "--no-index", "--stdin"],
-        input="\n".join(names) + "\n", cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert done.returncode in (0, 1), done.stderr
-    return sorted(n for n in names if n not in done.stdout.splitlines())
 
 
 def written(where: Path) -> list[Path]:
@@ -57,14 +46,14 @@ def test_baseline_save_leaves_only_the_files_to_commit(checkout: Path, capsys) -
     saved = [p for p in written(checkout) if p.parts[:2] == ("results", "baselines")]
     assert saved, said
     to_commit = [f"results/baselines/cpu/nightly-mine.{end}" for end in ("jsonl", "manifest.json")]
-    assert shown_by_git(saved) == to_commit
+    assert sorted(not_ignored(saved)) == to_commit
     assert all(name in said for name in to_commit) and "commit both" in said
 
 
 def test_a_nights_history_leaves_no_other_file_git_shows(checkout: Path) -> None:
     history = history_file("my-suite")
     append_history(history, [{"night": 1}])
-    assert shown_by_git(written(checkout)) == []
+    assert not_ignored(written(checkout)) == []
 
 
 SUITE = """

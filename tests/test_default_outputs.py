@@ -16,6 +16,7 @@ from shardbench.cli import main
 from shardbench.cli.claim import CLAIMS_DIR
 from shardbench.cli.common import DEFAULT_RUNS_DIR
 from shardbench.paths import history_file
+from tests.git_files import not_ignored
 from tests.records import make_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,17 +29,6 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def _results_home_is_the_default(monkeypatch) -> None:
     monkeypatch.delenv("SHARDBENCH_HOME", raising=False)  # the tests' own home, set by conftest
-
-
-def _not_ignored(paths: list[Path]) -> list[str]:
-    """Those of ``paths`` (relative to the checkout) that git would show as untracked files."""
-    names = [str(p) for p in paths]
-    done = subprocess.run(
-        ["git", "check-ignore", "--no-index", "--stdin"],
-        input="\n".join(names) + "\n", cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert done.returncode in (0, 1), done.stderr
-    return [n for n in names if n not in done.stdout.splitlines()]
 
 
 def _written(where: Path) -> list[Path]:
@@ -60,7 +50,7 @@ def test_default_output_locations_are_ignored() -> None:
         history_file("nightly-gpu"),
         history.parent / "trend-my-suite" / "trend.html",  # trend beside the history
     ]
-    assert _not_ignored(paths) == []
+    assert not_ignored(paths) == []
 
 
 def test_committed_evidence_is_not_hidden_by_those_patterns() -> None:
@@ -71,7 +61,7 @@ def test_committed_evidence_is_not_hidden_by_those_patterns() -> None:
     assert hidden == []
     # a file added to a committed folder shows, as a change to that evidence should
     new = [CLAIMS_DIR / "cpu" / "report.md", CLAIMS_DIR / "cpu" / "step_time-newnet.png"]
-    assert _not_ignored([*new, history_file("nightly-cpu")]) == [str(p) for p in new] + [
+    assert not_ignored([*new, history_file("nightly-cpu")]) == [str(p) for p in new] + [
         str(history_file("nightly-cpu"))
     ]
 
@@ -101,4 +91,4 @@ def test_report_compare_and_export_of_a_records_file_write_nothing_beside_it(
     written = [p for p in _written(tmp_path) if p.parts[0] != "kept"]
     assert {"compare.md", "table.md", "index.html"} <= {p.name for p in written}
     assert all(p.is_relative_to(DEFAULT_RUNS_DIR) for p in written), written
-    assert _not_ignored(written) == []
+    assert not_ignored(written) == []
