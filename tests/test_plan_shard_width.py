@@ -60,7 +60,7 @@ def test_a_plan_over_two_tiers_prefers_the_width_that_stays_in_the_node(
     assert plan["recommended"] == "zero3 S=2"
     stays = "shard width: zero3 S=2: every gather and reduce-scatter stays in the node"
     assert plan["shard_width"].startswith(stays)
-    assert "zero3 S=4's predicted step" in plan["shard_width"]
+    assert "predicted" in plan["shard_width"] and "x as fast as zero3 S=4 " in plan["shard_width"]
     assert (out / "shard-widths.png").is_file() and (out / "shard-widths.svg").is_file()
     assert "](shard-widths.png)" in (out / "plan.md").read_text()
     printed = capsys.readouterr().out
@@ -74,7 +74,8 @@ def test_a_plan_over_two_tiers_prefers_the_width_that_stays_in_the_node(
         (["--network", "fast"], "unknown network 'fast'; allowed: a flat profile (gloo, nvlink"),
         (["--network", TIERS[1]], "a network of two tiers needs --ranks-per-node"),
         (["--network", "intra=100GB/s,inter=1GB/s:50us", *TIERS[2:]], "cannot read 'intra=100GB/s'"),
-        (["--shard-group", "3"], "must divide the world of 4 ranks, got 3; allowed: 1, 2, 4"),
+        (["--shard-group", "3"], "--shard-group 3: each width must divide the world of 4 ranks; allowed: 1,"),
+        (["--shard-group", "2", "--strategy", "ddp"], "--shard-group: none of ddp shards in groups"),
     ],
 )  # fmt: skip
 def test_a_cluster_shape_that_does_not_fit_is_refused_in_one_line(

@@ -153,3 +153,17 @@ def test_charts_put_a_hybrid_cell_beside_its_flat_one() -> None:
     assert len(set(group_labels(records))) == 1
     assert strategy_color("zero3 S=2") == strategy_color("zero3")
     assert (hatch("zero3"), hatch("zero3 S=2")) == (None, "//")
+
+
+def test_the_tables_tell_a_hybrid_cell_from_its_flat_one() -> None:
+    """table.md and table.csv (``records_to_frame``) carry S where a run has a hybrid cell; a
+    run without one keeps its columns as they were."""
+    from shardbench.report.tables import records_to_frame
+    from tests.records import make_record
+
+    flat = make_record(strategy="zero3", world_size=4, shard_group=4)
+    hybrid = make_record(strategy="zero3", world_size=4, shard_group=2)
+    frame = records_to_frame([flat, hybrid])
+    shown = frame["shard_group"].tolist()
+    assert 2 in shown and frame["shard_group"].isna().sum() == 1  # the flat cell: no S to tell
+    assert "shard_group" not in records_to_frame([flat]).columns

@@ -172,3 +172,18 @@ def test_the_update_probe_runs_at_a_ranks_size_beside_its_peers() -> None:
     out = probe(1, elements=1 << 14, copies=2)
     assert out["elements"] == 1 << 14 and out["copies"] == 2 and out["threads"] == 1
     assert out["seconds_per_element"] > 0 and out["mad_seconds_per_element"] >= 0
+
+
+def test_a_narrower_shard_group_must_beat_its_flat_strategy_by_the_margin() -> None:
+    """zero2 S=2 holds more per rank than zero2 over all N: predicted 5% faster is within the
+    model's error, so zero2 over all N stands; 20% faster, the narrower group is recommended."""
+    from shardbench.studies.plan import PlanRow, fastest
+
+    def row(shard: int, step: float) -> PlanRow:
+        record = make_record(strategy="zero2", world_size=4, shard_group=shard, peak_mem_bytes={"max": 50})
+        return PlanRow("zero2", record, 100, predicted={"step": step, "compute": step})
+
+    flat = row(4, 1.0)
+    assert fastest([flat, row(2, 0.95)]) is flat
+    narrow = row(2, 0.8)
+    assert fastest([flat, narrow]) is narrow

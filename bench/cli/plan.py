@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,21 +149,48 @@ def cluster_shape(args: argparse.Namespace) -> tuple[int | None, tuple[int, ...]
     ``shard_widths`` of the nodes); ValueError in one line for a shape that does not fit N."""
     from shardbench.metrics.topology import check_ranks_per_node
     from shardbench.prediction.cluster_network import check_any_network, cluster_network
-    from shardbench.strategies.sharded.groups import check_shard_size
     from shardbench.studies.plan import shard_widths
 
     n, per_node = args.world_size, args.ranks_per_node
     if args.network is not None:
         check_any_network(args.network, per_node)
         if per_node is None and (cluster := cluster_network(args.network)) is not None:
-            per_node = min(cluster.ranks_per_node, n)
+            per_node = cluster.ranks_per_node
     if per_node is not None:
+        if isinstance(per_node, int) and per_node > n:
+            per_node = n  # the whole world in one node
         check_ranks_per_node(per_node, n)
-    for width in args.shard_widths or ():
-        check_shard_size(width, n)
-    if args.shard_widths:
-        return per_node, tuple(args.shard_widths)
-    return per_node, tuple(shard_widths(n, per_node)) if per_node and per_node < n else ()
+    widths = tuple(args.shard_widths or ())
+    _check_widths(widths, n, args.strategy)
+    if widths:
+        return per_node, widths
+    return per_node, tuple(shard_widths(n, per_node)) if per_node else ()
+
+
+def _check_widths(widths: tuple[int, ...], world_size: int, strategies: Sequence[str]) -> None:
+    """ValueError in one line for a ``--shard-group`` width that does not divide N, or given
+    where no strategy asked for shards in groups."""
+    from shardbench.strategies.registry import strategy_card
+
+    allowed = [s for s in range(1, world_size + 1) if world_size % s == 0]
+    bad = [w for w in widths if w not in allowed]
+    if bad:
+        raise ValueError(
+            f"--shard-group {','.join(map(str, bad))}: each width must divide the world of {world_size} "
+            f"ranks; allowed: {', '.join(map(str, allowed))}"
+        )
+    def grouped_card(name: str) -> bool:
+        try:
+            return strategy_card(name).shard_group
+        except ValueError:  # an unknown name: refused with the strategies allowed, below
+            return False
+
+    grouped = [s for s in strategies if grouped_card(s)]
+    if widths and not grouped:
+        raise ValueError(
+            f"--shard-group: none of {', '.join(strategies)} shards in groups; allowed with: zero1, zero2, "
+            "zero3, fsdp2-hsdp, deepspeed-zero3-hpz"
+        )
 
 
 def predicted_rows(

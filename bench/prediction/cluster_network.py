@@ -58,7 +58,7 @@ class ClusterNetwork:
     def describe(self) -> str:
         """One line: the cluster's shape, each tier's figures and their source."""
         return (
-            f"network {self.name}: {self.ranks_per_node} ranks a node; within "
+            f"{self.name}, {self.ranks_per_node} ranks a node: within "
             f"{_link_text(self.within)}, across {_link_text(self.across)} ({self.source})"
         )
 

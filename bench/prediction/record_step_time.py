@@ -169,7 +169,7 @@ def predict_record(
         peak_flops_per_s=peak["flops_per_s"],
         shares_compute=profile.shares_compute,
         network=profile.name,
-        network_source=profile.source,
+        network_source=profile.describe() if isinstance(profile, ClusterNetwork) else profile.source,
         compute_source=_compute_source(record.compute_replay if cpu else None, replayed is not None),
         rate_flops_per_s=None if replayed else rate,
         peak_kind=peak.get("kind"),

@@ -9,7 +9,16 @@ from typing import Any
 
 from shardbench.harness.config import CellConfig
 from shardbench.report.tables import error_file, markdown_table
-from shardbench.studies.plan import LEVELS, UNPLANNED, Plan, PlanRow, measure_command, why_faster, why_width
+from shardbench.studies.plan import (
+    FASTER_BY,
+    LEVELS,
+    UNPLANNED,
+    Plan,
+    PlanRow,
+    measure_command,
+    why_faster,
+    why_width,
+)
 from shardbench.studies.reference import REFERENCE
 from shardbench.units import count_text, in_unit, params_text, seconds_text, size_unit
 from shardbench.wording import first_sentence, wrap
@@ -206,9 +215,9 @@ def verdict(plan: Plan) -> str:
     if least is not None and best is not least:
         why = why_faster(best, least)
     elif best.predicted_step is not None:
-        why = (
-            "the least sharding that fits" if best.level else "nothing needs sharding"
-        ) + ", and the fastest"
+        why = ("the least sharding that fits" if best.level else "nothing needs sharding") + (
+            f", none predicted {FASTER_BY:.0%} faster" if _some_faster(plan, best) else ", and the fastest"
+        )
     else:
         why = "the least sharding that fits" if best.level else "nothing needs sharding"
     batch_part = f", largest batch {best.max_batch}" if best.max_batch is not None else ""
@@ -265,6 +274,16 @@ def title(
         + (", AC" if cell.activation_checkpointing else "")
         + f" ({mode}); sizes in {plan_unit(plan)[1]}"
     )
+
+
+def _some_faster(plan: Plan, best: PlanRow) -> bool:
+    """Whether a fitting row is predicted faster per sample than ``best`` (within the margin
+    ``FASTER_BY`` that the recommendation keeps the least sharding over)."""
+
+    def per_sample(r: PlanRow) -> float:
+        return (r.predicted_step or 0.0) / max(1, r.record.batch_size_per_rank)
+
+    return any(r.fits and r.predicted_step and per_sample(r) < per_sample(best) for r in plan.rows)
 
 
 def width_line(plan: Plan) -> str | None:

@@ -55,7 +55,8 @@ def plot_shard_widths(plan: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.tick_params(labelsize=SMALL)
         ax.grid(alpha=0.3)
     step_ax.legend(fontsize=SMALL)
-    fig.suptitle(plan.get("title", ""), fontsize=10, x=0.01, ha="left", wrap=True)
+    title = plan.get("title", "").split("; sizes in")[0]  # each axis names its own unit
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left", wrap=True)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     written = []
     for fmt in FORMATS:

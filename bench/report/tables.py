@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from shardbench.paths import path_component
-from shardbench.records import Record, oversubscription, placement_of
+from shardbench.records import Record, flat_as_none, oversubscription, placement_of
 from shardbench.studies.versus import model_states
 from shardbench.wording import first_sentence
 
@@ -87,6 +87,7 @@ def records_to_frame(records: Sequence[Record], *, tracebacks: bool = False) -> 
         "fake": any(r.fake for r in records),
         "AC": any(r.activation_checkpointing for r in records),
         "repeat": any(r.repeat for r in records),
+        "shard_group": any(flat_as_none(r.shard_group, r.world_size) for r in records),
         "traceback": tracebacks and any(error_file(r) for r in records),
         "oversubscribed": any(oversubscription(r) for r in records),
         "peer_estimate_MiB": any(_peer_estimate(r) for r in records),
@@ -114,6 +115,7 @@ def _cell_columns(r: Record) -> dict[str, object]:
         "preset": r.preset,
         "params_M": r.params / 1e6,
         "strategy": r.strategy,
+        "shard_group": flat_as_none(r.shard_group, r.world_size),
         "repeat": r.repeat,
         "world_size": r.world_size,
         "simulated": r.simulated,

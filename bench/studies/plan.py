@@ -349,10 +349,22 @@ def fastest(rows: Sequence[PlanRow]) -> PlanRow | None:
         return (r.predicted_step or 0.0) / max(1, r.record.batch_size_per_rank)
 
     best = min(timed, key=lambda r: (per_sample(r), r.level, -(r.headroom or 0)), default=None)
+    if best is not None and (flat := _flat_of(best, timed)) is not None:
+        # a narrower shard group holds more per rank: it must beat its own strategy over all N
+        # by the same margin, or the flat one stands
+        best = best if per_sample(best) < (1 - FASTER_BY) * per_sample(flat) else flat
     least = recommend(rows)
     if best is None or least is None or least.predicted_step is None:
         return best
     return best if per_sample(best) < (1 - FASTER_BY) * per_sample(least) else least
+
+
+def _flat_of(row: PlanRow, rows: Sequence[PlanRow]) -> PlanRow | None:
+    """The row of ``row``'s strategy sharded over all N, where ``row`` shards in smaller groups."""
+    n = row.record.world_size
+    if row.shard_width == n:
+        return None
+    return next((r for r in rows if r.strategy == row.strategy and r.shard_width == n), None)
 
 
 def why_faster(fast: PlanRow, least: PlanRow) -> str:
@@ -403,4 +415,4 @@ def why_width(best: PlanRow, rows: Sequence[PlanRow], ranks_per_node: int | None
     speed = flat.predicted_step / best.predicted_step
     more = (best.peak or 0) - (flat.peak or 0)
     cost = f"for {size_text(more)} more per rank" if more > 0 else f"and {size_text(-more)} less per rank"
-    return f"{best.label}: {where}; {speed:.2f}x {flat.strategy} S={n}'s predicted step {cost}"
+    return f"{best.label}: {where}; predicted {speed:.2f}x as fast as {flat.strategy} S={n} {cost}"
