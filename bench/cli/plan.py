@@ -170,18 +170,20 @@ def cluster_shape(args: argparse.Namespace) -> tuple[int | None, tuple[int, ...]
 def _check_widths(widths: tuple[int, ...], world_size: int, strategies: Sequence[str]) -> None:
     """ValueError in one line for a ``--shard-group`` width that does not divide N, or given
     where no strategy asked for shards in groups."""
-    from shardbench.strategies.registry import strategy_card
+    from shardbench.harness.shard_width import takes_shard_group
+    from shardbench.metrics.topology import divisors
 
-    allowed = [s for s in range(1, world_size + 1) if world_size % s == 0]
+    allowed = divisors(world_size)
     bad = [w for w in widths if w not in allowed]
     if bad:
         raise ValueError(
             f"--shard-group {','.join(map(str, bad))}: each width must divide the world of {world_size} "
             f"ranks; allowed: {', '.join(map(str, allowed))}"
         )
+
     def grouped_card(name: str) -> bool:
         try:
-            return strategy_card(name).shard_group
+            return takes_shard_group(name)
         except ValueError:  # an unknown name: refused with the strategies allowed, below
             return False
 

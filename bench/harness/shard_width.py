@@ -15,16 +15,13 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from shardbench.harness.config import CellConfig
+from shardbench.metrics.topology import divisors
 from shardbench.strategies.registry import canonical_name, strategy_card, strategy_cards
 
 
 def takes_shard_group(strategy: str) -> bool:
     """Whether ``strategy`` (a name or alias) shards in groups of a given width."""
     return strategy_card(strategy).shard_group
-
-
-def divisors(n: int) -> list[int]:
-    return [s for s in range(1, n + 1) if n % s == 0]
 
 
 def fit_shard_groups(cells: Iterable[CellConfig]) -> tuple[list[CellConfig], list[str]]:

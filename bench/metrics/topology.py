@@ -55,9 +55,6 @@ class TierBytes:
     def __add__(self, other: TierBytes) -> TierBytes:
         return TierBytes(self.within_node + other.within_node, self.across_nodes + other.across_nodes)
 
-    def scaled(self, factor: float) -> TierBytes:
-        return TierBytes(self.within_node * factor, self.across_nodes * factor)
-
 
 NO_BYTES = TierBytes(0.0, 0.0)
 
@@ -70,15 +67,20 @@ def tiers_json(tiers: dict[str, TierBytes]) -> dict[str, dict[str, int]]:
     }
 
 
+def divisors(n: int) -> list[int]:
+    """The whole numbers that divide ``n``: the shard widths and node sizes a world of n allows."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def check_ranks_per_node(ranks_per_node: object, world_size: int) -> None:
     """ValueError in one line unless ``ranks_per_node`` is a whole number of ranks that fills
     the world's nodes evenly (a divisor of the world size, or the world size itself)."""
-    divisors = [g for g in range(1, world_size + 1) if world_size % g == 0]
+    allowed = divisors(world_size)
     whole = isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool)
-    if not whole or ranks_per_node not in divisors:
+    if not whole or ranks_per_node not in allowed:
         raise ValueError(
             f"ranks per node must divide the world of {world_size} ranks into full nodes, got "
-            f"{ranks_per_node!r}; allowed: {', '.join(map(str, divisors))}"
+            f"{ranks_per_node!r}; allowed: {', '.join(map(str, allowed))}"
         )
 
 

@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from shardbench.metrics.topology import divisors, replica_group_ranks, shard_group_ranks
+
 GONE = (
     "the process group this ZeRO part runs over was destroyed (destroy_process_group): build the "
     "ShardedOptimizer and ShardedDataParallel again after init_process_group"
@@ -64,12 +66,12 @@ def shard_groups(shard_size: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]
     world, rank = dist.get_world_size(), dist.get_rank()
     check_shard_size(shard_size, world)
     shard = replicate = None
-    for start in range(0, world, shard_size):
-        group = dist.new_group(list(range(start, start + shard_size)))
-        if start <= rank < start + shard_size:
+    for first in range(0, world, shard_size):  # each shard group, led by its first rank
+        group = dist.new_group(shard_group_ranks(first, world, shard_size))
+        if first == shard_group_ranks(rank, world, shard_size)[0]:
             shard = group
-    for offset in range(shard_size):
-        group = dist.new_group(list(range(offset, world, shard_size)))
+    for offset in range(shard_size):  # each replica group, led by its rank in the shard group
+        group = dist.new_group(replica_group_ranks(offset, world, shard_size))
         if rank % shard_size == offset:
             replicate = group
     assert shard is not None and replicate is not None
@@ -78,9 +80,9 @@ def shard_groups(shard_size: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]
 
 def check_shard_size(shard_size: object, world_size: int) -> None:
     """ValueError in one line unless ``shard_size`` is a whole divisor of ``world_size``."""
-    divisors = [s for s in range(1, world_size + 1) if world_size % s == 0]
-    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size not in divisors:
+    allowed = divisors(world_size)
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size not in allowed:
         raise ValueError(
             f"shard_group_size must divide the world of {world_size} ranks, got {shard_size!r}; "
-            f"allowed: {', '.join(map(str, divisors))}"
+            f"allowed: {', '.join(map(str, allowed))}"
         )
