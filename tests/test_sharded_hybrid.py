@@ -34,6 +34,14 @@ def train_hybrid(rank: int, world_size: int, stage: int, shard: int) -> tuple[di
     opt = ShardedOptimizer(tricky.param_groups(model), optim=torch.optim.AdamW, bucket_cap_mb=0.0005)
     options = {"unit": tricky.child_units(model)} if stage == 3 else {}
     wrapped = ShardedDataParallel(model, opt, stage=stage, shard_group_size=shard, **options)
+    reducer, launch = wrapped.reducer, wrapped.reducer.launch
+    overlapped = []  # per launch: how many replicas' all-reduces were still running beside it
+
+    def counting_launch(bucket):
+        launch(bucket)
+        overlapped.append(len(reducer._across))
+
+    reducer.launch = counting_launch
     for step in range(STEPS):
         opt.zero_grad(set_to_none=True)
         for micro in range(MICRO):  # accumulated: each pass reduced, the sums added
@@ -46,6 +54,7 @@ def train_hybrid(rank: int, world_size: int, stage: int, shard: int) -> tuple[di
         "replicas": wrapped.replicas,
         "chunk_elements": sum(c.numel() for c in opt.chunks),
         "bucket_elements": sum(b.padded for b in opt.buckets),
+        "launches_beside_an_across_reduce": sum(n > 0 for n in overlapped),
     }
     return tricky.state(wrapped if stage == 3 else model), layout
 
@@ -59,6 +68,8 @@ def test_hybrid_matches_single_process_adamw(stage: int, shard: int) -> None:
         assert diff < 1e-6, f"stage {stage} N=4 S={shard} rank {rank}: {where} off by {diff:.2e}"
         assert layout["chunk_ranks"] == shard and layout["replicas"] == 4 // shard
         assert layout["chunk_elements"] * shard == layout["bucket_elements"]  # 1/S of every bucket
+        # the replicas' all-reduce of a bucket runs while later buckets are launched in backward
+        assert layout["launches_beside_an_across_reduce"] > 0 or shard == 4
 
 
 def _refused(rank: int, world_size: int, shards: list[object]) -> list[str]:

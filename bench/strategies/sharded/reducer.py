@@ -26,6 +26,9 @@ than either; see ``default_collective`` for which gloo uses.
 
 At most ``max_in_flight`` reductions run at once; launching one more first waits for the oldest.
 That bound, not the number of buckets, is what limits the memory in communication buffers.
+Under hybrid sharding a bucket's reduction has two collectives: within its shard group, then,
+once that completes, an all-reduce of the rank's chunk across the replicas. The second is
+started at the first's completion and runs while backward goes on; each kind is bounded alike.
 
 Memory is the same bytes whatever the timing of the collectives, so that a peak measured twice
 is the same peak: a reduction completes only at fixed points (a launch past the bound, ``drain``),
@@ -198,6 +201,9 @@ class GradientReducer:
         self._in_flight: deque[tuple[Any, Bucket, torch.Tensor, torch.Tensor | None, Agreement | None]] = (
             deque()
         )
+        #: hybrid sharding: reduced chunks being summed across the replicas, oldest first (work,
+        #: bucket, buffer, reduce-scatter output or None)
+        self._across: deque[tuple[Any, Bucket, torch.Tensor, torch.Tensor | None]] = deque()
         self._first_slot: list[int] = []  # a parameter's slot: its bucket's first + its index
         slots = 0
         for b in self.buckets:
@@ -359,6 +365,8 @@ class GradientReducer:
         # have would decide which buffers are alive when the next is allocated, and so the peak.
         while len(self._in_flight) >= self.max_in_flight:
             self._complete_oldest()
+            while len(self._across) > self.max_in_flight:
+                self._finish_across()
         buf = self._buffer(bucket) if self.keep == "full" else self._take_filled(bucket)
         work, out = None, None
         flags = None
@@ -392,22 +400,39 @@ class GradientReducer:
             folded = self._folded = Agreement(work, flags, local, len(local), in_bucket=True)
         self._in_flight.append((work, bucket, buf, out, folded))
 
-    def _across_replicas(self, chunk: torch.Tensor) -> None:
-        """Hybrid sharding: sum ``chunk`` (this shard group's reduced chunk, already divided by
-        every rank's count) across the shard groups holding the same chunk. Blocking: the
-        chunk is read right after."""
+    def _start_across(
+        self, reduced: torch.Tensor, bucket: Bucket, buf: torch.Tensor, out: torch.Tensor | None
+    ) -> None:
+        """Hybrid sharding: start summing ``reduced`` (this shard group's reduced chunk, already
+        divided by every rank's count) across the shard groups holding the same chunk. It runs
+        on the replicas' group while backward goes on and the next buckets reduce within the
+        shard group; ``_finish_across`` completes it (at a launch past the bound, or ``drain``)."""
         assert self._replicate_group is not None
         with profiled(f"shardbench::{self.label}::reduce"):
-            dist.all_reduce(chunk, group=self._replicate_group())
+            work = dist.all_reduce(reduced, group=self._replicate_group(), async_op=True)
+        self._across.append((work, bucket, buf, out))
+
+    def _finish_across(self) -> None:
+        """Wait for the oldest replicas' all-reduce; its chunk becomes this rank's gradients."""
+        work, bucket, buf, out = self._across.popleft()
+        with profiled(f"shardbench::{self.label}::reduce"):
+            work.wait()
+        if self.keep == "full":
+            self._holds_reduced[bucket.index] = True
+        else:
+            self._keep_reduced(bucket, buf, out)
 
     def drain(self) -> None:
         """Wait for every reduction in flight."""
         while self._in_flight:
             self._complete_oldest()
+        while self._across:
+            self._finish_across()
 
     def _complete_oldest(self) -> None:
-        """Wait for the oldest reduction; its result becomes (or is added to) this rank's chunk,
-        and what held it is freed (``release.py``)."""
+        """Wait for the oldest reduction within the shard group; its result becomes (or is added
+        to) this rank's chunk, or, across replicas, starts their all-reduce; what held it is
+        freed (``release.py``) once nothing reads it."""
         work, bucket, buf, out, folded = self._in_flight.popleft()
         if work is not None:
             work.wait()
@@ -416,17 +441,25 @@ class GradientReducer:
             if out is not None:
                 buf[start:end].copy_(out)
                 release(out)
-            if self.replicas > 1:
-                self._across_replicas(buf[start:end])
-                self._holds_reduced[bucket.index] = True
             if self.world_size > 1:  # the other ranks' chunks: ready for the next backward
                 buf[:start].zero_()
                 buf[end:].zero_()
+            if self.replicas > 1:
+                self._start_across(buf[start:end], bucket, buf, None)
             return
         if folded is not None:  # the flags are read before their buffer goes
             folded.read()
         if self.replicas > 1:  # this pass's sum only: what the shard held before is alike everywhere
-            self._across_replicas(buf[start:end] if out is None else out)
+            if out is not None:  # the reduce-scatter's output is all that is read from here on
+                release(buf)
+            self._start_across(buf[start:end] if out is None else out, bucket, buf, out)
+            return
+        self._keep_reduced(bucket, buf, out)
+
+    def _keep_reduced(self, bucket: Bucket, buf: torch.Tensor, out: torch.Tensor | None) -> None:
+        """``keep="shards"``: the reduced chunk (``out``, or this rank's part of ``buf``) becomes
+        or is added to this rank's gradient shard; the bucket buffer dies here."""
+        start, end = bucket.chunk_start, bucket.chunk_start + bucket.chunk
         shard = self._shards[bucket.index]
         if out is None:  # all-reduced or reduced to owners (or one rank): this rank's chunk
             if shard is None:
@@ -439,7 +472,7 @@ class GradientReducer:
         else:
             shard.add_(out)
             release(out)
-        release(buf)  # the bucket buffer dies here
+        release(buf)
 
     def start_agreeing(self, extra: Sequence[int] = ()) -> Agreement:
         """Once every bucket of a backward pass is launched: start learning which parameters
