@@ -629,6 +629,8 @@ def capture_env(device: str) -> dict[str, Any]:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cpu_model": _cpu_model(),
         "packages": package_versions(),
+        # a checkout's commit says more, but an installed package has none
+        "shardbench": dict(_installed_versions(("shardbench",)))["shardbench"],
     }
     # on the CPU the device is the processor: its model, not only its architecture
     env["device_name"] = env["cpu_model"] or platform.processor() or platform.machine()

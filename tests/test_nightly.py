@@ -60,6 +60,10 @@ def test_nightly_twice_against_a_saved_baseline(tmp_path: Path, baselines: Path,
         assert (tmp_path / night / "compare.md").is_file() and (tmp_path / night / "index.html").is_file()
         data = json.loads((tmp_path / night / "compare.json").read_text())
         assert data["counts"]["unchanged"] == 2, data
+        # the verdict names what changed since the baseline: here nothing, the same checkout
+        (first, *_) = data["provenance"]["lines"]
+        assert first.startswith("since the baseline: ") and first in capsys.readouterr().out
+        assert first.endswith("no version or machine change"), first
     # refused before running: a directory holding a night (or anything), a bad rules file
     assert main(["nightly", "--suite", str(suite), "--out", str(tmp_path / "n1")]) == 2
     assert "not an empty directory" in capsys.readouterr().err

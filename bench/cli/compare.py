@@ -85,6 +85,7 @@ def compare_or_refuse(
     usage errors: exit 2, as for any bad input. ``compare`` and ``nightly`` both use it."""
     from shardbench.records import none_ok
     from shardbench.studies.compare import EnvironmentChanged, NothingInCommon, compare_runs
+    from shardbench.studies.provenance import with_commit_count
 
     try:
         comparison = compare_runs(
@@ -92,6 +93,7 @@ def compare_or_refuse(
         )
     except (EnvironmentChanged, NothingInCommon) as e:
         raise UsageError(str(e)) from None
+    comparison.provenance = comparison.provenance and with_commit_count(comparison.provenance)
     # failed against failed is "unchanged": a verdict with nothing measured must not pass unsaid
     for side, records in (("baseline", baseline), ("current run", current)):
         if failed := none_ok(records):

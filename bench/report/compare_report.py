@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from shardbench.report.html import CSS
+from shardbench.report.provenance_text import commit_text, provenance_lines
 from shardbench.report.tables import markdown_table
 from shardbench.studies.compare import COMM_METRIC, NOT_JUDGED, VERDICTS, CellDelta, Comparison, MetricDelta
 from shardbench.studies.compare_strategy import POWER
@@ -94,7 +95,9 @@ def summary_line(comparison: Comparison) -> str:
         "ignored" if c.ignored and c.verdict in ("regressed", "now failing") else c.verdict for c in compared
     )
     kinds = ", ".join(f"{tally[v]} {v}" for v in (*VERDICTS, "ignored") if tally[v]) or "none"
-    within = f"{count(len(compared), 'cell')} compared ({kinds})"
+    wide = strategy_clause(comparison)
+    alone = ", each judged alone" if wide else ""
+    within = f"{count(len(compared), 'cell')} compared ({kinds}{alone})"
     failed = [c for c in compared if c.regressed]
     slower = comparison.strategy_regressions
     across = ", ".join(f"{s.strategy}'s step time vs {REFERENCE} over all its cells" for s in slower)
@@ -115,6 +118,7 @@ def summary_line(comparison: Comparison) -> str:
         parts, absent = [f"REGRESSION: {absent}", f"no regression in {within}"], ""
     else:
         parts = [f"no regression in {within}"]
+    parts += [wide] if wide else []
     parts += [absent] if missing and absent else []
     if new:
         current_cells = count(len(compared) + len(new), "cell")
@@ -122,10 +126,28 @@ def summary_line(comparison: Comparison) -> str:
     return "; ".join([*parts, f"rules: {comparison.rules_source}"])
 
 
-def strategy_lines(comparison: Comparison, *, only_regressions: bool = False) -> list[str]:
-    """Each strategy's step-time ratio to ddp over all its cells (``compare_strategy``)."""
+def strategy_clause(comparison: Comparison) -> str:
+    """The strategies whose step time over all their cells moved beyond their band, for the
+    headline: a strategy-wide change is judged on the cells' combined noise, so it can stand
+    where every cell alone is unchanged, and a headline of cells alone would then deny it."""
+    moved = [s for s in comparison.strategies if s.verdict != "unchanged"]
+    if not moved:
+        return ""
+    several = len({s.device for s in comparison.strategies}) > 1
+    return f"strategy-wide vs {REFERENCE}: " + ", ".join(
+        f"{s.strategy}{f' on {s.device}' if several else ''} {s.verdict} {s.change_pct:+.1f}% over "
+        f"{count(len(s.cells), 'cell')} (beyond its +/-{s.bound_pct:.1f}% band)"
+        for s in moved
+    )
+
+
+def strategy_lines(comparison: Comparison, *, only_moved: bool = False) -> list[str]:
+    """Each strategy's step-time ratio to ddp over all its cells (``compare_strategy``);
+    ``only_moved``: those regressed or improved beyond their band."""
     return [
-        f"{s.verdict}: {s.describe()}" for s in comparison.strategies if s.regressed or not only_regressions
+        f"{s.verdict}: {s.describe()}"
+        for s in comparison.strategies
+        if s.verdict != "unchanged" or not only_moved
     ]
 
 
@@ -174,10 +196,12 @@ def env_lines(comparison: Comparison) -> list[str]:
 
 
 def to_text(comparison: Comparison) -> str:
-    """What ``compare`` prints: the summary and, when there are any, the regressions."""
-    lines = [summary_line(comparison), time_rule_line(comparison), *env_lines(comparison)]
+    """What ``compare`` prints: the summary, what changed since the baseline, how time was
+    gated, each strategy that moved over all its cells and, when there are any, the regressions."""
+    lines = [summary_line(comparison), *provenance_lines(comparison.provenance)]
+    lines += [time_rule_line(comparison), *env_lines(comparison)]
     lines += [line] if (line := detection_line(comparison)) else []
-    wide = strategy_lines(comparison, only_regressions=True)
+    wide = strategy_lines(comparison, only_moved=True)
     lines += [f"strategy-wide step time vs {REFERENCE}: {line}" for line in wide]
     regressions = rows(comparison, only_regressions=True)
     if regressions:
@@ -190,6 +214,7 @@ def to_markdown(comparison: Comparison, *, baseline: str, current: str) -> str:
         "## shardbench compare",
         f"baseline: `{baseline}`  \ncurrent: `{current}`",
         f"**{summary_line(comparison)}**",
+        *(f"- {line}" for line in provenance_lines(comparison.provenance)),
         f"- {time_rule_line(comparison)}",
         *(f"- {line}" for line in env_lines(comparison)),
     ]
@@ -221,9 +246,18 @@ def to_json(comparison: Comparison, *, baseline: str, current: str) -> dict:
         "rules": comparison.rules_source,
         "dedicated": comparison.dedicated,
         "env_changes": {k: {"baseline": b, "current": c} for k, (b, c) in comparison.env_changes.items()},
+        "provenance": _provenance_json(comparison),
         "strategies": [{**asdict(s), "regressed": s.regressed} for s in comparison.strategies],
         "cells": [cell(c) for c in comparison.cells],
     }
+
+
+def _provenance_json(comparison: Comparison) -> dict | None:
+    """The commits, counts and facts of both sides, and the lines the verdict printed."""
+    p = comparison.provenance
+    if p is None:
+        return None
+    return {**asdict(p), "commits": commit_text(p), "lines": provenance_lines(p)}
 
 
 #: each column's class: the long ones wrap (the note in full, never cut at the window's edge)
@@ -265,9 +299,8 @@ def to_html(comparison: Comparison, *, baseline: str, current: str, extra_html: 
             for c, v in zip(COLUMNS, row, strict=True)
         )
         body.append(f'<tr class="{css}">{cells}</tr>')
-    env = "".join(
-        f"<li>{html.escape(line)}</li>" for line in (time_rule_line(comparison), *env_lines(comparison))
-    )
+    said = (*provenance_lines(comparison.provenance), time_rule_line(comparison), *env_lines(comparison))
+    env = "".join(f"<li>{html.escape(line)}</li>" for line in said)
     status = "regression" if comparison.exit_code else "ok"
     wide = "".join(
         f"<li class='{'regressed' if line.startswith('regressed') else ''}'>{html.escape(line)}</li>"

@@ -47,6 +47,7 @@ from shardbench.studies.compare_ratios import (
 from shardbench.studies.compare_rules import CELL_FIELDS, Rules, Thresholds
 from shardbench.studies.compare_strategy import CellChange, StrategyDelta, strategy_deltas
 from shardbench.studies.machines import env_changes, for_machine
+from shardbench.studies.provenance import Provenance, what_changed
 from shardbench.studies.reference import REFERENCE
 from shardbench.wording import count
 
@@ -213,6 +214,8 @@ class Comparison:
     dedicated: bool = False
     #: each strategy's step-time ratio to ddp over all its cells of a device (``compare_strategy``)
     strategies: list[StrategyDelta] = field(default_factory=list)
+    #: what changed between the sides: commits, versions, machine (``provenance.what_changed``)
+    provenance: Provenance | None = None
 
     @property
     def regressions(self) -> list[CellDelta]:
@@ -294,6 +297,7 @@ def compare_runs(
         unmatched_rules=rules.unmatched(every),
         dedicated=rules.dedicated,
         strategies=strategy_deltas(changes_of_ratios),
+        provenance=what_changed(baseline, current),
     )
 
 
