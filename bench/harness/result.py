@@ -294,7 +294,8 @@ def _add_compute_replay(record: Record, results: list[RankResult], probes: Machi
 
 def _add_prediction(record: Record, probes: MachineProbes, strategy: Strategy) -> None:
     """A measured cell's predicted step time over its device's default network profile (gloo
-    measured here on a CPU, NVLink on CUDA): what the run checks its step-time model with. Made
+    measured here on a CPU, in two tiers where the cell's ranks are placed on nodes; NVLink on
+    CUDA): what the run checks its step-time model with. Made
     here, after the ranks ended, so the probes it may run have the cores to themselves; a
     prediction that cannot be made costs the record its prediction only."""
     if record.simulated or record.status != "ok" or not record.step_time_s:
@@ -304,8 +305,9 @@ def _add_prediction(record: Record, probes: MachineProbes, strategy: Strategy) -
 
     try:
         network = default_network(record.device)
+        per_node = (record.comm_per_step or {}).get("ranks_per_node")  # nodes: gloo in two tiers
         record.predicted_step_time, why = predict_record(
-            record, network=network, probes=probes, strategy=strategy
+            record, network=network, probes=probes, strategy=strategy, ranks_per_node=per_node
         )
     except Exception as e:  # noqa: BLE001 - a failed probe costs the cell its prediction only
         why = f"no step time predicted ({type(e).__name__}: {e})"

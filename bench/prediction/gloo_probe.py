@@ -11,6 +11,12 @@ The fit is least squares of seconds against the bytes a ring sends per rank
 cannot run here is left out (its collectives are costed at all-reduce's rates). On a 2-core CPU
 it takes a few seconds; it runs once per machine, torch version, world size and threads, and is
 cached in the results home (``probe_cache``: ``peaks/network.json``).
+
+The two-tier gloo profile (``gloo_tiers``) probes the same way with the world split into
+groups that all run their collective at once, as a hybrid-sharded step's groups do: ``within``,
+the "nodes" of ``ranks_per_node`` consecutive ranks; ``across``, one rank of each node. On one
+machine both tiers are the same loopback, but a group's collective shares the cores with the
+other groups' (a lone probe at the group's size would not see them).
 """
 
 from __future__ import annotations
@@ -42,23 +48,63 @@ def fit(points: list[tuple[float, float]]) -> dict[str, float]:
     return {"latency_s": latency, "bandwidth": 1 / slope if slope > 0 else float("inf")}
 
 
-def _call(kind: str, dist: Any, torch: Any, nbytes: int, world_size: int) -> Any:
-    """A callable that issues one ``kind`` collective of ``nbytes`` full-tensor bytes."""
-    elements = max(world_size, nbytes // 4 // world_size * world_size)
+TIERS = ("within", "across")
+
+
+def tier_groups(world_size: int, ranks_per_node: int, tier: str) -> list[list[int]]:
+    """The groups probed at once for ``tier``: the nodes (``within``: ``ranks_per_node``
+    consecutive ranks each) or one rank of each node (``across``)."""
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
+    if ranks_per_node < 1 or world_size % ranks_per_node:
+        raise ValueError(f"{ranks_per_node} ranks a node do not divide {world_size} ranks")
+    nodes = world_size // ranks_per_node
+    if tier == "within":
+        return [list(range(n * ranks_per_node, (n + 1) * ranks_per_node)) for n in range(nodes)]
+    return [list(range(local, world_size, ranks_per_node)) for local in range(ranks_per_node)]
+
+
+def _call(kind: str, dist: Any, torch: Any, nbytes: int, ranks: list[int] | None, group: Any) -> Any:
+    """A callable that issues one ``kind`` collective of ``nbytes`` full-tensor bytes over
+    ``group`` (None: the whole world, whose ``ranks`` are None)."""
+    size = len(ranks) if ranks else dist.get_world_size()
+    root = ranks[0] if ranks else 0
+    elements = max(size, nbytes // 4 // size * size)
     full = torch.ones(elements)
-    part = torch.ones(elements // world_size)
+    part = torch.ones(elements // size)
     if kind == "all_reduce":
-        return lambda: dist.all_reduce(full)
+        return lambda: dist.all_reduce(full, group=group)
     if kind == "all_gather":
-        return lambda: dist.all_gather_into_tensor(full, part)
+        return lambda: dist.all_gather_into_tensor(full, part, group=group)
     if kind == "reduce_scatter":
-        return lambda: dist.reduce_scatter_tensor(part, full)
+        return lambda: dist.reduce_scatter_tensor(part, full, group=group)
     if kind == "broadcast":
-        return lambda: dist.broadcast(full, src=0)
-    return lambda: dist.reduce(full, dst=0)
+        return lambda: dist.broadcast(full, src=root, group=group)
+    return lambda: dist.reduce(full, dst=root, group=group)
 
 
-def _rank(rank: int, world_size: int, threads: int, store: str, queue: Any) -> None:
+def _my_group(dist: Any, rank: int, groups: list[list[int]] | None) -> tuple[list[int] | None, Any]:
+    """This rank's group of ``groups`` and its ranks (every rank creates every group, in order,
+    as ``new_group`` requires); the world where ``groups`` is None."""
+    if groups is None:
+        return None, None
+    mine: tuple[list[int] | None, Any] = (None, None)
+    for ranks in groups:
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = (ranks, group)
+    return mine
+
+
+def _rank(
+    rank: int,
+    world_size: int,
+    threads: int,
+    store: str,
+    queue: Any,
+    groups: list[list[int]] | None,
+    sizes: tuple[int, ...],
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -66,11 +112,12 @@ def _rank(rank: int, world_size: int, threads: int, store: str, queue: Any) -> N
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     out: dict[str, list[tuple[int, float]]] = {}
     try:
+        ranks, group = _my_group(dist, rank, groups)
         for kind in KINDS:
             points = []
-            for nbytes in SIZES:
+            for nbytes in sizes:
                 try:
-                    call = _call(kind, dist, torch, nbytes, world_size)
+                    call = _call(kind, dist, torch, nbytes, ranks, group)
                     call()
                 except (RuntimeError, ValueError):  # gloo lacks the kind here: every rank alike
                     break
@@ -90,23 +137,31 @@ def _rank(rank: int, world_size: int, threads: int, store: str, queue: Any) -> N
         queue.put(out)
 
 
-def probe(world_size: int, threads: int) -> dict[str, Any]:
+def probe(
+    world_size: int, threads: int, groups: list[list[int]] | None = None, sizes: tuple[int, ...] = SIZES
+) -> dict[str, Any]:
     """Measure (see the module docstring): per kind, ``latency_s``, ``bandwidth`` (bytes per
     second sent per rank) and the ``points`` measured (full bytes, median seconds); and
-    ``seconds``, the probe's wall time."""
+    ``seconds``, the probe's wall time. With ``groups`` (equal sizes, covering the world) each
+    group runs its collectives at once with the others, timed on rank 0's group. ``sizes``: the
+    full-tensor bytes measured (a test's smaller ones check the method, not the machine)."""
     import multiprocessing
 
     from shardbench.metrics.analytic import RING
 
     if world_size < 2:
         raise ValueError(f"a gloo probe needs at least 2 ranks, got {world_size}")
+    if groups and len(groups[0]) < 2:
+        raise ValueError(f"a gloo probe's groups need at least 2 ranks each, got {groups}")
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited thread pools
     queue = context.Queue()
     with tempfile.TemporaryDirectory(prefix="shardbench-gloo-probe-") as tmp:
         store = os.path.join(tmp, "store")
         procs = [
-            context.Process(target=_rank, args=(r, world_size, threads, store, queue), daemon=True)
+            context.Process(
+                target=_rank, args=(r, world_size, threads, store, queue, groups, sizes), daemon=True
+            )
             for r in range(world_size)
         ]
         for p in procs:
@@ -118,8 +173,9 @@ def probe(world_size: int, threads: int) -> dict[str, Any]:
                 p.join(timeout=30)
                 if p.is_alive():
                     p.kill()
+    ring_size = len(groups[0]) if groups else world_size
     kinds = {}
     for kind, points in measured.items():
-        sent = [(RING[kind](world_size) * b, t) for b, t in points]
+        sent = [(RING[kind](ring_size) * b, t) for b, t in points]
         kinds[kind] = {**fit(sent), "points": [list(p) for p in points]}
     return {"kinds": kinds, "seconds": time.perf_counter() - started}

@@ -21,11 +21,12 @@ from shardbench.step_figures import from_json as figures
 from shardbench.wording import count
 
 if TYPE_CHECKING:
+    from shardbench.prediction.gloo_tiers import GlooTwoTier
     from shardbench.prediction.op_calls import OpCall
 
-#: probes as the caches call them: (world size, threads) -> figures; (threads, elements,
-#: copies) -> figures
-NetworkMeasure = Callable[[int, int], dict[str, Any]]
+#: probes as the caches call them: (world size, threads[, groups probed at once]) -> figures;
+#: (threads, elements, copies) -> figures
+NetworkMeasure = Callable[..., dict[str, Any]]
 UpdateMeasure = Callable[[int, int, int], dict[str, Any]]
 
 
@@ -60,26 +61,55 @@ class MachineProbes:
     _replayed: dict[str, ComputeReplay] = field(default_factory=dict, repr=False)
 
     def gloo_profile(
-        self, world_size: int, threads: int, device_name: str, torch_version: str
+        self,
+        world_size: int,
+        threads: int,
+        device_name: str,
+        torch_version: str,
+        tier: tuple[str, int] | None = None,
     ) -> NetworkProfile:
-        """The gloo profile of this machine at ``world_size`` ranks of ``threads`` threads each."""
+        """The gloo profile of this machine at ``world_size`` ranks of ``threads`` threads each;
+        with ``tier`` (``within`` or ``across``, and the ranks per node), that tier's groups
+        probed at once (``gloo_probe.tier_groups``)."""
         from shardbench.harness.config import available_cores
+        from shardbench.prediction.gloo_probe import tier_groups
         from shardbench.prediction.probe_cache import cached
 
         measure = self.measure_network
         if measure is None:
             from shardbench.prediction.gloo_probe import probe as measure
         key = network_key(world_size, threads, device_name, torch_version, available_cores())
-        entry = cached("network", key, lambda: measure(world_size, threads), self.home)
+        groups = tier_groups(world_size, tier[1], tier[0]) if tier else None
+        if groups is not None:
+            key += f" | {tier[0]} groups {groups}"
+        def run_probe() -> dict[str, Any]:
+            return measure(world_size, threads, groups) if groups else measure(world_size, threads)
+
+        entry = cached("network", key, run_probe, self.home)
         kinds = {k: LinkCost(v["latency_s"], v["bandwidth"]) for k, v in entry["kinds"].items()}
         default = kinds.get("all_reduce") or next(iter(kinds.values()))
+        probed = f"{len(groups)} groups of {len(groups[0])} at once" if groups else f"N={world_size}"
+        threads_text = count(threads, "thread")
         return NetworkProfile(
             MEASURED,
             default,
-            f"gloo probe at N={world_size}, {count(threads, 'thread')} per rank, "
-            f"measured {entry.get('measured_at')}",
+            f"gloo probe at {probed}, {threads_text} per rank, measured {entry.get('measured_at')}",
             by_kind=kinds,
             shares_compute=True,
+        )
+
+    def gloo_two_tier(
+        self, world_size: int, ranks_per_node: int, threads: int, device_name: str, torch_version: str
+    ) -> GlooTwoTier:
+        """This machine's gloo in two tiers (``gloo_tiers``): the flat probe and both tiers'."""
+        from shardbench.prediction.gloo_tiers import GlooTwoTier
+
+        machine = (threads, device_name, torch_version)
+        return GlooTwoTier(
+            self.gloo_profile(world_size, *machine),
+            self.gloo_profile(world_size, *machine, tier=("within", ranks_per_node)),
+            self.gloo_profile(world_size, *machine, tier=("across", ranks_per_node)),
+            ranks_per_node,
         )
 
     def update_rate(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from shardbench.metrics.analytic import Send, comm_sends
 from shardbench.precision import MODEL_STATE_BYTES
 from shardbench.prediction.cluster_network import ClusterNetwork, check_any_network, cluster_network
+from shardbench.prediction.gloo_tiers import GlooTwoTier
 from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile
 from shardbench.prediction.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
@@ -169,7 +170,7 @@ def predict_record(
         peak_flops_per_s=peak["flops_per_s"],
         shares_compute=profile.shares_compute,
         network=profile.name,
-        network_source=profile.describe() if isinstance(profile, ClusterNetwork) else profile.source,
+        network_source=profile.source if isinstance(profile, NetworkProfile) else profile.describe(),
         compute_source=_compute_source(record.compute_replay if cpu else None, replayed is not None),
         rate_flops_per_s=None if replayed else rate,
         peak_kind=peak.get("kind"),
@@ -229,7 +230,7 @@ def _update(
 
 def _profile(
     record: Record, network: str, probes: MachineProbes, ranks_per_node: int | None = None
-) -> tuple[NetworkProfile | ClusterNetwork, str]:
+) -> tuple[NetworkProfile | ClusterNetwork | GlooTwoTier, str]:
     """The network profile the collectives are costed on, and the backend whose bytes they
     are: gloo's measured here (one rank alone sends nothing), or a named one over nccl: a flat
     link, or a cluster of two tiers (``cluster_network``)."""
@@ -237,6 +238,9 @@ def _profile(
         return cluster, "nccl"
     if network != MEASURED:
         return NAMED[network], "nccl"
-    if record.world_size == 1:
+    n = record.world_size
+    if n == 1:
         return NetworkProfile(MEASURED, LinkCost(0.0, float("inf")), "one rank", shares_compute=True), "gloo"
-    return probes.gloo_profile(record.world_size, rank_threads(record), *_machine(record)), "gloo"
+    if ranks_per_node and 1 < ranks_per_node < n and n % ranks_per_node == 0:  # nodes: two tiers
+        return probes.gloo_two_tier(n, ranks_per_node, rank_threads(record), *_machine(record)), "gloo"
+    return probes.gloo_profile(n, rank_threads(record), *_machine(record)), "gloo"
