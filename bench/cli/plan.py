@@ -203,8 +203,10 @@ def predicted_rows(
     threads, or the datasheet of the CUDA device here), or with why none could be made."""
     from dataclasses import replace
 
+    from shardbench.prediction.model_error import with_interval
     from shardbench.prediction.record_step_time import predict_record
     from shardbench.prediction.zero_accounting import comm_shape
+    from shardbench.records import UNNAMED_DEVICE
 
     out = []
     for row in rows:
@@ -223,6 +225,8 @@ def predicted_rows(
             )
         except Exception as e:  # noqa: BLE001 - a failed probe costs the plan its prediction only
             predicted, why = None, f"no step time predicted ({type(e).__name__}: {e})"
+        if predicted is not None:  # the range this machine's checks of the model give it
+            predicted = with_interval(predicted, r.env.get("device_name") or UNNAMED_DEVICE, r.device)
         out.append(replace(row, predicted=predicted, not_predicted=why))
     return tuple(out)
 

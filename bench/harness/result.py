@@ -313,6 +313,22 @@ def _add_prediction(record: Record, probes: MachineProbes, strategy: Strategy) -
         why = f"no step time predicted ({type(e).__name__}: {e})"
     if why and record.flops_per_step:
         record.note = "; ".join(p for p in (record.note, why) if p)
+    _check_model(record, probes.home)
+
+
+def _check_model(record: Record, home: Path | None) -> None:
+    """The prediction's interval from this machine's earlier checks of the model, then this
+    cell's own check kept for the next (``prediction/model_error.py``)."""
+    from shardbench.prediction.accuracy import predicted_over_measured
+    from shardbench.prediction.model_error import add_check, with_interval
+
+    predicted, ratio = record.predicted_step_time, predicted_over_measured(record)
+    if predicted is None or ratio is None:
+        return
+    device_name = record.env.get("device_name") or UNNAMED_DEVICE
+    record.predicted_step_time = with_interval(predicted, device_name, record.device, home)
+    cell = {"workload": record.workload, "strategy": record.strategy, "world_size": record.world_size}
+    add_check({"device_name": device_name, "device": record.device, "ratio": ratio, **cell}, home)
 
 
 def _add_throughput(record: Record, cell: CellConfig, results: list[RankResult]) -> None:

@@ -16,6 +16,7 @@ from shardbench.studies.plan import (
     Plan,
     PlanRow,
     measure_command,
+    per_sample,
     why_faster,
     why_width,
 )
@@ -46,8 +47,9 @@ def _predicted(row: PlanRow) -> list[str]:
     if not p:
         return ["-", "-", "-", "-"]
     tokens, mfu = p.tokens_per_s, p.mfu
+    interval = f" ({seconds_text(p.interval[0])}-{seconds_text(p.interval[1])})" if p.interval else ""
     return [
-        seconds_text(p.step),
+        seconds_text(p.step) + interval,
         count_text(tokens / row.record.world_size) if tokens else "-",
         count_text(tokens) if tokens else "-",
         "-" if mfu is None else f"{mfu:.3g}" if mfu < 0.001 else f"{mfu:.1%}",
@@ -215,9 +217,8 @@ def verdict(plan: Plan) -> str:
     if least is not None and best is not least:
         why = why_faster(best, least)
     elif best.predicted_step is not None:
-        why = ("the least sharding that fits" if best.level else "nothing needs sharding") + (
-            f", none predicted {FASTER_BY:.0%} faster" if _some_faster(plan, best) else ", and the fastest"
-        )
+        least_text = "the least sharding that fits" if best.level else "nothing needs sharding"
+        why = least_text + _tie_text(plan, best)
     else:
         why = "the least sharding that fits" if best.level else "nothing needs sharding"
     batch_part = f", largest batch {best.max_batch}" if best.max_batch is not None else ""
@@ -276,14 +277,19 @@ def title(
     )
 
 
-def _some_faster(plan: Plan, best: PlanRow) -> bool:
-    """Whether a fitting row is predicted faster per sample than ``best`` (within the margin
-    ``FASTER_BY`` that the recommendation keeps the least sharding over)."""
-
-    def per_sample(r: PlanRow) -> float:
-        return (r.predicted_step or 0.0) / max(1, r.record.batch_size_per_rank)
-
-    return any(r.fits and r.predicted_step and per_sample(r) < per_sample(best) for r in plan.rows)
+def _tie_text(plan: Plan, best: PlanRow) -> str:
+    """Why ``best`` stands where a fitting row is predicted faster per sample: the intervals
+    of this machine's checks overlap (predicted equal), or none is ``FASTER_BY`` faster."""
+    faster = [r for r in plan.rows if r.fits and r.predicted_step and per_sample(r) < per_sample(best)]
+    if not faster:
+        return ", and the fastest"
+    with_intervals = all(r.predicted and r.predicted.interval for r in (best, *faster))
+    if with_intervals:
+        return (
+            f", predicted equal to {', '.join(r.label for r in faster)} (their intervals from this "
+            "machine's checks of the model overlap)"
+        )
+    return f", none predicted {FASTER_BY:.0%} faster"
 
 
 def width_line(plan: Plan) -> str | None:

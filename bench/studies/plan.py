@@ -334,29 +334,44 @@ def _against(row: PlanRow, base: PlanRow | None) -> SpeedVerdict | None:
 
 
 #: how much faster per sample a strategy must be predicted than the least sharding that fits to
-#: be recommended over it: closer than this the two are a tie, as the model's own error on the
-#: CPU (docs/measuring.md, "Predicted step time") is larger, and the least sharding wins the tie
+#: be recommended over it, where this machine has no intervals for the predictions: closer than
+#: this the two are a tie, as the model's own error on the CPU (docs/measuring.md, "Predicted
+#: step time") is larger, and the least sharding wins the tie
 FASTER_BY = 0.10
+
+
+def per_sample(row: PlanRow) -> float:
+    """The row's predicted step over its batch (with --max-batch each strategy's is its own)."""
+    return (row.predicted_step or 0.0) / max(1, row.record.batch_size_per_rank)
+
+
+def predicted_equal(a: PlanRow, b: PlanRow) -> bool:
+    """Whether ``a`` cannot be called faster than ``b``: their intervals (this machine's checks
+    of the model, ``prediction/model_error.py``) overlap per sample, or, without intervals, ``a``
+    is not predicted ``FASTER_BY`` faster per sample."""
+    from shardbench.prediction.model_error import overlap
+
+    ia, ib = a.predicted.interval if a.predicted else None, b.predicted.interval if b.predicted else None
+    if ia is not None and ib is not None:
+        sa, sb = max(1, a.record.batch_size_per_rank), max(1, b.record.batch_size_per_rank)
+        return overlap([t / sa for t in ia], [t / sb for t in ib])
+    return not per_sample(a) < (1 - FASTER_BY) * per_sample(b)
 
 
 def fastest(rows: Sequence[PlanRow]) -> PlanRow | None:
     """The fitting strategy that trains fastest by prediction: the least predicted time per
-    sample (its step over its batch), where that beats the least sharding that fits by more
-    than ``FASTER_BY``; otherwise the least sharding."""
+    sample (its step over its batch), where it is not predicted equal to the least sharding that
+    fits (``predicted_equal``); otherwise the least sharding."""
     timed = [r for r in rows if r.fits and r.predicted_step is not None]
-
-    def per_sample(r: PlanRow) -> float:  # with --max-batch each strategy's batch is its own
-        return (r.predicted_step or 0.0) / max(1, r.record.batch_size_per_rank)
-
     best = min(timed, key=lambda r: (per_sample(r), r.level, -(r.headroom or 0)), default=None)
     if best is not None and (flat := _flat_of(best, timed)) is not None:
         # a narrower shard group holds more per rank: it must beat its own strategy over all N
-        # by the same margin, or the flat one stands
-        best = best if per_sample(best) < (1 - FASTER_BY) * per_sample(flat) else flat
+        # by the same rule, or the flat one stands
+        best = flat if predicted_equal(best, flat) else best
     least = recommend(rows)
     if best is None or least is None or least.predicted_step is None:
         return best
-    return best if per_sample(best) < (1 - FASTER_BY) * per_sample(least) else least
+    return least if predicted_equal(best, least) else best
 
 
 def _flat_of(row: PlanRow, rows: Sequence[PlanRow]) -> PlanRow | None:

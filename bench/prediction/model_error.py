@@ -1,0 +1,101 @@
+"""How far this machine's step-time predictions have been from the steps it measured, kept so
+that a new prediction carries an interval: the range its measured step should fall in.
+
+Every measured cell checks the model (its ``predicted_step_time`` beside its measured median).
+Each check on a quiet machine is kept, per machine, in the results home
+(``peaks/model_error.json``: the CPU or GPU's name, the device kind, the predicted-over-measured
+ratio, the cell and when). A prediction's interval is then the central ``COVER`` of the last
+``WINDOW`` checks' ratios on that machine and device kind, turned into step times:
+``[step / high ratio, step / low ratio]``. With fewer than ``MINIMUM`` checks there is no
+interval (an interval from three checks would say more than they know).
+
+Two predictions whose intervals overlap are "predicted equal" (``plan``): a difference the
+model's own error on this machine could make. The checks of one machine share its systematic
+error, so the overlap test is cautious: it calls equal what a careful reading of the model's
+history cannot tell apart.
+
+The window moves: checks a run made while other work kept the cores busy are replaced by the
+next ``WINDOW`` checks (``shardbench env --remeasure`` drops them at once, with the probes).
+
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from shardbench.paths import atomic_write_text, file_lock, results_home
+from shardbench.step_figures import PredictedStep
+
+#: the checks an interval is taken from: the newest this many on the machine and device kind
+WINDOW = 40
+#: fewer checks than this give no interval
+MINIMUM = 8
+#: the share of the checks' ratios an interval covers (the central one)
+COVER = 0.8
+#: checks kept in the file, newest last
+KEPT = 1000
+
+
+def history_path(home: Path | None = None) -> Path:
+    return results_home(home) / "peaks" / "model_error.json"
+
+
+def read_checks(home: Path | None = None) -> list[dict[str, Any]]:
+    """Every check kept, oldest first (an unreadable file reads as none)."""
+    try:
+        data = json.loads(history_path(home).read_text())
+    except (OSError, ValueError):
+        return []
+    checks = data.get("checks") if isinstance(data, dict) else None
+    return [c for c in checks or [] if isinstance(c, dict) and isinstance(c.get("ratio"), int | float)]
+
+
+def add_check(check: dict[str, Any], home: Path | None = None) -> None:
+    """Keep ``check`` (``device_name``, ``device``, ``ratio`` and what names the cell)."""
+    path = history_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(path):
+        checks = [*read_checks(home), {**check, "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S")}]
+        atomic_write_text(path, json.dumps({"checks": checks[-KEPT:]}, indent=1) + "\n")
+
+
+def ratios_for(checks: Sequence[dict[str, Any]], device_name: str, device: str) -> list[float]:
+    """The newest ``WINDOW`` checks' ratios on ``device_name`` as ``device``."""
+    machine = (device_name, device)
+    mine = [float(c["ratio"]) for c in checks if (c.get("device_name"), c.get("device")) == machine]
+    return mine[-WINDOW:]
+
+
+def interval_from(step: float, ratios: Sequence[float]) -> list[float] | None:
+    """The measured step's expected range around a predicted ``step``, from earlier checks'
+    predicted-over-measured ``ratios``; None with fewer than ``MINIMUM``."""
+    if len(ratios) < MINIMUM:
+        return None
+    cuts = statistics.quantiles(sorted(ratios), n=20, method="inclusive")  # 5% steps
+    tail = round((1 - COVER) / 2 * 20)  # the cut below which that share lies
+    low, high = cuts[tail - 1], cuts[-tail]
+    return [step / high, step / low]
+
+
+def overlap(a: Sequence[float] | None, b: Sequence[float] | None) -> bool:
+    """Whether two intervals overlap (False where either is missing)."""
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+
+
+def interval_source(count: int) -> str:
+    return f"the central {COVER:.0%} of pred/meas over the last {count} checks on this machine"
+
+
+def with_interval(
+    predicted: PredictedStep, device_name: str, device: str, home: Path | None = None
+) -> PredictedStep:
+    """``predicted`` with its interval from this machine's checks (unchanged with too few)."""
+    interval = interval_from(predicted.step, ratios_for(read_checks(home), device_name, device))
+    return predicted if interval is None else replace(predicted, interval=interval)
