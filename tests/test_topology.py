@@ -115,3 +115,34 @@ def test_a_cells_bytes_per_tier_are_what_the_prediction_says() -> None:
     assert factor < 1
     measured_factor = _across(measured[2], predicted[2]) / _across(measured[4], predicted[4])
     assert measured_factor == pytest.approx(factor, rel=0.01)
+
+
+#: what torchrun gives a process of a job of two nodes of two ranks
+JOB_PROCESS = {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "localhost", "LOCAL_WORLD_SIZE": "2"}
+
+
+@pytest.mark.parametrize("asked", [None, 4])
+def test_a_cells_ranks_are_given_the_node_size_the_command_reads(
+    monkeypatch: pytest.MonkeyPatch, asked: int | None
+) -> None:
+    """The process that runs the command reads the job's node size (or the one asked) and hands it
+    to the cell's ranks in their cell: a rank's own LOCAL_WORLD_SIZE counts the ranks sharing its
+    cores (all four of a job's ranks on one host), which read as a node put every byte in it."""
+    from shardbench.harness.launch import cell_for_ranks
+    from tests.cells import tiny_cell
+
+    for name, value in JOB_PROCESS.items():
+        monkeypatch.setenv(name, value)
+    cell = cell_for_ranks(tiny_cell(strategy="zero3", world_size=4, shard_group=2, ranks_per_node=asked))
+    assert cell.ranks_per_node == (asked or 2)
+
+
+def test_a_local_cell_measures_no_tiers_as_none_are_predicted() -> None:
+    """On one machine, unasked, a cell is one node: its ranks' LOCAL_WORLD_SIZE (the launcher's,
+    N) is no node size, so neither side splits bytes into tiers."""
+    from shardbench.harness.launch import run_cell
+    from tests.cells import tiny_cell
+
+    record = run_cell(tiny_cell(strategy="zero2", steps=1, warmup=0), run_id="t")
+    assert record.status == "ok", record.error
+    assert "tiers" not in record.comm_per_step and "tiers" not in record.predicted_comm

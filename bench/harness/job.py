@@ -218,9 +218,24 @@ def _expand_item(item: str, text: str, name: str) -> list[str]:
     return [h for host in hosts for h in _expand_item(host + tail, text, name)]
 
 
-def cell_ranks_per_node(ranks_per_node: int | None, world_size: int) -> int | None:
-    """The ranks a node holds for a cell: as asked, else the job's (torchrun, Slurm), else None
-    (one node); a world smaller than a node is one node."""
+def job_ranks_per_node(ranks_per_node: int | None) -> int | None:
+    """The ranks a node holds, as the process that runs the command sees them: as asked, else the
+    job's (torchrun, Slurm), else None (one node). Only that process may read the job: a cell's
+    rank processes are given it in their cell (``RankWorld``), since their own
+    ``LOCAL_WORLD_SIZE`` counts the ranks sharing their cores (on one machine, all of the
+    cell's), not a node's."""
     if ranks_per_node is None and (job := current_job()) is not None:
         ranks_per_node = job.ranks_per_node
+    return ranks_per_node
+
+
+def cell_ranks_per_node(ranks_per_node: int | None, world_size: int) -> int | None:
+    """The ranks a node holds for a cell: as asked, else the job's (``job_ranks_per_node``),
+    else None (one node); a world smaller than a node is one node."""
+    return node_size(job_ranks_per_node(ranks_per_node), world_size)
+
+
+def node_size(ranks_per_node: int | None, world_size: int) -> int | None:
+    """``ranks_per_node`` for a world of ``world_size``: a world smaller than a node is one
+    node; None stays None (one node, no tiers)."""
     return None if ranks_per_node is None else min(ranks_per_node, world_size)

@@ -41,11 +41,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from shardbench.harness import counting, guardian
 from shardbench.harness.config import CellConfig, threads_per_rank
+from shardbench.harness.job import job_ranks_per_node
 from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.harness.result import RankResult, build_record, signal_name
 from shardbench.paths import path_component
@@ -183,6 +185,13 @@ def local_places(processes: int) -> dict[int, dict[str, str]]:
     }
 
 
+def cell_for_ranks(cell: CellConfig) -> CellConfig:
+    """``cell`` as its rank processes get it: with the ranks a node holds as this process reads
+    them (the job's, where not asked). A rank cannot tell them from its own variables: its
+    ``LOCAL_WORLD_SIZE`` counts the ranks sharing its cores (``job_ranks_per_node``)."""
+    return replace(cell, ranks_per_node=job_ranks_per_node(cell.ranks_per_node))
+
+
 class RankWorld:
     """The rank processes of one cell on this host: started together, stopped together.
 
@@ -207,7 +216,7 @@ class RankWorld:
         self.stopped: set[int] = set()  # ranks the launcher stopped after a peer failed
         self.exited_at: dict[int, float] = {}
         cell_file = tmpdir / "cell.json"
-        cell_file.write_text(json.dumps(cell.to_json()))
+        cell_file.write_text(json.dumps(cell_for_ranks(cell).to_json()))
         self.counts.export(tmpdir / counting.HANDED, cell=cell)
         try:
             for rank in self.ranks:

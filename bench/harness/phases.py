@@ -23,7 +23,7 @@ import torch
 from shardbench.harness import drilldown
 from shardbench.harness.config import CellConfig
 from shardbench.harness.faults import Fault
-from shardbench.harness.job import cell_ranks_per_node
+from shardbench.harness.job import node_size
 from shardbench.metrics.comm import CollectiveCounter
 from shardbench.metrics.kernels import KernelWatch
 from shardbench.metrics.memory import MemoryProbe, cuda_allocator_stats, reset_cuda_peaks
@@ -188,7 +188,9 @@ def measure_memory(steps: CellSteps, world_size: int, artifacts: dict[str, str])
     strategy.observe_memory(probe.attribute)
     watch, out = KernelWatch(), Memory()
     with drilldown.allocator_history(cell, device, steps.rank, artifacts), probe, watch.watching_steps():
-        counter = CollectiveCounter(world_size, cell_ranks_per_node(cell.ranks_per_node, world_size))
+        # the ranks a node holds as the command's process resolved them into the cell, never
+        # this rank's own LOCAL_WORLD_SIZE (``job_ranks_per_node``)
+        counter = CollectiveCounter(world_size, node_size(cell.ranks_per_node, world_size))
         for i, step_inputs in enumerate(inputs):
             if i:  # (not after the last: its module stats are --memory-snapshot's table)
                 probe.next_step()

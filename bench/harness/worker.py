@@ -42,7 +42,7 @@ from shardbench.harness.config import CellConfig, available_cores, threads_per_r
 from shardbench.harness.counting import COUNTED, HANDED, StepCounts, cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
 from shardbench.harness.guardian import guard_launcher_child
-from shardbench.harness.job import STORE_PREFIX, env_int, master_port
+from shardbench.harness.job import STORE_PREFIX, env_int, job_ranks_per_node, master_port
 from shardbench.harness.nvml_check import drop_where_nvml_cannot_answer
 from shardbench.harness.phases import (
     CellSteps,
@@ -398,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         processes = env_int(env, "WORLD_SIZE", minimum=1, default=1)
         local_rank = env_int(env, "LOCAL_RANK", minimum=0, default=rank)
         local_world_size = env_int(env, "LOCAL_WORLD_SIZE", minimum=1, default=processes)
+        if args.result_dir is None:  # started by torchrun itself: its variables are the job's
+            cell = dataclasses.replace(cell, ranks_per_node=job_ranks_per_node(cell.ranks_per_node))
     except ValueError as e:
         raise SystemExit(f"{ap.prog}: {e}") from None
     resolved = ResolvedCell.of(cell)  # its workload is resolved by the rank, where a failure is data
