@@ -185,6 +185,11 @@ class Record:
     #: the seconds of each timed step, in order (the slowest rank's): what ``step_time_s``
     #: summarizes, kept so that any other statistic (``export``'s mean, stddev, extremes) is exact
     step_times_s: list[float] | None = None
+    #: a CPU cell's phases, each the median over its timed steps on the rank slowest in it:
+    #: ``forward``, ``backward`` (the gradients' reduction waited on in it included) and
+    #: ``optimizer`` (the update, and what the step gathers after it): beside
+    #: ``predicted_step_time``'s terms, where the model misses shows by term
+    step_phases_s: dict[str, float] | None = None
     samples_per_s: float | None = None
     peak_mem_bytes: dict[str, Any] | None = None  # {"per_rank": [...], "max": int, "source": str}
     mem_breakdown_bytes: dict[str, int] | None = None  # of the peak rank, at its peak

@@ -49,6 +49,7 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
     for r in records:
         assert r.step_time_s["n"] == cells[r.workload, r.strategy]["steps"] and r.step_time_s["median"] > 0
         assert r.step_times_s and summarize(r.step_times_s) == r.step_time_s  # each step, kept
+        assert set(r.step_phases_s) == {"forward", "backward", "optimizer"}  # the terms, measured
         assert r.env["torch"] and r.peak_mem_bytes["max"] > 0
         assert (
             sum(r.mem_breakdown_bytes.values())

@@ -1,10 +1,12 @@
 """Exact behaviour of the small pure pieces: timing statistics, the analytic model, records."""
 
+import time
+
 import pytest
 
 from shardbench.metrics.analytic import Sharding, predicted_model_state_bytes
 from shardbench.metrics.memory import breakdown_from_snapshot
-from shardbench.metrics.timing import slowest_rank, summarize
+from shardbench.metrics.timing import slowest_phases, slowest_rank, summarize
 from shardbench.records import Record, append_record, read_records
 from tests.records import make_record
 
@@ -18,6 +20,27 @@ def test_summarize_median_mad_percentiles() -> None:
 
 def test_slowest_rank_per_step() -> None:
     assert slowest_rank([[1.0, 5.0], [2.0, 3.0]]) == [2.0, 5.0]
+
+
+def test_each_phase_is_its_median_on_the_rank_slowest_in_it() -> None:
+    def steps(*pairs: tuple[float, float]) -> list[dict[str, float]]:
+        return [{"forward": f, "backward": b} for f, b in pairs]
+
+    rank0, rank1 = steps((1, 4), (3, 2), (2, 3)), steps((5, 1), (5, 1), (1, 1))
+    assert slowest_phases([rank0, rank1]) == {"forward": 5.0, "backward": 3.0}
+    assert slowest_phases([[], []]) is None
+
+
+def test_a_phase_clock_times_each_phase_since_the_last_mark() -> None:
+    from shardbench.strategies.base import PhaseClock
+
+    steps: list[dict[str, float]] = []
+    clock = PhaseClock(steps)
+    clock.mark("forward")
+    time.sleep(0.01)
+    clock.mark("backward")
+    assert list(steps[0]) == ["forward", "backward"] and steps[0]["backward"] >= 0.01 > steps[0]["forward"]
+    PhaseClock(None).mark("forward")  # untimed: nothing kept, nothing raised
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,8 @@ class CellSteps:
 @dataclass
 class Timing:
     step_times: list[float] = field(default_factory=list)
+    #: per timed step on a CPU, the seconds of its forward, backward and optimizer step
+    phases: list[dict[str, float]] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)
     cuda_allocator: dict[str, Any] | None = None
     #: seconds the first warm-up step took (a kernel or op built just in time, a cold cache)
@@ -153,10 +155,16 @@ def time_steps(steps: CellSteps) -> Timing:
         out.warmup_added += 1
     out.skipped_warmup = strategy.skipped_steps
     reset_cuda_peaks(steps.device)
-    for _ in range(0 if cell.fake else cell.steps):
-        loss, seconds = steps.run(steps.batch(), timing=True)
-        out.step_times.append(seconds)
-        out.losses.append(loss)
+    # the phases of the timed steps, on a CPU (where an op has run when its call returns; a GPU
+    # would need a synchronisation between phases, which would change the step it times)
+    strategy.phase_clock = out.phases if steps.device.type == "cpu" else None
+    try:
+        for _ in range(0 if cell.fake else cell.steps):
+            loss, seconds = steps.run(steps.batch(), timing=True)
+            out.step_times.append(seconds)
+            out.losses.append(loss)
+    finally:
+        strategy.phase_clock = None
     out.skipped_timed = strategy.skipped_steps - out.skipped_warmup
     out.cuda_allocator = cuda_allocator_stats(steps.device)
     return out

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardbench.harness.config import CellConfig
 from shardbench.harness.resolved_cell import ResolvedCell
-from shardbench.metrics.timing import slowest_rank, summarize
+from shardbench.metrics.timing import slowest_phases, slowest_rank, summarize
 from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.op_calls import OpCall, calls_from_json, calls_to_json
 from shardbench.prediction.zero_accounting import predict, predict_comm, workload_params
@@ -57,6 +57,8 @@ class RankResult:
     #: of them, the parameters that take gradients (a frozen one has no gradient, no Adam state)
     num_trainable: int | None = None
     step_times: list[float] = field(default_factory=list)
+    #: per timed step on a CPU: the seconds of its forward, backward and optimizer step
+    step_phases: list[dict[str, float]] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)
     tracked_peak: int | None = None
     breakdown: dict[str, int] | None = None
@@ -248,6 +250,7 @@ def _add_measured(record: Record, resolved: ResolvedCell, plan: WorldPlan, resul
     cell = resolved.cell
     record.step_time_s = times
     record.step_times_s = steps or None
+    record.step_phases_s = slowest_phases([r.step_phases for r in results])
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
         record.samples_per_s = cell.batch_size * record.world_size / times["median"]
     _add_throughput(record, cell, results)

@@ -273,6 +273,7 @@ def _train_and_measure(
         num_params=num_params,
         num_trainable=num_trainable,
         step_times=timing.step_times,
+        step_phases=timing.phases,
         startup_s={"setup": setup_s, "first_step": timing.first_step_s},
         losses=timing.losses,
         tracked_peak=memory.peak,

@@ -40,6 +40,17 @@ def slowest_rank(per_rank: Sequence[Sequence[float]]) -> list[float]:
     return [max(step) for step in zip(*per_rank, strict=True)]
 
 
+def slowest_phases(per_rank: Sequence[Sequence[dict[str, float]]]) -> dict[str, float] | None:
+    """Per phase (forward, backward, optimizer), the median over its timed steps on the rank
+    slowest in it: the terms a step's prediction is checked against (None: no phase timed)."""
+    medians: dict[str, float] = {}
+    for steps in per_rank:
+        for phase in {p for step in steps for p in step}:
+            median = statistics.median(step[phase] for step in steps if phase in step)
+            medians[phase] = max(medians.get(phase, 0.0), median)
+    return medians or None
+
+
 def _quantile(sorted_xs: list[float], q: float) -> float:
     """Linear-interpolated quantile (numpy's default method) of sorted data."""
     pos = q * (len(sorted_xs) - 1)

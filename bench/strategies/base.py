@@ -10,6 +10,7 @@ verbatim so every record states how the strategy was configured.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -69,6 +70,25 @@ SIMULATED_NOTE = (
 )
 
 
+class PhaseClock:
+    """Times a step's phases into ``into`` (a strategy's ``phase_clock``), each ``mark`` ending
+    the phase named since the last; with ``into`` None it does nothing. On a CPU the ops have
+    run when the call returns; the step's collectives waited on inside a phase count in it."""
+
+    def __init__(self, into: list[dict[str, float]] | None) -> None:
+        self.into = into
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter() if into is not None else 0.0
+        if into is not None:
+            into.append(self.seconds)
+
+    def mark(self, phase: str) -> None:
+        if self.into is not None:
+            now = time.perf_counter()
+            self.seconds[phase] = now - self.last
+            self.last = now
+
+
 class Strategy:
     """Base class: override ``setup`` (and ``train_step`` only if the default does not fit).
 
@@ -98,6 +118,9 @@ class Strategy:
     #: scale backed off), and whether the last one was; the ranks agree on both
     skipped_steps: int = 0
     last_step_skipped: bool = False
+    #: where a step's phases are timed (the timed steps on a CPU, ``phases.time_steps``): one
+    #: entry per step, the seconds of its forward, backward and optimizer step; None: untimed
+    phase_clock: list[dict[str, float]] | None = None
 
     def __init_subclass__(cls, card: str | None = None, **kwargs: Any) -> None:
         """``class X(Strategy, card="name")`` takes name, aliases, description, sharding, display
@@ -196,16 +219,21 @@ class Strategy:
         """One step. Gradients are cleared first, so after the step they still exist and a
         memory tracker started between steps sees them (gradients are model state)."""
         optimizer.zero_grad(set_to_none=True)
+        clock = PhaseClock(self.phase_clock)
         loss = loss_fn(model, inputs)
+        clock.mark("forward")
         if self.scaler is None:
             loss.backward()
+            clock.mark("backward")
             optimizer.step()
         else:  # fp16: a step with an inf or NaN gradient is skipped and the scale backs off
             self.scaler.scale(loss).backward()
+            clock.mark("backward")
             self.scaler.step(optimizer)  # (it has read found_inf: the step is synchronised already)
             scale = self.scaler.get_scale()
             self.scaler.update()
             self.count_step(skipped=self.scaler.get_scale() < scale)
+        clock.mark("optimizer")
         return loss.detach()
 
     def count_step(self, *, skipped: bool) -> None:

@@ -27,7 +27,7 @@ from torch import nn
 
 from shardbench.metrics.analytic import Communication
 from shardbench.precision import element_bytes
-from shardbench.strategies.base import LossFn, OptimizerFactory, RankContext, Strategy
+from shardbench.strategies.base import LossFn, OptimizerFactory, PhaseClock, RankContext, Strategy
 
 #: DeepSpeed's own bucket defaults (elements), written out so every record states them
 BUCKET_ELEMENTS = 500_000_000
@@ -181,9 +181,13 @@ class DeepSpeedZeroStrategy(Strategy):
     def train_step(self, model: nn.Module, optimizer: Any, inputs: Any, loss_fn: LossFn) -> torch.Tensor:
         """DeepSpeed's own loop: the engine clears gradients in ``step``, so after a step the
         model states a rank keeps (its gradient partitions) are still held, as for the others."""
+        clock = PhaseClock(self.phase_clock)
         loss = loss_fn(model, inputs)
+        clock.mark("forward")
         model.backward(loss)
+        clock.mark("backward")
         model.step()
+        clock.mark("optimizer")
         if self.engine.fp16_enabled():  # the engine skips an overflowing step itself
             self.count_step(skipped=not model.was_step_applied())
         return loss.detach()
