@@ -84,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     clean = sum(r["code"] == 0 for r in same)
     caught = sum(r["code"] == 1 and r["regressed"] for r in slowed)
     print(f"same-code nights clean: {clean} of {len(same)}")
+    false_alarms = [line for r in same for line in r.get("beyond", [])]
+    lines = sum(r.get("lines", 0) for r in same)
+    print(
+        f"same-code strategy lines beyond their band, either direction: {len(false_alarms)} of {lines}"
+        + (f" ({'; '.join(false_alarms)})" if false_alarms else "")
+    )
     print(f"injected nights caught ({args.strategy} regressed, exit 1): {caught} of {len(slowed)}")
     walls = sorted(r["wall_s"] for r in rows)
     print(f"night wall time: {walls[0]:.0f}-{walls[-1]:.0f} s (median {walls[len(walls) // 2]:.0f} s)")
@@ -155,14 +161,28 @@ def _night(args: argparse.Namespace, scratch: Path, i: int, injected: bool, faul
         strategies = json.loads((out / "compare.json").read_text())["strategies"]
         ours = next(s for s in strategies if s["strategy"] == args.strategy)
     except (OSError, ValueError, KeyError, StopIteration):
-        return {**row, "regressed": False, "change": None, "band": None, "detectable": None}
+        return {**row, "regressed": False, "change": None, "band": None, "detectable": None, "lines": 0}
     return {
         **row,
+        "lines": len(strategies),
+        "beyond": _beyond_band(strategies),
         "regressed": ours["regressed"],
         "change": ours["change_pct"],
         "band": ours["bound_pct"],
         "detectable": ours["detectable_pct"],
     }
+
+
+def _beyond_band(strategies: list[dict]) -> list[str]:
+    """The strategy-wide lines whose change lies beyond their band, either direction: a
+    same-code night's false alarms, slower or faster."""
+    return [
+        f"{s['strategy']} {s['change_pct']:+.1f}% (band +/-{s['bound_pct']:.1f}%)"
+        for s in strategies
+        if s.get("change_pct") is not None
+        and s.get("bound_pct") is not None
+        and abs(s["change_pct"]) > s["bound_pct"]
+    ]
 
 
 def _cells(r: dict) -> list[str]:
