@@ -16,8 +16,9 @@ On the CPU, ranks are forked from a warm server (``multiprocessing``'s forkserve
 per launcher process with torch, the strategies and the workloads imported), not exec'd: a rank
 then starts in milliseconds instead of re-importing torch and transformers (seconds per rank and
 per cell on a 2-core machine), while still being a fresh process per cell. The server is a fresh
-interpreter that never runs a tensor op, so a fork inherits no thread pool. CUDA ranks are exec'd
-as before: a library that touched CUDA at import would make every forked rank unusable.
+interpreter that never runs a tensor op, so a fork inherits no thread pool. CUDA ranks are exec'd:
+a library that touched CUDA at import would make every forked rank unusable. A fake cell planned
+for CUDA on a host without it touches no device, and forks like a CPU rank (``exec_rank``).
 
 Every wait is bounded: the cell's timeout caps the whole world, and once one rank has failed the
 others get a short grace period (they are probably blocked in a collective with the dead rank)
@@ -192,6 +193,20 @@ def cell_for_ranks(cell: CellConfig) -> CellConfig:
     return replace(cell, ranks_per_node=job_ranks_per_node(cell.ranks_per_node))
 
 
+def exec_rank(cell: CellConfig) -> bool:
+    """Whether the cell's ranks are exec'd rather than forked warm: a CUDA rank is (a library
+    that touched CUDA at import would make a forked one unusable), except a fake cell planned
+    on the CPU of a host without CUDA (``worker.planned_off_device``), which touches no device.
+    That one forks like a CPU rank, so a plan's cells do not each import torch and the
+    workload's library again: at a plan's many shard widths, that import is the same work
+    repeated for every cell."""
+    if cell.device != "cuda":
+        return False
+    from shardbench.harness.worker import planned_off_device
+
+    return not planned_off_device(cell)
+
+
 class RankWorld:
     """The rank processes of one cell on this host: started together, stopped together.
 
@@ -212,7 +227,7 @@ class RankWorld:
         self.counts = counts if counts is not None else counting.StepCounts()
         self.places = dict(places) if places is not None else local_places(processes)
         self.ranks = sorted(self.places)
-        self.procs: list[Any] = []  # multiprocessing processes (cpu) or _ExecRank (cuda), as ranks
+        self.procs: list[Any] = []  # multiprocessing processes (forked) or _ExecRank (exec'd), as ranks
         self.stopped: set[int] = set()  # ranks the launcher stopped after a peer failed
         self.exited_at: dict[int, float] = {}
         cell_file = tmpdir / "cell.json"
@@ -229,7 +244,7 @@ class RankWorld:
                 )
                 argv = ["--cell", str(cell_file), "--result-dir", str(tmpdir)]
                 log = tmpdir / f"rank{rank}.log"
-                if cell.device == "cuda":
+                if exec_rank(cell):
                     self.procs.append(_ExecRank(argv, env, log))
                     continue
                 proc = _rank_context().Process(
