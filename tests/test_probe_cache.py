@@ -61,3 +61,10 @@ def test_env_remeasure_drops_the_cache_and_says_what(tmp_path: Path, monkeypatch
     assert probe_cache.read("update", tmp_path) == {}
     (entry,) = probe_cache.read("measured", tmp_path).values()  # the peak, measured again now
     assert "load_per_core" in entry and entry["measured_at"]
+
+
+def test_an_entry_cached_without_its_load_is_provisional() -> None:
+    """Cached before loads were recorded: it may have been measured busy, so a quiet lookup
+    measures again; a load this machine could not read stays quiet."""
+    assert probe_cache.busy({"flops_per_s": 1.0})
+    assert not probe_cache.busy({"flops_per_s": 1.0, "load_per_core": None})

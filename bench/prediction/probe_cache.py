@@ -55,8 +55,12 @@ def load_per_core() -> float | None:
 
 
 def busy(entry: dict[str, Any]) -> bool:
-    """Whether ``entry`` was measured on a busy machine (provisional: a quiet figure replaces it)."""
-    load = entry.get("load_per_core")
+    """Whether ``entry`` was measured on a busy machine, or under a load it does not record
+    (provisional: a quiet figure replaces it). A load this machine could not read is taken as
+    quiet: it can never be known better."""
+    if "load_per_core" not in entry:  # cached before loads were recorded: unknown, so provisional
+        return True
+    load = entry["load_per_core"]
     return load is not None and load >= BUSY_LOAD
 
 
