@@ -325,7 +325,12 @@ def test_a_job_runs_the_smoke_suite_as_a_local_run_does(jobs, launcher: str, tmp
         assert ran.peak_mem_bytes["per_rank"] == here.peak_mem_bytes["per_rank"], cell
         assert ran.mem_breakdown_bytes == here.mem_breakdown_bytes, cell
         assert ran.model_state_bytes == here.model_state_bytes, cell
-        assert ran.comm_per_step == here.comm_per_step and ran.comm_per_step["sent_per_rank"] > 0, cell
+        tiers = ("ranks_per_node", "tiers")  # a job knows its nodes; the local run has one host
+        assert {k: v for k, v in ran.comm_per_step.items() if k not in tiers} == here.comm_per_step, cell
+        assert ran.comm_per_step["sent_per_rank"] > 0, cell
+        if launcher == "torchrun":  # two agents of one process each: two nodes, every byte across
+            assert ran.comm_per_step["ranks_per_node"] == 1, cell
+            assert all(t["within_node"] == 0 for t in ran.comm_per_step["tiers"].values()), cell
     rules = tmp_path / "rules.toml"
     rules.write_text(SHARED_CORES_RULES)
     compared = ["compare", str(local["out"]), str(job["out"]), "--rules", str(rules), "--out", str(tmp_path)]

@@ -333,10 +333,10 @@ def _against(row: PlanRow, base: PlanRow | None) -> SpeedVerdict | None:
     return pair_verdict(row.record, base.record)
 
 
-#: how much faster per sample a strategy must be predicted than the least sharding that fits to
-#: be recommended over it, where this machine has no intervals for the predictions: closer than
-#: this the two are a tie, as the model's own error on the CPU (docs/measuring.md, "Predicted
-#: step time") is larger, and the least sharding wins the tie
+#: where this machine has no intervals for the predictions, how much faster per sample a
+#: strategy must be predicted than the least sharding that fits to be recommended over it:
+#: closer than this the two are a tie, which the least sharding wins, as the model's own error
+#: on the CPU is larger (docs/measuring.md, "Predicted step time")
 FASTER_BY = 0.10
 
 
