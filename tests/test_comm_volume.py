@@ -44,11 +44,11 @@ def test_counter_sees_each_kind_with_ring_bytes() -> None:
 def test_measured_volume_equals_zero_accounting(strategy: str) -> None:
     """On real gloo ranks at N = 2, and at N = 4 for zero2 and zero3, whose reducer's gloo path
     changes there (each chunk reduced to its owner; zero1 reduces with DDP at every N); in the
-    fake group at 8 and 64, fp32 and (fake) bf16. A peer's or DDP's collectives are the same
+    fake group at 64 in fp32 and at 8 in (fake) bf16. A peer's or DDP's collectives are the same
     calls at any N, so their larger worlds are counted where they cost no process."""
     real = (2, 4) if strategy in ("zero2", "zero3") else (2,)
     cells = [tiny_cell(strategy=strategy, world_size=n, steps=1) for n in real]
-    cells += [tiny_cell(strategy=strategy, world_size=n, fake=True, simulate=True) for n in (8, 64)]
+    cells.append(tiny_cell(strategy=strategy, world_size=64, fake=True, simulate=True))
     cells.append(tiny_cell(strategy=strategy, world_size=8, fake=True, simulate=True, precision="bf16"))
     for cell in cells:
         _assert_measured_equals_predicted(cell)
@@ -182,7 +182,7 @@ def test_counting_adds_no_collectives_and_keeps_parity() -> None:
         assert all(torch.equal(state[k], reference[k]) for k in state)
 
 
-@pytest.mark.parametrize("world_size", [8, 64, 1024])
+@pytest.mark.parametrize("world_size", [8, 1024])
 def test_zero1_sends_what_ddp_sends(world_size: int) -> None:
     """ZeRO's P_os: gradients reduce-scattered to their owners and parameters all-gathered is one
     all-reduce's volume, so zero1 sends DDP's bytes per rank per step (fake group), where an
