@@ -1,6 +1,6 @@
 """Hybrid sharding in our ZeRO (``shard_group_size`` S): each stage shards within groups of S
 consecutive ranks and replicates across the N/S groups, and trains to plain AdamW in one process
-on the same global batch, gradient accumulation and clipping included; each rank keeps 1/S of
+on the same global batch (N = 4 with S = 1 and 2, N = 6 with S = 2 and 3), gradient accumulation and clipping included; each rank keeps 1/S of
 what is sharded; an S that does not divide N is refused in one line."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests import tricky
 from tests.dist import run_in_world
 from tests.parity import max_rel_diff
 
-STEPS, MICRO, CHUNKS, CLIP = 4, 2, 8, 0.05
+STEPS, MICRO, CHUNKS, CLIP = 4, 2, 12, 0.05  # 12 chunks: 2, 4 and 6 ranks split them evenly
 
 
 def reference() -> dict[str, torch.Tensor]:
@@ -70,6 +70,17 @@ def test_hybrid_matches_single_process_adamw(stage: int, shard: int) -> None:
         assert layout["chunk_elements"] * shard == layout["bucket_elements"]  # 1/S of every bucket
         # the replicas' all-reduce of a bucket runs while later buckets are launched in backward
         assert layout["launches_beside_an_across_reduce"] > 0 or shard == 4
+
+
+def test_hybrid_at_six_ranks_matches_single_process_adamw() -> None:
+    """N = 6 in shard groups of 2 (three replicas) and of 3 (two), at every stage."""
+    ref = reference()
+    for shard in (2, 3):
+        for stage in (1, 2, 3):
+            for rank, (state, layout) in enumerate(run_in_world(train_hybrid, 6, stage, shard)):
+                diff, where = max_rel_diff(state, ref)
+                assert diff < 1e-6, f"stage {stage} N=6 S={shard} rank {rank}: {where} off by {diff:.2e}"
+                assert layout["chunk_ranks"] == shard and layout["replicas"] == 6 // shard
 
 
 def _refused(rank: int, world_size: int, shards: list[object]) -> list[str]:
