@@ -1,7 +1,8 @@
 """Hybrid sharding in our ZeRO (``shard_group_size`` S): each stage shards within groups of S
 consecutive ranks and replicates across the N/S groups, and trains to plain AdamW in one process
-on the same global batch (N = 4 with S = 1 and 2, N = 6 with S = 2 and 3), gradient accumulation and clipping included; each rank keeps 1/S of
-what is sharded; an S that does not divide N is refused in one line."""
+on the same global batch (N = 4 with S = 1 and 2, N = 6 with S = 2 and 3), gradient
+accumulation and clipping included; each rank keeps 1/S of what is sharded; an S that does not
+divide N is refused in one line."""
 
 from __future__ import annotations
 
