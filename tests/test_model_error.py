@@ -73,3 +73,13 @@ def test_plan_calls_strategies_whose_intervals_overlap_predicted_equal() -> None
     plan = Plan(rows=(ddp, zero2), budget=100, policy=ReservePolicy("cpu"), batch=1)
     assert "predicted equal to zero2" in _tie_text(plan, ddp)
     assert fastest([row("ddp", 1.0, 0.05), row("zero2", 0.75, 0.05)]).strategy == "zero2"
+
+
+def test_plan_shows_the_interval_as_the_measured_steps_range_around_the_prediction() -> None:
+    from shardbench.report.plan_report import _predicted
+    from shardbench.studies.plan import PlanRow
+
+    record = make_record(strategy="ddp", peak_mem_bytes={"max": 50})
+    row = PlanRow("ddp", record, 100, predicted={"step": 1.2, "compute": 1.2, "interval": [1.02, 1.43]})
+    assert _predicted(row)[0] == "1.20 s -15/+19%"
+    assert _predicted(PlanRow("ddp", record, 100, predicted={"step": 1.2, "compute": 1.2}))[0] == "1.20 s"

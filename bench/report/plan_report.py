@@ -47,7 +47,10 @@ def _predicted(row: PlanRow) -> list[str]:
     if not p:
         return ["-", "-", "-", "-"]
     tokens, mfu = p.tokens_per_s, p.mfu
-    interval = f" ({seconds_text(p.interval[0])}-{seconds_text(p.interval[1])})" if p.interval else ""
+    interval = ""
+    if p.interval:  # the measured step's range around the prediction: "1.20 s -15/+19%"
+        low, high = (100 * (bound / p.step - 1) for bound in p.interval)
+        interval = f" {low:+.0f}/{high:+.0f}%"
     return [
         seconds_text(p.step) + interval,
         count_text(tokens / row.record.world_size) if tokens else "-",
