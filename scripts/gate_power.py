@@ -174,14 +174,12 @@ def _night(args: argparse.Namespace, scratch: Path, i: int, injected: bool, faul
 
 
 def _beyond_band(strategies: list[dict]) -> list[str]:
-    """The strategy-wide lines whose change lies beyond their band, either direction: a
-    same-code night's false alarms, slower or faster."""
+    """The strategy-wide lines judged beyond their band, either direction (the verdict, which
+    compares in logs): a same-code night's false alarms, slower or faster."""
     return [
-        f"{s['strategy']} {s['change_pct']:+.1f}% (band +/-{s['bound_pct']:.1f}%)"
+        f"{s['strategy']} {s['change_pct']:+.1f}% ({s['verdict']})"
         for s in strategies
-        if s.get("change_pct") is not None
-        and s.get("bound_pct") is not None
-        and abs(s["change_pct"]) > s["bound_pct"]
+        if s.get("verdict") in ("regressed", "improved")
     ]
 
 

@@ -49,7 +49,7 @@ def test_a_strategy_faster_over_its_cells_is_in_the_headline_though_no_cell_is()
     headline = summary_line(faster)
     assert "(8 unchanged, each judged alone)" in headline
     assert f"strategy-wide vs ddp: zero2 improved {zero2.change_pct:+.1f}% over 4 cells" in headline
-    assert f"(beyond its +/-{zero2.bound_pct:.1f}% band)" in headline
+    assert f"(beyond its {zero2.band_text} band)" in headline
     text = to_text(faster)
     assert text.splitlines()[0] == headline
     assert "strategy-wide step time vs ddp: improved: zero2 on cpu" in text  # the line it agrees with

@@ -136,7 +136,7 @@ def strategy_clause(comparison: Comparison) -> str:
     several = len({s.device for s in comparison.strategies}) > 1
     return f"strategy-wide vs {REFERENCE}: " + ", ".join(
         f"{s.strategy}{f' on {s.device}' if several else ''} {s.verdict} {s.change_pct:+.1f}% over "
-        f"{count(len(s.cells), 'cell')} (beyond its +/-{s.bound_pct:.1f}% band)"
+        f"{count(len(s.cells), 'cell')} (beyond its {s.band_text} band)"
         for s in moved
     )
 

@@ -84,6 +84,13 @@ class StrategyDelta:
     def regressed(self) -> bool:
         return self.verdict == "regressed"
 
+    @property
+    def band_text(self) -> str:
+        """The band both ways, as the change is judged (in logs, so a slowdown's bound and a
+        speed-up's differ as percentages): ``-13.6%/+15.8%``."""
+        faster = 100.0 * (1.0 / (1.0 + self.bound_pct / 100.0) - 1.0)
+        return f"{faster:.1f}%/+{self.bound_pct:.1f}%"
+
     def describe(self) -> str:
         """``zero2 on cpu: +31.2% over 4 cells (band +/-9.0%: k x combined standard error;
         threshold 5%, noise 9.0%); could detect >= 12.1% (80% of nights)``."""
@@ -92,7 +99,7 @@ class StrategyDelta:
         return (
             f"{self.strategy} on {self.device}: {self.change_pct:+.1f}% "
             f"over {count(len(self.cells), 'cell')} "
-            f"(band +/-{self.bound_pct:.1f}%: {which}; threshold {self.threshold_pct:g}%, "
+            f"(band {self.band_text}: {which}; threshold {self.threshold_pct:g}%, "
             f"noise {self.noise_pct:.1f}%); could detect >= {self.detectable_pct:.1f}% "
             f"({POWER:.0%} of nights)"
         )
