@@ -27,6 +27,8 @@ import tempfile
 import time
 from typing import Any
 
+from shardbench.metrics.topology import replica_group_ranks, shard_group_ranks
+
 #: full-tensor bytes per call measured: small enough to take seconds, large enough that the
 #: bandwidth term dominates the largest
 SIZES = (1 << 16, 1 << 21, 1 << 24)
@@ -58,10 +60,13 @@ def tier_groups(world_size: int, ranks_per_node: int, tier: str) -> list[list[in
         raise ValueError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
     if ranks_per_node < 1 or world_size % ranks_per_node:
         raise ValueError(f"{ranks_per_node} ranks a node do not divide {world_size} ranks")
-    nodes = world_size // ranks_per_node
+    # a node's ranks are a shard group of width G; one rank of each node, its replica group
     if tier == "within":
-        return [list(range(n * ranks_per_node, (n + 1) * ranks_per_node)) for n in range(nodes)]
-    return [list(range(local, world_size, ranks_per_node)) for local in range(ranks_per_node)]
+        return [
+            shard_group_ranks(first, world_size, ranks_per_node)
+            for first in range(0, world_size, ranks_per_node)
+        ]
+    return [replica_group_ranks(local, world_size, ranks_per_node) for local in range(ranks_per_node)]
 
 
 def _call(kind: str, dist: Any, torch: Any, nbytes: int, ranks: list[int] | None, group: Any) -> Any:
