@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from shardbench.step_figures import ComputeReplay, FlopsPerStep, PredictedStep
+from shardbench.step_figures import BareCompute, ComputeReplay, FlopsPerStep, PredictedStep
 from shardbench.step_figures import from_json as figures
 from shardbench.wording import count
 
@@ -46,7 +46,8 @@ from shardbench.wording import count
 #: ``compute_replay``, None on an older record (its prediction counts compute from its FLOPs).
 #: 4 reads ``flops_per_step``, ``compute_replay`` and ``predicted_step_time`` as typed figures
 #: (``step_figures``), their JSON unchanged: an older record's objects read into them
-#: (``Record.from_json``).
+#: (``Record.from_json``). ``bare_compute`` and ``optimizer_tensors`` came later without a bump:
+#: None on an older record (its prediction replays the compute and counts no per-tensor update).
 SCHEMA = 4
 #: a layout whose records measure what an earlier one's did (only how they are written changed)
 #: -> that earlier layout: records of the two compare as of one environment
@@ -261,6 +262,13 @@ class Record:
     #: (``bench/prediction/op_replay.py``): ``seconds``, ``calls``, ``distinct``,
     #: ``unreplayed_calls``, ``threads``, ``measured_at``; the step-time model's compute term
     compute_replay: ComputeReplay | None = None
+    #: a real CPU cell's forward and backward timed on the model itself, before the strategy
+    #: wrapped it, on every rank at once (``bench/prediction/bare_compute.py``): the step-time
+    #: model's compute term where it was taken
+    bare_compute: BareCompute | None = None
+    #: the most tensors a rank's optimizer steps over (its own pieces under sharding): the
+    #: update's per-tensor cost follows them, as its per-element cost follows the elements
+    optimizer_tensors: int | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:
@@ -268,6 +276,7 @@ class Record:
         # the typed figures, from the JSON objects a record of any schema holds
         self.flops_per_step = figures(FlopsPerStep, self.flops_per_step)
         self.compute_replay = figures(ComputeReplay, self.compute_replay)
+        self.bare_compute = figures(BareCompute, self.bare_compute)
         self.predicted_step_time = figures(PredictedStep, self.predicted_step_time)
 
     def to_json(self) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The figures a record keeps of one training step for the step-time model, typed: the step's
 FLOPs (``FlopsPerStep``, counted by ``prediction.flops``), a CPU step's op replay
-(``ComputeReplay``, ``prediction.op_replay``) and the model's prediction (``PredictedStep``,
+(``ComputeReplay``, ``prediction.op_replay``), its forward and backward timed on the model itself
+(``BareCompute``, ``prediction.bare_compute``) and the model's prediction (``PredictedStep``,
 ``prediction.record_step_time``).
 
 They sit on the ground floor because the record (``records.py``) holds them. Each writes the JSON
@@ -62,6 +63,18 @@ class ComputeReplay:
     threads: int | None = None
     key: str | None = None
     measured_at: str | None = None
+
+
+@dataclass(frozen=True)
+class BareCompute:
+    """A real cell's forward and backward timed on the model itself, before any strategy wrapped
+    it, on every rank at once (``prediction.bare_compute``): the slowest rank's median
+    ``seconds``, its ``mad_seconds``, the timed ``repeats`` and the rank's ``threads``."""
+
+    seconds: float
+    mad_seconds: float | None = None
+    repeats: int | None = None
+    threads: int | None = None
 
 
 @dataclass(frozen=True)

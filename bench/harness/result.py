@@ -27,7 +27,7 @@ from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.op_calls import OpCall, calls_from_json, calls_to_json
 from shardbench.prediction.zero_accounting import predict, predict_comm, workload_params
 from shardbench.records import UNNAMED_DEVICE, Record, capture_env, finite, first_line
-from shardbench.step_figures import FlopsPerStep
+from shardbench.step_figures import BareCompute, FlopsPerStep
 from shardbench.step_figures import from_json as figures
 from shardbench.strategies.catalog import WorldPlan
 
@@ -89,6 +89,11 @@ class RankResult:
     #: rank 0: the counted pass's operator calls (``bench/prediction/op_calls.py``), which the
     #: launcher replays for the step's compute time; not part of the record
     op_calls: tuple[OpCall, ...] | None = None
+    #: the bare model's forward and backward on this rank, timed before the strategy wrapped it
+    #: (``prediction/bare_compute.py``); None where not taken
+    bare_compute: dict[str, Any] | None = None
+    #: the tensors this rank's optimizer steps over (``metrics/optimizer_tensors.py``)
+    optimizer_tensors: int | None = None
     #: rank 0 of a CUDA cell: its device's peak FLOP/s (``bench/prediction/peaks.py``)
     peak: dict[str, Any] | None = None
 
@@ -251,6 +256,12 @@ def _add_measured(record: Record, resolved: ResolvedCell, plan: WorldPlan, resul
     record.step_time_s = times
     record.step_times_s = steps or None
     record.step_phases_s = slowest_phases([r.step_phases for r in results])
+    # the slowest rank's, as the slowest rank paces a step
+    record.bare_compute = figures(
+        BareCompute,
+        max((r.bare_compute for r in results if r.bare_compute), key=lambda b: b["seconds"], default=None),
+    )
+    record.optimizer_tensors = max((r.optimizer_tensors or 0 for r in results), default=0) or None
     if times and times["median"] > 0 and not plan.simulated:  # simulated: no communication timed
         record.samples_per_s = cell.batch_size * record.world_size / times["median"]
     _add_throughput(record, cell, results)

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import dataclasses
 import faulthandler
+import functools
 import json
 import os
 import signal
@@ -56,6 +57,8 @@ from shardbench.harness.phases import (
 from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.harness.result import RankResult
 from shardbench.metrics.kernels import CudaAttention, pinned_factory
+from shardbench.metrics.optimizer_tensors import stepped_tensors
+from shardbench.models.base import concat_inputs
 from shardbench.models.checkpointing import apply_activation_checkpointing
 from shardbench.prediction.zero_accounting import comm_shape_of
 from shardbench.step_figures import FlopsPerStep
@@ -256,11 +259,12 @@ def _train_and_measure(
     flops, flops_note, op_calls = (
         cell_flops(cell, workload, model, ctx.device, 0, counts) if rank == 0 else (None, None, None)
     )
+    per_process = 1 if cell.simulate else ctx.world_size // processes
+    data_ranks = range(rank * per_process, (rank + 1) * per_process)
+    bare = _bare_compute(cell, workload, model, ctx, data_ranks)
     model, optimizer, autocast_dtype, ctx = _wrapped(cell, strategy, workload, model, ctx)
     setup_s = time.perf_counter() - started
     model.train()
-    per_process = 1 if cell.simulate else ctx.world_size // processes
-    data_ranks = range(rank * per_process, (rank + 1) * per_process)
     wrapped = (model, optimizer, ctx.device, rank, data_ranks, autocast_dtype, fault)
     steps = CellSteps(cell, strategy, workload, *wrapped)
     artifacts: dict[str, str] = {}
@@ -290,7 +294,52 @@ def _train_and_measure(
         flops_note=flops_note,
         op_calls=op_calls,
         peak=peak,
+        bare_compute=bare,
+        optimizer_tensors=stepped_tensors(optimizer),
     )
+
+
+def _bare_compute(
+    cell: CellConfig, workload: Any, model: torch.nn.Module, ctx: RankContext, data_ranks: range
+) -> dict[str, Any] | None:
+    """A real CPU cell's forward and backward timed on a copy of the bare model, every rank at
+    once (``prediction/bare_compute.py``): the step-time model's compute term. Before the strategy
+    wraps the model, so no hook or collective of its is in it; a timing that fails costs the cell
+    this figure only."""
+    if cell.device != "cpu" or cell.fake or cell.simulate:
+        return None
+    from shardbench.harness.config import available_memory
+    from shardbench.precision import compute_dtype
+    from shardbench.prediction.bare_compute import fits, time_forward_backward
+
+    grouped = ctx.process_group is not None and dist.is_initialized()
+    # every rank on this host copies the model at once (at most the world); decided together, as
+    # the passes may hold collectives: a rank that skipped them would leave the others waiting
+    fitting = fits(model, ctx.world_size, available_memory())
+    if grouped:  # (the all-reduce is also the barrier that starts the passes together)
+        fitting = _slowest(ctx.process_group, -float(fitting)) < 0
+    if not fitting:
+        return None
+    try:
+        batch = functools.partial(workload.batch, cell.preset, cell.batch_size, seed=cell.seed, step=0)
+        inputs = concat_inputs([batch(rank=r, device=ctx.device) for r in data_ranks])
+        return time_forward_backward(
+            model,
+            workload.loss,
+            inputs,
+            device=ctx.device,
+            autocast=compute_dtype(cell.precision),
+            agree=functools.partial(_slowest, ctx.process_group) if grouped else float,
+        )
+    except Exception:  # noqa: BLE001 - a timing that fails costs the figure only
+        return None
+
+
+def _slowest(group: Any, seconds: float) -> float:
+    """The largest of every rank's ``seconds`` (a collective: every rank of ``group`` calls it)."""
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return float(value)
 
 
 def _wrapped(

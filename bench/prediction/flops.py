@@ -200,7 +200,7 @@ class StepFlops:
         )
 
 
-class _Step(nn.Module):
+class ForwardBackward(nn.Module):
     """Forward and backward of ``loss(model, inputs)`` as one module call, so that
     ``functional_call`` keeps its substitute parameters in place through the backward (where a
     checkpointed unit recomputes its forward)."""
@@ -289,7 +289,7 @@ def _count_step(
 ) -> tuple[StepFlops, tuple[OpCall, ...] | None]:
     if tensors not in ("fake", "active", "real"):
         raise ValueError(f"tensors must be 'fake', 'active' or 'real', got {tensors!r}")
-    step = _Step(model, loss, autocast, device.type)
+    step = ForwardBackward(model, loss, autocast, device.type)
     mode = _fake_mode() if tensors == "fake" else contextlib.nullcontext()
     with _counting_context(device), mode:
         state = _substitute_state(step, mode if tensors == "fake" else None)
@@ -306,7 +306,7 @@ def _count_step(
     return StepFlops(model_flops, executed + scores, by_op, counted_on), calls
 
 
-def _substitute_state(step: _Step, fake: Any | None) -> dict[str, torch.Tensor]:
+def _substitute_state(step: ForwardBackward, fake: Any | None) -> dict[str, torch.Tensor]:
     """The parameters and buffers the counted pass runs on: fake copies under ``fake``, else
     leaves of their own sharing the parameters' storage, and buffers copied."""
     if fake is not None:
@@ -316,7 +316,7 @@ def _substitute_state(step: _Step, fake: Any | None) -> dict[str, torch.Tensor]:
 
 
 def _hardware_pass(
-    step: _Step, state: dict[str, torch.Tensor], inputs: Any, record: bool
+    step: ForwardBackward, state: dict[str, torch.Tensor], inputs: Any, record: bool
 ) -> tuple[tuple[int, int, dict[str, int]], tuple[OpCall, ...] | None]:
     """The executed pass's count, and with ``record`` its calls: a recording that fails costs
     the calls only, the pass is counted again without it."""
@@ -342,7 +342,7 @@ def _clear_grads(state: dict[str, torch.Tensor]) -> None:
 
 
 def _count(
-    step: _Step, state: dict[str, torch.Tensor], inputs: Any, recorder: Any = None
+    step: ForwardBackward, state: dict[str, torch.Tensor], inputs: Any, recorder: Any = None
 ) -> tuple[int, int, dict[str, int]]:
     """One pass: its model FLOPs, the fused attention's score recompute, and per op both (the
     recompute under ``SCORE_RECOMPUTE``); its calls go to ``recorder`` where one is given."""

@@ -52,11 +52,13 @@ def compute_key(calls_signature: str, threads: int, copies: int, device_name: st
 class MachineProbes:
     """The probes one owner asks for. ``home``: the results home they are cached in (default:
     the user's); ``measure_network`` and ``measure_update``: the probes to run on a miss
-    (default: ``gloo_probe.probe``, ``update_probe.probe``; a test gives stand-ins)."""
+    (default: ``gloo_probe.probe``, ``update_probe.probe``; a test gives stand-ins), and
+    ``measure_update_per_tensor`` (default: ``update_probe.probe_per_tensor``)."""
 
     home: Path | None = None
     measure_network: NetworkMeasure | None = None
     measure_update: UpdateMeasure | None = None
+    measure_update_per_tensor: Callable[[int], dict[str, Any]] | None = None
     #: the replays made or read so far, by ``compute_key``: many cells of one step replay it once
     _replayed: dict[str, ComputeReplay] = field(default_factory=dict, repr=False)
 
@@ -82,6 +84,7 @@ class MachineProbes:
         groups = tier_groups(world_size, tier[1], tier[0]) if tier else None
         if groups is not None:
             key += f" | {tier[0]} groups {groups}"
+
         def run_probe() -> dict[str, Any]:
             return measure(world_size, threads, groups) if groups else measure(world_size, threads)
 
@@ -127,6 +130,18 @@ class MachineProbes:
         size = size_for(elements, copies, available_memory())
         key = update_key(threads, size, copies, device_name, torch_version)
         return cached("update", key, lambda: measure(threads, size, copies), self.home)["seconds_per_element"]
+
+    def update_tensor_seconds(self, threads: int, device_name: str, torch_version: str) -> float:
+        """Seconds an AdamW step on this CPU spends per tensor it updates, at ``threads``
+        (``update_probe.probe_per_tensor``): one copy, as that cost is each process's own Python
+        and kernel launches, which the core share divides where ranks outnumber the cores."""
+        from shardbench.prediction.probe_cache import cached
+
+        measure = self.measure_update_per_tensor
+        if measure is None:
+            from shardbench.prediction.update_probe import probe_per_tensor as measure
+        key = update_key(threads, 0, 1, device_name, torch_version) + " | per tensor"
+        return cached("update", key, lambda: measure(threads), self.home)["seconds_per_tensor"]
 
     def replayed_compute(
         self, calls: Sequence[OpCall], threads: int, copies: int, device_name: str, torch_version: str

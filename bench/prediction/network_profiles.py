@@ -108,4 +108,3 @@ CHOICES = (MEASURED, *NAMED)
 def default_network(device: str) -> str:
     """What ``--network`` is when not given: gloo measured here on a CPU, NVLink on CUDA."""
     return MEASURED if device == "cpu" else "nvlink"
-

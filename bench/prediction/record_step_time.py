@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 #: bytes AdamW moves per fp32 element it updates: it reads the parameter, its gradient and both
 #: moments, and writes the parameter and the moments back
 UPDATE_BYTES = 28
+#: how a prediction reached its compute where the cell's ranks timed the bare model
+BARE_SOURCE = "the model's own forward and backward, timed on the cell's ranks before the strategy wrapped it"
 #: the share of a step's calls a replay may miss and still be its compute term; past it the model
 #: counts compute from the FLOPs at a stated efficiency
 UNREPLAYED_MAX = 0.05
@@ -111,7 +113,7 @@ def _sends(record: Record, target: Any, shape: Any | None, shard_size: int) -> l
     ]
 
 
-def _compute_source(replay: ComputeReplay | None, used: bool) -> str:
+def _compute_source(replay: ComputeReplay | None, used: ComputeReplay | None) -> str:
     """How the prediction reached its compute, and why not by the replay where one was made."""
     if used:
         return "op replay"
@@ -147,17 +149,21 @@ def predict_record(
     share = _core_share(record) if cpu else 1.0
     efficiency = EFFICIENCY.get(peak.get("kind", "measured"), 1.0)
     rate = peak["flops_per_s"] * efficiency * share
-    replayed = record.compute_replay if cpu and replay_usable(record.compute_replay) else None
+    bare = record.bare_compute if cpu else None
+    replayed = record.compute_replay if cpu and not bare and replay_usable(record.compute_replay) else None
     strategy = strategy or _strategy_of(record)
     elements, spe = _update(record, strategy, peak, share, probes)
+    tensors, spt = _update_tensors(record, share, probes)
     profile, backend = _profile(record, network, probes, ranks_per_node)
     n = record.world_size
     inputs = StepInputs(
         flops=counted.hardware,
         rate=rate,
-        compute_s=replayed.seconds / share if replayed else None,
+        compute_s=bare.seconds if bare else replayed.seconds / share if replayed else None,
         update_elements=elements,
         seconds_per_element=spe,
+        update_tensors=tensors,
+        seconds_per_tensor=spt,
         collectives=collectives(record, strategy, backend, shape) if n > 1 else (),
         world_size=n,
     )
@@ -171,10 +177,10 @@ def predict_record(
         shares_compute=profile.shares_compute,
         network=profile.name,
         network_source=profile.source if isinstance(profile, NetworkProfile) else profile.describe(),
-        compute_source=_compute_source(record.compute_replay if cpu else None, replayed is not None),
-        rate_flops_per_s=None if replayed else rate,
+        compute_source=BARE_SOURCE if bare else _compute_source(record.compute_replay, replayed),
+        rate_flops_per_s=None if replayed or bare else rate,
         peak_kind=peak.get("kind"),
-        efficiency=None if replayed else efficiency,
+        efficiency=None if replayed or bare else efficiency,
         core_share=share,
         seconds_per_update_element=spe,
     ), None
@@ -226,6 +232,16 @@ def _update(
         return elements, probes.update_rate(threads, elements, copies, *_machine(record)) / share
     memory = peak.get("memory_bytes_per_s")
     return elements, UPDATE_BYTES / memory if memory else 0.0
+
+
+def _update_tensors(record: Record, share: float, probes: MachineProbes) -> tuple[int, float]:
+    """The tensors the rank's optimizer steps over and the fixed seconds each costs: on a CPU the
+    per-tensor probe's over the rank's core share; none counted elsewhere (CUDA's implementation
+    updates a device's tensors in a few launches) or on a record that did not count them."""
+    tensors = record.optimizer_tensors or 0
+    if record.device != "cpu" or not tensors:
+        return 0, 0.0
+    return tensors, probes.update_tensor_seconds(rank_threads(record), *_machine(record)) / share
 
 
 def _profile(

@@ -3,16 +3,19 @@ collectives it issues and a network profile.
 
     step = compute + update + exposed communication
 
-* ``compute``: the rank's forward and backward. On a CPU it is measured: the step's own operator
-  calls replayed one by one at the rank's threads (``op_replay``), over the rank's core share (the
-  cores a rank gets over the cores its threads ask for, below 1 only where ranks outnumber cores).
-  Elsewhere (a GPU, planned from its datasheet) it is ``hardware FLOPs / rate``, ``rate = peak x
-  efficiency``: the FLOPs of ``flops.py`` (recompute included) at a stated fraction
-  (``EFFICIENCY``) of the peak.
-* ``update = elements updated x seconds per element``: AdamW is memory-bound, so its time follows
-  the optimizer-state elements a rank holds (all of them under ddp, 1/N under ZeRO), at the rate
-  ``update_probe`` measured on a CPU (over the rank's core share, as its compute), or AdamW's
-  bytes per element over the datasheet's memory bandwidth on CUDA.
+* ``compute``: the rank's forward and backward. On a CPU it is measured: where the cell ran, the
+  model's own forward and backward timed on its ranks before the strategy wrapped it
+  (``bare_compute``); else (a plan) the step's own operator calls replayed one by one at the
+  rank's threads (``op_replay``), over the rank's core share (the cores a rank gets over the cores
+  its threads ask for, below 1 only where ranks outnumber cores). Elsewhere (a GPU, planned from
+  its datasheet) it is ``hardware FLOPs / rate``, ``rate = peak x efficiency``: the FLOPs of
+  ``flops.py`` (recompute included) at a stated fraction (``EFFICIENCY``) of the peak.
+* ``update = elements updated x seconds per element + tensors stepped x seconds per tensor``:
+  AdamW is memory-bound, so its time follows the optimizer-state elements a rank holds (all of
+  them under ddp, 1/N under ZeRO), at the rate ``update_probe`` measured on a CPU (over the rank's
+  core share, as its compute), or AdamW's bytes per element over the datasheet's memory bandwidth
+  on CUDA; and on a CPU, whose pinned loop implementation launches a dozen kernels per tensor,
+  each tensor the rank's optimizer steps over costs the fixed time ``update_probe`` measured.
 * communication: each collective over its group (the world, or hybrid sharding's shard and
   replica groups) at the profile's ``calls x latency + ring bytes / bandwidth``
   (``network_profiles``), or each tier's share on a two-tier cluster (``cluster_network``), and
@@ -80,6 +83,9 @@ class StepInputs:
     compute_s: float | None = None
     update_elements: int = 0
     seconds_per_element: float = 0.0
+    #: the tensors the rank's optimizer steps over, and the fixed seconds each costs
+    update_tensors: int = 0
+    seconds_per_tensor: float = 0.0
     collectives: tuple[Collective, ...] = ()
     world_size: int = 1
 
@@ -98,7 +104,8 @@ def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -
         compute = inputs.compute_s
     else:
         compute = inputs.flops / inputs.rate if inputs.rate > 0 else 0.0
-    update = inputs.update_elements * inputs.seconds_per_element
+    per_element = inputs.update_elements * inputs.seconds_per_element
+    update = per_element + inputs.update_tensors * inputs.seconds_per_tensor
     backward = BACKWARD_SHARE * compute
     total = exposed = 0.0
     for c in inputs.collectives:

@@ -13,6 +13,12 @@ a third of that rate. So the step-time model probes at the size a rank updates (
 the next power of two, within ``SIZES``), and with its ranks' ``copies`` stepping at once in as
 many threads, since the ranks of a host update at the same moment and share its memory
 bandwidth. Under a second on a 2-core CPU at the largest size.
+
+Each tensor also costs a fixed time: the loop implementation the CPU pins runs a dozen small
+kernels per tensor (tens of microseconds on a small CPU), which for a model of a hundred small
+tensors weighs as much as its elements. ``probe_per_tensor`` measures it on ``MANY_TENSORS``
+tensors of ``SMALL`` elements each; the step-time model adds it per tensor the rank's optimizer
+steps over (``metrics/optimizer_tensors.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from typing import Any
 
 ELEMENTS = 1 << 22
 TENSORS = 8
+#: the per-tensor probe: this many tensors of ``SMALL`` elements, whose step is all per-tensor cost
+MANY_TENSORS = 256
+SMALL = 16
 REPEATS = 3
 #: the sizes probed: from a cache-resident 1M elements to 128M (2 GiB of parameter, gradient
 #: and moments, past any cache)
@@ -44,17 +53,49 @@ def size_for(elements: int, copies: int = 1, memory: int | None = None) -> int:
     return size
 
 
+def probe_per_tensor(threads: int, copies: int = 1) -> dict[str, Any]:
+    """The fixed seconds one AdamW step spends per tensor at ``threads``, ``copies`` at once:
+    ``seconds_per_tensor`` (the median of the slowest copy's steps over ``MANY_TENSORS`` tensors
+    of ``SMALL`` elements), ``mad_seconds_per_tensor``, ``tensors``, ``repeats``, ``threads``,
+    ``copies``."""
+    measured = _timed_steps(threads, MANY_TENSORS, SMALL, copies)
+    return {
+        "seconds_per_tensor": measured["median"] / MANY_TENSORS,
+        "mad_seconds_per_tensor": measured["mad"] / MANY_TENSORS,
+        "tensors": MANY_TENSORS,
+        "repeats": REPEATS,
+        "threads": threads,
+        "copies": copies,
+    }
+
+
 def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, Any]:
     """Measure ``elements`` at ``threads``, ``copies`` at once: ``seconds_per_element`` (the
     median of the slowest copy's steps), ``mad_seconds_per_element``, ``elements``, ``repeats``,
     ``threads``, ``copies``."""
+    measured = _timed_steps(threads, TENSORS, elements // TENSORS, copies)
+    median = measured["median"] / elements
+    return {
+        "seconds_per_element": median,
+        "mad_seconds_per_element": measured["mad"] / elements,
+        "elements": elements,
+        "repeats": REPEATS,
+        "threads": threads,
+        "copies": copies,
+    }
+
+
+def _timed_steps(threads: int, tensors: int, size: int, copies: int) -> dict[str, float]:
+    """AdamW (the CPU's pinned implementation) over ``tensors`` fp32 tensors of ``size``
+    elements, gradients of ones: one untimed step, then ``REPEATS`` timed, ``copies`` at once;
+    the ``median`` and ``mad`` seconds of a step of the slowest copy."""
     import torch
 
     from shardbench.metrics.kernels import pin_implementation
     from shardbench.prediction.at_once import at_once
 
     def optimizer() -> torch.optim.Optimizer:
-        params = [torch.nn.Parameter(torch.zeros(elements // TENSORS)) for _ in range(TENSORS)]
+        params = [torch.nn.Parameter(torch.zeros(size)) for _ in range(tensors)]
         for p in params:
             p.grad = torch.ones_like(p)
         return pin_implementation(torch.optim.AdamW(params, lr=1e-3), "cpu")
@@ -71,13 +112,6 @@ def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, 
         return times
 
     times = at_once(steps, copies, threads)
-    per = [max(t[i] for t in times) / elements for i in range(REPEATS)]
+    per = [max(t[i] for t in times) for i in range(REPEATS)]
     median = statistics.median(per)
-    return {
-        "seconds_per_element": median,
-        "mad_seconds_per_element": statistics.median(abs(p - median) for p in per),
-        "elements": elements,
-        "repeats": REPEATS,
-        "threads": threads,
-        "copies": copies,
-    }
+    return {"median": median, "mad": statistics.median(abs(p - median) for p in per)}

@@ -1,0 +1,43 @@
+"""How many tensors a rank's optimizer steps over: the update's per-tensor cost follows them
+(``prediction/update_probe.py``). PyTorch's loop implementation of AdamW runs a dozen small
+kernels per tensor, so a model of a hundred small tensors pays for them as much as for its
+elements; a sharded optimizer steps over its own pieces, which may be fewer or more.
+
+A wrapper that shards the optimizer state keeps the optimizer that really steps inside it: ours
+as ``local``, FairScale's OSS and torch's ZeroRedundancyOptimizer as ``optim``, DeepSpeed's ZeRO as
+``optimizer``. The count is that innermost optimizer's tensors that hold elements on this rank (a
+DTensor's local shard; an empty piece is skipped by every implementation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: where a wrapping optimizer keeps the one that steps, tried in turn
+INNER = ("local", "optim", "optimizer")
+
+
+def stepping_optimizer(optimizer: Any) -> Any:
+    """The innermost optimizer of ``optimizer``'s wrappers (``INNER``)."""
+    for _ in range(len(INNER) + 1):
+        inner = [getattr(optimizer, name, None) for name in INNER]
+        found = next((v for v in inner if isinstance(v, torch.optim.Optimizer) and v is not optimizer), None)
+        if found is None:
+            break
+        optimizer = found
+    return optimizer
+
+
+def stepped_tensors(optimizer: Any) -> int | None:
+    """The tensors with elements on this rank that ``optimizer`` steps over; None where it has no
+    parameter groups to count."""
+    groups = getattr(stepping_optimizer(optimizer), "param_groups", None)
+    if groups is None:
+        return None
+    return sum(
+        1
+        for group in groups
+        for p in group["params"]
+        if p.requires_grad and getattr(p, "_local_tensor", p).numel() > 0
+    )

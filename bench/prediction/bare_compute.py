@@ -1,0 +1,96 @@
+"""A rank's compute, timed on the model itself: its forward and backward on the rank's own batch,
+before any strategy wraps it, on every rank of the cell at once; the step-time model's compute
+term wherever it was taken (``record_step_time``).
+
+Why time the model rather than only replay its operators (``op_replay``): on a CPU a small
+step's time is mostly what no operator list shows. The Python of each module's ``forward``, the
+autograd engine that runs backward in C++ between the kernels, and the allocator that finds fresh
+memory for each activation cost more per operator than the kernels of a tiny model, and in
+opposite directions to a replay that calls each operator from Python: it pays Python's call on
+backward's operators, which the engine makes without it, and none of the modules' Python. So the
+compute of a model that runs here is taken as the profiling simulators take it: the model's own
+pass on the device, timed. What stays for the model to predict is what distinguishes the
+strategies: the update of the optimizer state a rank holds, and the communication.
+
+How: after one untimed pass (the allocator's and the kernels' first-call set-up), timed passes
+of ``loss(model, inputs)`` and its backward, as many as ``BUDGET_S`` holds (``REPEATS`` bounds
+them); the median is the figure.
+
+The passes run on a copy of the model (``copy.deepcopy``) under a forked RNG: whatever a forward
+changes (batch normalisation's running statistics, a parameter renormalised in place, a model's
+own count of its iterations, which may decide what trains) changes in the copy, so the model and
+the RNG are as they were and every rank starts the real steps from the same state. The copy costs
+the model's bytes once more while the passes run (``fits`` says when it may). The ranks start the
+passes together (after a barrier), so each is timed beside the others, sharing the cores and
+memory bandwidth as their steps do.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+#: timed passes after the untimed first one: as many as fit in ``BUDGET_S`` by the first pass's
+#: time, within these bounds (a small model's pass is a few milliseconds, and a few passes of it
+#: would sample only a moment of a busy machine's drift)
+REPEATS = (3, 15)
+BUDGET_S = 1.0
+
+
+def time_forward_backward(
+    model: torch.nn.Module,
+    loss: Callable[[torch.nn.Module, Any], torch.Tensor],
+    inputs: Any,
+    *,
+    device: torch.device,
+    autocast: torch.dtype | None = None,
+    agree: Callable[[float], float] = float,
+) -> dict[str, Any]:
+    """The model's forward and backward on ``inputs``: ``seconds`` (the median of the timed
+    passes), ``mad_seconds``, ``repeats`` and ``threads``. A cell's ranks call it right after
+    a barrier, so that their passes run at once. ``agree``: the slowest rank's first pass from
+    this rank's (a max over the ranks), so that every rank makes as many passes: a model's loss
+    may hold collectives of its own (SwAV's Sinkhorn sums its codes over the ranks)."""
+    from shardbench.metrics.timing import synchronize
+    from shardbench.prediction.flops import ForwardBackward
+
+    devices = [device.index or 0] if device.type == "cuda" else []
+    times: list[float] = []
+    with torch.random.fork_rng(devices=devices):
+        step = ForwardBackward(copy.deepcopy(model), loss, autocast, device.type)
+        passes, i = REPEATS[0], 0
+        while i <= passes:
+            step.zero_grad(set_to_none=True)  # as a training step leaves them
+            synchronize(device)
+            started = time.perf_counter()
+            step(inputs)
+            synchronize(device)
+            seconds = time.perf_counter() - started
+            if i:
+                times.append(seconds)
+            else:  # the slowest rank's first pass sets how many fit in the budget
+                slowest = agree(seconds)
+                passes = min(REPEATS[1], max(REPEATS[0], int(BUDGET_S / max(slowest, 1e-6))))
+            i += 1
+        del step
+    median = statistics.median(times)
+    return {
+        "seconds": median,
+        "mad_seconds": statistics.median(abs(t - median) for t in times),
+        "repeats": len(times),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def fits(model: torch.nn.Module, ranks: int, free_bytes: int | None) -> bool:
+    """Whether ``ranks`` copies of ``model`` at once, with their gradients, fit in half the free
+    memory (where known): a copy to time must never be what fails a cell."""
+    if free_bytes is None:
+        return True
+    held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    return 2 * held * ranks <= free_bytes / 2
