@@ -11,13 +11,15 @@ STAND_IN_GLOO = {"all_reduce": {"latency_s": 2e-4, "bandwidth": 1e9}}
 #: the AdamW update rate likewise: measured, it moves with the load of the minute (3-21 ns per
 #: element on the 2-core machine), and so would a plan's fastest strategy in a test about reserves
 STAND_IN_UPDATE_S_PER_ELEMENT = 5e-9
+#: and its fixed cost per tensor (tens of microseconds measured on the 2-core machine)
+STAND_IN_UPDATE_S_PER_TENSOR = 2e-5
 
 
 def seed_probes(home: Path) -> None:
-    """Cache ``STAND_IN_GLOO`` and the update rate in ``home`` for every world size, thread
-    count, size and copies a test runs."""
+    """Cache ``STAND_IN_GLOO``, the update rate and its per-tensor cost in ``home`` for every
+    world size, thread count, size and copies a test runs."""
     from shardbench.harness.config import available_cores
-    from shardbench.prediction.machine_probes import network_key, update_key
+    from shardbench.prediction.machine_probes import network_key, update_key, update_tensor_key
     from shardbench.prediction.probe_cache import cached
     from shardbench.prediction.update_probe import SIZES
     from shardbench.records import UNNAMED_DEVICE, capture_env
@@ -34,6 +36,9 @@ def seed_probes(home: Path) -> None:
             for copies in range(1, cores + 1):
                 key = update_key(threads, size, copies, device, env["torch"])
                 cached("update", key, rate.copy, home, load=_settled)
+        per_tensor = {"seconds_per_tensor": STAND_IN_UPDATE_S_PER_TENSOR, "stand_in": True}
+        key = update_tensor_key(threads, device, env["torch"])
+        cached("update", key, per_tensor.copy, home, load=_settled)
 
 
 def _settled() -> None:

@@ -10,7 +10,8 @@ import pytest
 from shardbench.cli import main
 from shardbench.harness.config import CellConfig
 from shardbench.metrics.timing import summarize
-from shardbench.prediction.record_step_time import replay_usable
+from shardbench.models.registry import get_workload
+from shardbench.prediction.record_step_time import BARE_SOURCE, replay_usable
 from shardbench.records import read_records
 from tests.cells import tiny_cell
 
@@ -38,6 +39,10 @@ def dp_run(tmp_path_factory) -> Path:
 
 def test_run_writes_records_and_tables(smoke_run: Path) -> None:
     records = read_records([smoke_run])
+    n_parameter_tensors = {
+        r.workload: sum(p.requires_grad for p in get_workload(r.workload).build("tiny").parameters())
+        for r in records
+    }
     cells = {
         (c["workload"], c["strategy"]): c for c in json.loads((smoke_run / "cells.json").read_text())["cells"]
     }
@@ -79,8 +84,17 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         assert c.seconds > 0 and replay_usable(c)
         if r.workload == "transformer":  # every call of its step replays (a few of swav's do not)
             assert c.unreplayed_calls == 0
-        assert p.compute_source == "op replay" and p.update > 0
-        assert p.compute == pytest.approx(c.seconds / p.core_share)
+        # but the prediction's compute is the model's own pass, timed on the cell's ranks before
+        # the strategy wrapped it (the slowest rank's median), and its update counts the tensors
+        # the rank's optimizer steps over: ddp's every parameter, zero2's fewer pieces of them
+        b = r.bare_compute
+        assert b.threads == r.threads_per_rank and b.repeats >= 3 and b.seconds > 0
+        assert p.compute_source == BARE_SOURCE and p.compute == b.seconds and p.update > 0
+        if r.strategy == "ddp":
+            assert r.optimizer_tensors == n_parameter_tensors[r.workload]
+    tensors = {(r.workload, r.strategy): r.optimizer_tensors for r in records}
+    for workload in {r.workload for r in records}:
+        assert 0 < tensors[workload, "zero2"] < tensors[workload, "ddp"], workload
     # a command counts a step once and hands the count on (harness/counting.py): every cell of
     # a workload carries that one count (that it holds whatever the strategy: test_dp_on_cpu...)
     for workload in {r.workload for r in records}:

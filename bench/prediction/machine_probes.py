@@ -42,6 +42,11 @@ def update_key(threads: int, size: int, copies: int, device_name: str, torch_ver
     return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | {size} elements"
 
 
+def update_tensor_key(threads: int, device_name: str, torch_version: str) -> str:
+    """What makes two per-tensor update probes the same measurement: the CPU, torch, the threads."""
+    return update_key(threads, 0, 1, device_name, torch_version) + " | per tensor"
+
+
 def compute_key(calls_signature: str, threads: int, copies: int, device_name: str, torch_version: str) -> str:
     """What makes two replays the same measurement: the step's calls, the CPU, torch, the
     threads and the copies replayed at once."""
@@ -140,7 +145,7 @@ class MachineProbes:
         measure = self.measure_update_per_tensor
         if measure is None:
             from shardbench.prediction.update_probe import probe_per_tensor as measure
-        key = update_key(threads, 0, 1, device_name, torch_version) + " | per tensor"
+        key = update_tensor_key(threads, device_name, torch_version)
         return cached("update", key, lambda: measure(threads), self.home)["seconds_per_tensor"]
 
     def replayed_compute(
