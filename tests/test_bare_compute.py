@@ -100,7 +100,7 @@ def _time_in_world(rank: int, world_size: int) -> int:
 
 def test_ranks_whose_loss_holds_collectives_make_as_many_passes() -> None:
     """Each rank times its own first pass; were each to size its passes from that (rank 0 would
-    make 15, rank 1 10), a loss with a collective in it would leave rank 0 waiting for ever on
+    make 10, rank 1 3), a loss with a collective in it would leave rank 0 waiting for ever on
     a pass rank 1 never makes."""
     repeats = run_in_world(_time_in_world, 2, timeout_s=60)
     assert repeats[0] == repeats[1] < bare_compute.REPEATS[1]  # rank 1's pass set both counts

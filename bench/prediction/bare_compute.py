@@ -38,8 +38,8 @@ import torch
 #: timed passes after the untimed first one: as many as fit in ``BUDGET_S`` by the first pass's
 #: time, within these bounds (a small model's pass is a few milliseconds, and a few passes of it
 #: would sample only a moment of a busy machine's drift)
-REPEATS = (3, 15)
-BUDGET_S = 1.0
+REPEATS = (3, 10)
+BUDGET_S = 0.3
 
 
 def time_forward_backward(
