@@ -31,7 +31,6 @@ MAX_REPEAT = 100
 
 CELLS_FILE = "cells.json"
 
-
 def check_repeat(repeat: int | None) -> int | None:
     if repeat is not None and not 1 <= repeat <= MAX_REPEAT:
         raise UsageError(f"--repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}")

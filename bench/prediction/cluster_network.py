@@ -82,7 +82,8 @@ CLUSTERS: dict[str, ClusterNetwork] = {
         NAMED["nvlink"].default,
         NAMED["ib-200"].default,
         8,
-        "H100 SXM nodes of 8 with NVLink 4 inside, InfiniBand HDR 200 Gb/s per GPU across; latencies assumed",
+        "H100 SXM nodes of 8 with NVLink 4 inside, InfiniBand HDR 200 Gb/s per GPU across; latencies "
+        "assumed",
     ),
     "dgx-a100-ib200": ClusterNetwork(
         "dgx-a100-ib200",

@@ -108,3 +108,4 @@ CHOICES = (MEASURED, *NAMED)
 def default_network(device: str) -> str:
     """What ``--network`` is when not given: gloo measured here on a CPU, NVLink on CUDA."""
     return MEASURED if device == "cpu" else "nvlink"
+

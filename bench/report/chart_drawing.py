@@ -192,7 +192,9 @@ def _draw_bars(ax: Axes, panel: Panel, *, fig_width: float) -> None:
         for s in series
     ]
     if panel.reference:
-        handles.append(Line2D([], [], color="black", linestyle="--", label=f"{REFERENCE} (reference)"))
+        handles.append(
+            Line2D([], [], color="black", linestyle="--", label=f"{REFERENCE} (reference)")
+        )
     if any(b.value is None for b in panel.bars):
         handles.append(_failed_handle())
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=SMALL, frameon=False)

@@ -14,7 +14,6 @@ from shardbench.strategies.registry import display_of
 FALLBACK_COLORS = ("#756bb1", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 _UNKNOWN_ORDER = 1_000_000  # after every declared strategy
 
-
 def strategy_key(name: str) -> tuple[int, str]:
     """Sort key: the declared order, unknown names last (alphabetically)."""
     display = display_of(_strategy(name))

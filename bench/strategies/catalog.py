@@ -100,7 +100,8 @@ class StrategyCard:
 
 #: FairScale's fp16 loss scaler is built on torch.cuda.amp's
 FAIRSCALE_FP16_NEEDS_CUDA = (
-    "FairScale's ShardedGradScaler turns itself off without CUDA, so fp16 would train with no loss scaling"
+    "FairScale's ShardedGradScaler turns itself off without CUDA, so fp16 would train with no "
+    "loss scaling"
 )
 #: what every DeepSpeed stage does differently from single-process AdamW (parity tests pin it)
 _DEEPSPEED_NO_SIMULATION = (
