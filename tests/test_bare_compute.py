@@ -68,6 +68,9 @@ def test_passes_follow_the_slowest_first_pass(monkeypatch: pytest.MonkeyPatch) -
         Counting(), _loss, torch.rand(4, 8), device=torch.device("cpu"), agree=lambda s: 60.0
     )
     assert slow["repeats"] == bare_compute.REPEATS[0]
+    # never more passes than the cell times steps: a one-step cell's figure is one pass
+    one = time_forward_backward(Counting(), _loss, torch.rand(4, 8), device=torch.device("cpu"), most=1)
+    assert one["repeats"] == 1
 
 
 def test_fits_counts_every_copy_and_its_gradients() -> None:

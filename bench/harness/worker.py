@@ -330,6 +330,7 @@ def _bare_compute(
             device=ctx.device,
             autocast=compute_dtype(cell.precision),
             agree=functools.partial(_slowest, ctx.process_group) if grouped else float,
+            most=max(1, cell.steps),
         )
     except Exception:  # noqa: BLE001 - a timing that fails costs the figure only
         return None

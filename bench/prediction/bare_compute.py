@@ -50,12 +50,15 @@ def time_forward_backward(
     device: torch.device,
     autocast: torch.dtype | None = None,
     agree: Callable[[float], float] = float,
+    most: int = REPEATS[1],
 ) -> dict[str, Any]:
     """The model's forward and backward on ``inputs``: ``seconds`` (the median of the timed
     passes), ``mad_seconds``, ``repeats`` and ``threads``. A cell's ranks call it right after
     a barrier, so that their passes run at once. ``agree``: the slowest rank's first pass from
     this rank's (a max over the ranks), so that every rank makes as many passes: a model's loss
-    may hold collectives of its own (SwAV's Sinkhorn sums its codes over the ranks)."""
+    may hold collectives of its own (SwAV's Sinkhorn sums its codes over the ranks). ``most``: no
+    more timed passes than this (a cell's timed steps: its figure is then no surer than the step
+    it predicts, and a one-step cell pays two passes, not eleven)."""
     from shardbench.metrics.timing import synchronize
     from shardbench.prediction.flops import ForwardBackward
 
@@ -63,7 +66,8 @@ def time_forward_backward(
     times: list[float] = []
     with torch.random.fork_rng(devices=devices):
         step = ForwardBackward(copy.deepcopy(model), loss, autocast, device.type)
-        passes, i = REPEATS[0], 0
+        bounds = (min(REPEATS[0], most), min(REPEATS[1], most))
+        passes, i = bounds[0], 0
         while i <= passes:
             step.zero_grad(set_to_none=True)  # as a training step leaves them
             synchronize(device)
@@ -75,7 +79,7 @@ def time_forward_backward(
                 times.append(seconds)
             else:  # the slowest rank's first pass sets how many fit in the budget
                 slowest = agree(seconds)
-                passes = min(REPEATS[1], max(REPEATS[0], int(BUDGET_S / max(slowest, 1e-6))))
+                passes = min(bounds[1], max(bounds[0], int(BUDGET_S / max(slowest, 1e-6))))
             i += 1
         del step
     median = statistics.median(times)
