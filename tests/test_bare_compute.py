@@ -147,3 +147,30 @@ def _no_network():
     from shardbench.prediction.network_profiles import LinkCost, NetworkProfile
 
     return NetworkProfile("none", LinkCost(0.0, float("inf")), "no collectives", shares_compute=True)
+
+
+def _failing_on_rank_1(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A loss that raises on rank 1 only (a copy that runs out of memory there, say)."""
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1's forward fails")
+    return model(x).square().mean()
+
+
+def _fail_in_world(rank: int, world_size: int) -> bool:
+    from shardbench.harness.worker import _slowest
+
+    def agree(seconds: float) -> float:
+        return _slowest(dist.group.WORLD, seconds)
+
+    x = torch.rand(4, 8)
+    out = time_forward_backward(
+        nn.Linear(8, 8), _failing_on_rank_1, x, device=torch.device("cpu"), agree=agree
+    )
+    dist.all_reduce(torch.ones(1))  # the next collective both ranks make pairs up: none is left behind
+    return out is None
+
+
+def test_a_rank_that_fails_its_first_pass_makes_every_rank_give_the_figure_up() -> None:
+    """Rank 1 fails its first pass, rank 0 does not: rank 0 must not go on timing (its next
+    collective would pair with whatever rank 1 does next); both give the figure up together."""
+    assert run_in_world(_fail_in_world, 2, timeout_s=60) == [True, True]

@@ -261,7 +261,9 @@ def _train_and_measure(
     )
     per_process = 1 if cell.simulate else ctx.world_size // processes
     data_ranks = range(rank * per_process, (rank + 1) * per_process)
+    timing_bare = time.perf_counter()
     bare = _bare_compute(cell, workload, model, ctx, data_ranks)
+    started += time.perf_counter() - timing_bare  # not set-up: the slow-start note must not count it
     model, optimizer, autocast_dtype, ctx = _wrapped(cell, strategy, workload, model, ctx)
     setup_s = time.perf_counter() - started
     model.train()
@@ -271,6 +273,7 @@ def _train_and_measure(
     timing, memory, overlap = _phases(steps, cell, ctx.world_size, artifacts)
     peak, flops_note = _rank_peak(cell, ctx, rank, flops, flops_note)
     settings = _settings(cell, strategy, model, timing, memory)
+    optimizer_tensors = _counted_tensors(optimizer)  # before teardown: a peer's engine is gone after
     strategy.teardown()
     return RankResult(
         rank=rank,
@@ -295,8 +298,17 @@ def _train_and_measure(
         op_calls=op_calls,
         peak=peak,
         bare_compute=bare,
-        optimizer_tensors=stepped_tensors(optimizer),
+        optimizer_tensors=optimizer_tensors,
     )
+
+
+def _counted_tensors(optimizer: Any) -> int | None:
+    """The tensors the rank's optimizer steps over; None where a peer's optimizer cannot be
+    counted (the figure only, never the cell)."""
+    try:
+        return stepped_tensors(optimizer)
+    except Exception:  # noqa: BLE001 - a peer's optimizer of an unknown shape
+        return None
 
 
 def _bare_compute(

@@ -5,8 +5,9 @@ elements; a sharded optimizer steps over its own pieces, which may be fewer or m
 
 A wrapper that shards the optimizer state keeps the optimizer that really steps inside it: ours
 as ``local``, FairScale's OSS and torch's ZeroRedundancyOptimizer as ``optim``, DeepSpeed's ZeRO as
-``optimizer``. The count is that innermost optimizer's tensors that hold elements on this rank (a
-DTensor's local shard; an empty piece is skipped by every implementation)."""
+``optimizer``. The count is that innermost optimizer's trainable tensors: each DTensor (FSDP2's
+shards), as the loop steps each, even one holding no elements on this rank; a plain tensor where it
+holds elements (our ZeRO's pieces: an empty one is not handed to the optimizer)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def stepping_optimizer(optimizer: Any) -> Any:
 
 
 def stepped_tensors(optimizer: Any) -> int | None:
-    """The tensors with elements on this rank that ``optimizer`` steps over; None where it has no
-    parameter groups to count."""
+    """The tensors ``optimizer`` steps over on this rank (see the module docstring); None where it
+    has no parameter groups to count."""
     groups = getattr(stepping_optimizer(optimizer), "param_groups", None)
     if groups is None:
         return None
@@ -39,5 +40,5 @@ def stepped_tensors(optimizer: Any) -> int | None:
         1
         for group in groups
         for p in group["params"]
-        if p.requires_grad and getattr(p, "_local_tensor", p).numel() > 0
+        if p.requires_grad and (hasattr(p, "_local_tensor") or p.numel() > 0)
     )

@@ -28,6 +28,7 @@ memory bandwidth as their steps do.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -51,12 +52,15 @@ def time_forward_backward(
     autocast: torch.dtype | None = None,
     agree: Callable[[float], float] = float,
     most: int = REPEATS[1],
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """The model's forward and backward on ``inputs``: ``seconds`` (the median of the timed
-    passes), ``mad_seconds``, ``repeats`` and ``threads``. A cell's ranks call it right after
-    a barrier, so that their passes run at once. ``agree``: the slowest rank's first pass from
-    this rank's (a max over the ranks), so that every rank makes as many passes: a model's loss
-    may hold collectives of its own (SwAV's Sinkhorn sums its codes over the ranks). ``most``: no
+    passes), ``mad_seconds``, ``repeats`` and ``threads``; None where this rank or another could
+    not copy the model or make the first pass (each tells the others through ``agree``, an
+    infinite first pass, so that all give up together rather than leave one waiting). A cell's
+    ranks call it right after a barrier, so that their passes run at once. ``agree``: the slowest
+    rank's first pass from this rank's (a max over the ranks), so that every rank makes as many
+    passes: a model's loss may hold collectives of its own (SwAV's Sinkhorn sums its codes over
+    the ranks). ``most``: no
     more timed passes than this (a cell's timed steps: its figure is then no surer than the step
     it predicts, and a one-step cell pays two passes, not eleven)."""
     from shardbench.metrics.timing import synchronize
@@ -65,22 +69,26 @@ def time_forward_backward(
     devices = [device.index or 0] if device.type == "cuda" else []
     times: list[float] = []
     with torch.random.fork_rng(devices=devices):
-        step = ForwardBackward(copy.deepcopy(model), loss, autocast, device.type)
-        bounds = (min(REPEATS[0], most), min(REPEATS[1], most))
-        passes, i = bounds[0], 0
-        while i <= passes:
+
+        def one_pass(step: ForwardBackward) -> float:
             step.zero_grad(set_to_none=True)  # as a training step leaves them
             synchronize(device)
             started = time.perf_counter()
             step(inputs)
             synchronize(device)
-            seconds = time.perf_counter() - started
-            if i:
-                times.append(seconds)
-            else:  # the slowest rank's first pass sets how many fit in the budget
-                slowest = agree(seconds)
-                passes = min(bounds[1], max(bounds[0], int(BUDGET_S / max(slowest, 1e-6))))
-            i += 1
+            return time.perf_counter() - started
+
+        try:  # the copy and the first pass: a rank that fails them says so in the agreement
+            step = ForwardBackward(copy.deepcopy(model), loss, autocast, device.type)
+            first = one_pass(step)
+        except Exception:  # noqa: BLE001 - every rank gives the figure up together, below
+            step, first = None, math.inf
+        slowest = agree(first)  # the slowest rank's first pass sets how many fit in the budget
+        if step is None or not math.isfinite(slowest):
+            return None
+        low, high = min(REPEATS[0], most), min(REPEATS[1], most)
+        passes = min(high, max(low, int(BUDGET_S / max(slowest, 1e-6))))
+        times = [one_pass(step) for _ in range(passes)]
         del step
     median = statistics.median(times)
     return {
