@@ -60,9 +60,8 @@ def time_forward_backward(
     ranks call it right after a barrier, so that their passes run at once. ``agree``: the slowest
     rank's first pass from this rank's (a max over the ranks), so that every rank makes as many
     passes: a model's loss may hold collectives of its own (SwAV's Sinkhorn sums its codes over
-    the ranks). ``most``: no
-    more timed passes than this (a cell's timed steps: its figure is then no surer than the step
-    it predicts, and a one-step cell pays two passes, not eleven)."""
+    the ranks). ``most``: no more timed passes than this (a cell's timed steps: its figure is
+    then no surer than the step it predicts, and a one-step cell pays two passes, not eleven)."""
     from shardbench.metrics.timing import synchronize
     from shardbench.prediction.flops import ForwardBackward
 
