@@ -81,9 +81,10 @@ class BareCompute:
 class PredictedStep:
     """The step-time model's prediction for a cell: ``step`` and its terms ``compute``,
     ``update``, ``comm`` (every collective's time) and ``exposed_comm`` in seconds; the tokens/s
-    and MFU they give; the network profile; how compute was reached (``compute_source``: the op
-    replay, or FLOPs at a rate of the peak and an efficiency); the core share and the update
-    rate it assumed."""
+    and MFU they give; the network profile; how compute was reached (``compute_source``, in words,
+    and ``compute_basis``: ``measured``, the cell's own forward and backward timed; ``replayed``,
+    its operators replayed; ``flops``, FLOPs at a rate of the peak and an efficiency); the core
+    share and the update rate it assumed."""
 
     step: float
     compute: float | None = None
@@ -97,6 +98,7 @@ class PredictedStep:
     network: str | None = None
     network_source: str | None = None
     compute_source: str | None = None
+    compute_basis: str | None = None
     rate_flops_per_s: float | None = None
     peak_kind: str | None = None
     efficiency: float | None = None

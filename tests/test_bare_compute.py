@@ -53,17 +53,20 @@ def test_timing_leaves_the_model_and_the_rng_as_they_were() -> None:
     assert bare_compute.REPEATS[0] <= out["repeats"] <= bare_compute.REPEATS[1]
 
 
-def test_passes_follow_the_slowest_first_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The count of passes comes from ``agree``'s answer, so ranks that agree make as many."""
+def test_passes_follow_the_slowest_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count of passes comes from ``agree``'s answer on the first, so ranks that agree make
+    as many; and each timed pass counts as its slowest rank's time, as a synchronised step does."""
     monkeypatch.setattr(bare_compute, "BUDGET_S", 1.0)
     asked: list[float] = []
 
     def agree(seconds: float) -> float:
         asked.append(seconds)
-        return 0.2  # another rank's first pass took 0.2 s: 5 passes fit in the budget
+        return max(seconds, 0.2)  # another rank's every pass takes 0.2 s: 5 fit in the budget
 
     out = time_forward_backward(Counting(), _loss, torch.rand(4, 8), device=torch.device("cpu"), agree=agree)
-    assert len(asked) == 1 and out["repeats"] == 5
+    assert out["repeats"] == 5 and len(asked) == 1 + 5  # the first pass, then each timed one
+    assert all(t < 0.2 for t in asked)  # this rank's passes are the quicker: the other's count
+    assert out["seconds"] == 0.2 and out["mad_seconds"] == 0.0
     slow = time_forward_backward(
         Counting(), _loss, torch.rand(4, 8), device=torch.device("cpu"), agree=lambda s: 60.0
     )
@@ -174,3 +177,33 @@ def test_a_rank_that_fails_its_first_pass_makes_every_rank_give_the_figure_up() 
     """Rank 1 fails its first pass, rank 0 does not: rank 0 must not go on timing (its next
     collective would pair with whatever rank 1 does next); both give the figure up together."""
     assert run_in_world(_fail_in_world, 2, timeout_s=60) == [True, True]
+
+
+#: the passes a rank's loss has made (each rank is a process of its own)
+_PASSES: list[int] = []
+
+
+def _failing_on_rank_1_third_pass(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A loss that raises on rank 1's third pass only (its first timed pass is the second)."""
+    _PASSES.append(1)
+    if dist.get_rank() == 1 and len(_PASSES) == 3:
+        raise RuntimeError("rank 1's third pass fails")
+    return model(x).square().mean()
+
+
+def _fail_later_in_world(rank: int, world_size: int) -> bool:
+    from shardbench.harness.worker import _slowest
+
+    def agree(seconds: float) -> float:
+        return _slowest(dist.group.WORLD, seconds)
+
+    x = torch.rand(4, 8)
+    out = time_forward_backward(
+        nn.Linear(8, 8), _failing_on_rank_1_third_pass, x, device=torch.device("cpu"), agree=agree
+    )
+    dist.all_reduce(torch.ones(1))
+    return out is None
+
+
+def test_a_rank_that_fails_a_timed_pass_makes_every_rank_give_the_figure_up() -> None:
+    assert run_in_world(_fail_later_in_world, 2, timeout_s=60) == [True, True]

@@ -29,19 +29,29 @@ def test_an_interval_covers_the_central_share_of_the_checks_ratios() -> None:
     assert interval_from(2.0, ratios[: MINIMUM - 1]) is None
 
 
-def test_checks_are_kept_per_machine_and_device_kind_newest_window(tmp_path) -> None:
+def test_checks_are_kept_per_machine_device_kind_and_compute_basis_newest_window(tmp_path) -> None:
+    def check(name: str, device: str, ratio: float, basis: str | None = "measured") -> None:
+        add_check({"device_name": name, "device": device, "compute": basis, "ratio": ratio}, tmp_path)
+
     for k in range(WINDOW + 5):
-        add_check({"device_name": "cpu-a", "device": "cpu", "ratio": 1.0 + k / 1000}, tmp_path)
-    add_check({"device_name": "cpu-b", "device": "cpu", "ratio": 3.0}, tmp_path)
-    add_check({"device_name": "cpu-a", "device": "cuda", "ratio": 5.0}, tmp_path)
+        check("cpu-a", "cpu", 1.0 + k / 1000)
+    check("cpu-b", "cpu", 3.0)
+    check("cpu-a", "cuda", 5.0)
+    check("cpu-a", "cpu", 7.0, basis="replayed")
+    check("cpu-a", "cpu", 9.0, basis=None)  # says no basis: counted under none
     checks = read_checks(tmp_path)
-    assert len(checks) == WINDOW + 7 and all("checked_at" in c for c in checks)
-    mine = ratios_for(checks, "cpu-a", "cpu")
+    assert len(checks) == WINDOW + 9 and all("checked_at" in c for c in checks)
+    mine = ratios_for(checks, "cpu-a", "cpu", "measured")
     assert len(mine) == WINDOW and mine[0] == pytest.approx(1.005) and mine[-1] == pytest.approx(1.044)
-    assert ratios_for(checks, "cpu-b", "cpu") == [3.0]
-    step = PredictedStep(step=1.0)
+    assert ratios_for(checks, "cpu-b", "cpu", "measured") == [3.0]
+    assert ratios_for(checks, "cpu-a", "cpu", "replayed") == [7.0]
+    assert ratios_for(checks, "cpu-a", "cpu", "flops") == []
+    step = PredictedStep(step=1.0, compute_basis="measured")
     assert with_interval(step, "cpu-b", "cpu", tmp_path) is step  # one check: no interval
     assert with_interval(step, "cpu-a", "cpu", tmp_path).interval is not None
+    # a plan's prediction (its compute replayed) takes no interval from the timed cells' checks
+    planned = PredictedStep(step=1.0, compute_basis="replayed")
+    assert with_interval(planned, "cpu-a", "cpu", tmp_path) is planned
 
 
 def test_the_file_keeps_at_most_its_limit(tmp_path, monkeypatch) -> None:

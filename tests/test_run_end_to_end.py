@@ -11,6 +11,7 @@ from shardbench.cli import main
 from shardbench.harness.config import CellConfig
 from shardbench.metrics.timing import summarize
 from shardbench.models.registry import get_workload
+from shardbench.prediction.model_error import read_checks
 from shardbench.prediction.record_step_time import BARE_SOURCE, replay_usable
 from shardbench.records import read_records
 from tests.cells import tiny_cell
@@ -89,12 +90,19 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         # the rank's optimizer steps over: ddp's every parameter, zero2's fewer pieces of them
         b = r.bare_compute
         assert b.threads == r.threads_per_rank and b.repeats >= 3 and b.seconds > 0
-        assert p.compute_source == BARE_SOURCE and p.compute == b.seconds and p.update > 0
+        assert p.compute_source == BARE_SOURCE and p.compute_basis == "measured"
+        assert p.compute == b.seconds and p.update > 0
         if r.strategy == "ddp":
             assert r.optimizer_tensors == n_parameter_tensors[r.workload]
     tensors = {(r.workload, r.strategy): r.optimizer_tensors for r in records}
     for workload in {r.workload for r in records}:
         assert 0 < tensors[workload, "zero2"] < tensors[workload, "ddp"], workload
+    # each cell checked the model twice, each check kept apart by its compute's basis: its own
+    # prediction (the timed pass), and the one a plan would have made of it (the replay), so a
+    # plan's interval comes from the replay's own error
+    checked = {(c["workload"], c["strategy"], c.get("compute")) for c in read_checks()}
+    for r in records:
+        assert {(r.workload, r.strategy, b) for b in ("measured", "replayed")} <= checked, r.workload
     # a command counts a step once and hands the count on (harness/counting.py): every cell of
     # a workload carries that one count (that it holds whatever the strategy: test_dp_on_cpu...)
     for workload in {r.workload for r in records}:

@@ -27,7 +27,7 @@ from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.op_calls import OpCall, calls_from_json, calls_to_json
 from shardbench.prediction.zero_accounting import predict, predict_comm, workload_params
 from shardbench.records import UNNAMED_DEVICE, Record, capture_env, finite, first_line
-from shardbench.step_figures import BareCompute, FlopsPerStep
+from shardbench.step_figures import BareCompute, FlopsPerStep, PredictedStep
 from shardbench.step_figures import from_json as figures
 from shardbench.strategies.catalog import WorldPlan
 
@@ -328,21 +328,52 @@ def _add_prediction(record: Record, probes: MachineProbes, strategy: Strategy) -
     if why and record.flops_per_step:
         record.note = "; ".join(p for p in (record.note, why) if p)
     _check_model(record, probes.home)
+    if record.predicted_step_time and record.predicted_step_time.compute_basis == "measured":
+        try:  # what a plan would have predicted of this cell: the check of plan's own model
+            as_planned, _ = predict_record(
+                record,
+                network=network,
+                probes=probes,
+                strategy=strategy,
+                ranks_per_node=per_node,
+                timed_compute=False,
+            )
+        except Exception:  # noqa: BLE001 - the cell's own prediction and check stand without it
+            as_planned = None
+        _keep_check(record, as_planned, probes.home)
 
 
 def _check_model(record: Record, home: Path | None) -> None:
-    """The prediction's interval from this machine's earlier checks of the model, then this
-    cell's own check kept for the next (``prediction/model_error.py``)."""
-    from shardbench.prediction.accuracy import predicted_over_measured
-    from shardbench.prediction.model_error import add_check, with_interval
+    """The prediction's interval from this machine's earlier checks of the model on its compute's
+    basis, then this cell's own check kept for the next (``prediction/model_error.py``)."""
+    from shardbench.prediction.model_error import with_interval
 
-    predicted, ratio = record.predicted_step_time, predicted_over_measured(record)
-    if predicted is None or ratio is None:
+    predicted = record.predicted_step_time
+    if predicted is None:
         return
     device_name = record.env.get("device_name") or UNNAMED_DEVICE
     record.predicted_step_time = with_interval(predicted, device_name, record.device, home)
-    cell = {"workload": record.workload, "strategy": record.strategy, "world_size": record.world_size}
-    add_check({"device_name": device_name, "device": record.device, "ratio": ratio, **cell}, home)
+    _keep_check(record, predicted, home)
+
+
+def _keep_check(record: Record, predicted: PredictedStep | None, home: Path | None) -> None:
+    """Keep ``predicted`` over the record's measured median as a check of the model on the
+    basis of its compute."""
+    from shardbench.prediction.model_error import add_check
+
+    measured = (record.step_time_s or {}).get("median")
+    if predicted is None or not predicted.step or not measured:
+        return
+    check = {
+        "device_name": record.env.get("device_name") or UNNAMED_DEVICE,
+        "device": record.device,
+        "compute": predicted.compute_basis,
+        "ratio": predicted.step / measured,
+        "workload": record.workload,
+        "strategy": record.strategy,
+        "world_size": record.world_size,
+    }
+    add_check(check, home)
 
 
 def _add_throughput(record: Record, cell: CellConfig, results: list[RankResult]) -> None:

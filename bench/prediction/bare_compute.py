@@ -14,7 +14,8 @@ strategies: the update of the optimizer state a rank holds, and the communicatio
 
 How: after one untimed pass (the allocator's and the kernels' first-call set-up), timed passes
 of ``loss(model, inputs)`` and its backward, as many as ``BUDGET_S`` holds (``REPEATS`` bounds
-them); the median is the figure.
+them), the ranks together: each pass's time is its slowest rank's, as a synchronised step's
+compute is, and the median of those is the figure.
 
 The passes run on a copy of the model (``copy.deepcopy``) under a forked RNG: whatever a forward
 changes (batch normalisation's running statistics, a parameter renormalised in place, a model's
@@ -55,13 +56,14 @@ def time_forward_backward(
 ) -> dict[str, Any] | None:
     """The model's forward and backward on ``inputs``: ``seconds`` (the median of the timed
     passes), ``mad_seconds``, ``repeats`` and ``threads``; None where this rank or another could
-    not copy the model or make the first pass (each tells the others through ``agree``, an
-    infinite first pass, so that all give up together rather than leave one waiting). A cell's
+    not copy the model or make a pass (each tells the others through ``agree``, an infinite
+    pass, so that all give up together rather than leave one waiting). A cell's
     ranks call it right after a barrier, so that their passes run at once. ``agree``: the slowest
-    rank's first pass from this rank's (a max over the ranks), so that every rank makes as many
-    passes: a model's loss may hold collectives of its own (SwAV's Sinkhorn sums its codes over
-    the ranks). ``most``: no more timed passes than this (a cell's timed steps: its figure is
-    then no surer than the step it predicts, and a one-step cell pays two passes, not eleven)."""
+    rank's time from this rank's (a max over the ranks). Of the first pass, so that every rank
+    makes as many passes: a model's loss may hold collectives of its own (SwAV's Sinkhorn sums
+    its codes over the ranks). And of each timed pass, which is then that pass's time.
+    ``most``: no more timed passes than this (a cell's timed steps: its figure is then no surer
+    than the step it predicts, and a one-step cell pays two passes, not eleven)."""
     from shardbench.metrics.timing import synchronize
     from shardbench.prediction.flops import ForwardBackward
 
@@ -87,7 +89,16 @@ def time_forward_backward(
             return None
         low, high = min(REPEATS[0], most), min(REPEATS[1], most)
         passes = min(high, max(low, int(BUDGET_S / max(slowest, 1e-6))))
-        times = [one_pass(step) for _ in range(passes)]
+        for _ in range(passes):
+            try:
+                seconds = one_pass(step)
+            except Exception:  # noqa: BLE001 - as a failed first pass: all give up together
+                seconds = math.inf
+            # the pass's slowest rank: a data-parallel step's compute ends when the slowest
+            # rank's does, whichever that is this time (the agreement also starts the next pass)
+            times.append(agree(seconds))
+            if not math.isfinite(times[-1]):
+                return None
         del step
     median = statistics.median(times)
     return {

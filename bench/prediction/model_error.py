@@ -4,10 +4,17 @@ that a new prediction carries an interval: the range its measured step should fa
 Every measured cell checks the model (its ``predicted_step_time`` beside its measured median).
 Each check on a quiet machine is kept, per machine, in the results home
 (``peaks/model_error.json``: the CPU or GPU's name, the device kind, the predicted-over-measured
-ratio, the cell and when). A prediction's interval is then the central ``COVER`` of the last
-``WINDOW`` checks' ratios on that machine and device kind, turned into step times:
+ratio, the compute it stood on, the cell and when). A prediction's interval is then the central
+``COVER`` of the last ``WINDOW`` checks' ratios on that machine and device kind, from predictions
+whose compute had the same basis (``PredictedStep.compute_basis``), turned into step times:
 ``[step / high ratio, step / low ratio]``. With fewer than ``MINIMUM`` checks there is no
 interval (an interval from three checks would say more than they know).
+
+The basis keeps the errors of two models apart: a cell that ran predicts from its own timed
+forward and backward, a plan from the replay of its operators, and the replay's error is not the
+timed pass's. So each measured cell that has both checks both: its own prediction, and the one a
+plan would have made of it (``record_step_time.predict_record(timed_compute=False)``). A check
+that does not say its basis is not counted.
 
 Two predictions whose intervals overlap are "predicted equal" (``plan``): a difference the
 model's own error on this machine could make. The checks of one machine share its systematic
@@ -66,10 +73,15 @@ def add_check(check: dict[str, Any], home: Path | None = None) -> None:
         atomic_write_text(path, json.dumps({"checks": checks[-KEPT:]}, indent=1) + "\n")
 
 
-def ratios_for(checks: Sequence[dict[str, Any]], device_name: str, device: str) -> list[float]:
-    """The newest ``WINDOW`` checks' ratios on ``device_name`` as ``device``."""
-    machine = (device_name, device)
-    mine = [float(c["ratio"]) for c in checks if (c.get("device_name"), c.get("device")) == machine]
+def ratios_for(
+    checks: Sequence[dict[str, Any]], device_name: str, device: str, basis: str | None
+) -> list[float]:
+    """The newest ``WINDOW`` checks' ratios on ``device_name`` as ``device``, of predictions
+    whose compute stood on ``basis``."""
+    key = (device_name, device, basis)
+    mine = [
+        float(c["ratio"]) for c in checks if (c.get("device_name"), c.get("device"), c.get("compute")) == key
+    ]
     return mine[-WINDOW:]
 
 
@@ -96,6 +108,8 @@ def interval_source(count: int) -> str:
 def with_interval(
     predicted: PredictedStep, device_name: str, device: str, home: Path | None = None
 ) -> PredictedStep:
-    """``predicted`` with its interval from this machine's checks (unchanged with too few)."""
-    interval = interval_from(predicted.step, ratios_for(read_checks(home), device_name, device))
+    """``predicted`` with its interval from this machine's checks of predictions on its basis
+    (unchanged with too few)."""
+    ratios = ratios_for(read_checks(home), device_name, device, predicted.compute_basis)
+    interval = interval_from(predicted.step, ratios)
     return predicted if interval is None else replace(predicted, interval=interval)

@@ -132,13 +132,16 @@ def predict_record(
     probes: MachineProbes | None = None,
     strategy: Strategy | None = None,
     ranks_per_node: int | None = None,
+    timed_compute: bool = True,
 ) -> tuple[PredictedStep | None, str | None]:
     """The record's ``predicted_step_time`` (seconds and how they were reached), or None and why
     not. ``peak``: the device's (default: the record's own); ``shape``: the model's
     ``CommShape`` (default: the record's predicted bytes, on its own backend); ``probes``: this
     machine's (default: those cached in the user's results home); ``strategy``: the record's
     (default: from its name); ``ranks_per_node``: the nodes' size a two-tier network places the
-    ranks by (default: the named cluster's)."""
+    ranks by (default: the named cluster's); ``timed_compute``: False predicts as a plan would,
+    from the replay, even where the cell timed its own forward and backward (the model's check
+    of the prediction ``plan`` makes)."""
     check_any_network(network, ranks_per_node)
     counted = record.flops_per_step
     peak = peak or record.peak_flops_per_s
@@ -149,7 +152,7 @@ def predict_record(
     share = _core_share(record) if cpu else 1.0
     efficiency = EFFICIENCY.get(peak.get("kind", "measured"), 1.0)
     rate = peak["flops_per_s"] * efficiency * share
-    bare = record.bare_compute if cpu else None
+    bare = record.bare_compute if cpu and timed_compute else None
     replayed = record.compute_replay if cpu and not bare and replay_usable(record.compute_replay) else None
     strategy = strategy or _strategy_of(record)
     elements, spe = _update(record, strategy, peak, share, probes)
@@ -178,6 +181,7 @@ def predict_record(
         network=profile.name,
         network_source=profile.source if isinstance(profile, NetworkProfile) else profile.describe(),
         compute_source=BARE_SOURCE if bare else _compute_source(record.compute_replay, replayed),
+        compute_basis="measured" if bare else "replayed" if replayed else "flops",
         rate_flops_per_s=None if replayed or bare else rate,
         peak_kind=peak.get("kind"),
         efficiency=None if replayed or bare else efficiency,
