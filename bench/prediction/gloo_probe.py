@@ -5,7 +5,10 @@ per call plus bytes over a bandwidth (``network_profiles.LinkCost``); the step-t
 The method is fixed: ``world_size`` processes started afresh (spawn), a gloo group over a file
 store, each at ``threads`` intra-op threads (what a rank of the run has). For each collective
 kind and each size in ``SIZES`` (fp32 tensors, the full tensor's bytes), one untimed call, then
-``REPEATS`` calls each timed alone between barriers on rank 0; the median is the size's time.
+``REPEATS[size]`` calls each timed alone between barriers on rank 0; the median is the size's
+time. The small sizes take the most calls: a call of a millisecond is the one a scheduler's
+hiccup moves most, and a median of a few of them moved the fitted latency tenfold between probes
+of one machine.
 The fit is least squares of seconds against the bytes a ring sends per rank
 (``metrics.analytic.RING``): the intercept is the latency, the slope's inverse the bandwidth. A kind gloo
 cannot run here is left out (its collectives are costed at all-reduce's rates). On a 2-core CPU
@@ -32,7 +35,11 @@ from shardbench.metrics.topology import replica_group_ranks, shard_group_ranks
 #: full-tensor bytes per call measured: small enough to take seconds, large enough that the
 #: bandwidth term dominates the largest
 SIZES = (1 << 16, 1 << 21, 1 << 24)
-REPEATS = 3
+#: timed calls per size (every rank makes as many: the counts are fixed, not timed): about a
+#: tenth of a second of calls at each size on a 2-core CPU
+REPEATS = {1 << 16: 25, 1 << 21: 11, 1 << 24: 5}
+#: timed calls of a size ``REPEATS`` does not name (a test's smaller ones)
+OTHER_REPEATS = 5
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 
 
@@ -127,7 +134,7 @@ def _rank(
                 except (RuntimeError, ValueError):  # gloo lacks the kind here: every rank alike
                     break
                 times = []
-                for _ in range(REPEATS):
+                for _ in range(REPEATS.get(nbytes, OTHER_REPEATS)):
                     dist.barrier()
                     started = time.perf_counter()
                     call()

@@ -32,8 +32,15 @@ UpdateMeasure = Callable[[int, int, int], dict[str, Any]]
 
 def network_key(world_size: int, threads: int, device_name: str, torch_version: str, cores: int) -> str:
     """What makes two gloo probes the same measurement: the CPU, torch (gloo comes with it), the
-    ranks, their threads and the cores they share."""
-    return f"{device_name} | torch {torch_version} | {world_size} ranks | {threads} threads | {cores} cores"
+    ranks, their threads, the cores they share and the calls timed at each size (a figure of
+    fewer calls is another, noisier measurement)."""
+    from shardbench.prediction.gloo_probe import REPEATS
+
+    calls = "/".join(str(REPEATS[size]) for size in sorted(REPEATS))
+    return (
+        f"{device_name} | torch {torch_version} | {world_size} ranks | {threads} threads | {cores} cores"
+        f" | {calls} calls"
+    )
 
 
 def update_key(threads: int, size: int, copies: int, device_name: str, torch_version: str) -> str:
