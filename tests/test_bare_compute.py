@@ -152,58 +152,31 @@ def _no_network():
     return NetworkProfile("none", LinkCost(0.0, float("inf")), "no collectives", shares_compute=True)
 
 
-def _failing_on_rank_1(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A loss that raises on rank 1 only (a copy that runs out of memory there, say)."""
-    if dist.get_rank() == 1:
-        raise RuntimeError("rank 1's forward fails")
-    return model(x).square().mean()
-
-
-def _fail_in_world(rank: int, world_size: int) -> bool:
+def _fail_in_world(rank: int, world_size: int, failing_pass: int) -> bool:
+    """Time a model whose loss raises on rank 1's ``failing_pass``-th pass only (a copy that runs
+    out of memory there, say); whether this rank gave the figure up."""
     from shardbench.harness.worker import _slowest
+
+    passes: list[int] = []
+
+    def loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        passes.append(1)
+        if rank == 1 and len(passes) == failing_pass:
+            raise RuntimeError(f"rank 1's pass {failing_pass} fails")
+        return model(x).square().mean()
 
     def agree(seconds: float) -> float:
         return _slowest(dist.group.WORLD, seconds)
 
-    x = torch.rand(4, 8)
     out = time_forward_backward(
-        nn.Linear(8, 8), _failing_on_rank_1, x, device=torch.device("cpu"), agree=agree
+        nn.Linear(8, 8), loss, torch.rand(4, 8), device=torch.device("cpu"), agree=agree
     )
     dist.all_reduce(torch.ones(1))  # the next collective both ranks make pairs up: none is left behind
     return out is None
 
 
-def test_a_rank_that_fails_its_first_pass_makes_every_rank_give_the_figure_up() -> None:
-    """Rank 1 fails its first pass, rank 0 does not: rank 0 must not go on timing (its next
-    collective would pair with whatever rank 1 does next); both give the figure up together."""
-    assert run_in_world(_fail_in_world, 2, timeout_s=60) == [True, True]
-
-
-#: the passes a rank's loss has made (each rank is a process of its own)
-_PASSES: list[int] = []
-
-
-def _failing_on_rank_1_third_pass(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A loss that raises on rank 1's third pass only (its first timed pass is the second)."""
-    _PASSES.append(1)
-    if dist.get_rank() == 1 and len(_PASSES) == 3:
-        raise RuntimeError("rank 1's third pass fails")
-    return model(x).square().mean()
-
-
-def _fail_later_in_world(rank: int, world_size: int) -> bool:
-    from shardbench.harness.worker import _slowest
-
-    def agree(seconds: float) -> float:
-        return _slowest(dist.group.WORLD, seconds)
-
-    x = torch.rand(4, 8)
-    out = time_forward_backward(
-        nn.Linear(8, 8), _failing_on_rank_1_third_pass, x, device=torch.device("cpu"), agree=agree
-    )
-    dist.all_reduce(torch.ones(1))
-    return out is None
-
-
-def test_a_rank_that_fails_a_timed_pass_makes_every_rank_give_the_figure_up() -> None:
-    assert run_in_world(_fail_later_in_world, 2, timeout_s=60) == [True, True]
+@pytest.mark.parametrize("failing_pass", [1, 3], ids=["the untimed first pass", "a timed pass"])
+def test_a_rank_that_fails_a_pass_makes_every_rank_give_the_figure_up(failing_pass: int) -> None:
+    """Rank 1 fails a pass, rank 0 does not: rank 0 must not go on timing (its next collective
+    would pair with whatever rank 1 does next); both give the figure up together."""
+    assert run_in_world(_fail_in_world, 2, failing_pass, timeout_s=60) == [True, True]
