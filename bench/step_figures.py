@@ -68,13 +68,17 @@ class ComputeReplay:
 @dataclass(frozen=True)
 class BareCompute:
     """A real cell's forward and backward timed on the model itself, before any strategy wrapped
-    it, on every rank at once (``prediction.bare_compute``): the slowest rank's median
-    ``seconds``, its ``mad_seconds``, the timed ``repeats`` and the rank's ``threads``."""
+    it, on every rank at once (``prediction.bare_compute``): the median over the passes of
+    each pass's slowest rank, ``seconds``, its ``mad_seconds``, the timed ``repeats`` and the
+    rank's ``threads``; and ``collectives``, those the model's own loss issued in a pass
+    (``{kind: {calls, bytes}}``, SwAV's Sinkhorn sums): in ``seconds`` already, so the step-time
+    model does not cost them again among the step's."""
 
     seconds: float
     mad_seconds: float | None = None
     repeats: int | None = None
     threads: int | None = None
+    collectives: dict[str, dict[str, int]] | None = None
 
 
 @dataclass(frozen=True)

@@ -100,16 +100,21 @@ def _time_in_world(rank: int, world_size: int) -> int:
         return _slowest(dist.group.WORLD, seconds)
 
     x = torch.rand(4, 8)
-    out = time_forward_backward(nn.Linear(8, 8), _collective_loss, x, device=torch.device("cpu"), agree=agree)
-    return out["repeats"]
+    out = time_forward_backward(
+        nn.Linear(8, 8), _collective_loss, x, device=torch.device("cpu"), agree=agree, world_size=world_size
+    )
+    return out["repeats"], out["collectives"]
 
 
 def test_ranks_whose_loss_holds_collectives_make_as_many_passes() -> None:
     """Each rank times its own first pass; were each to size its passes from that (rank 0 would
     make 10, rank 1 3), a loss with a collective in it would leave rank 0 waiting for ever on
     a pass rank 1 never makes."""
-    repeats = run_in_world(_time_in_world, 2, timeout_s=60)
-    assert repeats[0] == repeats[1] < bare_compute.REPEATS[1]  # rank 1's pass set both counts
+    (repeats_0, own_0), (repeats_1, own_1) = run_in_world(_time_in_world, 2, timeout_s=60)
+    assert repeats_0 == repeats_1 < bare_compute.REPEATS[1]  # rank 1's pass set both counts
+    # the loss's own collective is counted (one 4-byte all-reduce a pass): the figure holds it,
+    # so the step-time model leaves it out of the step's collectives
+    assert own_0 == own_1 == {"all_reduce": {"calls": 1, "bytes": 4}}
 
 
 class Wrapping(torch.optim.Optimizer):
@@ -180,3 +185,20 @@ def test_a_rank_that_fails_a_pass_makes_every_rank_give_the_figure_up(failing_pa
     """Rank 1 fails a pass, rank 0 does not: rank 0 must not go on timing (its next collective
     would pair with whatever rank 1 does next); both give the figure up together."""
     assert run_in_world(_fail_in_world, 2, failing_pass, timeout_s=60) == [True, True]
+
+
+def test_the_collectives_a_loss_issues_itself_are_not_costed_twice() -> None:
+    """A bare pass holds its loss's collectives (SwAV's Sinkhorn sums); the step counted them
+    too, beside its gradients': they leave the count, and a kind with none left goes."""
+    from shardbench.prediction.record_step_time import _less_the_loss_own
+
+    step = {"all_reduce": {"calls": 9, "bytes": 1000}, "broadcast": {"calls": 1, "bytes": 8}}
+    loss_own = {"all_reduce": {"calls": 8, "bytes": 64}}
+    assert _less_the_loss_own(step, loss_own) == {
+        "all_reduce": {"calls": 1, "bytes": 936},
+        "broadcast": {"calls": 1, "bytes": 8},
+    }
+    assert _less_the_loss_own(step, {"broadcast": {"calls": 1, "bytes": 8}}) == {
+        "all_reduce": {"calls": 9, "bytes": 1000}
+    }
+    assert _less_the_loss_own(step, {}) == step

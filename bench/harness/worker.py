@@ -343,6 +343,7 @@ def _bare_compute(
             autocast=compute_dtype(cell.precision),
             agree=functools.partial(_slowest, ctx.process_group) if grouped else float,
             most=max(1, cell.steps),
+            world_size=ctx.world_size if grouped else None,
         )
     except Exception:  # noqa: BLE001 - a timing that fails costs the figure only
         return None

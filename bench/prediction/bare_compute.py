@@ -28,6 +28,7 @@ memory bandwidth as their steps do.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import statistics
@@ -53,6 +54,7 @@ def time_forward_backward(
     autocast: torch.dtype | None = None,
     agree: Callable[[float], float] = float,
     most: int = REPEATS[1],
+    world_size: int | None = None,
 ) -> dict[str, Any] | None:
     """The model's forward and backward on ``inputs``: ``seconds`` (the median of the timed
     passes), ``mad_seconds``, ``repeats`` and ``threads``; None where this rank or another could
@@ -63,7 +65,11 @@ def time_forward_backward(
     makes as many passes: a model's loss may hold collectives of its own (SwAV's Sinkhorn sums
     its codes over the ranks). And of each timed pass, which is then that pass's time.
     ``most``: no more timed passes than this (a cell's timed steps: its figure is then no surer
-    than the step it predicts, and a one-step cell pays two passes, not eleven)."""
+    than the step it predicts, and a one-step cell pays two passes, not eleven). ``world_size``:
+    the ranks' count, where the loss may issue collectives of its own: the untimed first pass
+    counts them (``collectives``: calls and bytes per kind), since they are in the figure and a
+    step's count of its collectives holds them too."""
+    from shardbench.metrics.comm import CollectiveCounter
     from shardbench.metrics.timing import synchronize
     from shardbench.prediction.flops import ForwardBackward
 
@@ -79,9 +85,11 @@ def time_forward_backward(
             synchronize(device)
             return time.perf_counter() - started
 
+        counter = CollectiveCounter(world_size) if world_size else None
         try:  # the copy and the first pass: a rank that fails them says so in the agreement
             step = ForwardBackward(copy.deepcopy(model), loss, autocast, device.type)
-            first = one_pass(step)
+            with counter or contextlib.nullcontext():
+                first = one_pass(step)
         except Exception:  # noqa: BLE001 - every rank gives the figure up together, below
             step, first = None, math.inf
         slowest = agree(first)  # the slowest rank's first pass sets how many fit in the budget
@@ -106,6 +114,9 @@ def time_forward_backward(
         "mad_seconds": statistics.median(abs(t - median) for t in times),
         "repeats": len(times),
         "threads": torch.get_num_threads(),
+        "collectives": {k: {"calls": v["calls"], "bytes": v["bytes"]} for k, v in counter.ops.items()}
+        if counter
+        else {},
     }
 
 

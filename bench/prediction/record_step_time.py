@@ -70,12 +70,30 @@ def replay_copies(record: Record) -> int:
     return max(1, min(ranks, cores // rank_threads(record)))
 
 
+def _less_the_loss_own(
+    counted: dict[str, dict[str, Any]], own: dict[str, dict[str, int]]
+) -> dict[str, dict[str, Any]]:
+    """The step's counted collectives without those its model's loss issued itself (``own``,
+    counted in the bare pass, whose time holds them): a kind none of whose calls is left goes."""
+    out = {}
+    for kind, v in counted.items():
+        mine = own.get(kind) or {}
+        calls = int(v["calls"]) - int(mine.get("calls") or 0)
+        if calls > 0:
+            out[kind] = {**v, "calls": calls, "bytes": max(0, int(v["bytes"]) - int(mine.get("bytes") or 0))}
+    return out
+
+
 def collectives(
-    record: Record, strategy: Strategy, backend: str, shape: Any | None
+    record: Record, strategy: Strategy, backend: str, shape: Any | None, uses_bare: bool = False
 ) -> tuple[Collective, ...]:
     """The step's collectives on ``backend``, by role and group: predicted bytes, the cell's own
-    calls."""
-    counted = (record.comm_per_step or {}).get("ops") or {}
+    calls. ``uses_bare``: the compute is the bare pass's, which holds the collectives the loss
+    issued itself; they are left out here."""
+    counted = _less_the_loss_own(
+        (record.comm_per_step or {}).get("ops") or {},
+        (record.bare_compute.collectives if record.bare_compute and uses_bare else None) or {},
+    )
     target = strategy.communication(record.precision, backend)
     own = strategy.communication(record.precision, record.backend) if record.backend != "none" else None
     if target is None or own is None:  # a strategy whose communication is not declared: as counted
@@ -167,7 +185,7 @@ def predict_record(
         seconds_per_element=spe,
         update_tensors=tensors,
         seconds_per_tensor=spt,
-        collectives=collectives(record, strategy, backend, shape) if n > 1 else (),
+        collectives=collectives(record, strategy, backend, shape, uses_bare=bool(bare)) if n > 1 else (),
         world_size=n,
     )
     seconds = predict_step(inputs, profile)
