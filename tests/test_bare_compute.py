@@ -93,7 +93,7 @@ def _collective_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x).square().mean() + 0 * total.sum()
 
 
-def _time_in_world(rank: int, world_size: int) -> int:
+def _time_in_world(rank: int, world_size: int) -> tuple[int, dict]:
     from shardbench.harness.worker import _slowest
 
     def agree(seconds: float) -> float:
@@ -202,3 +202,27 @@ def test_the_collectives_a_loss_issues_itself_are_not_costed_twice() -> None:
         "all_reduce": {"calls": 9, "bytes": 1000}
     }
     assert _less_the_loss_own(step, {}) == step
+
+
+def test_a_prediction_from_the_bare_pass_leaves_the_losss_own_collectives_out() -> None:
+    """ddp on gloo: its gradients' all-reduce takes its calls from the step's count, which also
+    holds the loss's own 8; from the bare pass the gradients keep 1 call, from the replay 9."""
+    from shardbench.prediction.record_step_time import collectives
+    from shardbench.step_figures import BareCompute
+    from shardbench.strategies.registry import get_strategy
+    from tests.records import make_record
+
+    record = make_record(
+        comm_per_step={
+            "ops": {"all_reduce": {"calls": 9, "bytes": 4064}, "broadcast": {"calls": 1, "bytes": 8}}
+        },
+        predicted_comm={"ops": {"all_reduce": {"bytes": 4000}}},
+        bare_compute=BareCompute(seconds=0.1, collectives={"all_reduce": {"calls": 8, "bytes": 64}}),
+    )
+
+    def calls(uses_bare: bool) -> dict[str, int]:
+        found = collectives(record, get_strategy("ddp"), "gloo", None, uses_bare=uses_bare)
+        return {f"{c.kind} {c.role}": c.calls for c in found}
+
+    assert calls(True) == {"all_reduce gradients": 1, "broadcast other": 1}
+    assert calls(False) == {"all_reduce gradients": 9, "broadcast other": 1}

@@ -256,7 +256,8 @@ def _add_measured(record: Record, resolved: ResolvedCell, plan: WorldPlan, resul
     record.step_time_s = times
     record.step_times_s = steps or None
     record.step_phases_s = slowest_phases([r.step_phases for r in results])
-    # the slowest rank's, as the slowest rank paces a step
+    # the slowest rank's, as the slowest rank paces a step (where the ranks agreed on each pass,
+    # every rank holds the same figure)
     record.bare_compute = figures(
         BareCompute,
         max((r.bare_compute for r in results if r.bare_compute), key=lambda b: b["seconds"], default=None),
@@ -373,7 +374,10 @@ def _keep_check(record: Record, predicted: PredictedStep | None, home: Path | No
         "strategy": record.strategy,
         "world_size": record.world_size,
     }
-    add_check(check, home)
+    try:
+        add_check(check, home)
+    except OSError:  # a results home that cannot be written costs the check only, not the record
+        pass
 
 
 def _add_throughput(record: Record, cell: CellConfig, results: list[RankResult]) -> None:

@@ -59,7 +59,9 @@ def time_forward_backward(
     """The model's forward and backward on ``inputs``: ``seconds`` (the median of the timed
     passes), ``mad_seconds``, ``repeats`` and ``threads``; None where this rank or another could
     not copy the model or make a pass (each tells the others through ``agree``, an infinite
-    pass, so that all give up together rather than leave one waiting). A cell's
+    pass, so that all give up together rather than leave one waiting; but a rank that fails
+    inside a loss that issues its own collectives leaves the others in that collective, which
+    nothing generic can pair up). A cell's
     ranks call it right after a barrier, so that their passes run at once. ``agree``: the slowest
     rank's time from this rank's (a max over the ranks). Of the first pass, so that every rank
     makes as many passes: a model's loss may hold collectives of its own (SwAV's Sinkhorn sums
@@ -68,7 +70,8 @@ def time_forward_backward(
     than the step it predicts, and a one-step cell pays two passes, not eleven). ``world_size``:
     the ranks' count, where the loss may issue collectives of its own: the untimed first pass
     counts them (``collectives``: calls and bytes per kind), since they are in the figure and a
-    step's count of its collectives holds them too."""
+    step's count of its collectives holds them too. (The count makes that pass slower, and so
+    may leave fewer timed passes in the budget: never fewer than ``REPEATS[0]``.)"""
     from shardbench.metrics.comm import CollectiveCounter
     from shardbench.metrics.timing import synchronize
     from shardbench.prediction.flops import ForwardBackward

@@ -7,8 +7,7 @@ store, each at ``threads`` intra-op threads (what a rank of the run has). For ea
 kind and each size in ``SIZES`` (fp32 tensors, the full tensor's bytes), one untimed call, then
 ``REPEATS[size]`` calls each timed alone between barriers on rank 0; the median is the size's
 time. The small sizes take the most calls: a call of a millisecond is the one a scheduler's
-hiccup moves most, and a median of a few of them moved the fitted latency tenfold between probes
-of one machine.
+hiccup moves most, and the fitted latency rests on them.
 The fit is least squares of seconds against the bytes a ring sends per rank
 (``metrics.analytic.RING``): the intercept is the latency, the slope's inverse the bandwidth. A kind gloo
 cannot run here is left out (its collectives are costed at all-reduce's rates). On a 2-core CPU

@@ -14,7 +14,7 @@ The basis keeps the errors of two models apart: a cell that ran predicts from it
 forward and backward, a plan from the replay of its operators, and the replay's error is not the
 timed pass's. So each measured cell that has both checks both: its own prediction, and the one a
 plan would have made of it (``record_step_time.predict_record(timed_compute=False)``). A check
-that does not say its basis is not counted.
+that does not say its basis counts only for a prediction that does not either.
 
 Two predictions whose intervals overlap are "predicted equal" (``plan``): a difference the
 model's own error on this machine could make. The checks of one machine share its systematic

@@ -8,7 +8,8 @@ The bytes of each collective are ``metrics.analytic.predicted_comm``'s for the p
 cell's own step issued (``comm_per_step``: on real ranks, or on a simulated rank's fake group),
 matched by role (the gradients' reduction, the parameters' gathers), since the calls follow the
 buckets and units, whatever the backend. Collectives outside the prediction (buffer broadcasts,
-flags) are costed as the step counted them.
+flags) are costed as the step counted them, but for those the model's loss issued itself where
+the compute is the cell's timed bare pass, which holds them (``bare_compute.collectives``).
 
 The ``gloo`` profile and the update rate are this machine's probes (``machine_probes``).
 """
