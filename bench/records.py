@@ -46,8 +46,9 @@ from shardbench.wording import count
 #: ``compute_replay``, None on an older record (its prediction counts compute from its FLOPs).
 #: 4 reads ``flops_per_step``, ``compute_replay`` and ``predicted_step_time`` as typed figures
 #: (``step_figures``), their JSON unchanged: an older record's objects read into them
-#: (``Record.from_json``). ``bare_compute`` and ``optimizer_tensors`` came later without a bump:
-#: None on an older record (its prediction replays the compute and counts no per-tensor update).
+#: (``Record.from_json``). ``bare_compute`` and ``optimizer_tensors`` read None on a record that
+#: lacks them, within this layout (its prediction replays the compute and counts no per-tensor
+#: update).
 SCHEMA = 4
 #: a layout whose records measure what an earlier one's did (only how they are written changed)
 #: -> that earlier layout: records of the two compare as of one environment
