@@ -237,8 +237,9 @@ class Record:
     #: (``first_step``: a cold cache); the timed steps exclude both (``harness.result.slow_start``)
     startup_s: dict[str, float | None] | None = None
     #: how the cell's ranks sat on their host: ``ranks``, its rank processes there (1 for a
-    #: simulated world), and what they ran on, ``cores`` (the CPU cores a rank may use) or
-    #: ``devices`` (CUDA devices); read by ``oversubscription``
+    #: simulated world), and what they ran on, ``cores`` (the CPU cores the ranks share) or
+    #: ``devices`` (CUDA devices); read by ``oversubscription``. ``bound_cores_each``: the cores
+    #: each rank was bound to (``core_binding``), absent where the ranks were free to move
     placement: dict[str, int] | None = None
     #: one rank's training step of its own batch, forward and backward, as torch's
     #: FlopCounterMode counts it (``bench/prediction/flops.py``): ``model`` (the math once, MFU's)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,16 @@ def test_the_commits_versions_and_machine_that_differ_are_named() -> None:
         "0.19.8 -> 0.20.0; machine changed: host vm -> ci-2, cores 2 -> 4"
     )
     assert same == "same on both sides: torch 2.11.0, python 3.11.7"  # a peer absent on both is not said
+
+
+def test_ranks_bound_to_cores_since_the_baseline_are_named() -> None:
+    free = [
+        replace(_rec(strategy, git_sha=OLD), placement={"ranks": 2, "cores": 2})
+        for strategy in ("ddp", "zero2")
+    ]
+    bound = [replace(free[0], placement={"ranks": 2, "cores": 2, "bound_cores_each": 1})]
+    first, _ = provenance_lines(what_changed(free, bound))
+    assert first.endswith("machine changed: rank binding free -> bound")
 
 
 def test_one_commit_on_both_sides_says_a_change_is_not_the_codes() -> None:

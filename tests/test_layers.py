@@ -28,7 +28,18 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("integrations",),
     ("strategies",),
     ("metrics", "models"),
-    ("", "records", "step_figures", "paths", "precision", "tensors", "blocks", "units", "wording"),
+    (
+        "",
+        "records",
+        "step_figures",
+        "paths",
+        "precision",
+        "tensors",
+        "blocks",
+        "units",
+        "wording",
+        "core_binding",
+    ),
 )
 
 

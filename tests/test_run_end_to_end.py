@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from shardbench.cli import main
-from shardbench.harness.config import CellConfig
+from shardbench.core_binding import cores_each
+from shardbench.harness.config import CellConfig, available_cores
 from shardbench.metrics.timing import summarize
 from shardbench.models.registry import get_workload
 from shardbench.prediction.model_error import read_checks
@@ -38,6 +39,13 @@ def dp_run(tmp_path_factory) -> Path:
     return out
 
 
+def _placed(ranks: int) -> dict[str, int]:
+    """A launched CPU cell's placement: its ranks, the host's cores, and the cores each rank
+    was bound to (absent where binding is off)."""
+    each = cores_each(ranks)
+    return {"ranks": ranks, "cores": available_cores(), **({"bound_cores_each": each} if each else {})}
+
+
 def test_run_writes_records_and_tables(smoke_run: Path) -> None:
     records = read_records([smoke_run])
     n_parameter_tensors = {
@@ -57,6 +65,8 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         assert r.step_times_s and summarize(r.step_times_s) == r.step_time_s  # each step, kept
         assert set(r.step_phases_s) == {"forward", "backward", "optimizer"}  # the terms, measured
         assert r.env["torch"] and r.peak_mem_bytes["max"] > 0
+        # its two ranks on this host's cores, each bound to its own block of them (core_binding)
+        assert r.placement == _placed(2)
         assert (
             sum(r.mem_breakdown_bytes.values())
             == r.peak_mem_bytes["tracked_per_rank"][

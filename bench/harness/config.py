@@ -117,18 +117,11 @@ class CellConfig:
         return key, self.repeat
 
 
-def own_cpus() -> frozenset[int]:
-    """The CPUs this process may run on (a container, ``taskset`` or srun's binding may allow
-    fewer than the machine has); empty where the OS does not say (macOS)."""
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except AttributeError:
-        return frozenset()
-
-
 def available_cores() -> int:
     """The CPU cores this process may run on: its affinity where the OS has one, else the
     machine's count."""
+    from shardbench.core_binding import own_cpus
+
     return len(own_cpus()) or os.cpu_count() or 1
 
 

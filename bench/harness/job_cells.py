@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardbench import core_binding
 from shardbench.harness.config import CellConfig, threads_per_rank
 from shardbench.harness.job import STORE_PREFIX
 from shardbench.harness.job_link import SILENT_S, JobError, JobLink
@@ -54,15 +55,18 @@ def _key(seq: int, name: str) -> str:
     return f"cell{seq}/{name}"
 
 
-def rank_places(link: JobLink, seq: int, processes: int) -> dict[str, str]:
+def rank_places(link: JobLink, seq: int, processes: int, cell: CellConfig | None = None) -> dict[str, str]:
     """The variables this process's rank of cell ``seq`` gets: its place in the cell's world of
     ``processes`` (the job's first ones), the device it drives, its cores shared among the
     cell's ranks that run on them (``LOCAL_WORLD_SIZE``: the ranks of its node, or only itself
-    where srun bound each task to cores of its own), and where in the job's store the ranks
+    where srun bound each task to cores of its own), a CPU rank's own block of those cores to
+    bind to (``core_binding``, as a local run's ranks), and where in the job's store the ranks
     meet."""
     job = link.job
     here = link.sharing_cores(job.rank, range(processes))
     threads = str(threads_per_rank(here))
+    bound = cell is not None and cell.device == "cpu"
+    cores = link.own_cores(job.rank, range(processes)) if bound else None
     return dict(
         RANK=str(job.rank),
         WORLD_SIZE=str(processes),
@@ -73,6 +77,7 @@ def rank_places(link: JobLink, seq: int, processes: int) -> dict[str, str]:
         OMP_NUM_THREADS=threads,
         MKL_NUM_THREADS=threads,
         **{STORE_PREFIX: link.prefix + _key(seq, "world/")},
+        **core_binding.as_variable(cores),
     )
 
 
@@ -86,7 +91,7 @@ def run_own_rank(link: JobLink, seq: int, cell: CellConfig, processes: int) -> R
     counted = kept_counts(f"job {link.prefix}")
     with counted as counts, tempfile.TemporaryDirectory(prefix="cell-", dir=launcher_dir()) as tmp:
         try:
-            places = {rank: rank_places(link, seq, processes)}
+            places = {rank: rank_places(link, seq, processes, cell)}
             world = RankWorld(cell, processes, Path(tmp), places, counts)
             try:
                 timed_out = world.wait(cell.timeout_s, peer_failed=lambda: link.has(failed))

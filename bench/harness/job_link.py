@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from shardbench.harness.config import own_cpus
+from shardbench.core_binding import cores_of, own_cpus
 from shardbench.harness.job import Job
 from shardbench.harness.launch import POLL_S
 from shardbench.wording import count
@@ -151,6 +151,21 @@ class JobLink:
             self.host(r) == self.host(rank) and (not mine or not self.cpus[r] or bool(mine & self.cpus[r]))
             for r in ranks
         )
+
+    def own_cores(self, rank: int, ranks: range) -> tuple[int, ...] | None:
+        """The cores ``rank`` binds to (``core_binding``): its block of the CPUs it shares with
+        the other ``ranks`` on them (``sharing_cores``), in rank order. Where srun bound each task
+        to cores of its own, a rank shares with none and keeps its own. None where its CPUs are
+        unknown or binding is off."""
+        mine = self.cpus[rank]
+        if not mine:
+            return None
+        sharers = [
+            r
+            for r in ranks
+            if self.host(r) == self.host(rank) and (not self.cpus[r] or bool(mine & self.cpus[r]))
+        ]
+        return cores_of(sharers.index(rank), len(sharers), mine)
 
     def close(self) -> None:
         self._stop.set()

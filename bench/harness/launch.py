@@ -46,6 +46,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from shardbench import core_binding
 from shardbench.harness import counting, guardian
 from shardbench.harness.config import CellConfig, threads_per_rank
 from shardbench.harness.job import job_ranks_per_node
@@ -167,10 +168,14 @@ def _die_with_parent() -> None:
 AGENT_VARIABLES = "TORCHELASTIC_"
 
 
-def local_places(processes: int) -> dict[int, dict[str, str]]:
+def local_places(processes: int, cell: CellConfig | None = None) -> dict[int, dict[str, str]]:
     """The variables of each rank of a cell started on this host alone: what torchrun would
-    set, meeting at a free local port, the cores shared among the ranks."""
+    set, meeting at a free local port, the cores shared among the ranks, and a CPU rank's own
+    cores to bind to (``core_binding``; a simulated rank gets the block one rank of its world
+    would)."""
     port, threads = str(_free_port()), str(threads_per_rank(processes))
+    bound = cell is not None and cell.device == "cpu"
+    sharing = cell.world_size if bound and cell.simulate else processes
     return {
         rank: dict(
             RANK=str(rank),
@@ -181,6 +186,7 @@ def local_places(processes: int) -> dict[int, dict[str, str]]:
             MASTER_PORT=port,
             OMP_NUM_THREADS=threads,
             MKL_NUM_THREADS=threads,
+            **(core_binding.as_variable(core_binding.cores_of(rank, sharing)) if bound else {}),
         )
         for rank in range(processes)
     }
@@ -225,7 +231,7 @@ class RankWorld:
         self.cell, self.tmpdir = cell, tmpdir
         #: the step counts of the cells run before, handed to rank 0; its own come back here
         self.counts = counts if counts is not None else counting.StepCounts()
-        self.places = dict(places) if places is not None else local_places(processes)
+        self.places = dict(places) if places is not None else local_places(processes, cell)
         self.ranks = sorted(self.places)
         self.procs: list[Any] = []  # multiprocessing processes (forked) or _ExecRank (exec'd), as ranks
         self.stopped: set[int] = set()  # ranks the launcher stopped after a peer failed
@@ -235,7 +241,11 @@ class RankWorld:
         self.counts.export(tmpdir / counting.HANDED, cell=cell)
         try:
             for rank in self.ranks:
-                env = {k: v for k, v in os.environ.items() if not k.startswith(AGENT_VARIABLES)}
+                env = {
+                    k: v
+                    for k, v in os.environ.items()
+                    if not k.startswith(AGENT_VARIABLES) and k != core_binding.RANK_CORES
+                }
                 env.update(
                     self.places[rank],
                     # where the command runs: a relative ``file.py:factory`` workload is resolved

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from shardbench.core_binding import binding_on
 from shardbench.harness.config import DEVICES, CellConfig
 from shardbench.harness.job import current_job
 from shardbench.precision import PRECISIONS
@@ -96,6 +97,7 @@ def plan_cells(cells: Iterable[CellConfig]) -> list[CellConfig]:
     from shardbench.models.registry import get_workload
     from shardbench.strategies.registry import canonical_name, check_runnable, get_strategy
 
+    binding_on()  # a bad SHARDBENCH_BIND_CORES is refused before any cell, not in a rank
     cells, left_out = fit_shard_groups(cells)
     for line in left_out:
         print(f"shardbench: {line}", file=sys.stderr)

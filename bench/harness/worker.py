@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardbench.core_binding import bind_from_environment
 from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
 from shardbench.harness.counting import COUNTED, HANDED, StepCounts, cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
@@ -173,12 +174,16 @@ def run_rank(
     """Run one cell on this rank; return its measurements (raises on failure). ``counts``: the
     step counts earlier cells made, which rank 0 adds its own to (default: none)."""
     started = time.perf_counter()  # setup: the strategy's imports and set-up, the model's build
-    resolved = ResolvedCell.of(cell)
-    cell = resolved.cell
     # a simulated rank computes with the threads a real rank of its world would get on this host
     # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
-    # twin real cells are set against (bench/studies/exposed_comm.py)
-    torch.set_num_threads(threads_per_rank(world_size if cell.simulate else local_world_size))
+    # twin real cells are set against (bench/studies/exposed_comm.py). Both counts are the
+    # host's, read before this rank is bound to its own block of it
+    resolved = ResolvedCell.of(cell)
+    cell = resolved.cell
+    threads = threads_per_rank(world_size if cell.simulate else local_world_size)
+    host_cores = available_cores()
+    bound = bind_from_environment()  # before any thread starts: they inherit its cores
+    torch.set_num_threads(threads)
     device = _rank_device(cell, local_rank)
     strategy, workload = resolved.strategy, resolved.workload
     pg = _process_group(cell, strategy, device, rank=rank, processes=processes, world_size=world_size)
@@ -207,16 +212,20 @@ def run_rank(
             started=started,
             counts=counts if counts is not None else StepCounts(),
         )
-    result.placement = placement(cell, 1 if cell.simulate else local_world_size)
+    result.placement = placement(cell, 1 if cell.simulate else local_world_size, host_cores, bound)
     return result
 
 
-def placement(cell: CellConfig, local_ranks: int) -> dict[str, int]:
-    """The cell's ranks on this host and what they run on: the CPU cores a rank may use, or the
-    CUDA devices (``Record.placement``; more ranks than either take turns on them)."""
+def placement(
+    cell: CellConfig, local_ranks: int, cores: int, bound: tuple[int, ...] | None = None
+) -> dict[str, int]:
+    """The cell's ranks on this host and what they run on: the ``cores`` the ranks share, or the
+    CUDA devices (``Record.placement``; more ranks than either take turns on them); ``bound``:
+    the cores this rank was bound to, where the launcher bound it (``core_binding``)."""
     if cell.device == "cuda" and not planned_off_device(cell):
         return {"ranks": local_ranks, "devices": torch.cuda.device_count()}
-    return {"ranks": local_ranks, "cores": available_cores()}
+    placed = {"ranks": local_ranks, "cores": cores}
+    return {**placed, "bound_cores_each": len(bound)} if bound else placed
 
 
 def build_model(workload: Any, cell: CellConfig, device: torch.device) -> torch.nn.Module:

@@ -1,7 +1,8 @@
 """Run one measurement as several copies at once, one thread each: the ranks of a cell that share
 a host compete for its caches and memory bandwidth, so a rank's compute or optimizer update is
 measured beside the others' (``op_replay``, ``update_probe``). torch releases the GIL inside its
-kernels, so the copies' kernels run in parallel as the ranks' processes would."""
+kernels, so the copies' kernels run in parallel as the ranks' processes would. Each copy is
+bound to the cores its rank would be (``core_binding``)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ def at_once(work: Callable[[int, Callable[[], None]], T], copies: int, threads: 
     waits forever) and its exception is raised here."""
     import torch
 
+    from shardbench.core_binding import bind, cores_of, own_cpus
+
     barrier = threading.Barrier(copies)
+    cpus = own_cpus()
     results: list[Any] = [None] * copies
     errors: list[BaseException] = []
 
     def one(index: int) -> None:
         try:
+            if cores := cores_of(index, copies, cpus):
+                bind(cores)  # this thread only: the caller's own stays as it was
             results[index] = work(index, barrier.wait)
         except BaseException as e:  # noqa: BLE001 - raised in the caller below
             errors.append(e)

@@ -3,7 +3,8 @@ per call plus bytes over a bandwidth (``network_profiles.LinkCost``); the step-t
 ``gloo`` network profile.
 
 The method is fixed: ``world_size`` processes started afresh (spawn), a gloo group over a file
-store, each at ``threads`` intra-op threads (what a rank of the run has). For each collective
+store, each at ``threads`` intra-op threads and bound to the cores (``core_binding``) a rank of
+the run has. For each collective
 kind and each size in ``SIZES`` (fp32 tensors, the full tensor's bytes), one untimed call, then
 ``REPEATS[size]`` calls each timed alone between barriers on rank 0; the median is the size's
 time. The small sizes take the most calls: a call of a millisecond is the one a scheduler's
@@ -115,10 +116,15 @@ def _rank(
     queue: Any,
     groups: list[list[int]] | None,
     sizes: tuple[int, ...],
+    cores: tuple[int, ...] | None,
 ) -> None:
     import torch
     import torch.distributed as dist
 
+    from shardbench.core_binding import bind
+
+    if cores:
+        bind(cores)  # before gloo starts its threads: they inherit the rank's cores
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     out: dict[str, list[tuple[int, float]]] = {}
@@ -158,6 +164,7 @@ def probe(
     full-tensor bytes measured (a test's smaller ones check the method, not the machine)."""
     import multiprocessing
 
+    from shardbench.core_binding import cores_of
     from shardbench.metrics.analytic import RING
 
     if world_size < 2:
@@ -171,7 +178,9 @@ def probe(
         store = os.path.join(tmp, "store")
         procs = [
             context.Process(
-                target=_rank, args=(r, world_size, threads, store, queue, groups, sizes), daemon=True
+                target=_rank,
+                args=(r, world_size, threads, store, queue, groups, sizes, cores_of(r, world_size)),
+                daemon=True,
             )
             for r in range(world_size)
         ]

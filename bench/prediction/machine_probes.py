@@ -32,21 +32,27 @@ UpdateMeasure = Callable[[int, int, int], dict[str, Any]]
 
 def network_key(world_size: int, threads: int, device_name: str, torch_version: str, cores: int) -> str:
     """What makes two gloo probes the same measurement: the CPU, torch (gloo comes with it), the
-    ranks, their threads, the cores they share and the calls timed at each size (a figure of
-    fewer calls is another, noisier measurement)."""
+    ranks, their threads, the cores they share and how they sit on them (``core_binding``), and
+    the calls timed at each size (a figure of fewer calls is another, noisier measurement)."""
+    from shardbench.core_binding import binding_key
     from shardbench.prediction.gloo_probe import REPEATS
 
     calls = "/".join(str(REPEATS[size]) for size in sorted(REPEATS))
     return (
         f"{device_name} | torch {torch_version} | {world_size} ranks | {threads} threads | {cores} cores"
-        f" | {calls} calls"
+        f" | {binding_key(world_size)} | {calls} calls"
     )
 
 
 def update_key(threads: int, size: int, copies: int, device_name: str, torch_version: str) -> str:
     """What makes two update probes the same measurement: the CPU, torch, the threads, the
-    elements probed and the copies at once."""
-    return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | {size} elements"
+    elements probed and the copies at once, and how the copies sit on the cores."""
+    from shardbench.core_binding import binding_key
+
+    return (
+        f"{device_name} | torch {torch_version} | {threads} threads x {copies} | {binding_key(copies)}"
+        f" | {size} elements"
+    )
 
 
 def update_tensor_key(threads: int, device_name: str, torch_version: str) -> str:
@@ -56,8 +62,13 @@ def update_tensor_key(threads: int, device_name: str, torch_version: str) -> str
 
 def compute_key(calls_signature: str, threads: int, copies: int, device_name: str, torch_version: str) -> str:
     """What makes two replays the same measurement: the step's calls, the CPU, torch, the
-    threads and the copies replayed at once."""
-    return f"{device_name} | torch {torch_version} | {threads} threads x {copies} | step {calls_signature}"
+    threads and the copies replayed at once, and how the copies sit on the cores."""
+    from shardbench.core_binding import binding_key
+
+    return (
+        f"{device_name} | torch {torch_version} | {threads} threads x {copies} | {binding_key(copies)}"
+        f" | step {calls_signature}"
+    )
 
 
 @dataclass

@@ -32,7 +32,9 @@ class Measured(Protocol):
 #: same cell on another card is still the same cell, compared and marked. Between CPU records
 #: the processor is checked as ``cpu_model``; their ``device_name`` names the same processor (or,
 #: in records written before it did, only the architecture), so it is not compared twice.
-ENV_KEYS = ("torch", "device_name", "cpu_model", "schema")
+#: ``rank_binding`` is how a CPU cell's ranks sat on the cores (``core_binding``): bound ranks
+#: and ranks free to move collide differently, so their step-time ratios do not compare.
+ENV_KEYS = ("torch", "device_name", "cpu_model", "schema", "rank_binding")
 
 
 def env_value(record: Measured, key: str) -> Any:
@@ -43,7 +45,20 @@ def env_value(record: Measured, key: str) -> Any:
         return None  # a GPU record's processor does not decide its numbers
     if key == "device_name" and record.device == "cpu":
         return None  # the processor: cpu_model
+    if key == "rank_binding":
+        return rank_binding(record)
     return record.env.get(key)
+
+
+def rank_binding(record: Measured) -> str | None:
+    """How a CPU record's ranks sat on the cores: "bound" (``placement.bound_cores_each``) or
+    "free" (every record written before binding). The same for each cell of a run, a simulated
+    one's single process included, so a run is one machine. None where it does not apply or is
+    unknown: a GPU record, a record without ``placement``."""
+    placed = getattr(record, "placement", None)
+    if record.device != "cpu" or not isinstance(placed, dict):
+        return None
+    return "bound" if placed.get("bound_cores_each") else "free"
 
 
 def env_changes(baseline: Sequence[Measured], current: Sequence[Measured]) -> dict[str, tuple[list, list]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.records import CHECKOUT, PACKAGES, Record
+from shardbench.studies.machines import rank_binding
 
 #: software the numbers depend on, as (label, how a record's env holds it); the peers' and the
 #: libraries' versions sit under ``env["packages"]``
@@ -35,6 +36,7 @@ MACHINE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cores", ("cpu_count",)),
     ("gpu", ("gpu_name",)),
     ("gpus", ("device_count",)),
+    ("rank binding", ("rank_binding",)),
 )
 
 
@@ -83,9 +85,10 @@ def _value(env: dict[str, Any], path: tuple[str, ...]) -> str | None:
 
 
 def _env(r: Record) -> dict[str, Any]:
-    """The record's env, with a GPU's name apart from the processor's."""
+    """The record's env, with a GPU's name apart from the processor's, and how its ranks sat
+    on the cores (``machines.rank_binding``)."""
     gpu = r.env.get("device_name") if r.device != "cpu" else None
-    return {**r.env, "gpu_name": gpu}
+    return {**r.env, "gpu_name": gpu, "rank_binding": rank_binding(r)}
 
 
 def _facts(
