@@ -1,24 +1,25 @@
 """Each rank on cores of its own: the CPU ranks a cell starts on one host are bound to equal,
-disjoint blocks of the cores the launcher may use, as PyTorch's own CPU launcher binds its
-instances.
+disjoint blocks of the cores the launcher may use (consecutive CPU ids, as the OS numbers them).
 
 Why: ranks free to move across the cores collide with each other's gloo threads and compute.
 Measured on a 2-core host, two ranks of a tiny Transformer: a blocking all-reduce of every
-gradient cost 3x what the gloo probe predicts when the ranks were free to move, and what it
-predicts when each had its own core; the whole DDP step was 20-30% faster bound. Where ranks
-outnumber the cores, rank ``i`` gets core ``i mod cores``: each core then holds the same number
-of ranks, and none is left to the scheduler's balancing.
+gradient took about 3x the gloo probe's prediction with the ranks free, and about the
+prediction with each rank bound to its own core; the whole DDP step was 20-30% faster bound.
+Where ranks outnumber the cores by a whole multiple, rank ``i`` gets core ``i mod cores``, so each
+core holds as many ranks; where they do not divide (3 ranks on 2 cores) the ranks are left free,
+since a core holding more ranks than the others would make its ranks the slowest.
 
-The launcher hands each rank its cores in ``RANK_CORES``; the rank binds itself before it
-starts any thread, so its intra-op and gloo threads inherit the binding. Inside a torchrun or
-Slurm job the ranks of a node that share CPUs split them the same way, and a rank srun bound to
-CPUs of its own keeps them (``JobLink.own_cores``). ``SHARDBENCH_BIND_CORES=0`` leaves every rank
-free to move, for a comparison with records made that way.
+The launcher hands each rank its cores in ``RANK_CORES``; the rank binds all its threads at
+start, so the threads it starts later (intra-op, gloo) inherit the binding. Inside a torchrun or
+Slurm job the ranks of a node that share one CPU set split it the same way, and a rank srun bound
+to CPUs of its own keeps them (``JobLink.own_cores``). ``SHARDBENCH_BIND_CORES=0`` leaves every
+rank free to move, for a comparison with records made that way.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Collection
 
 #: the variable in which the launcher hands a rank its cores, comma-separated
@@ -40,6 +41,14 @@ def binding_on() -> bool:
     return value == "1"
 
 
+def launcher_binding(device: str) -> str | None:
+    """How the launcher places a cell's ranks on ``device``: "bound" or "free" on the CPU (the
+    record's ``env["rank_binding"]``), None on a GPU, whose ranks it does not bind."""
+    if device != "cpu":
+        return None
+    return "bound" if binding_on() else "free"
+
+
 def own_cpus() -> tuple[int, ...]:
     """The CPUs this process may run on, in order (a container, ``taskset`` or srun's binding
     may allow fewer than the machine has); empty where the OS does not say (macOS)."""
@@ -52,13 +61,13 @@ def own_cpus() -> tuple[int, ...]:
 def cores_of(index: int, ranks: int, cpus: Collection[int] | None = None) -> tuple[int, ...] | None:
     """The cores the ``index``-th of ``ranks`` ranks sharing ``cpus`` (default: this process's)
     is bound to: the ``index``-th of ``ranks`` equal consecutive blocks, or the core ``index mod
-    cores`` where the ranks outnumber the cores. None where binding is off or the CPUs are
-    unknown."""
+    cores`` where the ranks are a whole multiple of the cores. None where binding is off, the
+    CPUs are unknown, or the ranks outnumber the cores by no whole multiple (left free)."""
     cpus = sorted(own_cpus() if cpus is None else cpus)
     if not cpus or not binding_on():
         return None
     if ranks > len(cpus):
-        return (cpus[index % len(cpus)],)
+        return (cpus[index % len(cpus)],) if ranks % len(cpus) == 0 else None
     each = len(cpus) // ranks
     return tuple(cpus[index * each : (index + 1) * each])
 
@@ -69,31 +78,62 @@ def cores_each(ranks: int, cpus: Collection[int] | None = None) -> int:
     return len(cores) if cores else 0
 
 
+def unrestricted_cores_of(index: int, ranks: int) -> tuple[int, ...] | None:
+    """``cores_of`` for a rank that no launcher handed cores (a worker torchrun starts itself),
+    where nothing restricted this process: its CPUs are all the machine's, so its node's ranks
+    share them. None where something did (srun's binding, a container's set): that stands."""
+    cpus = own_cpus()
+    return cores_of(index, ranks, cpus) if cpus and len(cpus) == os.cpu_count() else None
+
+
 def as_variable(cores: tuple[int, ...] | None) -> dict[str, str]:
     """The launcher's variable for a rank bound to ``cores``; none for an unbound rank."""
     return {RANK_CORES: ",".join(map(str, cores))} if cores else {}
 
 
 def bind_from_environment() -> tuple[int, ...] | None:
-    """In a rank, before it starts any thread: bind this process to the cores the launcher
-    handed it (``RANK_CORES``); the cores bound, or None where it handed none."""
+    """In a rank, at its start: bind this process, every thread of it, to the cores the launcher
+    handed it (``RANK_CORES``); the cores bound, or None where it handed none or they cannot be
+    bound (a line on stderr says why, and the rank runs free: a binding is never worth a cell)."""
     handed = os.environ.get(RANK_CORES, "").strip()
     if not handed:
         return None
-    cores = tuple(int(c) for c in handed.split(","))
-    bind(cores)
-    return cores
+    try:
+        cores = tuple(int(c) for c in handed.split(","))
+        return cores if bind_process(cores) else None
+    except (ValueError, OSError) as e:
+        print(f"shardbench: {RANK_CORES}={handed!r} not bound ({e}); this rank runs free", file=sys.stderr)
+        return None
 
 
-def bind(cores: Collection[int]) -> None:
-    """Bind the calling thread (and the threads it starts after) to ``cores``; nothing where the
-    OS has no affinity call."""
+def bind_process(cores: Collection[int]) -> bool:
+    """Bind every thread of this process to ``cores``, and so the threads it starts after;
+    whether the OS has an affinity call to do it with."""
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]  # the calling thread alone
+    for thread in threads:
+        try:
+            os.sched_setaffinity(thread, cores)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    return True
+
+
+def bind_thread(cores: Collection[int]) -> None:
+    """Bind the calling thread (and the threads it starts after) to ``cores``; the process's
+    other threads stay as they are. Nothing where the OS has no affinity call."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
 
 
 def binding_key(ranks: int) -> str:
     """What a probe's cache key says of how ``ranks`` ranks sit on the cores: a probe of bound
-    ranks and one of free ranks are different measurements."""
+    ranks and one of free ranks are different measurements (one rank alone: neither)."""
+    if ranks <= 1:
+        return "alone"
     each = cores_each(ranks)
     return f"bound {each} core{'s' if each != 1 else ''} each" if each else "unbound"

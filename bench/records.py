@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from shardbench.core_binding import launcher_binding
 from shardbench.step_figures import BareCompute, ComputeReplay, FlopsPerStep, PredictedStep
 from shardbench.step_figures import from_json as figures
 from shardbench.wording import count
@@ -653,4 +654,7 @@ def capture_env(device: str) -> dict[str, Any]:
     if device == "cuda" and torch.cuda.is_available():
         env["device_name"] = torch.cuda.get_device_name(0)
         env["device_count"] = torch.cuda.device_count()
+    # how the ranks sat on the cores: bound and free ranks' step times do not compare
+    if (binding := launcher_binding(device)) is not None:
+        env["rank_binding"] = binding
     return env

@@ -4,6 +4,7 @@ results home (the checkout's history and runs are left alone).
 
     .venv/bin/python scripts/gate_power.py [--nights 5] [--frac 0.15] [--strategy zero2]
         [--suite nightly-cpu] [--home results] [--scratch DIR] [--fresh-baseline 3]
+    .venv/bin/python scripts/gate_power.py --from DIR     # the figures of a scratch already run
 
 ``--fresh-baseline R`` first runs the suite R times and saves them over this machine's records
 of a copy of the baseline (``baseline save --add``, in the scratch home): the nights are then
@@ -17,8 +18,11 @@ over the measurement hits both kinds alike. The table gives, per night, its kind
 code (0 clean, 1 regression), the strategy's combined change over its cells with the band it was
 judged by and the least slowdown the night could have caught, the night's wall time and the
 machine's load average over the 5 minutes before it ended (a loaded machine's nights say
-little). The gate is good enough when every same-code night exits 0 and at least 4 in 5
-injected nights exit 1 with the strategy regressed; the last lines count both.
+little), and the cells judged beyond their own band. A night fails (exit 1) on either test:
+the strategy-wide line, or one of the strategy's cells alone beyond its band. The gate is good
+enough when every same-code night exits 0 with no strategy line and no cell beyond its band,
+and at least 4 in 5 injected nights exit 1 naming the slowed strategy; the last lines count
+each, and which test caught the night.
 
 Run it on a quiet machine: every night's step times are measured, and a busy neighbour is noise
 in the very figures this measures.
@@ -50,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--home", type=Path, default=REPO / "results", help="results home holding the baseline")
     ap.add_argument("--scratch", type=Path, help="where the nights go (default: a new temporary directory)")
     ap.add_argument(
+        "--from", dest="done", type=Path, help="print the figures of this scratch's nights, run before"
+    )
+    ap.add_argument(
         "--fresh-baseline",
         type=int,
         default=0,
@@ -59,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.nights < 1 or not 0 < args.frac <= 10 or args.fresh_baseline < 0:
         ap.error("--nights must be >= 1, --frac in (0, 10] and --fresh-baseline >= 0")
+    if args.done is not None:
+        return _summary(
+            args, [_read_night(args, args.done, i, injected) for i, injected in _nights(args.done)]
+        )
     baselines = args.home / "baselines"
     if not baselines.is_dir():
         ap.error(f"--home {args.home}: no baselines/ in it")
@@ -77,12 +88,21 @@ def main(argv: list[str] | None = None) -> int:
         for injected in (False, True):
             rows.append(_night(args, scratch, i, injected, fault))
             print(_row(rows[-1]), flush=True)
+    return _summary(args, rows)
+
+
+def _nights(scratch: Path) -> list[tuple[int, bool]]:
+    """The nights a scratch holds, in the order they ran."""
+    found = [p.name.split("-") for p in (scratch / "nights").glob("*-*") if p.is_dir()]
+    return sorted((int(night), kind == "injected") for night, kind in found)  # same code first
+
+
+def _summary(args: argparse.Namespace, rows: list[dict]) -> int:
     print()
     print(_table(rows))
     same = [r for r in rows if not r["injected"]]
     slowed = [r for r in rows if r["injected"]]
     clean = sum(r["code"] == 0 for r in same)
-    caught = sum(r["code"] == 1 and r["regressed"] for r in slowed)
     print(f"same-code nights clean: {clean} of {len(same)}")
     false_alarms = [line for r in same for line in r.get("beyond", [])]
     lines = sum(r.get("lines", 0) for r in same)
@@ -90,10 +110,25 @@ def main(argv: list[str] | None = None) -> int:
         f"same-code strategy lines beyond their band, either direction: {len(false_alarms)} of {lines}"
         + (f" ({'; '.join(false_alarms)})" if false_alarms else "")
     )
-    print(f"injected nights caught ({args.strategy} regressed, exit 1): {caught} of {len(slowed)}")
-    walls = sorted(r["wall_s"] for r in rows)
-    print(f"night wall time: {walls[0]:.0f}-{walls[-1]:.0f} s (median {walls[len(walls) // 2]:.0f} s)")
+    cells_off = [cell for r in same for cell in r.get("cells_beyond", [])]
+    print(
+        f"same-code cells beyond their band, either direction: {len(cells_off)}"
+        + (f" ({'; '.join(cells_off)})" if cells_off else "")
+    )
+    by_line = sum(r["code"] == 1 and r["regressed"] for r in slowed)
+    by_cells = sum(r["code"] == 1 and _names_strategy(r, args.strategy) for r in slowed)
+    named = f"exit 1 naming {args.strategy}, by its line or its cells"
+    print(f"injected nights caught ({named}): {by_cells} of {len(slowed)}")
+    print(f"  of which by the strategy-wide line ({args.strategy} regressed): {by_line} of {len(slowed)}")
+    walls = sorted(r["wall_s"] for r in rows if r["wall_s"] is not None)
+    if walls:
+        print(f"night wall time: {walls[0]:.0f}-{walls[-1]:.0f} s (median {walls[len(walls) // 2]:.0f} s)")
     return 0
+
+
+def _names_strategy(row: dict, strategy: str) -> bool:
+    """Whether the night's regressions name ``strategy``: its line, or one of its cells."""
+    return row["regressed"] or any(cell.split("/")[2] == strategy for cell in row.get("cells_regressed", []))
 
 
 def _env(scratch: Path) -> dict[str, str]:
@@ -148,24 +183,39 @@ def _night(args: argparse.Namespace, scratch: Path, i: int, injected: bool, faul
     started = time.monotonic()
     log = scratch / "nights" / f"{i:02d}-{kind}.log"
     code = _logged(command, log, env)
-    wall = time.monotonic() - started
-    row = {
-        "night": i,
-        "injected": injected,
-        "code": code,
-        "wall_s": wall,
-        "load": os.getloadavg()[1],
-        "log": log,
-    }
+    row = {"code": code, "wall_s": time.monotonic() - started, "load": os.getloadavg()[1], "log": log}
+    return _judged(args, out, i, injected, row)
+
+
+def _read_night(args: argparse.Namespace, scratch: Path, i: int, injected: bool) -> dict:
+    """A night of a scratch run before, from its ``compare.json`` (its wall time and load were
+    printed as it ran, not kept)."""
+    out = scratch / "nights" / f"{i:02d}-{'injected' if injected else 'same'}"
     try:
-        strategies = json.loads((out / "compare.json").read_text())["strategies"]
+        code = json.loads((out / "compare.json").read_text())["exit_code"]
+    except (OSError, ValueError, KeyError):
+        code = None
+    return _judged(args, out, i, injected, {"code": code, "wall_s": None, "load": None})
+
+
+def _judged(args: argparse.Namespace, out: Path, i: int, injected: bool, row: dict) -> dict:
+    """A night's row: what ran, and how its comparison judged the strategy and the cells."""
+    row = {"night": i, "injected": injected, **row}
+    try:
+        compared = json.loads((out / "compare.json").read_text())
+        strategies = compared["strategies"]
         ours = next(s for s in strategies if s["strategy"] == args.strategy)
     except (OSError, ValueError, KeyError, StopIteration):
         return {**row, "regressed": False, "change": None, "band": None, "detectable": None, "lines": 0}
+    judged = [(c["cell"], c["verdict"]) for c in compared.get("cells", [])]
     return {
         **row,
         "lines": len(strategies),
         "beyond": _beyond_band(strategies),
+        "cells_beyond": [
+            f"{cell} ({verdict})" for cell, verdict in judged if verdict in ("regressed", "improved")
+        ],
+        "cells_regressed": [cell for cell, verdict in judged if verdict == "regressed"],
         "regressed": ours["regressed"],
         "change": ours["change_pct"],
         "band": ours["bound_pct"],
@@ -188,16 +238,17 @@ def _cells(r: dict) -> list[str]:
     return [
         str(r["night"]),
         "injected" if r["injected"] else "same code",
-        str(r["code"]),
+        "-" if r["code"] is None else str(r["code"]),
         pct(r["change"], "+"),
         pct(r["band"]),
         pct(r["detectable"]),
-        f"{r['wall_s']:.0f} s",
-        f"{r['load']:.1f}",
+        str(len(r.get("cells_beyond", []))),
+        "-" if r["wall_s"] is None else f"{r['wall_s']:.0f} s",
+        "-" if r["load"] is None else f"{r['load']:.1f}",
     ]
 
 
-HEAD = ["night", "kind", "exit", "change", "band +/-", "could detect >=", "wall", "load"]
+HEAD = ["night", "kind", "exit", "change", "band +/-", "could detect >=", "cells beyond", "wall", "load"]
 
 
 def _row(r: dict) -> str:

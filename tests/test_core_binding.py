@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -16,10 +17,19 @@ from shardbench.harness.job_link import JobLink
 from shardbench.harness.launch import local_places
 from shardbench.harness.validate import plan_cells
 from shardbench.prediction.at_once import at_once
-from shardbench.studies.machines import env_changes, machines, rank_binding
+from shardbench.records import capture_env
+from shardbench.studies.machines import env_changes, for_machine, rank_binding
 from tests.cells import tiny_cell
+from tests.records import make_record
 
 affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="the OS has no CPU affinity call")
+
+
+@pytest.fixture(autouse=True)
+def _binding_as_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from the default (binding on, no cores handed), whatever the shell set."""
+    monkeypatch.delenv(SWITCH, raising=False)
+    monkeypatch.delenv(RANK_CORES, raising=False)
 
 
 def test_equal_disjoint_blocks_and_round_robin_past_the_cores() -> None:
@@ -29,6 +39,9 @@ def test_equal_disjoint_blocks_and_round_robin_past_the_cores() -> None:
     assert cores_of(0, 1, [5, 3]) == (3, 5)
     # more ranks than cores: each core holds as many ranks, none left to the scheduler
     assert [cores_of(i, 4, [2, 7]) for i in range(4)] == [(2,), (7,), (2,), (7,)]
+    # no whole multiple (3 on 2): one core would hold two ranks and the other one; left free
+    assert [cores_of(i, 3, [0, 1]) for i in range(3)] == [None, None, None] and cores_each(3, [0, 1]) == 0
+    assert binding_key(1) == "alone"  # one copy on every core: no binding to tell apart
     assert cores_each(2, eight) == 4 and cores_each(16, eight) == 1
     assert cores_of(0, 2, []) is None  # an OS that does not say
 
@@ -61,20 +74,47 @@ def test_the_launcher_hands_each_cpu_rank_its_block(monkeypatch: pytest.MonkeyPa
 
 
 def _bound_here(queue: multiprocessing.Queue, handed: str) -> None:
+    started, read = threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def earlier_thread() -> None:  # started before the binding, as a library's might be
+        started.set()
+        read.wait(30)
+        seen.extend(sorted(os.sched_getaffinity(0)))
+
+    thread = threading.Thread(target=earlier_thread)
+    thread.start()
+    started.wait(30)
     os.environ[RANK_CORES] = handed
-    queue.put((core_binding.bind_from_environment(), sorted(os.sched_getaffinity(0))))
+    bound = core_binding.bind_from_environment()
+    read.set()
+    thread.join(30)
+    queue.put((bound, sorted(os.sched_getaffinity(0)), seen))
 
 
 @affinity
-def test_a_rank_binds_itself_to_the_cores_it_was_handed() -> None:
-    core = min(core_binding.own_cpus())
+def test_a_rank_binds_every_thread_to_the_cores_it_was_handed() -> None:
+    cpus = core_binding.own_cpus()
+    core = cpus[-1]
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=_bound_here, args=(queue, str(core)))
     child.start()
-    bound, affinity_now = queue.get(timeout=60)
+    bound, main_thread, earlier_thread = queue.get(timeout=60)
     child.join(timeout=30)
-    assert bound == (core,) and affinity_now == [core]
+    assert bound == (core,) and main_thread == [core] and earlier_thread == [core]
+    assert len(cpus) == 1 or main_thread != list(cpus)  # bound narrower than the parent's CPUs
+
+
+def test_cores_that_cannot_be_bound_leave_the_rank_free_with_a_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = core_binding.own_cpus()
+    for handed in ("0,x", str(1 << 20)):  # not a number; a CPU nobody has
+        monkeypatch.setenv(RANK_CORES, handed)
+        assert core_binding.bind_from_environment() is None
+        assert f"{RANK_CORES}={handed!r} not bound" in capsys.readouterr().err
+    assert core_binding.own_cpus() == before
 
 
 @affinity
@@ -89,18 +129,45 @@ def test_probe_copies_run_on_their_ranks_cores_and_leave_the_caller_as_it_was() 
     assert os.sched_getaffinity(0) == before
 
 
-def test_bound_and_free_ranks_are_different_machines_to_compare() -> None:
-    def record(placement: dict[str, int] | None, device: str = "cpu") -> SimpleNamespace:
-        return SimpleNamespace(device=device, schema=4, env={"torch": "2.11.0"}, placement=placement)
+def _record(placement: dict[str, int] | None, cpu: str = "Xeon", **env: str) -> SimpleNamespace:
+    """What the environment check reads of a CPU record."""
+    facts = {"torch": "2.11.0", "cpu_model": cpu, **env}
+    return SimpleNamespace(device="cpu", schema=4, env=facts, placement=placement)
 
-    free = [record({"ranks": 2, "cores": 2}), record({"ranks": 1, "cores": 2})]  # a simulated cell too
-    bound = [record({"ranks": 2, "cores": 2, "bound_cores_each": 1})]
-    assert {rank_binding(r) for r in free} == {"free"} and rank_binding(bound[0]) == "bound"
-    assert env_changes(free, bound) == {"rank_binding": (["free"], ["bound"])}
-    assert len(machines(free)) == 1  # a run's cells, simulated ones included, are one machine
-    # not compared where unknown: a record without placement, a GPU's
-    assert rank_binding(record(None)) is None and rank_binding(record({"ranks": 2}, "cuda")) is None
-    assert env_changes([record(None)], bound) == {}
+
+def test_every_record_says_how_the_launcher_placed_its_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert capture_env("cpu")["rank_binding"] == "bound"  # a failed cell's record too: no placement needed
+    assert "rank_binding" not in capture_env("cuda")
+    monkeypatch.setenv(SWITCH, "0")
+    assert capture_env("cpu")["rank_binding"] == "free"
+    failed = _record(None, rank_binding="bound")
+    assert rank_binding(failed) == rank_binding(_record({"ranks": 2}, rank_binding="bound")) == "bound"
+
+
+def test_bound_and_free_runs_do_not_compare_but_are_one_machine() -> None:
+    # a baseline of two processors: records from before binding, one set with placement, one without
+    baseline = [_record({"ranks": 2, "cores": 2}), _record(None, cpu="EPYC")]
+    assert [rank_binding(r) for r in baseline] == ["free", None]  # None: unknown, not compared
+    bound_xeon = [_record({"ranks": 2, "cores": 2, "bound_cores_each": 1}, rank_binding="bound")]
+    # the processor picks the set; the binding is then named as what differs
+    assert for_machine(baseline, bound_xeon) == baseline[:1]
+    assert env_changes(for_machine(baseline, bound_xeon), bound_xeon) == {
+        "rank_binding": (["free"], ["bound"])
+    }
+    bound_epyc = [_record({"ranks": 2, "cores": 2, "bound_cores_each": 1}, cpu="EPYC", rank_binding="bound")]
+    assert for_machine(baseline, bound_epyc) == baseline[1:] and env_changes(baseline[1:], bound_epyc) == {}
+    # GPU records have no binding
+    assert rank_binding(SimpleNamespace(device="cuda", schema=4, env={}, placement={"ranks": 2})) is None
+
+
+def test_measuring_bound_against_a_free_baseline_is_refused_before_anything_runs() -> None:
+    from shardbench.cli.common import UsageError, require_env_of
+
+    free = replace(make_record(env=capture_env("cpu")), placement={"ranks": 2, "cores": 2})
+    free.env.pop("rank_binding")  # written before binding
+    with pytest.raises(UsageError, match=r"rank_binding: \['free'\] there, \['bound'\] here.*BIND_CORES=0"):
+        require_env_of([free], "cpu", "the baseline", allow=False)
+    require_env_of([free], "cpu", "the baseline", allow=True)
 
 
 def test_a_jobs_ranks_split_the_cpus_they_share_and_keep_cpus_of_their_own() -> None:
@@ -112,3 +179,8 @@ def test_a_jobs_ranks_split_the_cpus_they_share_and_keep_cpus_of_their_own() -> 
     assert [link.own_cores(r, range(2)) for r in range(2)] == [(0, 1), (2, 3)]  # a cell of 2 ranks
     link.cpus[0] = set()
     assert link.own_cores(0, range(2)) is None  # CPUs unknown: left as it is
+    assert link.own_cores(1, range(2)) is None  # beside a rank whose CPUs are unknown
+    # sets that overlap without being the same: a split of one alone would not keep them apart
+    link.cpus.update({0: {0, 1, 2, 3}, 1: {0, 1}})
+    assert [link.own_cores(r, range(2)) for r in range(2)] == [None, None]
+    assert link.own_cores(4, range(6)) == (0,)  # another node's rank is not its neighbour

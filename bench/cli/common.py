@@ -114,8 +114,9 @@ def tag_pair(text: str) -> tuple[str, str]:
 
 def require_env_of(baseline: list, device: str, label: str, *, allow: bool) -> None:
     """Refuse, before anything runs, to measure against ``baseline`` on a machine whose torch,
-    device or record schema differ from its records' (compare would refuse afterwards); of a
-    baseline holding several machines, the records of this one are checked."""
+    device, record schema or rank binding differ from its records' (``machines.ENV_KEYS``:
+    compare would refuse afterwards); of a baseline holding several machines, the records of
+    this one are checked."""
     from types import SimpleNamespace
 
     from shardbench.records import SCHEMA, capture_env
@@ -127,7 +128,9 @@ def require_env_of(baseline: list, device: str, label: str, *, allow: bool) -> N
         listed = "; ".join(f"{k}: {b} there, {c} here" for k, (b, c) in changed.items())
         raise UsageError(
             f"this machine differs from {label} ({listed}); its numbers would not compare. Save a "
-            f"baseline here, or pass --allow-env-change ({', '.join(ENV_KEYS)} must match)"
+            f"baseline here, or pass --allow-env-change ({', '.join(ENV_KEYS)} must match"
+            + ("; SHARDBENCH_BIND_CORES=0 runs the ranks free" if "rank_binding" in changed else "")
+            + ")"
         )
 
 

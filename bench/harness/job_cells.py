@@ -55,7 +55,7 @@ def _key(seq: int, name: str) -> str:
     return f"cell{seq}/{name}"
 
 
-def rank_places(link: JobLink, seq: int, processes: int, cell: CellConfig | None = None) -> dict[str, str]:
+def rank_places(link: JobLink, seq: int, processes: int, cell: CellConfig) -> dict[str, str]:
     """The variables this process's rank of cell ``seq`` gets: its place in the cell's world of
     ``processes`` (the job's first ones), the device it drives, its cores shared among the
     cell's ranks that run on them (``LOCAL_WORLD_SIZE``: the ranks of its node, or only itself
@@ -65,8 +65,7 @@ def rank_places(link: JobLink, seq: int, processes: int, cell: CellConfig | None
     job = link.job
     here = link.sharing_cores(job.rank, range(processes))
     threads = str(threads_per_rank(here))
-    bound = cell is not None and cell.device == "cpu"
-    cores = link.own_cores(job.rank, range(processes)) if bound else None
+    cores = link.own_cores(job.rank, range(processes)) if cell.device == "cpu" else None
     return dict(
         RANK=str(job.rank),
         WORLD_SIZE=str(processes),

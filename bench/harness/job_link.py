@@ -153,18 +153,19 @@ class JobLink:
         )
 
     def own_cores(self, rank: int, ranks: range) -> tuple[int, ...] | None:
-        """The cores ``rank`` binds to (``core_binding``): its block of the CPUs it shares with
-        the other ``ranks`` on them (``sharing_cores``), in rank order. Where srun bound each task
-        to cores of its own, a rank shares with none and keeps its own. None where its CPUs are
-        unknown or binding is off."""
+        """The cores ``rank`` binds to (``core_binding``): its block of the CPU set it shares with
+        the other ``ranks`` on its node that have the very same set, in rank order. Where srun
+        bound each task to cores of its own, a rank shares with none and keeps its own. None
+        (left as it is) where binding is off, or where a rank of its node has CPUs unknown or
+        overlapping its own without being the same set: no split of its set alone would keep
+        the two apart."""
         mine = self.cpus[rank]
-        if not mine:
+        neighbours = [r for r in ranks if self.host(r) == self.host(rank)]
+        if not mine or any(
+            not self.cpus[r] or (self.cpus[r] & mine and self.cpus[r] != mine) for r in neighbours
+        ):
             return None
-        sharers = [
-            r
-            for r in ranks
-            if self.host(r) == self.host(rank) and (not self.cpus[r] or bool(mine & self.cpus[r]))
-        ]
+        sharers = [r for r in neighbours if self.cpus[r] == mine]
         return cores_of(sharers.index(rank), len(sharers), mine)
 
     def close(self) -> None:

@@ -173,9 +173,10 @@ def local_places(processes: int, cell: CellConfig | None = None) -> dict[int, di
     set, meeting at a free local port, the cores shared among the ranks, and a CPU rank's own
     cores to bind to (``core_binding``; a simulated rank gets the block one rank of its world
     would)."""
-    port, threads = str(_free_port()), str(threads_per_rank(processes))
     bound = cell is not None and cell.device == "cpu"
-    sharing = cell.world_size if bound and cell.simulate else processes
+    # a simulated rank shares the cores as one rank of its world: the threads it sets itself
+    sharing = cell.world_plan().world_size if cell is not None and cell.simulate else processes
+    port, threads = str(_free_port()), str(threads_per_rank(sharing))
     return {
         rank: dict(
             RANK=str(rank),

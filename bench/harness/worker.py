@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardbench.core_binding import bind_from_environment
+from shardbench.core_binding import RANK_CORES, as_variable, bind_from_environment, unrestricted_cores_of
 from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
 from shardbench.harness.counting import COUNTED, HANDED, StepCounts, cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
@@ -176,13 +176,13 @@ def run_rank(
     started = time.perf_counter()  # setup: the strategy's imports and set-up, the model's build
     # a simulated rank computes with the threads a real rank of its world would get on this host
     # (one of N ranks sharing the cores), so its step time is that rank's compute time: the
-    # twin real cells are set against (bench/studies/exposed_comm.py). Both counts are the
-    # host's, read before this rank is bound to its own block of it
+    # twin real cells are set against (bench/studies/exposed_comm.py). Both counts are of the
+    # CPUs the ranks share, read before this rank is bound to its own block of them
     resolved = ResolvedCell.of(cell)
     cell = resolved.cell
     threads = threads_per_rank(world_size if cell.simulate else local_world_size)
     host_cores = available_cores()
-    bound = bind_from_environment()  # before any thread starts: they inherit its cores
+    bound = bind_from_environment()  # every thread, so those it starts later too
     torch.set_num_threads(threads)
     device = _rank_device(cell, local_rank)
     strategy, workload = resolved.strategy, resolved.workload
@@ -473,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         local_world_size = env_int(env, "LOCAL_WORLD_SIZE", minimum=1, default=processes)
         if args.result_dir is None:  # started by torchrun itself: its variables are the job's
             cell = dataclasses.replace(cell, ranks_per_node=job_ranks_per_node(cell.ranks_per_node))
+            if cell.device == "cpu" and RANK_CORES not in env:  # as the launcher would bind it
+                env.update(as_variable(unrestricted_cores_of(local_rank, local_world_size)))
     except ValueError as e:
         raise SystemExit(f"{ap.prog}: {e}") from None
     resolved = ResolvedCell.of(cell)  # its workload is resolved by the rank, where a failure is data

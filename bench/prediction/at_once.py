@@ -20,7 +20,7 @@ def at_once(work: Callable[[int, Callable[[], None]], T], copies: int, threads: 
     waits forever) and its exception is raised here."""
     import torch
 
-    from shardbench.core_binding import bind, cores_of, own_cpus
+    from shardbench.core_binding import bind_thread, cores_of, own_cpus
 
     barrier = threading.Barrier(copies)
     cpus = own_cpus()
@@ -30,7 +30,7 @@ def at_once(work: Callable[[int, Callable[[], None]], T], copies: int, threads: 
     def one(index: int) -> None:
         try:
             if cores := cores_of(index, copies, cpus):
-                bind(cores)  # this thread only: the caller's own stays as it was
+                bind_thread(cores)  # this thread only: the caller's own stays as it was
             results[index] = work(index, barrier.wait)
         except BaseException as e:  # noqa: BLE001 - raised in the caller below
             errors.append(e)

@@ -12,7 +12,8 @@ hiccup moves most, and the fitted latency rests on them.
 The fit is least squares of seconds against the bytes a ring sends per rank
 (``metrics.analytic.RING``): the intercept is the latency, the slope's inverse the bandwidth. A kind gloo
 cannot run here is left out (its collectives are costed at all-reduce's rates). On a 2-core CPU
-it takes a few seconds; it runs once per machine, torch version, world size and threads, and is
+it takes a few seconds; it runs once per machine, torch version, world size, threads and rank
+binding, and is
 cached in the results home (``probe_cache``: ``peaks/network.json``).
 
 The two-tier gloo profile (``gloo_tiers``) probes the same way with the world split into
@@ -121,10 +122,10 @@ def _rank(
     import torch
     import torch.distributed as dist
 
-    from shardbench.core_binding import bind
+    from shardbench.core_binding import bind_process
 
     if cores:
-        bind(cores)  # before gloo starts its threads: they inherit the rank's cores
+        bind_process(cores)  # before gloo starts its threads: they inherit the rank's cores
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     out: dict[str, list[tuple[int, float]]] = {}

@@ -256,9 +256,10 @@ def compare_runs(
     """Every cell of either side with its verdict and per-metric deltas, regressions first.
 
     A baseline of several machines is read as the one of ``current``'s (``machines.for_machine``).
-    Raises ``EnvironmentChanged`` when torch, the device or the record schema differ between
-    the sides, unless ``allow_env_change`` (then every row carries a note saying so), and
-    ``NothingInCommon`` when no cell is on both sides (the wrong baseline, most likely).
+    Raises ``EnvironmentChanged`` when torch, the device, the record schema or the ranks'
+    binding to cores differ between the sides (``machines.ENV_KEYS``), unless
+    ``allow_env_change`` (then every row carries a note saying so), and ``NothingInCommon``
+    when no cell is on both sides (the wrong baseline, most likely).
     ``missing_fails``: a baseline cell absent now is a regression (``nightly``: the suite is
     fixed, so a missing cell is a lost measurement, not a suite edit)."""
     rules = rules or Rules()
@@ -304,9 +305,11 @@ def compare_runs(
 def _refuse_env_changes(changes: dict[str, tuple[list, list]]) -> None:
     """Raise ``EnvironmentChanged`` listing how the sides' environments differ."""
     listed = "; ".join(f"{k}: {b} -> {c}" for k, (b, c) in changes.items())
+    free = " (SHARDBENCH_BIND_CORES=0 runs the ranks free, as unbound records were)"
     raise EnvironmentChanged(
         f"the runs differ in environment ({listed}); their numbers do not compare. "
         "Save a new baseline on this environment, or pass --allow-env-change to compare anyway"
+        + (free if "rank_binding" in changes else "")
     )
 
 

@@ -2,8 +2,8 @@
 
 Numbers measured on different software or hardware do not compare: a step-time ratio to ddp
 depends on the processor (the share of communication in a step), and every figure on torch.
-So a record's *machine* is its environment facts of ``ENV_KEYS``, and ``compare`` refuses two
-sides whose machines differ (``env_changes``).
+So a record's *machine* is its environment facts of ``MACHINE_KEYS``, and ``compare`` refuses two
+sides whose ``ENV_KEYS`` differ (``env_changes``): those facts and how the ranks sat on the cores.
 
 A baseline may hold records of several machines (``baseline save --add``): a CI fleet whose
 runners come in two processor models keeps one baseline name, with a set of records for each.
@@ -33,8 +33,11 @@ class Measured(Protocol):
 #: the processor is checked as ``cpu_model``; their ``device_name`` names the same processor (or,
 #: in records written before it did, only the architecture), so it is not compared twice.
 #: ``rank_binding`` is how a CPU cell's ranks sat on the cores (``core_binding``): bound ranks
-#: and ranks free to move collide differently, so their step-time ratios do not compare.
+#: and ranks free to move collide differently, so their step-time ratios do not compare. It is
+#: how a machine was used, not which machine: ``MACHINE_KEYS`` leave it out, so a baseline's
+#: records of a processor are found (and replaced by ``baseline save --add``) whichever it was.
 ENV_KEYS = ("torch", "device_name", "cpu_model", "schema", "rank_binding")
+MACHINE_KEYS = tuple(key for key in ENV_KEYS if key != "rank_binding")
 
 
 def env_value(record: Measured, key: str) -> Any:
@@ -51,12 +54,16 @@ def env_value(record: Measured, key: str) -> Any:
 
 
 def rank_binding(record: Measured) -> str | None:
-    """How a CPU record's ranks sat on the cores: "bound" (``placement.bound_cores_each``) or
-    "free" (every record written before binding). The same for each cell of a run, a simulated
-    one's single process included, so a run is one machine. None where it does not apply or is
-    unknown: a GPU record, a record without ``placement``."""
+    """How a CPU record's ranks sat on the cores: its ``env["rank_binding"]`` ("bound" or
+    "free": the launcher's, on every record of a run, a failed cell's included); for a record
+    without it, its ``placement``'s (``bound_cores_each``, else "free": ranks never bound), and
+    None where it has none either (unknown: not compared). None on a GPU."""
+    if record.device != "cpu":
+        return None
+    if (said := record.env.get("rank_binding")) is not None:
+        return said
     placed = getattr(record, "placement", None)
-    if record.device != "cpu" or not isinstance(placed, dict):
+    if not isinstance(placed, dict):
         return None
     return "bound" if placed.get("bound_cores_each") else "free"
 
@@ -78,8 +85,8 @@ def env_changes(baseline: Sequence[Measured], current: Sequence[Measured]) -> di
 
 
 def machine_of(record: Measured) -> tuple[Any, ...]:
-    """The machine ``record`` was measured on: its ``ENV_KEYS`` facts."""
-    return tuple(env_value(record, key) for key in ENV_KEYS)
+    """The machine ``record`` was measured on: its ``MACHINE_KEYS`` facts."""
+    return tuple(env_value(record, key) for key in MACHINE_KEYS)
 
 
 def machines(records: Sequence[Measured]) -> list[tuple[Any, ...]]:
@@ -89,7 +96,7 @@ def machines(records: Sequence[Measured]) -> list[tuple[Any, ...]]:
 
 def describe(machine: tuple[Any, ...]) -> str:
     """A machine in words: ``torch 2.11.0, cpu_model AMD EPYC, schema 3``."""
-    return ", ".join(f"{k} {v}" for k, v in zip(ENV_KEYS, machine, strict=True) if v is not None)
+    return ", ".join(f"{k} {v}" for k, v in zip(MACHINE_KEYS, machine, strict=True) if v is not None)
 
 
 def for_machine(baseline: Sequence[Measured], current: Sequence[Measured]) -> list[Any]:
