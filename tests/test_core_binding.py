@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import threading
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -104,6 +105,39 @@ def test_a_rank_binds_every_thread_to_the_cores_it_was_handed() -> None:
     child.join(timeout=30)
     assert bound == (core,) and main_thread == [core] and earlier_thread == [core]
     assert len(cpus) == 1 or main_thread != list(cpus)  # bound narrower than the parent's CPUs
+
+
+def _group_threads_free(queue: multiprocessing.Queue, core: int, store: str) -> None:
+    import torch.distributed as dist
+
+    shared = core_binding.own_cpus()
+    core_binding.bind_process([core])
+    assert core_binding.leave_comm_threads_free(shared)
+    before = core_binding._threads()
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    dist.new_group([0])  # a strategy's own group, made later
+    started = core_binding._threads() - before
+    queue.put(
+        (
+            sorted(os.sched_getaffinity(0)),
+            [sorted(os.sched_getaffinity(t)) for t in started],
+            list(shared),
+        )
+    )
+    dist.destroy_process_group()
+
+
+@affinity
+def test_a_bound_ranks_process_groups_run_their_threads_on_every_shared_core(tmp_path: Path) -> None:
+    core = core_binding.own_cpus()[0]
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_group_threads_free, args=(queue, core, str(tmp_path / "store")))
+    child.start()
+    main_thread, group_threads, shared = queue.get(timeout=60)
+    child.join(timeout=30)
+    assert main_thread == [core]  # the compute stays on the rank's core
+    assert len(group_threads) >= 2 and all(t == shared for t in group_threads)  # both groups' threads
 
 
 def test_cores_that_cannot_be_bound_leave_the_rank_free_with_a_line(

@@ -39,7 +39,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardbench.core_binding import RANK_CORES, as_variable, bind_from_environment, unrestricted_cores_of
+from shardbench.core_binding import (
+    RANK_CORES,
+    as_variable,
+    bind_from_environment,
+    leave_comm_threads_free,
+    own_cpus,
+    unrestricted_cores_of,
+)
 from shardbench.harness.config import CellConfig, available_cores, threads_per_rank
 from shardbench.harness.counting import COUNTED, HANDED, StepCounts, cell_flops, cuda_peak
 from shardbench.harness.faults import Fault, faults_from_env
@@ -181,8 +188,10 @@ def run_rank(
     resolved = ResolvedCell.of(cell)
     cell = resolved.cell
     threads = threads_per_rank(world_size if cell.simulate else local_world_size)
-    host_cores = available_cores()
+    host_cores, host_cpus = available_cores(), own_cpus()
     bound = bind_from_environment()  # every thread, so those it starts later too
+    if bound:
+        leave_comm_threads_free(host_cpus)  # a process group's threads: on any core the ranks share
     torch.set_num_threads(threads)
     device = _rank_device(cell, local_rank)
     strategy, workload = resolved.strategy, resolved.workload

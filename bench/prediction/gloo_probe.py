@@ -3,8 +3,8 @@ per call plus bytes over a bandwidth (``network_profiles.LinkCost``); the step-t
 ``gloo`` network profile.
 
 The method is fixed: ``world_size`` processes started afresh (spawn), a gloo group over a file
-store, each at ``threads`` intra-op threads and bound to the cores (``core_binding``) a rank of
-the run has. For each collective
+store, each at ``threads`` intra-op threads and bound as a rank of the run is (``core_binding``:
+its compute on its cores, its group's threads on any). For each collective
 kind and each size in ``SIZES`` (fp32 tensors, the full tensor's bytes), one untimed call, then
 ``REPEATS[size]`` calls each timed alone between barriers on rank 0; the median is the size's
 time. The small sizes take the most calls: a call of a millisecond is the one a scheduler's
@@ -122,10 +122,12 @@ def _rank(
     import torch
     import torch.distributed as dist
 
-    from shardbench.core_binding import bind_process
+    from shardbench.core_binding import bind_process, leave_comm_threads_free, own_cpus
 
-    if cores:
-        bind_process(cores)  # before gloo starts its threads: they inherit the rank's cores
+    if cores:  # as a run's rank: its compute on its cores, its group's threads on any
+        shared = own_cpus()
+        bind_process(cores)
+        leave_comm_threads_free(shared)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     out: dict[str, list[tuple[int, float]]] = {}
