@@ -37,6 +37,8 @@ RANK_CORES = "SHARDBENCH_RANK_CORES"
 SWITCH = "SHARDBENCH_BIND_CORES"
 #: what the switch takes
 SWITCH_VALUES = ("0", "1")
+#: the hint where bound runs meet records made free
+RUN_FREE = f"{SWITCH}=0 runs the ranks free"
 
 
 def binding_on() -> bool:
@@ -120,11 +122,7 @@ def bind_process(cores: Collection[int]) -> bool:
     whether the OS has an affinity call to do it with."""
     if not hasattr(os, "sched_setaffinity"):
         return False
-    try:
-        threads = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        threads = [0]  # the calling thread alone
-    for thread in threads:
+    for thread in _threads() or {0}:  # no /proc: the calling thread alone
         try:
             os.sched_setaffinity(thread, cores)
         except ProcessLookupError:  # a thread that ended meanwhile
@@ -133,6 +131,7 @@ def bind_process(cores: Collection[int]) -> bool:
 
 
 def _threads() -> set[int]:
+    """This process's threads by id; empty where ``/proc`` does not list them."""
     try:
         return {int(t) for t in os.listdir("/proc/self/task")}
     except OSError:
@@ -166,7 +165,7 @@ def leave_comm_threads_free(cpus: Collection[int]) -> bool:
             for thread in _threads() - before:
                 try:
                     os.sched_setaffinity(thread, cpus)
-                except (ProcessLookupError, OSError):  # ended meanwhile; or a CPU gone
+                except OSError:  # a thread that ended meanwhile, or a CPU gone
                     pass
 
     making_free.frees_comm_threads = True  # type: ignore[attr-defined]

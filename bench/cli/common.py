@@ -119,6 +119,7 @@ def require_env_of(baseline: list, device: str, label: str, *, allow: bool) -> N
     this one are checked."""
     from types import SimpleNamespace
 
+    from shardbench.core_binding import RUN_FREE
     from shardbench.records import SCHEMA, capture_env
     from shardbench.studies.machines import ENV_KEYS, env_changes, for_machine
 
@@ -129,7 +130,7 @@ def require_env_of(baseline: list, device: str, label: str, *, allow: bool) -> N
         raise UsageError(
             f"this machine differs from {label} ({listed}); its numbers would not compare. Save a "
             f"baseline here, or pass --allow-env-change ({', '.join(ENV_KEYS)} must match"
-            + ("; SHARDBENCH_BIND_CORES=0 runs the ranks free" if "rank_binding" in changed else "")
+            + (f"; {RUN_FREE}" if "rank_binding" in changed else "")
             + ")"
         )
 

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from shardbench.core_binding import RUN_FREE
 from shardbench.records import CellKey, Record
 from shardbench.studies.compare_ratios import (
     RATIO_METRIC,
@@ -305,7 +306,7 @@ def compare_runs(
 def _refuse_env_changes(changes: dict[str, tuple[list, list]]) -> None:
     """Raise ``EnvironmentChanged`` listing how the sides' environments differ."""
     listed = "; ".join(f"{k}: {b} -> {c}" for k, (b, c) in changes.items())
-    free = " (SHARDBENCH_BIND_CORES=0 runs the ranks free, as unbound records were)"
+    free = f" ({RUN_FREE}, as unbound records were)"
     raise EnvironmentChanged(
         f"the runs differ in environment ({listed}); their numbers do not compare. "
         "Save a new baseline on this environment, or pass --allow-env-change to compare anyway"
