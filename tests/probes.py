@@ -8,6 +8,8 @@ from pathlib import Path
 #: the gloo profile every test's cell is predicted over: a stand-in, so that no test pays the
 #: probe's few seconds of forked ranks (tests/test_step_time.py tests the probe's fit)
 STAND_IN_GLOO = {"all_reduce": {"latency_s": 2e-4, "bandwidth": 1e9}}
+#: and what each call costs inside a step beyond its aligned time
+STAND_IN_IN_STEP = {"seconds_per_call": 3e-4}
 #: the AdamW update rate likewise: measured, it moves with the load of the minute (3-21 ns per
 #: element on the 2-core machine), and so would a plan's fastest strategy in a test about reserves
 STAND_IN_UPDATE_S_PER_ELEMENT = 5e-9
@@ -30,7 +32,8 @@ def seed_probes(home: Path) -> None:
     for threads in range(1, cores + 1):
         for n in range(2, 9):
             key = network_key(n, threads, device, env["torch"], cores)
-            cached("network", key, lambda: {"kinds": STAND_IN_GLOO, "stand_in": True}, home, load=_settled)
+            stand_in = {"kinds": STAND_IN_GLOO, "in_step": STAND_IN_IN_STEP, "stand_in": True}
+            cached("network", key, stand_in.copy, home, load=_settled)
         rate = {"seconds_per_element": STAND_IN_UPDATE_S_PER_ELEMENT, "stand_in": True}
         for size in SIZES:
             for copies in range(1, cores + 1):

@@ -36,8 +36,16 @@ def test_a_collective_is_costed_by_the_probe_of_groups_shaped_like_its_own() -> 
 
 
 def test_a_concurrent_probe_fits_every_kind_over_its_group_size() -> None:
-    got = probe(4, 1, tier_groups(4, 2, "within"), sizes=(1 << 10, 1 << 12, 1 << 14))
+    got = probe(4, 1, tier_groups(4, 2, "within"), sizes=(1 << 10, 1 << 12, 1 << 14), in_step_steps=3)
     assert set(got["kinds"]) >= {"all_reduce", "all_gather", "broadcast"}
     for kind, fitted in got["kinds"].items():
         assert fitted["bandwidth"] > 0 and fitted["latency_s"] >= 0, kind
         assert len(fitted["points"]) == 3
+    # a call's in-step cost: what the calls added to the steps, per call, beyond the cost the
+    # fitted all-reduce line gives such a call
+    s, line = got["in_step"], got["kinds"]["all_reduce"]
+    assert s["compute_s"] > 0 and s["with_calls_s"] > 0
+    ring = 2 * (1 / 2)  # an all-reduce over a group of 2 sends 2 (n-1)/n of the bytes
+    assert s["aligned_call_s"] == pytest.approx(line["latency_s"] + ring * s["bytes"] / line["bandwidth"])
+    beyond = (s["with_calls_s"] - s["compute_s"]) / s["calls"] - s["aligned_call_s"]
+    assert s["seconds_per_call"] == max(0.0, beyond)

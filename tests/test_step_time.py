@@ -62,6 +62,25 @@ def test_overlap_rules_and_shared_cores() -> None:
     assert predict_step(units, gpu)["exposed_comm"] == pytest.approx(t / 4 + (t - t / 4 - 1.0))
 
 
+def test_each_call_over_a_group_adds_the_profiles_in_step_cost() -> None:
+    inputs = StepInputs(
+        flops=1e12,
+        rate=1e12,
+        collectives=(
+            Collective("all_reduce", 1e6, 3, "gradients"),
+            Collective("all_gather", 1e6, 2, "parameters-after-step", ranks=(0, 1)),
+            Collective("all_reduce", 1e6, 5, "gradients", ranks=(1,)),  # a group of one: no call
+        ),
+        world_size=4,
+    )
+    measured = NetworkProfile("gloo", LINK, "stand-in", shares_compute=True, in_step_call_s=2e-3)
+    got = predict_step(inputs, measured)
+    assert got["call_overhead"] == pytest.approx(5 * 2e-3)
+    assert got["step"] == pytest.approx(got["compute"] + got["update"] + got["exposed_comm"] + 5 * 2e-3)
+    # a named link states none
+    assert predict_step(inputs, NetworkProfile("t", LINK, "stand-in"))["call_overhead"] == 0.0
+
+
 def test_core_share_and_probe_fit() -> None:
     assert core_share(4, 2, 1) == 0.5 and core_share(2, 2, 1) == 1.0 and core_share(1, None, 1) == 1.0
     got = fit([(x, 2e-4 + x / 5e8) for x in (1e4, 1e6, 1e7)])

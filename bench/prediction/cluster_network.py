@@ -37,6 +37,8 @@ class ClusterNetwork:
     source: str
     #: a cluster's collectives run on their own links and engines, beside the compute
     shares_compute = False
+    #: no in-step cost per call is stated for a named cluster (``NetworkProfile.in_step_call_s``)
+    in_step_call_s = 0.0
 
     def collective_seconds(self, kind: str, nbytes: float, calls: int, group_ranks: Sequence[int]) -> float:
         """``calls`` collectives of ``kind`` moving ``nbytes`` of full tensors in all, over the

@@ -6,13 +6,30 @@ The method is fixed: ``world_size`` processes started afresh (spawn), a gloo gro
 store, each at ``threads`` intra-op threads and bound as a rank of the run is (``core_binding``:
 its compute on its cores, its group's threads on any). For each collective
 kind and each size in ``SIZES`` (fp32 tensors, the full tensor's bytes), one untimed call, then
-``REPEATS[size]`` calls each timed alone between barriers on rank 0; the median is the size's
-time. The small sizes take the most calls: a call of a millisecond is the one a scheduler's
-hiccup moves most, and the fitted latency rests on them.
+``REPEATS[size]`` calls each timed alone between barriers on rank 0; their low quartile is the
+size's time. A call between barriers takes either its cost or its cost and a stall of a few
+milliseconds, which come in bursts when the host runs other work (a shared virtual machine's
+cores are taken away for a few milliseconds at a time): the low quartile reads the cost even in
+a burst, where the median would read the stall. The stalls a step meets are in the in-step
+figure below, timed in steps. The small sizes take the most calls: the fitted latency rests on
+them.
 The fit is least squares of seconds against the bytes a ring sends per rank
 (``metrics.analytic.RING``): the intercept is the latency, the slope's inverse the bandwidth. A kind gloo
-cannot run here is left out (its collectives are costed at all-reduce's rates). On a 2-core CPU
-it takes a few seconds; it runs once per machine, torch version, world size, threads and rank
+cannot run here is left out (its collectives are costed at all-reduce's rates).
+
+A call timed between barriers is the cheapest a call gets: the ranks arrive together and the
+group's threads are awake. Inside a training step neither holds. Each rank reaches the call
+when its own compute ends, a little apart from the others, so every call waits for the last to
+arrive, and on a CPU the group's threads must first win a core back from the compute. So the
+probe also times steps the way the harness does (``in_step``): ``IN_STEP_STEPS`` steps of a fixed
+compute, each rank's steps back to back, a step's time its slowest rank's and the median the
+figure, once with the compute alone and once split into ``IN_STEP_CALLS`` parts, each followed
+by a small all-reduce. What the calls add, per call, beyond such a call's cost by the fitted
+all-reduce line (its barrier-aligned time) is the profile's ``in_step_call_s``, which the
+step-time model adds for every call a step makes: the model's cost of a call in a step is then
+what the steps measured.
+
+On a 2-core CPU it takes a few seconds; it runs once per machine, torch version, world size, threads and rank
 binding, and is
 cached in the results home (``probe_cache``: ``peaks/network.json``).
 
@@ -41,6 +58,14 @@ SIZES = (1 << 16, 1 << 21, 1 << 24)
 REPEATS = {1 << 16: 25, 1 << 21: 11, 1 << 24: 5}
 #: timed calls of a size ``REPEATS`` does not name (a test's smaller ones)
 OTHER_REPEATS = 5
+#: the in-step measurement: the calls a step is split by, its compute (about a millisecond
+#: between calls, the order of a small model's buckets and units), the steps timed after
+#: ``IN_STEP_WARMUP`` untimed ones, and the full-tensor bytes of each call (a latency-bound size)
+IN_STEP_CALLS = 8
+IN_STEP_COMPUTE_S = 0.008
+IN_STEP_STEPS = 40
+IN_STEP_WARMUP = 5
+IN_STEP_BYTES = 1 << 16
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 
 
@@ -96,6 +121,74 @@ def _call(kind: str, dist: Any, torch: Any, nbytes: int, ranks: list[int] | None
     return lambda: dist.reduce(full, dst=root, group=group)
 
 
+def in_step(
+    dist: Any, torch: Any, ranks: list[int] | None, group: Any, timed_steps: int = IN_STEP_STEPS
+) -> dict[str, float]:
+    """Steps timed as the harness times them (the module docstring): ``compute_s``, the median
+    step of compute alone, and ``with_calls_s``, of the same compute split by ``calls``
+    all-reduces of ``IN_STEP_BYTES``, over ``timed_steps`` steps each. Every rank of ``group``
+    calls it together."""
+    size = len(ranks) if ranks else dist.get_world_size()
+    root = ranks[0] if ranks else 0
+    a, buf = torch.randn(96, 96), torch.randn(1 << 16)
+
+    def work(units: int) -> None:  # a matrix product and a pass over memory, as a step's ops
+        for _ in range(units):
+            torch.mm(a, a)
+            buf.mul_(1.0)
+
+    started, units = time.perf_counter(), 0
+    while time.perf_counter() - started < 0.05:
+        work(1)
+        units += 1
+    # the group's first rank sets the compute: every rank then does the same work
+    per_step = torch.tensor([max(IN_STEP_CALLS, round(IN_STEP_COMPUTE_S * units / 0.05))], dtype=torch.int64)
+    dist.broadcast(per_step, src=root, group=group)
+    part = int(per_step) // IN_STEP_CALLS
+    call = _call("all_reduce", dist, torch, IN_STEP_BYTES, ranks, group)
+
+    def steps(calls: int) -> list[float]:
+        dist.barrier(group=group)
+        times = []
+        for _ in range(IN_STEP_WARMUP + timed_steps):
+            begun = time.perf_counter()
+            if calls:
+                for _ in range(calls):
+                    work(part)
+                    call()
+            else:
+                work(part * IN_STEP_CALLS)
+            times.append(time.perf_counter() - begun)
+        return times[IN_STEP_WARMUP:]
+
+    mine = torch.tensor(steps(0) + steps(IN_STEP_CALLS), dtype=torch.float64)
+    everyone = torch.empty(size * mine.numel(), dtype=torch.float64)
+    dist.all_gather_into_tensor(everyone, mine, group=group)
+    slowest = everyone.reshape(size, -1).max(dim=0).values.tolist()  # per step, as the harness
+    return {
+        "compute_s": statistics.median(slowest[:timed_steps]),
+        "with_calls_s": statistics.median(slowest[timed_steps:]),
+        "calls": IN_STEP_CALLS,
+        "bytes": IN_STEP_BYTES,
+    }
+
+
+def per_call_in_step(
+    measured: dict[str, float], all_reduce: dict[str, float], ring_size: int
+) -> dict[str, float]:
+    """``measured`` (``in_step``) with ``seconds_per_call``: what each call added to the steps
+    beyond ``aligned_call_s``, the cost the fitted all-reduce profile gives such a call (so that
+    the model's cost of a call in a step, the profile's and this, is what the steps measured);
+    never below zero."""
+    from shardbench.prediction.network_profiles import LinkCost
+
+    aligned = LinkCost(all_reduce["latency_s"], all_reduce["bandwidth"]).seconds(
+        "all_reduce", measured["bytes"], 1, ring_size
+    )
+    added = (measured["with_calls_s"] - measured["compute_s"]) / measured["calls"]
+    return {**measured, "aligned_call_s": aligned, "seconds_per_call": max(0.0, added - aligned)}
+
+
 def _my_group(dist: Any, rank: int, groups: list[list[int]] | None) -> tuple[list[int] | None, Any]:
     """This rank's group of ``groups`` and its ranks (every rank creates every group, in order,
     as ``new_group`` requires); the world where ``groups`` is None."""
@@ -118,6 +211,7 @@ def _rank(
     groups: list[list[int]] | None,
     sizes: tuple[int, ...],
     cores: tuple[int, ...] | None,
+    in_step_steps: int,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -147,24 +241,31 @@ def _rank(
                     started = time.perf_counter()
                     call()
                     times.append(time.perf_counter() - started)
-                points.append((nbytes, statistics.median(times)))
+                points.append((nbytes, statistics.quantiles(times, n=4, method="inclusive")[0]))
             if points:
                 out[kind] = points
+        calls = in_step(dist, torch, ranks, group, in_step_steps)
         dist.barrier()
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        queue.put(out)
+        queue.put({"kinds": out, "in_step": calls})
 
 
 def probe(
-    world_size: int, threads: int, groups: list[list[int]] | None = None, sizes: tuple[int, ...] = SIZES
+    world_size: int,
+    threads: int,
+    groups: list[list[int]] | None = None,
+    sizes: tuple[int, ...] = SIZES,
+    in_step_steps: int = IN_STEP_STEPS,
 ) -> dict[str, Any]:
     """Measure (see the module docstring): per kind, ``latency_s``, ``bandwidth`` (bytes per
-    second sent per rank) and the ``points`` measured (full bytes, median seconds); and
-    ``seconds``, the probe's wall time. With ``groups`` (equal sizes, covering the world) each
-    group runs its collectives at once with the others, timed on rank 0's group. ``sizes``: the
-    full-tensor bytes measured (a test's smaller ones check the method, not the machine)."""
+    second sent per rank) and the ``points`` measured (full bytes, low-quartile seconds);
+    ``in_step``, what a call adds inside a step (``per_call_in_step``); and ``seconds``, the
+    probe's wall time. With ``groups`` (equal sizes, covering the world) each group runs its
+    collectives at once with the others, timed on rank 0's group. ``sizes``: the full-tensor
+    bytes measured, and ``in_step_steps`` the steps timed in a step (a test's fewer check the
+    method, not the machine)."""
     import multiprocessing
 
     from shardbench.core_binding import cores_of
@@ -182,7 +283,17 @@ def probe(
         procs = [
             context.Process(
                 target=_rank,
-                args=(r, world_size, threads, store, queue, groups, sizes, cores_of(r, world_size)),
+                args=(
+                    r,
+                    world_size,
+                    threads,
+                    store,
+                    queue,
+                    groups,
+                    sizes,
+                    cores_of(r, world_size),
+                    in_step_steps,
+                ),
                 daemon=True,
             )
             for r in range(world_size)
@@ -198,7 +309,9 @@ def probe(
                     p.kill()
     ring_size = len(groups[0]) if groups else world_size
     kinds = {}
-    for kind, points in measured.items():
+    for kind, points in measured["kinds"].items():
         sent = [(RING[kind](ring_size) * b, t) for b, t in points]
         kinds[kind] = {**fit(sent), "points": [list(p) for p in points]}
-    return {"kinds": kinds, "seconds": time.perf_counter() - started}
+    line = kinds.get("all_reduce") or {"latency_s": 0.0, "bandwidth": float("inf")}
+    calls = per_call_in_step(measured["in_step"], line, ring_size)
+    return {"kinds": kinds, "in_step": calls, "seconds": time.perf_counter() - started}

@@ -48,6 +48,11 @@ class GlooTwoTier:
         return self.flat.collective_seconds(kind, nbytes, calls, group_ranks)
 
     @property
+    def in_step_call_s(self) -> float:
+        """What a call costs inside a step beyond its aligned time: the flat probe's."""
+        return self.flat.in_step_call_s
+
+    @property
     def source(self) -> str:
         return (
             f"gloo in two tiers, {self.ranks_per_node} ranks a node: within {self.within.source}; "

@@ -33,14 +33,16 @@ UpdateMeasure = Callable[[int, int, int], dict[str, Any]]
 def network_key(world_size: int, threads: int, device_name: str, torch_version: str, cores: int) -> str:
     """What makes two gloo probes the same measurement: the CPU, torch (gloo comes with it), the
     ranks, their threads, the cores they share and how they sit on them (``core_binding``), and
-    the calls timed at each size (a figure of fewer calls is another, noisier measurement)."""
+    the calls timed at each size (a figure of fewer calls is another, noisier measurement) and
+    how a step's calls are timed (``gloo_probe.in_step``)."""
     from shardbench.core_binding import binding_key
-    from shardbench.prediction.gloo_probe import REPEATS
+    from shardbench.prediction.gloo_probe import IN_STEP_CALLS, IN_STEP_COMPUTE_S, REPEATS
 
     calls = "/".join(str(REPEATS[size]) for size in sorted(REPEATS))
     return (
         f"{device_name} | torch {torch_version} | {world_size} ranks | {threads} threads | {cores} cores"
         f" | {binding_key(world_size)} | {calls} calls"
+        f" | in a step {IN_STEP_CALLS} calls in {IN_STEP_COMPUTE_S * 1e3:g} ms"
     )
 
 
@@ -116,12 +118,15 @@ class MachineProbes:
         default = kinds.get("all_reduce") or next(iter(kinds.values()))
         probed = f"{len(groups)} groups of {len(groups[0])} at once" if groups else f"N={world_size}"
         threads_text = count(threads, "thread")
+        in_step = (entry.get("in_step") or {}).get("seconds_per_call") or 0.0
         return NetworkProfile(
             MEASURED,
             default,
-            f"gloo probe at {probed}, {threads_text} per rank, measured {entry.get('measured_at')}",
+            f"gloo probe at {probed}, {threads_text} per rank, {in_step * 1e6:.0f} µs more per call"
+            f" in a step, measured {entry.get('measured_at')}",
             by_kind=kinds,
             shares_compute=True,
+            in_step_call_s=in_step,
         )
 
     def gloo_two_tier(

@@ -16,7 +16,9 @@ latency and a bandwidth per collective kind: gloo's algorithms differ by kind.
 
 On a CPU the ranks' collectives run on the same cores as their compute (gloo's threads take a
 core from the math), so the ``gloo`` profile says ``shares_compute``: the model counts its
-communication as exposed, whatever would overlap on a GPU.
+communication as exposed, whatever would overlap on a GPU. It also says what each call costs
+inside a step beyond its barrier-aligned time (``in_step_call_s``: the wait for the last rank to
+arrive, the group's threads winning a core back), measured with it.
 
 This module imports no torch.
 """
@@ -56,6 +58,9 @@ class NetworkProfile:
     by_kind: dict[str, LinkCost] = field(default_factory=dict)
     #: collectives run on the compute's own cores (gloo on a CPU): nothing overlaps
     shares_compute: bool = False
+    #: seconds each call costs inside a step beyond its barrier-aligned time, where measured
+    #: (``gloo_probe.in_step``); the named links state none
+    in_step_call_s: float = 0.0
 
     def cost(self, kind: str) -> LinkCost:
         return self.by_kind.get(kind, self.default)

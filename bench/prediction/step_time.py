@@ -1,7 +1,7 @@
 """The step-time model: one rank's predicted step from its FLOPs, its optimizer update, the
 collectives it issues and a network profile.
 
-    step = compute + update + exposed communication
+    step = compute + update + exposed communication + call overhead
 
 * ``compute``: the rank's forward and backward. On a CPU it is measured: where the cell ran, the
   model's own forward and backward timed on its ranks before the strategy wrapped it
@@ -32,6 +32,11 @@ collectives it issues and a network profile.
   - anything else (buffer broadcasts, flags) is exposed;
   - a profile whose collectives share the compute's cores (``shares_compute``: gloo on a CPU)
     hides nothing: every collective is exposed.
+* call overhead: what each call costs inside a step beyond its barrier-aligned time, where the
+  profile measured it (``in_step_call_s``: gloo's probe times calls inside steps of compute):
+  each rank reaches a call when its own compute ends, so the call waits for the last rank, and
+  the group's threads must win a core back from the compute. It counts every call over a group
+  of more than one rank.
 
 What it leaves out: where compute is FLOPs over a rate, the elementwise work and memory traffic
 the FLOPs do not count (``EFFICIENCY`` stands for them); where it is replayed, what ``op_replay``
@@ -99,7 +104,8 @@ def core_share(ranks: int, cores: int | None, threads: int | None) -> float:
 
 def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -> dict[str, float]:
     """The step's predicted seconds: ``step`` and its terms ``compute``, ``update``, ``comm``
-    (every collective's time) and ``exposed_comm`` (the part the rules above leave exposed)."""
+    (every collective's time), ``exposed_comm`` (the part the rules above leave exposed) and
+    ``call_overhead`` (each call's in-step cost beyond its aligned time)."""
     if inputs.compute_s is not None:
         compute = inputs.compute_s
     else:
@@ -107,10 +113,13 @@ def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -
     per_element = inputs.update_elements * inputs.seconds_per_element
     update = per_element + inputs.update_tensors * inputs.seconds_per_tensor
     backward = BACKWARD_SHARE * compute
-    total = exposed = 0.0
+    total = exposed = overhead = 0.0
     for c in inputs.collectives:
-        t = profile.collective_seconds(c.kind, c.nbytes, c.calls, c.ranks or tuple(range(inputs.world_size)))
+        group = c.ranks or tuple(range(inputs.world_size))
+        t = profile.collective_seconds(c.kind, c.nbytes, c.calls, group)
         total += t
+        if len(group) > 1:
+            overhead += max(0, c.calls) * profile.in_step_call_s
         if profile.shares_compute or c.role in ("parameters-after-step", "other") or c.calls < 1:
             exposed += t
             continue
@@ -118,9 +127,10 @@ def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -
         under = backward if c.role == "gradients" else compute
         exposed += first + max(0.0, t - first - under)
     return {
-        "step": compute + update + exposed,
+        "step": compute + update + exposed + overhead,
         "compute": compute,
         "update": update,
         "comm": total,
         "exposed_comm": exposed,
+        "call_overhead": overhead,
     }

@@ -388,7 +388,12 @@ def why_faster(fast: PlanRow, least: PlanRow) -> str:
 
     a, b = fast.predicted, least.predicted
     assert a is not None and b is not None, "only predicted rows are compared"
-    names = {"compute": "compute", "update": "optimizer update", "exposed_comm": "exposed communication"}
+    names = {
+        "compute": "compute",
+        "update": "optimizer update",
+        "exposed_comm": "exposed communication",
+        "call_overhead": "collective calls' in-step overhead",
+    }
     differ = {k: (getattr(a, k) or 0) - (getattr(b, k) or 0) for k in names}
     terms = [
         f"{seconds_text(abs(differ[k]))} {'less' if differ[k] < 0 else 'more'} {label}"
