@@ -15,13 +15,20 @@ STAND_IN_IN_STEP = {"seconds_per_call": 3e-4}
 STAND_IN_UPDATE_S_PER_ELEMENT = 5e-9
 #: and its fixed cost per tensor (tens of microseconds measured on the 2-core machine)
 STAND_IN_UPDATE_S_PER_TENSOR = 2e-5
+#: and a byte copied into fresh memory (about 2 GB/s on the 2-core machine)
+STAND_IN_FRESH_COPY_S_PER_BYTE = 5e-10
 
 
 def seed_probes(home: Path) -> None:
-    """Cache ``STAND_IN_GLOO``, the update rate and its per-tensor cost in ``home`` for every
-    world size, thread count, size and copies a test runs."""
+    """Cache ``STAND_IN_GLOO``, the update rate, its per-tensor cost and the fresh-copy rate in
+    ``home`` for every world size, thread count, size and copies a test runs."""
     from shardbench.harness.config import available_cores
-    from shardbench.prediction.machine_probes import network_key, update_key, update_tensor_key
+    from shardbench.prediction.machine_probes import (
+        fresh_copy_key,
+        network_key,
+        update_key,
+        update_tensor_key,
+    )
     from shardbench.prediction.probe_cache import cached
     from shardbench.prediction.update_probe import SIZES
     from shardbench.records import UNNAMED_DEVICE, capture_env
@@ -39,6 +46,10 @@ def seed_probes(home: Path) -> None:
             for copies in range(1, cores + 1):
                 key = update_key(threads, size, copies, device, env["torch"])
                 cached("update", key, rate.copy, home, load=_settled)
+        fresh = {"seconds_per_byte": STAND_IN_FRESH_COPY_S_PER_BYTE, "stand_in": True}
+        for copies in range(1, cores + 1):
+            key = fresh_copy_key(threads, copies, device, env["torch"])
+            cached("update", key, fresh.copy, home, load=_settled)
         per_tensor = {"seconds_per_tensor": STAND_IN_UPDATE_S_PER_TENSOR, "stand_in": True}
         key = update_tensor_key(threads, device, env["torch"])
         cached("update", key, per_tensor.copy, home, load=_settled)

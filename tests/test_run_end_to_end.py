@@ -88,7 +88,8 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         # every measured cell carries the step-time model's prediction, over this CPU's gloo profile
         p = r.predicted_step_time
         assert p.network == "gloo"
-        assert p.step == pytest.approx(p.compute + p.update + p.exposed_comm + p.call_overhead)
+        terms = p.compute + p.update + p.exposed_comm + p.call_overhead + p.buffer_copies
+        assert p.step == pytest.approx(terms)
         # its compute: the step's own operator calls replayed at a rank's threads, every one of them
         c = r.compute_replay
         assert c.threads == r.threads_per_rank and c.calls > c.distinct > 0

@@ -81,6 +81,43 @@ def test_each_call_over_a_group_adds_the_profiles_in_step_cost() -> None:
     assert predict_step(inputs, NetworkProfile("t", LINK, "stand-in"))["call_overhead"] == 0.0
 
 
+def test_copies_through_buffers_cost_their_bytes() -> None:
+    inputs = StepInputs(
+        flops=1e12, rate=1e12, copied_bytes=10**9, seconds_per_copied_byte=5e-10, world_size=2
+    )
+    got = predict_step(inputs, NetworkProfile("t", LINK, "stand-in"))
+    assert got["buffer_copies"] == pytest.approx(0.5)
+    assert got["step"] == pytest.approx(1.0 + 0.5)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2-zero3", "fsdp2-zero2", "ddp", "zero3"])
+def test_fsdp2_copies_each_gathers_parameters_and_the_gradients_through_fresh_buffers(
+    tmp_path: Path, strategy: str
+) -> None:
+    """FSDP2 copies each gather's parameters out of its buffer and the gradients into one, both
+    allocated afresh; ddp and our ZeRO copy none."""
+    record = make_record(
+        strategy=strategy,
+        params=1_000_000,
+        flops_per_step=FlopsPerStep(model=1e9, hardware=1e9),
+        placement={"ranks": 2, "cores": 2},
+        threads_per_rank=1,
+        predicted_mem_bytes={"optimizer": 8_000_000},
+    )
+    probes = MachineProbes(
+        home=tmp_path,
+        measure_network=lambda n, threads: {"kinds": GLOO[2]},
+        measure_update=lambda threads, size, copies: UPDATE,
+        measure_update_per_tensor=lambda threads: {"seconds_per_tensor": 0.0},
+        measure_fresh_copy=lambda threads, copies: FRESH_COPY,
+    )
+    predicted, why = predict_record(record, network="gloo", peak=PEAK, probes=probes)
+    assert why is None, why
+    gathers = {"fsdp2-zero3": 2, "fsdp2-zero2": 1}.get(strategy)
+    expected = 1_000_000 * (gathers * 4 + 4) * 5e-10 if gathers else 0.0
+    assert predicted.buffer_copies == pytest.approx(expected)
+
+
 def test_core_share_and_probe_fit() -> None:
     assert core_share(4, 2, 1) == 0.5 and core_share(2, 2, 1) == 1.0 and core_share(1, None, 1) == 1.0
     got = fit([(x, 2e-4 + x / 5e8) for x in (1e4, 1e6, 1e7)])
@@ -100,6 +137,7 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2-zero3")
 #: what this test checks, and it holds only with gloo's slower all-gather and reduce-scatter
 PEAK = {"flops_per_s": 0.213e12, "kind": "measured"}
 UPDATE = {"seconds_per_element": 2.14e-8}
+FRESH_COPY = {"seconds_per_byte": 5e-10}
 GLOO = {
     2: {
         "all_reduce": {"latency_s": 2.36e-3, "bandwidth": 1.38e9},
@@ -131,6 +169,7 @@ def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path)
                     home=tmp_path,
                     measure_network=lambda n, threads: {"kinds": GLOO[n]},
                     measure_update=lambda threads, size, copies: UPDATE,
+                    measure_fresh_copy=lambda threads, copies: FRESH_COPY,
                 ),
             )
             assert why is None, why

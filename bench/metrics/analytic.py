@@ -230,6 +230,10 @@ class Communication:
     #: where it shards in groups smaller than the world, the backend our ZeRO's reducer runs on
     #: then (zero1 on gloo keeps DDP's all-reduce only over the whole world); None: as flat
     grouped_reducer_backend: str | None = None
+    #: each gather's parameters are copied out of its buffer into memory of their own, and the
+    #: gradients into a reduce-scatter buffer of their own, both allocated afresh at each
+    #: (FSDP2's copy-out and copy-in); our ZeRO computes in its flat buffers' views
+    copies_through_buffers: bool = False
     #: ZeRO++'s hierarchical partitioning (hpZ): where it shards in groups smaller than the
     #: world, backward gathers from a secondary copy of the parameters partitioned within the
     #: group, while forward's gathers and the gradients' reduction still span all N

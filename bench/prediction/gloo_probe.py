@@ -29,9 +29,9 @@ all-reduce line (its barrier-aligned time) is the profile's ``in_step_call_s``, 
 step-time model adds for every call a step makes: the model's cost of a call in a step is then
 what the steps measured.
 
-On a 2-core CPU it takes a few seconds; it runs once per machine, torch version, world size, threads and rank
-binding, and is
-cached in the results home (``probe_cache``: ``peaks/network.json``).
+On a 2-core CPU it takes a few seconds; it runs once per machine, torch version, world size,
+threads and rank binding, and is cached in the results home (``probe_cache``:
+``peaks/network.json``).
 
 The two-tier gloo profile (``gloo_tiers``) probes the same way with the world split into
 groups that all run their collective at once, as a hybrid-sharded step's groups do: ``within``,

@@ -62,6 +62,11 @@ def update_tensor_key(threads: int, device_name: str, torch_version: str) -> str
     return update_key(threads, 0, 1, device_name, torch_version) + " | per tensor"
 
 
+def fresh_copy_key(threads: int, copies: int, device_name: str, torch_version: str) -> str:
+    """What makes two fresh-copy probes the same measurement: as the update probe's, at no size."""
+    return update_key(threads, 0, copies, device_name, torch_version) + " | fresh copy"
+
+
 def compute_key(calls_signature: str, threads: int, copies: int, device_name: str, torch_version: str) -> str:
     """What makes two replays the same measurement: the step's calls, the CPU, torch, the
     threads and the copies replayed at once, and how the copies sit on the cores."""
@@ -78,12 +83,14 @@ class MachineProbes:
     """The probes one owner asks for. ``home``: the results home they are cached in (default:
     the user's); ``measure_network`` and ``measure_update``: the probes to run on a miss
     (default: ``gloo_probe.probe``, ``update_probe.probe``; a test gives stand-ins), and
-    ``measure_update_per_tensor`` (default: ``update_probe.probe_per_tensor``)."""
+    ``measure_update_per_tensor`` (default: ``update_probe.probe_per_tensor``) and
+    ``measure_fresh_copy`` (default: ``update_probe.probe_fresh_copy``)."""
 
     home: Path | None = None
     measure_network: NetworkMeasure | None = None
     measure_update: UpdateMeasure | None = None
     measure_update_per_tensor: Callable[[int], dict[str, Any]] | None = None
+    measure_fresh_copy: Callable[[int, int], dict[str, Any]] | None = None
     #: the replays made or read so far, by ``compute_key``: many cells of one step replay it once
     _replayed: dict[str, ComputeReplay] = field(default_factory=dict, repr=False)
 
@@ -170,6 +177,17 @@ class MachineProbes:
             from shardbench.prediction.update_probe import probe_per_tensor as measure
         key = update_tensor_key(threads, device_name, torch_version)
         return cached("update", key, lambda: measure(threads), self.home)["seconds_per_tensor"]
+
+    def fresh_copy_rate(self, threads: int, copies: int, device_name: str, torch_version: str) -> float:
+        """Seconds per byte copied into memory allocated for the copy on this CPU at ``threads``,
+        ``copies`` ranks at once (``update_probe.probe_fresh_copy``)."""
+        from shardbench.prediction.probe_cache import cached
+
+        measure = self.measure_fresh_copy
+        if measure is None:
+            from shardbench.prediction.update_probe import probe_fresh_copy as measure
+        key = fresh_copy_key(threads, copies, device_name, torch_version)
+        return cached("update", key, lambda: measure(threads, copies), self.home)["seconds_per_byte"]
 
     def replayed_compute(
         self, calls: Sequence[OpCall], threads: int, copies: int, device_name: str, torch_version: str

@@ -176,6 +176,7 @@ def predict_record(
     strategy = strategy or _strategy_of(record)
     elements, spe = _update(record, strategy, peak, share, probes)
     tensors, spt = _update_tensors(record, share, probes)
+    copied, spb = _buffer_copies(record, strategy, peak, share, probes)
     profile, backend = _profile(record, network, probes, ranks_per_node)
     n = record.world_size
     inputs = StepInputs(
@@ -188,6 +189,8 @@ def predict_record(
         seconds_per_tensor=spt,
         collectives=collectives(record, strategy, backend, shape, uses_bare=bool(bare)) if n > 1 else (),
         world_size=n,
+        copied_bytes=copied if n > 1 else 0,
+        seconds_per_copied_byte=spb,
     )
     seconds = predict_step(inputs, profile)
     step, tokens = seconds["step"], counted.tokens_per_sample
@@ -265,6 +268,26 @@ def _update_tensors(record: Record, share: float, probes: MachineProbes) -> tupl
     if record.device != "cpu" or not tensors:
         return 0, 0.0
     return tensors, probes.update_tensor_seconds(rank_threads(record), *_machine(record)) / share
+
+
+def _buffer_copies(
+    record: Record, strategy: Strategy, peak: dict[str, Any], share: float, probes: MachineProbes
+) -> tuple[int, float]:
+    """The bytes the rank copies through its communication buffers in a step, where its strategy
+    declares it does (``Communication.copies_through_buffers``): each gather's parameters copied
+    out, and the gradients copied in, of the whole model as communicated; and the seconds per
+    byte: this CPU's fresh-copy probe over the rank's core share, or a read and a write at the
+    datasheet's memory bandwidth on CUDA (none where it states none)."""
+    backend = record.backend if record.backend != "none" else "gloo"
+    declared = strategy.communication(record.precision, backend)
+    if declared is None or not declared.copies_through_buffers or not record.params:
+        return 0, 0.0
+    copied = record.params * (declared.gathers * declared.parameter_bytes + declared.gradient_bytes)
+    if record.device == "cpu":
+        copies = replay_copies(record)
+        return copied, probes.fresh_copy_rate(rank_threads(record), copies, *_machine(record)) / share
+    memory = peak.get("memory_bytes_per_s")
+    return copied, 2 / memory if memory else 0.0
 
 
 def _profile(

@@ -1,7 +1,7 @@
 """The step-time model: one rank's predicted step from its FLOPs, its optimizer update, the
 collectives it issues and a network profile.
 
-    step = compute + update + exposed communication + call overhead
+    step = compute + update + exposed communication + call overhead + buffer copies
 
 * ``compute``: the rank's forward and backward. On a CPU it is measured: where the cell ran, the
   model's own forward and backward timed on its ranks before the strategy wrapped it
@@ -37,12 +37,18 @@ collectives it issues and a network profile.
   each rank reaches a call when its own compute ends, so the call waits for the last rank, and
   the group's threads must win a core back from the compute. It counts every call over a group
   of more than one rank.
+* buffer copies: a strategy that copies through its communication buffers (FSDP2: each unit's
+  gathered parameters out of the gather's buffer, at each gather, and the gradients into a
+  reduce-scatter buffer, all into memory allocated for the copy) pays ``bytes copied x seconds
+  per byte``: on a CPU the fresh-copy probe's (``update_probe.probe_fresh_copy``), the first
+  touch of each fresh page included; on CUDA a read and a write of each byte at the datasheet's
+  memory bandwidth. Our ZeRO computes in its flat buffers' views and copies none.
 
 What it leaves out: where compute is FLOPs over a rate, the elementwise work and memory traffic
 the FLOPs do not count (``EFFICIENCY`` stands for them); where it is replayed, what ``op_replay``
 leaves out (the autograd engine between ops, fresh memory for activations); copies into and out
-of communication buckets, the data loader, stragglers, and contention on a link shared by more
-ranks than the profile's figure assumes.
+of the communication buckets of strategies that reuse them, the data loader, stragglers, and
+contention on a link shared by more ranks than the profile's figure assumes.
 """
 
 from __future__ import annotations
@@ -93,6 +99,9 @@ class StepInputs:
     seconds_per_tensor: float = 0.0
     collectives: tuple[Collective, ...] = ()
     world_size: int = 1
+    #: the bytes the step copies through its communication buffers, and the seconds each costs
+    copied_bytes: int = 0
+    seconds_per_copied_byte: float = 0.0
 
 
 def core_share(ranks: int, cores: int | None, threads: int | None) -> float:
@@ -105,7 +114,7 @@ def core_share(ranks: int, cores: int | None, threads: int | None) -> float:
 def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -> dict[str, float]:
     """The step's predicted seconds: ``step`` and its terms ``compute``, ``update``, ``comm``
     (every collective's time), ``exposed_comm`` (the part the rules above leave exposed) and
-    ``call_overhead`` (each call's in-step cost beyond its aligned time)."""
+    ``call_overhead`` (each call's in-step cost beyond its aligned time) and ``buffer_copies``."""
     if inputs.compute_s is not None:
         compute = inputs.compute_s
     else:
@@ -126,11 +135,13 @@ def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -
         first = t / c.calls  # the last bucket's reduce, or the first unit's gather
         under = backward if c.role == "gradients" else compute
         exposed += first + max(0.0, t - first - under)
+    copies = inputs.copied_bytes * inputs.seconds_per_copied_byte
     return {
-        "step": compute + update + exposed + overhead,
+        "step": compute + update + exposed + overhead + copies,
         "compute": compute,
         "update": update,
         "comm": total,
         "exposed_comm": exposed,
         "call_overhead": overhead,
+        "buffer_copies": copies,
     }

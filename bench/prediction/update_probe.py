@@ -19,6 +19,12 @@ kernels per tensor (tens of microseconds on a small CPU), which for a model of a
 tensors weighs as much as its elements. ``probe_per_tensor`` measures it on ``MANY_TENSORS``
 tensors of ``SMALL`` elements each; the step-time model adds it per tensor the rank's optimizer
 steps over (``metrics/optimizer_tensors.py``).
+
+``probe_fresh_copy`` measures what a strategy that copies through communication buffers pays
+per byte (FSDP2 copies each unit's gathered parameters out of the gather's buffer, and the
+gradients into a reduce-scatter buffer, both into memory allocated for the copy): ``COPY_BYTES``
+copied into a tensor allocated for it, the first touch of each fresh page included, which on a
+CPU costs about what the copy does.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ TENSORS = 8
 MANY_TENSORS = 256
 SMALL = 16
 REPEATS = 3
+#: the fresh-copy probe's bytes a copy: a base model's unit, past the allocator's reuse of freed
+#: blocks (large allocations are mapped afresh)
+COPY_BYTES = 1 << 25
+#: its timed copies: each costs milliseconds
+COPY_REPEATS = 5
 #: the sizes probed: from a cache-resident 1M elements to 128M (2 GiB of parameter, gradient
 #: and moments, past any cache)
 SIZES = tuple(1 << k for k in range(20, 28))
@@ -64,6 +75,39 @@ def probe_per_tensor(threads: int, copies: int = 1) -> dict[str, Any]:
         "mad_seconds_per_tensor": measured["mad"] / MANY_TENSORS,
         "tensors": MANY_TENSORS,
         "repeats": REPEATS,
+        "threads": threads,
+        "copies": copies,
+    }
+
+
+def probe_fresh_copy(threads: int, copies: int = 1, nbytes: int = COPY_BYTES) -> dict[str, Any]:
+    """The seconds per byte of copying ``nbytes`` into a tensor allocated for the copy, at
+    ``threads``, ``copies`` at once: ``seconds_per_byte`` (the median of the slowest copy's
+    ``COPY_REPEATS`` timed copies after an untimed one), ``mad_seconds_per_byte``, ``bytes``,
+    ``repeats``, ``threads``, ``copies``."""
+    import torch
+
+    from shardbench.prediction.at_once import at_once
+
+    def copies_of(index: int, together: Callable[[], None]) -> list[float]:
+        source = torch.ones(nbytes // 4)
+        torch.empty_like(source).copy_(source)
+        times = []
+        for _ in range(COPY_REPEATS):
+            together()
+            started = time.perf_counter()
+            torch.empty_like(source).copy_(source)  # allocated, touched, copied, freed
+            times.append(time.perf_counter() - started)
+        return times
+
+    times = at_once(copies_of, copies, threads)
+    per = [max(t[i] for t in times) for i in range(COPY_REPEATS)]
+    median = statistics.median(per)
+    return {
+        "seconds_per_byte": median / nbytes,
+        "mad_seconds_per_byte": statistics.median(abs(p - median) for p in per) / nbytes,
+        "bytes": nbytes,
+        "repeats": COPY_REPEATS,
         "threads": threads,
         "copies": copies,
     }
