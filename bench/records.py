@@ -259,7 +259,7 @@ class Record:
     tokens_per_s: float | None = None
     #: the step-time model's prediction for this cell (``bench/prediction/record_step_time.py``):
     #: ``step`` and its terms ``compute``, ``update``, ``comm``, ``exposed_comm``,
-    #: ``call_overhead``, ``buffer_copies`` in seconds, the ``network`` profile and the rate,
+    #: ``call_overhead``, ``buffer_memory`` in seconds, the ``network`` profile and the rate,
     #: efficiency and core share it assumed
     predicted_step_time: PredictedStep | None = None
     #: a CPU cell's forward and backward replayed op by op at a rank's threads

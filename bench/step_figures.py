@@ -85,7 +85,7 @@ class BareCompute:
 class PredictedStep:
     """The step-time model's prediction for a cell: ``step`` and its terms ``compute``,
     ``update``, ``comm`` (every collective's time), ``exposed_comm``, ``call_overhead`` (the
-    calls' in-step cost beyond their aligned time) and ``buffer_copies`` in seconds; the tokens/s
+    calls' in-step cost beyond their aligned time) and ``buffer_memory`` in seconds; the tokens/s
     and MFU they give; the network profile; how compute was reached (``compute_source``, in words,
     and ``compute_basis``: ``measured``, the cell's own forward and backward timed; ``replayed``,
     its operators replayed; ``flops``, FLOPs at a rate of the peak and an efficiency); the core
@@ -97,7 +97,7 @@ class PredictedStep:
     comm: float | None = None
     exposed_comm: float | None = None
     call_overhead: float | None = None
-    buffer_copies: float | None = None
+    buffer_memory: float | None = None
     tokens_per_s: float | None = None
     mfu: float | None = None
     peak_flops_per_s: float | None = None

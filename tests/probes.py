@@ -15,16 +15,17 @@ STAND_IN_IN_STEP = {"seconds_per_call": 3e-4}
 STAND_IN_UPDATE_S_PER_ELEMENT = 5e-9
 #: and its fixed cost per tensor (tens of microseconds measured on the 2-core machine)
 STAND_IN_UPDATE_S_PER_TENSOR = 2e-5
-#: and a byte copied into fresh memory (about 2 GB/s on the 2-core machine)
-STAND_IN_FRESH_COPY_S_PER_BYTE = 5e-10
+#: and a communication buffer's byte copied, and first touched where freshly allocated (each
+#: about 4 GB/s on the 2-core machine)
+STAND_IN_BUFFER_MEMORY = {"seconds_per_copied_byte": 2.5e-10, "seconds_per_fresh_byte": 2.5e-10}
 
 
 def seed_probes(home: Path) -> None:
-    """Cache ``STAND_IN_GLOO``, the update rate, its per-tensor cost and the fresh-copy rate in
+    """Cache ``STAND_IN_GLOO``, the update rate, its per-tensor cost and the buffer-memory rates in
     ``home`` for every world size, thread count, size and copies a test runs."""
     from shardbench.harness.config import available_cores
     from shardbench.prediction.machine_probes import (
-        fresh_copy_key,
+        buffer_memory_key,
         network_key,
         update_key,
         update_tensor_key,
@@ -46,10 +47,10 @@ def seed_probes(home: Path) -> None:
             for copies in range(1, cores + 1):
                 key = update_key(threads, size, copies, device, env["torch"])
                 cached("update", key, rate.copy, home, load=_settled)
-        fresh = {"seconds_per_byte": STAND_IN_FRESH_COPY_S_PER_BYTE, "stand_in": True}
+        buffers = {**STAND_IN_BUFFER_MEMORY, "stand_in": True}
         for copies in range(1, cores + 1):
-            key = fresh_copy_key(threads, copies, device, env["torch"])
-            cached("update", key, fresh.copy, home, load=_settled)
+            key = buffer_memory_key(threads, copies, device, env["torch"])
+            cached("update", key, buffers.copy, home, load=_settled)
         per_tensor = {"seconds_per_tensor": STAND_IN_UPDATE_S_PER_TENSOR, "stand_in": True}
         key = update_tensor_key(threads, device, env["torch"])
         cached("update", key, per_tensor.copy, home, load=_settled)

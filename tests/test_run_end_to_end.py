@@ -88,7 +88,7 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         # every measured cell carries the step-time model's prediction, over this CPU's gloo profile
         p = r.predicted_step_time
         assert p.network == "gloo"
-        terms = p.compute + p.update + p.exposed_comm + p.call_overhead + p.buffer_copies
+        terms = p.compute + p.update + p.exposed_comm + p.call_overhead + p.buffer_memory
         assert p.step == pytest.approx(terms)
         # its compute: the step's own operator calls replayed at a rank's threads, every one of them
         c = r.compute_replay

@@ -81,21 +81,31 @@ def test_each_call_over_a_group_adds_the_profiles_in_step_cost() -> None:
     assert predict_step(inputs, NetworkProfile("t", LINK, "stand-in"))["call_overhead"] == 0.0
 
 
-def test_copies_through_buffers_cost_their_bytes() -> None:
+def test_buffer_memory_costs_its_copied_and_fresh_bytes() -> None:
     inputs = StepInputs(
-        flops=1e12, rate=1e12, copied_bytes=10**9, seconds_per_copied_byte=5e-10, world_size=2
+        flops=1e12,
+        rate=1e12,
+        copied_bytes=10**9,
+        seconds_per_copied_byte=5e-10,
+        fresh_bytes=2 * 10**9,
+        seconds_per_fresh_byte=1e-10,
+        world_size=2,
     )
     got = predict_step(inputs, NetworkProfile("t", LINK, "stand-in"))
-    assert got["buffer_copies"] == pytest.approx(0.5)
-    assert got["step"] == pytest.approx(1.0 + 0.5)
+    assert got["buffer_memory"] == pytest.approx(0.5 + 0.2)
+    assert got["step"] == pytest.approx(1.0 + 0.7)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp2-zero3", "fsdp2-zero2", "ddp", "zero3"])
-def test_fsdp2_copies_each_gathers_parameters_and_the_gradients_through_fresh_buffers(
+@pytest.mark.parametrize("strategy", ["fsdp2-zero3", "fsdp2-zero2", "zero3", "zero2", "ddp"])
+def test_buffers_cost_what_each_strategy_gathers_into_fresh_memory_and_copies(
     tmp_path: Path, strategy: str
 ) -> None:
-    """FSDP2 copies each gather's parameters out of its buffer and the gradients into one, both
-    allocated afresh; ddp and our ZeRO copy none."""
+    """zero3 and FSDP2 gather each unit into memory allocated for it; FSDP2 then copies the
+    parameters out, and the gradients into a reduce-scatter buffer; ddp and our zero2 keep their
+    buffers across steps."""
+    gathers = {"fsdp2-zero3": 2, "fsdp2-zero2": 1, "zero3": 2, "zero2": 1}.get(strategy, 0)
+    reduced = "reduce_scatter" if strategy.startswith("fsdp2") else "all_reduce"  # ours on gloo at N=2
+    sent = {reduced: 4_000_000, **({"all_gather": gathers * 4_000_000} if gathers else {})}
     record = make_record(
         strategy=strategy,
         params=1_000_000,
@@ -103,19 +113,23 @@ def test_fsdp2_copies_each_gathers_parameters_and_the_gradients_through_fresh_bu
         placement={"ranks": 2, "cores": 2},
         threads_per_rank=1,
         predicted_mem_bytes={"optimizer": 8_000_000},
+        predicted_comm={"ops": {kind: {"bytes": b} for kind, b in sent.items()}},
     )
     probes = MachineProbes(
         home=tmp_path,
         measure_network=lambda n, threads: {"kinds": GLOO[2]},
         measure_update=lambda threads, size, copies: UPDATE,
         measure_update_per_tensor=lambda threads: {"seconds_per_tensor": 0.0},
-        measure_fresh_copy=lambda threads, copies: FRESH_COPY,
+        measure_buffer_memory=lambda threads, copies: BUFFER_MEMORY,
     )
     predicted, why = predict_record(record, network="gloo", peak=PEAK, probes=probes)
     assert why is None, why
-    gathers = {"fsdp2-zero3": 2, "fsdp2-zero2": 1}.get(strategy)
-    expected = 1_000_000 * (gathers * 4 + 4) * 5e-10 if gathers else 0.0
-    assert predicted.buffer_copies == pytest.approx(expected)
+    fresh_gathers = strategy != "zero2"  # ours gathers once a step into buffers it keeps
+    gathered = sent.get("all_gather", 0) if fresh_gathers else 0
+    # FSDP2's copy-out and copy-in; ours computes in views of its gathered buffers
+    copied = gathered + sent.get("reduce_scatter", 0) if strategy.startswith("fsdp2") else 0
+    expected = copied * 2e-10 + gathered * 3e-10
+    assert predicted.buffer_memory == pytest.approx(expected)
 
 
 def test_core_share_and_probe_fit() -> None:
@@ -137,7 +151,7 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2-zero3")
 #: what this test checks, and it holds only with gloo's slower all-gather and reduce-scatter
 PEAK = {"flops_per_s": 0.213e12, "kind": "measured"}
 UPDATE = {"seconds_per_element": 2.14e-8}
-FRESH_COPY = {"seconds_per_byte": 5e-10}
+BUFFER_MEMORY = {"seconds_per_copied_byte": 2e-10, "seconds_per_fresh_byte": 3e-10}
 GLOO = {
     2: {
         "all_reduce": {"latency_s": 2.36e-3, "bandwidth": 1.38e9},
@@ -169,7 +183,7 @@ def test_predicted_ranking_matches_the_measured_one_beyond_noise(tmp_path: Path)
                     home=tmp_path,
                     measure_network=lambda n, threads: {"kinds": GLOO[n]},
                     measure_update=lambda threads, size, copies: UPDATE,
-                    measure_fresh_copy=lambda threads, copies: FRESH_COPY,
+                    measure_buffer_memory=lambda threads, copies: BUFFER_MEMORY,
                 ),
             )
             assert why is None, why

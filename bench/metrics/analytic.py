@@ -230,9 +230,12 @@ class Communication:
     #: where it shards in groups smaller than the world, the backend our ZeRO's reducer runs on
     #: then (zero1 on gloo keeps DDP's all-reduce only over the whole world); None: as flat
     grouped_reducer_backend: str | None = None
-    #: each gather's parameters are copied out of its buffer into memory of their own, and the
-    #: gradients into a reduce-scatter buffer of their own, both allocated afresh at each
-    #: (FSDP2's copy-out and copy-in); our ZeRO computes in its flat buffers' views
+    #: each gather writes into memory allocated for it, freed once its unit is done (zero3's
+    #: and FSDP2's per-unit gathers), rather than into buffers kept across steps
+    gathers_into_fresh_memory: bool = False
+    #: each gather's parameters are then copied out of its buffer into memory of their own, and
+    #: the gradients into a reduce-scatter buffer of their own (FSDP2's copy-out and copy-in);
+    #: our ZeRO computes in views of its flat buffers
     copies_through_buffers: bool = False
     #: ZeRO++'s hierarchical partitioning (hpZ): where it shards in groups smaller than the
     #: world, backward gathers from a secondary copy of the parameters partitioned within the

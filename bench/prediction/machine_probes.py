@@ -62,9 +62,10 @@ def update_tensor_key(threads: int, device_name: str, torch_version: str) -> str
     return update_key(threads, 0, 1, device_name, torch_version) + " | per tensor"
 
 
-def fresh_copy_key(threads: int, copies: int, device_name: str, torch_version: str) -> str:
-    """What makes two fresh-copy probes the same measurement: as the update probe's, at no size."""
-    return update_key(threads, 0, copies, device_name, torch_version) + " | fresh copy"
+def buffer_memory_key(threads: int, copies: int, device_name: str, torch_version: str) -> str:
+    """What makes two buffer-memory probes the same measurement: as the update probe's, at no
+    size."""
+    return update_key(threads, 0, copies, device_name, torch_version) + " | buffer memory"
 
 
 def compute_key(calls_signature: str, threads: int, copies: int, device_name: str, torch_version: str) -> str:
@@ -84,13 +85,13 @@ class MachineProbes:
     the user's); ``measure_network`` and ``measure_update``: the probes to run on a miss
     (default: ``gloo_probe.probe``, ``update_probe.probe``; a test gives stand-ins), and
     ``measure_update_per_tensor`` (default: ``update_probe.probe_per_tensor``) and
-    ``measure_fresh_copy`` (default: ``update_probe.probe_fresh_copy``)."""
+    ``measure_buffer_memory`` (default: ``update_probe.probe_buffer_memory``)."""
 
     home: Path | None = None
     measure_network: NetworkMeasure | None = None
     measure_update: UpdateMeasure | None = None
     measure_update_per_tensor: Callable[[int], dict[str, Any]] | None = None
-    measure_fresh_copy: Callable[[int, int], dict[str, Any]] | None = None
+    measure_buffer_memory: Callable[[int, int], dict[str, Any]] | None = None
     #: the replays made or read so far, by ``compute_key``: many cells of one step replay it once
     _replayed: dict[str, ComputeReplay] = field(default_factory=dict, repr=False)
 
@@ -178,16 +179,19 @@ class MachineProbes:
         key = update_tensor_key(threads, device_name, torch_version)
         return cached("update", key, lambda: measure(threads), self.home)["seconds_per_tensor"]
 
-    def fresh_copy_rate(self, threads: int, copies: int, device_name: str, torch_version: str) -> float:
-        """Seconds per byte copied into memory allocated for the copy on this CPU at ``threads``,
-        ``copies`` ranks at once (``update_probe.probe_fresh_copy``)."""
+    def buffer_memory_rates(
+        self, threads: int, copies: int, device_name: str, torch_version: str
+    ) -> tuple[float, float]:
+        """Seconds per byte copied, and per byte of a fresh buffer first touched, on this CPU at
+        ``threads``, ``copies`` ranks at once (``update_probe.probe_buffer_memory``)."""
         from shardbench.prediction.probe_cache import cached
 
-        measure = self.measure_fresh_copy
+        measure = self.measure_buffer_memory
         if measure is None:
-            from shardbench.prediction.update_probe import probe_fresh_copy as measure
-        key = fresh_copy_key(threads, copies, device_name, torch_version)
-        return cached("update", key, lambda: measure(threads, copies), self.home)["seconds_per_byte"]
+            from shardbench.prediction.update_probe import probe_buffer_memory as measure
+        key = buffer_memory_key(threads, copies, device_name, torch_version)
+        entry = cached("update", key, lambda: measure(threads, copies), self.home)
+        return entry["seconds_per_copied_byte"], entry["seconds_per_fresh_byte"]
 
     def replayed_compute(
         self, calls: Sequence[OpCall], threads: int, copies: int, device_name: str, torch_version: str

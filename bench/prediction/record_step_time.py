@@ -176,9 +176,10 @@ def predict_record(
     strategy = strategy or _strategy_of(record)
     elements, spe = _update(record, strategy, peak, share, probes)
     tensors, spt = _update_tensors(record, share, probes)
-    copied, spb = _buffer_copies(record, strategy, peak, share, probes)
     profile, backend = _profile(record, network, probes, ranks_per_node)
     n = record.world_size
+    sent = collectives(record, strategy, backend, shape, uses_bare=bool(bare)) if n > 1 else ()
+    copied, fresh, per_copied, per_fresh = _buffer_memory(record, strategy, sent, peak, share, probes)
     inputs = StepInputs(
         flops=counted.hardware,
         rate=rate,
@@ -187,10 +188,12 @@ def predict_record(
         seconds_per_element=spe,
         update_tensors=tensors,
         seconds_per_tensor=spt,
-        collectives=collectives(record, strategy, backend, shape, uses_bare=bool(bare)) if n > 1 else (),
+        collectives=sent,
         world_size=n,
-        copied_bytes=copied if n > 1 else 0,
-        seconds_per_copied_byte=spb,
+        copied_bytes=copied,
+        seconds_per_copied_byte=per_copied,
+        fresh_bytes=fresh,
+        seconds_per_fresh_byte=per_fresh,
     )
     seconds = predict_step(inputs, profile)
     step, tokens = seconds["step"], counted.tokens_per_sample
@@ -270,24 +273,38 @@ def _update_tensors(record: Record, share: float, probes: MachineProbes) -> tupl
     return tensors, probes.update_tensor_seconds(rank_threads(record), *_machine(record)) / share
 
 
-def _buffer_copies(
-    record: Record, strategy: Strategy, peak: dict[str, Any], share: float, probes: MachineProbes
-) -> tuple[int, float]:
-    """The bytes the rank copies through its communication buffers in a step, where its strategy
-    declares it does (``Communication.copies_through_buffers``): each gather's parameters copied
-    out, and the gradients copied in, of the whole model as communicated; and the seconds per
-    byte: this CPU's fresh-copy probe over the rank's core share, or a read and a write at the
-    datasheet's memory bandwidth on CUDA (none where it states none)."""
+def _buffer_memory(
+    record: Record,
+    strategy: Strategy,
+    sent: tuple[Collective, ...],
+    peak: dict[str, Any],
+    share: float,
+    probes: MachineProbes,
+) -> tuple[int, int, float, float]:
+    """What the rank's communication buffers cost in a step beyond their collectives, as its
+    strategy declares them (``Communication.gathers_into_fresh_memory``,
+    ``copies_through_buffers``), over the bytes of its step's collectives ``sent``: the bytes
+    copied (each gather's parameters copied out of its buffer, the gradients into a
+    reduce-scatter buffer) and the bytes of buffers allocated afresh (each gather's: a unit's
+    flat buffer, a block the allocator maps anew; the per-parameter pieces copied into are small
+    blocks it reuses); and the seconds per byte of each: this
+    CPU's buffer-memory probe over the rank's core share, or on CUDA a read and a write at the
+    datasheet's memory bandwidth and no first touch (its caching allocator keeps freed blocks)."""
     backend = record.backend if record.backend != "none" else "gloo"
     declared = strategy.communication(record.precision, backend)
-    if declared is None or not declared.copies_through_buffers or not record.params:
-        return 0, 0.0
-    copied = record.params * (declared.gathers * declared.parameter_bytes + declared.gradient_bytes)
+    if declared is None or not declared.gathers_into_fresh_memory:
+        return 0, 0, 0.0, 0.0
+    gathered = sum(c.nbytes for c in sent if c.role.startswith("parameters"))
+    scattered = sum(c.nbytes for c in sent if c.role == "gradients" and c.kind == "reduce_scatter")
+    copied = gathered + scattered if declared.copies_through_buffers else 0
+    fresh = gathered
     if record.device == "cpu":
-        copies = replay_copies(record)
-        return copied, probes.fresh_copy_rate(rank_threads(record), copies, *_machine(record)) / share
+        copy_s, fresh_s = probes.buffer_memory_rates(
+            rank_threads(record), replay_copies(record), *_machine(record)
+        )
+        return copied, fresh, copy_s / share, fresh_s / share
     memory = peak.get("memory_bytes_per_s")
-    return copied, 2 / memory if memory else 0.0
+    return copied, fresh, 2 / memory if memory else 0.0, 0.0
 
 
 def _profile(

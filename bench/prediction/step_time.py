@@ -1,7 +1,7 @@
 """The step-time model: one rank's predicted step from its FLOPs, its optimizer update, the
 collectives it issues and a network profile.
 
-    step = compute + update + exposed communication + call overhead + buffer copies
+    step = compute + update + exposed communication + call overhead + buffer memory
 
 * ``compute``: the rank's forward and backward. On a CPU it is measured: where the cell ran, the
   model's own forward and backward timed on its ranks before the strategy wrapped it
@@ -37,12 +37,14 @@ collectives it issues and a network profile.
   each rank reaches a call when its own compute ends, so the call waits for the last rank, and
   the group's threads must win a core back from the compute. It counts every call over a group
   of more than one rank.
-* buffer copies: a strategy that copies through its communication buffers (FSDP2: each unit's
-  gathered parameters out of the gather's buffer, at each gather, and the gradients into a
-  reduce-scatter buffer, all into memory allocated for the copy) pays ``bytes copied x seconds
-  per byte``: on a CPU the fresh-copy probe's (``update_probe.probe_fresh_copy``), the first
-  touch of each fresh page included; on CUDA a read and a write of each byte at the datasheet's
-  memory bandwidth. Our ZeRO computes in its flat buffers' views and copies none.
+* buffer memory: what a strategy's communication buffers cost beyond their collectives, as it
+  declares them. Where each gather writes into memory allocated for it and freed after its
+  unit (zero3, FSDP2), every byte gathered is first touched afresh; where it then copies the
+  gathered parameters out into memory of their own and the gradients into a reduce-scatter
+  buffer (FSDP2), those bytes are copied too. ``copied bytes x seconds per
+  copied byte + fresh bytes x seconds per fresh byte``: on a CPU the buffer-memory probe's
+  (``update_probe.probe_buffer_memory``); on CUDA a read and a write of each copied byte at the
+  datasheet's memory bandwidth, and no first touch (the caching allocator keeps freed blocks).
 
 What it leaves out: where compute is FLOPs over a rate, the elementwise work and memory traffic
 the FLOPs do not count (``EFFICIENCY`` stands for them); where it is replayed, what ``op_replay``
@@ -99,9 +101,12 @@ class StepInputs:
     seconds_per_tensor: float = 0.0
     collectives: tuple[Collective, ...] = ()
     world_size: int = 1
-    #: the bytes the step copies through its communication buffers, and the seconds each costs
+    #: the bytes the step copies through its communication buffers, the bytes of buffers it
+    #: allocates afresh, and the seconds each costs
     copied_bytes: int = 0
     seconds_per_copied_byte: float = 0.0
+    fresh_bytes: int = 0
+    seconds_per_fresh_byte: float = 0.0
 
 
 def core_share(ranks: int, cores: int | None, threads: int | None) -> float:
@@ -114,7 +119,7 @@ def core_share(ranks: int, cores: int | None, threads: int | None) -> float:
 def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -> dict[str, float]:
     """The step's predicted seconds: ``step`` and its terms ``compute``, ``update``, ``comm``
     (every collective's time), ``exposed_comm`` (the part the rules above leave exposed) and
-    ``call_overhead`` (each call's in-step cost beyond its aligned time) and ``buffer_copies``."""
+    ``call_overhead`` (each call's in-step cost beyond its aligned time) and ``buffer_memory``."""
     if inputs.compute_s is not None:
         compute = inputs.compute_s
     else:
@@ -135,13 +140,16 @@ def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -
         first = t / c.calls  # the last bucket's reduce, or the first unit's gather
         under = backward if c.role == "gradients" else compute
         exposed += first + max(0.0, t - first - under)
-    copies = inputs.copied_bytes * inputs.seconds_per_copied_byte
+    buffers = (
+        inputs.copied_bytes * inputs.seconds_per_copied_byte
+        + inputs.fresh_bytes * inputs.seconds_per_fresh_byte
+    )
     return {
-        "step": compute + update + exposed + overhead + copies,
+        "step": compute + update + exposed + overhead + buffers,
         "compute": compute,
         "update": update,
         "comm": total,
         "exposed_comm": exposed,
         "call_overhead": overhead,
-        "buffer_copies": copies,
+        "buffer_memory": buffers,
     }

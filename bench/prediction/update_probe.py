@@ -20,11 +20,14 @@ tensors weighs as much as its elements. ``probe_per_tensor`` measures it on ``MA
 tensors of ``SMALL`` elements each; the step-time model adds it per tensor the rank's optimizer
 steps over (``metrics/optimizer_tensors.py``).
 
-``probe_fresh_copy`` measures what a strategy that copies through communication buffers pays
-per byte (FSDP2 copies each unit's gathered parameters out of the gather's buffer, and the
-gradients into a reduce-scatter buffer, both into memory allocated for the copy): ``COPY_BYTES``
-copied into a tensor allocated for it, the first touch of each fresh page included, which on a
-CPU costs about what the copy does.
+``probe_buffer_memory`` measures what a step pays per byte for communication buffers beyond
+their collectives: a copy through a buffer (FSDP2 copies each unit's gathered parameters out
+of its all-gather's buffer, and the gradients into a reduce-scatter buffer) and the first touch
+of a buffer allocated for a gather (zero3 and FSDP2 free a unit's gathered parameters after
+use and allocate them again at the next gather; the allocator maps large blocks afresh, and on
+a CPU each fresh page costs a fault and zeroing, about what copying into it costs). It copies
+``COPY_BYTES`` into one tensor kept across copies, and into a tensor allocated for each copy:
+the first is the copy, the difference the first touch.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ TENSORS = 8
 MANY_TENSORS = 256
 SMALL = 16
 REPEATS = 3
-#: the fresh-copy probe's bytes a copy: a base model's unit, past the allocator's reuse of freed
-#: blocks (large allocations are mapped afresh)
+#: the buffer-memory probe's bytes a copy: a base model's unit, past the allocator's reuse of
+#: freed blocks (large allocations are mapped afresh)
 COPY_BYTES = 1 << 25
 #: its timed copies: each costs milliseconds
 COPY_REPEATS = 5
@@ -80,32 +83,37 @@ def probe_per_tensor(threads: int, copies: int = 1) -> dict[str, Any]:
     }
 
 
-def probe_fresh_copy(threads: int, copies: int = 1, nbytes: int = COPY_BYTES) -> dict[str, Any]:
-    """The seconds per byte of copying ``nbytes`` into a tensor allocated for the copy, at
-    ``threads``, ``copies`` at once: ``seconds_per_byte`` (the median of the slowest copy's
-    ``COPY_REPEATS`` timed copies after an untimed one), ``mad_seconds_per_byte``, ``bytes``,
-    ``repeats``, ``threads``, ``copies``."""
+def probe_buffer_memory(threads: int, copies: int = 1, nbytes: int = COPY_BYTES) -> dict[str, Any]:
+    """A byte copied and a byte first touched, at ``threads``, ``copies`` at once:
+    ``seconds_per_copied_byte`` (``nbytes`` copied into a tensor kept across copies),
+    ``seconds_per_fresh_byte`` (copied into a tensor allocated for each copy, less the former;
+    never below zero), each the median of the slowest copy's ``COPY_REPEATS`` timed copies after
+    an untimed one; ``bytes``, ``repeats``, ``threads``, ``copies``."""
     import torch
 
     from shardbench.prediction.at_once import at_once
 
-    def copies_of(index: int, together: Callable[[], None]) -> list[float]:
+    def copies_of(index: int, together: Callable[[], None]) -> list[tuple[float, float]]:
         source = torch.ones(nbytes // 4)
+        kept = torch.empty_like(source)
+        kept.copy_(source)
         torch.empty_like(source).copy_(source)
         times = []
         for _ in range(COPY_REPEATS):
             together()
             started = time.perf_counter()
+            kept.copy_(source)
+            copied = time.perf_counter()
             torch.empty_like(source).copy_(source)  # allocated, touched, copied, freed
-            times.append(time.perf_counter() - started)
+            times.append((copied - started, time.perf_counter() - copied))
         return times
 
     times = at_once(copies_of, copies, threads)
-    per = [max(t[i] for t in times) for i in range(COPY_REPEATS)]
-    median = statistics.median(per)
+    kept = statistics.median(max(t[i][0] for t in times) for i in range(COPY_REPEATS))
+    fresh = statistics.median(max(t[i][1] for t in times) for i in range(COPY_REPEATS))
     return {
-        "seconds_per_byte": median / nbytes,
-        "mad_seconds_per_byte": statistics.median(abs(p - median) for p in per) / nbytes,
+        "seconds_per_copied_byte": kept / nbytes,
+        "seconds_per_fresh_byte": max(0.0, fresh - kept) / nbytes,
         "bytes": nbytes,
         "repeats": COPY_REPEATS,
         "threads": threads,

@@ -82,6 +82,7 @@ class FSDP2Strategy(Strategy):
             gathers=2 if self.reshard_after_forward else 1,
             dim0_padding=True,
             frozen_gathered=True,
+            gathers_into_fresh_memory=True,
             copies_through_buffers=True,
         )
 

@@ -99,7 +99,9 @@ def reduced_then_gathered(
     """What a ShardedDataParallel step sends: gradients reduced by its reducer's collective on
     ``backend`` (``analytic.sharded_gradient_collective``), then the parameters all-gathered,
     ``gathers`` times a step, both in the parameters' dtype (bf16 parameters and gradients in a
-    bf16 run)."""
+    bf16 run). Gathered per unit (more than once a step), each unit's flat buffer is allocated
+    at its gather and freed after (``sharded/gatherer.py``); gathered once, after the step, into
+    buffers kept across steps."""
     size = element_bytes(precision)
     return Communication(
         reducer_backend=backend,
@@ -109,6 +111,7 @@ def reduced_then_gathered(
         gathers=gathers,
         root_kept=root_kept,
         frozen_gathered=frozen_gathered,
+        gathers_into_fresh_memory=gathers > 1,
     )
 
 

@@ -393,7 +393,7 @@ def why_faster(fast: PlanRow, least: PlanRow) -> str:
         "update": "optimizer update",
         "exposed_comm": "exposed communication",
         "call_overhead": "collective calls' in-step overhead",
-        "buffer_copies": "copies through communication buffers",
+        "buffer_memory": "communication buffers' copies and fresh memory",
     }
     differ = {k: (getattr(a, k) or 0) - (getattr(b, k) or 0) for k in names}
     terms = [
