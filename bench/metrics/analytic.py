@@ -234,8 +234,8 @@ class Communication:
     #: and FSDP2's per-unit gathers), rather than into buffers kept across steps
     gathers_into_fresh_memory: bool = False
     #: each gather's parameters are then copied out of its buffer into memory of their own, and
-    #: the gradients into a reduce-scatter buffer of their own (FSDP2's copy-out and copy-in);
-    #: our ZeRO computes in views of its flat buffers
+    #: the gradients into a reduce-scatter buffer of their own, both allocated afresh (FSDP2's
+    #: copy-out and copy-in); our ZeRO computes in views of its flat buffers
     copies_through_buffers: bool = False
     #: ZeRO++'s hierarchical partitioning (hpZ): where it shards in groups smaller than the
     #: world, backward gathers from a secondary copy of the parameters partitioned within the

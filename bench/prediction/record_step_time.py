@@ -285,9 +285,8 @@ def _buffer_memory(
     strategy declares them (``Communication.gathers_into_fresh_memory``,
     ``copies_through_buffers``), over the bytes of its step's collectives ``sent``: the bytes
     copied (each gather's parameters copied out of its buffer, the gradients into a
-    reduce-scatter buffer) and the bytes of buffers allocated afresh (each gather's: a unit's
-    flat buffer, a block the allocator maps anew; the per-parameter pieces copied into are small
-    blocks it reuses); and the seconds per byte of each: this
+    reduce-scatter buffer) and the bytes of buffers allocated afresh (each gather's, and those
+    the copies write); and the seconds per byte of each: this
     CPU's buffer-memory probe over the rank's core share, or on CUDA a read and a write at the
     datasheet's memory bandwidth and no first touch (its caching allocator keeps freed blocks)."""
     backend = record.backend if record.backend != "none" else "gloo"
@@ -297,7 +296,7 @@ def _buffer_memory(
     gathered = sum(c.nbytes for c in sent if c.role.startswith("parameters"))
     scattered = sum(c.nbytes for c in sent if c.role == "gradients" and c.kind == "reduce_scatter")
     copied = gathered + scattered if declared.copies_through_buffers else 0
-    fresh = gathered
+    fresh = gathered + copied
     if record.device == "cpu":
         copy_s, fresh_s = probes.buffer_memory_rates(
             rank_threads(record), replay_copies(record), *_machine(record)

@@ -41,7 +41,7 @@ collectives it issues and a network profile.
   declares them. Where each gather writes into memory allocated for it and freed after its
   unit (zero3, FSDP2), every byte gathered is first touched afresh; where it then copies the
   gathered parameters out into memory of their own and the gradients into a reduce-scatter
-  buffer (FSDP2), those bytes are copied too. ``copied bytes x seconds per
+  buffer (FSDP2), those bytes are copied and first touched too. ``copied bytes x seconds per
   copied byte + fresh bytes x seconds per fresh byte``: on a CPU the buffer-memory probe's
   (``update_probe.probe_buffer_memory``); on CUDA a read and a write of each copied byte at the
   datasheet's memory bandwidth, and no first touch (the caching allocator keeps freed blocks).
