@@ -49,6 +49,7 @@ import time
 from typing import Any
 
 from shardbench.metrics.topology import replica_group_ranks, shard_group_ranks
+from shardbench.prediction.network_profiles import LinkCost
 
 #: full-tensor bytes per call measured: small enough to take seconds, large enough that the
 #: bandwidth term dominates the largest
@@ -180,8 +181,6 @@ def per_call_in_step(
     beyond ``aligned_call_s``, the cost the fitted all-reduce profile gives such a call (so that
     the model's cost of a call in a step, the profile's and this, is what the steps measured);
     never below zero."""
-    from shardbench.prediction.network_profiles import LinkCost
-
     aligned = LinkCost(all_reduce["latency_s"], all_reduce["bandwidth"]).seconds(
         "all_reduce", measured["bytes"], 1, ring_size
     )

@@ -286,9 +286,9 @@ def _buffer_memory(
     ``copies_through_buffers``), over the bytes of its step's collectives ``sent``: the bytes
     copied (each gather's parameters copied out of its buffer, the gradients into a
     reduce-scatter buffer) and the bytes of buffers allocated afresh (each gather's, and those
-    the copies write); and the seconds per byte of each: this
-    CPU's buffer-memory probe over the rank's core share, or on CUDA a read and a write at the
-    datasheet's memory bandwidth and no first touch (its caching allocator keeps freed blocks)."""
+    the copies write); and the seconds per byte of each: this CPU's buffer-memory probe over the
+    rank's core share, or on CUDA a read and a write at the datasheet's memory bandwidth and no
+    first touch (its caching allocator keeps freed blocks)."""
     backend = record.backend if record.backend != "none" else "gloo"
     declared = strategy.communication(record.precision, backend)
     if declared is None or not declared.gathers_into_fresh_memory:

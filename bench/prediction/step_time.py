@@ -118,8 +118,9 @@ def core_share(ranks: int, cores: int | None, threads: int | None) -> float:
 
 def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -> dict[str, float]:
     """The step's predicted seconds: ``step`` and its terms ``compute``, ``update``, ``comm``
-    (every collective's time), ``exposed_comm`` (the part the rules above leave exposed) and
-    ``call_overhead`` (each call's in-step cost beyond its aligned time) and ``buffer_memory``."""
+    (every collective's time), ``exposed_comm`` (the part the rules above leave exposed),
+    ``call_overhead`` (each call's in-step cost beyond its aligned time) and ``buffer_memory``
+    (what the communication buffers cost beyond their collectives)."""
     if inputs.compute_s is not None:
         compute = inputs.compute_s
     else:

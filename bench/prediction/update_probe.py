@@ -83,6 +83,11 @@ def probe_per_tensor(threads: int, copies: int = 1) -> dict[str, Any]:
     }
 
 
+def slowest(times: list[list[float]]) -> list[float]:
+    """Per timed repeat, the slowest copy's time: copies that run at once finish with the last."""
+    return [max(repeat) for repeat in zip(*times, strict=True)]
+
+
 def probe_buffer_memory(threads: int, copies: int = 1, nbytes: int = COPY_BYTES) -> dict[str, Any]:
     """A byte copied and a byte first touched, at ``threads``, ``copies`` at once:
     ``seconds_per_copied_byte`` (``nbytes`` copied into a tensor kept across copies),
@@ -93,24 +98,25 @@ def probe_buffer_memory(threads: int, copies: int = 1, nbytes: int = COPY_BYTES)
 
     from shardbench.prediction.at_once import at_once
 
-    def copies_of(index: int, together: Callable[[], None]) -> list[tuple[float, float]]:
+    def copies_of(index: int, together: Callable[[], None]) -> tuple[list[float], list[float]]:
         source = torch.ones(nbytes // 4)
         kept = torch.empty_like(source)
         kept.copy_(source)
         torch.empty_like(source).copy_(source)
-        times = []
+        into_kept, into_fresh = [], []
         for _ in range(COPY_REPEATS):
             together()
             started = time.perf_counter()
             kept.copy_(source)
             copied = time.perf_counter()
             torch.empty_like(source).copy_(source)  # allocated, touched, copied, freed
-            times.append((copied - started, time.perf_counter() - copied))
-        return times
+            into_kept.append(copied - started)
+            into_fresh.append(time.perf_counter() - copied)
+        return into_kept, into_fresh
 
-    times = at_once(copies_of, copies, threads)
-    kept = statistics.median(max(t[i][0] for t in times) for i in range(COPY_REPEATS))
-    fresh = statistics.median(max(t[i][1] for t in times) for i in range(COPY_REPEATS))
+    measured = at_once(copies_of, copies, threads)
+    kept = statistics.median(slowest([m[0] for m in measured]))
+    fresh = statistics.median(slowest([m[1] for m in measured]))
     return {
         "seconds_per_copied_byte": kept / nbytes,
         "seconds_per_fresh_byte": max(0.0, fresh - kept) / nbytes,
@@ -164,6 +170,6 @@ def _timed_steps(threads: int, tensors: int, size: int, copies: int) -> dict[str
         return times
 
     times = at_once(steps, copies, threads)
-    per = [max(t[i] for t in times) for i in range(REPEATS)]
+    per = slowest(times)
     median = statistics.median(per)
     return {"median": median, "mad": statistics.median(abs(p - median) for p in per)}
