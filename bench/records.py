@@ -47,9 +47,9 @@ from shardbench.wording import count
 #: ``compute_replay``, None on an older record (its prediction counts compute from its FLOPs).
 #: 4 reads ``flops_per_step``, ``compute_replay`` and ``predicted_step_time`` as typed figures
 #: (``step_figures``), their JSON unchanged: an older record's objects read into them
-#: (``Record.from_json``). ``bare_compute`` and ``optimizer_tensors`` read None on a record that
-#: lacks them, within this layout (its prediction replays the compute and counts no per-tensor
-#: update).
+#: (``Record.from_json``). ``bare_compute``, ``optimizer_tensors`` and
+#: ``optimizer_dtensor_shapes`` read None on a record that lacks them, within this layout (its
+#: prediction replays the compute and counts no per-tensor update or DTensor dispatch).
 SCHEMA = 4
 #: a layout whose records measure what an earlier one's did (only how they are written changed)
 #: -> that earlier layout: records of the two compare as of one environment
@@ -273,6 +273,10 @@ class Record:
     #: the most tensors a rank's optimizer steps over (its own pieces under sharding): the
     #: update's per-tensor cost follows them, as its per-element cost follows the elements
     optimizer_tensors: int | None = None
+    #: the global shapes of the DTensors among them (FSDP2's shards), in the order the optimizer
+    #: steps them: the update's DTensor dispatch follows them
+    #: (``bench/prediction/dtensor_update_probe.py``); None where it steps over no DTensor
+    optimizer_dtensor_shapes: list[list[int]] | None = None
     schema: int = SCHEMA
 
     def __post_init__(self) -> None:

@@ -1,5 +1,5 @@
 """A predicted step's interval from this machine's earlier checks of the model: kept per machine
-and device kind, the central 80% of the newest checks' pred/meas ratios, none from too few; and
+and device kind, the central 90% of the newest checks' pred/meas ratios, none from too few; and
 plan calls two strategies predicted equal where their intervals overlap."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from tests.records import make_record
 def test_an_interval_covers_the_central_share_of_the_checks_ratios() -> None:
     ratios = [0.80 + 0.02 * k for k in range(21)]  # 0.80 .. 1.20
     low, high = interval_from(2.0, ratios)
-    # the 10th and 90th percentiles, 0.84 and 1.16: the measured step lies in step / ratio
-    assert low == pytest.approx(2.0 / 1.16) and high == pytest.approx(2.0 / 0.84)
+    # the 5th and 95th percentiles, 0.82 and 1.18: the measured step lies in step / ratio
+    assert low == pytest.approx(2.0 / 1.18) and high == pytest.approx(2.0 / 0.82)
     assert interval_from(2.0, ratios[: MINIMUM - 1]) is None
 
 

@@ -68,3 +68,23 @@ def test_an_entry_cached_without_its_load_is_provisional() -> None:
     measures again; a load this machine could not read stays quiet."""
     assert probe_cache.busy({"flops_per_s": 1.0})
     assert not probe_cache.busy({"flops_per_s": 1.0, "load_per_core": None})
+
+
+def test_env_shows_every_cached_probe_with_when_and_how_it_was_measured(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    import json
+
+    from shardbench.cli import main
+
+    monkeypatch.setenv("SHARDBENCH_HOME", str(tmp_path))
+    measure, _ = _measure(3.0)
+    probe_cache.cached(
+        "update", "k", lambda: {**measure(), "per_repeat": [1.0, 2.0]}, tmp_path, load=lambda: 0.25
+    )
+    assert main(["env"]) == 0
+    shown = json.loads(capsys.readouterr().out)["probes"]
+    assert set(shown) == set(probe_cache.NAMES) and shown["network"] == {}
+    (entry,) = shown["update"].values()
+    assert entry["load_per_core"] == 0.25 and entry["measured_at"] and "per_repeat" not in entry
+    assert {k: entry[k] for k in measure()} == measure()

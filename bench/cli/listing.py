@@ -18,9 +18,10 @@ def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
     lst.add_argument("--json", action="store_true", help="machine-readable output")
     env = sub.add_parser(
         "env",
-        help="versions and devices of this machine, and the peak FLOP/s MFU is set against "
-        "(a CUDA device's datasheet; the CPU's GEMM probe, cached in the results home with when "
-        "and under what load it was measured)",
+        help="versions and devices of this machine, the peak FLOP/s MFU is set against (a CUDA "
+        "device's datasheet; the CPU's GEMM probe), and every probe the step-time model cached in "
+        "the results home (gloo network, optimizer update, step replays), each with when and "
+        "under what load it was measured",
     )
     env.add_argument(
         "--remeasure",
@@ -93,6 +94,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     import torch
 
+    from shardbench.prediction.probe_cache import listing as probe_listing
     from shardbench.records import capture_env
 
     if getattr(args, "remeasure", False):
@@ -105,6 +107,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     env["gloo_available"] = torch.distributed.is_gloo_available()
     env["nccl_available"] = torch.distributed.is_nccl_available()
     env["peak_flops"] = peak_flops(env)
+    env["probes"] = probe_listing()
     print(json.dumps(env, indent=2))
     return 0
 

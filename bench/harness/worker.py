@@ -32,6 +32,7 @@ import traceback
 if __name__ == "__main__":  # first, before torch's slow import: the launcher may ask at any time
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ from shardbench.harness.phases import (
 from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.harness.result import RankResult
 from shardbench.metrics.kernels import CudaAttention, pinned_factory
-from shardbench.metrics.optimizer_tensors import stepped_tensors
+from shardbench.metrics.optimizer_tensors import stepped_dtensor_shapes, stepped_tensors
 from shardbench.models.base import concat_inputs
 from shardbench.models.checkpointing import apply_activation_checkpointing
 from shardbench.prediction.zero_accounting import comm_shape_of
@@ -291,7 +292,10 @@ def _train_and_measure(
     timing, memory, overlap = _phases(steps, cell, ctx.world_size, artifacts)
     peak, flops_note = _rank_peak(cell, ctx, rank, flops, flops_note)
     settings = _settings(cell, strategy, model, timing, memory)
-    optimizer_tensors = _counted_tensors(optimizer)  # before teardown: a peer's engine is gone after
+    # what the rank's optimizer steps over (``metrics/optimizer_tensors.py``), before teardown:
+    # a peer's engine is gone after
+    optimizer_tensors = _counted(stepped_tensors, optimizer)
+    dtensor_shapes = _counted(stepped_dtensor_shapes, optimizer)
     strategy.teardown()
     return RankResult(
         rank=rank,
@@ -317,14 +321,15 @@ def _train_and_measure(
         peak=peak,
         bare_compute=bare,
         optimizer_tensors=optimizer_tensors,
+        optimizer_dtensor_shapes=dtensor_shapes,
     )
 
 
-def _counted_tensors(optimizer: Any) -> int | None:
-    """The tensors the rank's optimizer steps over; None where a peer's optimizer cannot be
-    counted (the figure only, never the cell)."""
+def _counted(count: Callable[[Any], Any], optimizer: Any) -> Any:
+    """``count(optimizer)``; None where a peer's optimizer cannot be read (the figure only,
+    never the cell)."""
     try:
-        return stepped_tensors(optimizer)
+        return count(optimizer)
     except Exception:  # noqa: BLE001 - a peer's optimizer of an unknown shape
         return None
 

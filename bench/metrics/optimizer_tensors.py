@@ -7,7 +7,11 @@ A wrapper that shards the optimizer state keeps the optimizer that really steps 
 as ``local``, FairScale's OSS and torch's ZeroRedundancyOptimizer as ``optim``, DeepSpeed's ZeRO as
 ``optimizer``. The count is that innermost optimizer's trainable tensors: each DTensor (FSDP2's
 shards), as the loop steps each, even one holding no elements on this rank; a plain tensor where it
-holds elements (our ZeRO's pieces: an empty one is not handed to the optimizer)."""
+holds elements (our ZeRO's pieces: an empty one is not handed to the optimizer).
+
+Where those tensors are DTensors, each op of the update is dispatched through DTensor's sharding
+propagation, whose cost follows the tensors' shapes in the order they are stepped
+(``prediction/dtensor_update_probe.py``): ``stepped_dtensor_shapes`` lists them."""
 
 from __future__ import annotations
 
@@ -42,3 +46,18 @@ def stepped_tensors(optimizer: Any) -> int | None:
         for p in group["params"]
         if p.requires_grad and (hasattr(p, "_local_tensor") or p.numel() > 0)
     )
+
+
+def stepped_dtensor_shapes(optimizer: Any) -> list[list[int]] | None:
+    """The global shapes of the DTensors ``optimizer`` steps over on this rank, in the order it
+    steps them; None where it steps over none (or has no parameter groups to read)."""
+    groups = getattr(stepping_optimizer(optimizer), "param_groups", None)
+    if groups is None:
+        return None
+    shapes = [
+        list(p.shape)
+        for group in groups
+        for p in group["params"]
+        if p.requires_grad and hasattr(p, "_local_tensor")
+    ]
+    return shapes or None

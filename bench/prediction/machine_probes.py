@@ -1,5 +1,6 @@
 """This machine's probes as the step-time model asks for them: the ``gloo`` network profile
-(``gloo_probe``), AdamW's update rate (``update_probe``) and a step's op replay (``op_replay``).
+(``gloo_probe``), AdamW's update rate (``update_probe``; over DTensors, ``dtensor_update_probe``)
+and a step's op replay (``op_replay``).
 
 Each is measured once per machine, torch version and what else makes two probes the same
 measurement (the keys below), and cached in the results home (``probe_cache``:
@@ -10,6 +11,8 @@ records, a command): an owner never inherits another's.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +71,17 @@ def buffer_memory_key(threads: int, copies: int, device_name: str, torch_version
     return update_key(threads, 0, copies, device_name, torch_version) + " | buffer memory"
 
 
+def dtensor_update_key(
+    shapes: Sequence[Sequence[int]], threads: int, device_name: str, torch_version: str
+) -> str:
+    """What makes two DTensor update probes the same measurement: as the per-tensor probe's,
+    and the shapes in their order (by digest)."""
+    digest = hashlib.sha1(json.dumps([list(s) for s in shapes]).encode()).hexdigest()[:12]
+    shown = f"{count(len(shapes), 'DTensor')} of {count(len(set(map(tuple, shapes))), 'shape')}"
+    machine = update_key(threads, 0, 1, device_name, torch_version)
+    return f"{machine} | DTensor dispatch over {shown} {digest}"
+
+
 def compute_key(calls_signature: str, threads: int, copies: int, device_name: str, torch_version: str) -> str:
     """What makes two replays the same measurement: the step's calls, the CPU, torch, the
     threads and the copies replayed at once, and how the copies sit on the cores."""
@@ -84,14 +98,16 @@ class MachineProbes:
     """The probes one owner asks for. ``home``: the results home they are cached in (default:
     the user's); ``measure_network`` and ``measure_update``: the probes to run on a miss
     (default: ``gloo_probe.probe``, ``update_probe.probe``; a test gives stand-ins), and
-    ``measure_update_per_tensor`` (default: ``update_probe.probe_per_tensor``) and
-    ``measure_buffer_memory`` (default: ``update_probe.probe_buffer_memory``)."""
+    ``measure_update_per_tensor`` (default: ``update_probe.probe_per_tensor``),
+    ``measure_buffer_memory`` (default: ``update_probe.probe_buffer_memory``) and
+    ``measure_dtensor_update`` (default: ``dtensor_update_probe.probe_dtensor_update``)."""
 
     home: Path | None = None
     measure_network: NetworkMeasure | None = None
     measure_update: UpdateMeasure | None = None
     measure_update_per_tensor: Callable[[int], dict[str, Any]] | None = None
     measure_buffer_memory: Callable[[int, int], dict[str, Any]] | None = None
+    measure_dtensor_update: Callable[[Sequence[Sequence[int]], int], dict[str, Any]] | None = None
     #: the replays made or read so far, by ``compute_key``: many cells of one step replay it once
     _replayed: dict[str, ComputeReplay] = field(default_factory=dict, repr=False)
 
@@ -192,6 +208,20 @@ class MachineProbes:
         key = buffer_memory_key(threads, copies, device_name, torch_version)
         entry = cached("update", key, lambda: measure(threads, copies), self.home)
         return entry["seconds_per_copied_byte"], entry["seconds_per_fresh_byte"]
+
+    def dtensor_dispatch_seconds(
+        self, shapes: Sequence[Sequence[int]], threads: int, device_name: str, torch_version: str
+    ) -> float:
+        """Seconds an AdamW step on this CPU at ``threads`` spends dispatching its ops over
+        DTensors of ``shapes`` (in that order) beyond plain tensors
+        (``dtensor_update_probe``), cached by the shapes."""
+        from shardbench.prediction.probe_cache import cached
+
+        measure = self.measure_dtensor_update
+        if measure is None:
+            from shardbench.prediction.dtensor_update_probe import probe_dtensor_update as measure
+        key = dtensor_update_key(shapes, threads, device_name, torch_version)
+        return cached("update", key, lambda: measure(shapes, threads), self.home)["dispatch_seconds"]
 
     def replayed_compute(
         self, calls: Sequence[OpCall], threads: int, copies: int, device_name: str, torch_version: str

@@ -93,6 +93,22 @@ def cached(
     return entries[key]
 
 
+#: the caches of this module, as the probes name them
+NAMES = ("network", "update", "compute")
+
+
+def listing(home: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every cached figure, by cache and key, with when and under what load it was measured
+    (``shardbench env``); a figure's per-repeat lists are left out."""
+    return {
+        name: {
+            key: {k: v for k, v in entry.items() if k != "key" and not isinstance(v, list)}
+            for key, entry in read(name, home).items()
+        }
+        for name in NAMES
+    }
+
+
 def forget_all(home: Path | None = None) -> list[Path]:
     """Drop every cached probe of the results home (each is measured again when next needed)."""
     folder = results_home(home) / "peaks"

@@ -176,6 +176,7 @@ def predict_record(
     strategy = strategy or _strategy_of(record)
     elements, spe = _update(record, strategy, peak, share, probes)
     tensors, spt = _update_tensors(record, share, probes)
+    dispatch = _dtensor_dispatch(record, share, probes)
     profile, backend = _profile(record, network, probes, ranks_per_node)
     n = record.world_size
     sent = collectives(record, strategy, backend, shape, uses_bare=bool(bare)) if n > 1 else ()
@@ -188,6 +189,7 @@ def predict_record(
         seconds_per_element=spe,
         update_tensors=tensors,
         seconds_per_tensor=spt,
+        dtensor_dispatch_s=dispatch,
         collectives=sent,
         world_size=n,
         copied_bytes=copied,
@@ -271,6 +273,18 @@ def _update_tensors(record: Record, share: float, probes: MachineProbes) -> tupl
     if record.device != "cpu" or not tensors:
         return 0, 0.0
     return tensors, probes.update_tensor_seconds(rank_threads(record), *_machine(record)) / share
+
+
+def _dtensor_dispatch(record: Record, share: float, probes: MachineProbes) -> float:
+    """The seconds a step's update spends dispatching its ops through DTensor's sharding
+    propagation, over the rank's core share: on a CPU the DTensor update probe's over the shapes
+    the rank's optimizer stepped (``dtensor_update_probe``); none on CUDA (whose update the model
+    counts by bytes alone, as it counts no per-tensor cost there) or where the optimizer steps
+    over no DTensor."""
+    shapes = record.optimizer_dtensor_shapes
+    if record.device != "cpu" or not shapes:
+        return 0.0
+    return probes.dtensor_dispatch_seconds(shapes, rank_threads(record), *_machine(record)) / share
 
 
 def _buffer_memory(

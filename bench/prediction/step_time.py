@@ -16,6 +16,9 @@ collectives it issues and a network profile.
   core share, as its compute), or AdamW's bytes per element over the datasheet's memory bandwidth
   on CUDA; and on a CPU, whose pinned loop implementation launches a dozen kernels per tensor,
   each tensor the rank's optimizer steps over costs the fixed time ``update_probe`` measured.
+  Where those tensors are DTensors (FSDP2's shards), each op is also dispatched through DTensor's
+  sharding propagation: ``dtensor_update_probe`` steps over DTensors of the rank's own shapes, in
+  its order, and the step pays what that took beyond plain tensors (over the core share).
 * communication: each collective over its group (the world, or hybrid sharding's shard and
   replica groups) at the profile's ``calls x latency + ring bytes / bandwidth``
   (``network_profiles``), or each tier's share on a two-tier cluster (``cluster_network``), and
@@ -99,6 +102,8 @@ class StepInputs:
     #: the tensors the rank's optimizer steps over, and the fixed seconds each costs
     update_tensors: int = 0
     seconds_per_tensor: float = 0.0
+    #: the seconds the update's DTensor dispatch adds to a step (none over plain tensors)
+    dtensor_dispatch_s: float = 0.0
     collectives: tuple[Collective, ...] = ()
     world_size: int = 1
     #: the bytes the step copies through its communication buffers, the bytes of buffers it
@@ -126,7 +131,7 @@ def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -
     else:
         compute = inputs.flops / inputs.rate if inputs.rate > 0 else 0.0
     per_element = inputs.update_elements * inputs.seconds_per_element
-    update = per_element + inputs.update_tensors * inputs.seconds_per_tensor
+    update = per_element + inputs.update_tensors * inputs.seconds_per_tensor + inputs.dtensor_dispatch_s
     backward = BACKWARD_SHARE * compute
     total = exposed = overhead = 0.0
     for c in inputs.collectives:
