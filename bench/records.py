@@ -47,9 +47,10 @@ from shardbench.wording import count
 #: ``compute_replay``, None on an older record (its prediction counts compute from its FLOPs).
 #: 4 reads ``flops_per_step``, ``compute_replay`` and ``predicted_step_time`` as typed figures
 #: (``step_figures``), their JSON unchanged: an older record's objects read into them
-#: (``Record.from_json``). ``bare_compute``, ``optimizer_tensors`` and
-#: ``optimizer_dtensor_shapes`` read None on a record that lacks them, within this layout (its
-#: prediction replays the compute and counts no per-tensor update or DTensor dispatch).
+#: (``Record.from_json``). ``bare_compute``, ``optimizer_tensors``, ``optimizer_tensor_elements``
+#: and ``optimizer_dtensor_shapes`` read None on a record that lacks them, within this layout (its
+#: prediction replays the compute, takes the update from the probe's rate at its size and counts
+#: no per-tensor update or DTensor dispatch).
 SCHEMA = 4
 #: a layout whose records measure what an earlier one's did (only how they are written changed)
 #: -> that earlier layout: records of the two compare as of one environment
@@ -273,6 +274,9 @@ class Record:
     #: the most tensors a rank's optimizer steps over (its own pieces under sharding): the
     #: update's per-tensor cost follows them, as its per-element cost follows the elements
     optimizer_tensors: int | None = None
+    #: the elements of each of them, in the order the optimizer steps them, on the rank that
+    #: updates the most: the update is replayed over them (``bench/prediction/update_probe.py``)
+    optimizer_tensor_elements: list[int] | None = None
     #: the global shapes of the DTensors among them (FSDP2's shards), in the order the optimizer
     #: steps them: the update's DTensor dispatch follows them
     #: (``bench/prediction/dtensor_update_probe.py``); None where it steps over no DTensor

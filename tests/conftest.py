@@ -12,7 +12,7 @@ import shardbench
 from shardbench.harness.config import CellConfig
 from tests import cells
 from tests.dist import close_shared_worlds
-from tests.probes import seed_probes
+from tests.probes import seed_probes, stand_in_dtensor_update, stand_in_update_replay
 
 torch.set_num_threads(1)
 
@@ -48,6 +48,18 @@ def _results_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("SHARDBENCH_HOME", None)
     else:
         os.environ["SHARDBENCH_HOME"] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stand_in_replays() -> Iterator[None]:
+    """The probes keyed by a model's own tensors (its update's replay, its DTensor dispatch) are
+    stand-ins in the tests' cells: each distinct model would start processes to measure them.
+    The tests of those probes call them directly."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("shardbench.prediction.update_probe.replay", stand_in_update_replay)
+        dtensor = "shardbench.prediction.dtensor_update_probe.probe_dtensor_update"
+        patch.setattr(dtensor, stand_in_dtensor_update)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -59,3 +59,20 @@ def seed_probes(home: Path) -> None:
 def _settled() -> None:
     """A stand-in is no measurement: no load to say it was taken under (never provisional)."""
     return None
+
+
+def stand_in_update_replay(sizes: list[int], threads: int, copies: int) -> dict[str, float | bool]:
+    """The update replayed over a rank's tensors, as the stand-in rate and per-tensor cost make
+    it (``update_probe.replay``, which each distinct model would pay seconds of processes for)."""
+    seconds = sum(sizes) * STAND_IN_UPDATE_S_PER_ELEMENT + len(sizes) * STAND_IN_UPDATE_S_PER_TENSOR
+    return {"seconds": seconds, "stand_in": True}
+
+
+#: what each DTensor adds to an update's step (about 0.1 ms measured on the 2-core machine)
+STAND_IN_DTENSOR_S_PER_TENSOR = 1e-4
+
+
+def stand_in_dtensor_update(shapes: list[list[int]], threads: int) -> dict[str, float | bool]:
+    """The DTensor dispatch over a rank's shapes (``dtensor_update_probe``, a process of its own
+    for each distinct model), at a stand-in cost per tensor."""
+    return {"dispatch_seconds": len(shapes) * STAND_IN_DTENSOR_S_PER_TENSOR, "stand_in": True}

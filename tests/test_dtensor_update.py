@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from shardbench.metrics.optimizer_tensors import stepped_dtensor_shapes
+from shardbench.metrics.optimizer_tensors import stepped_dtensor_shapes, stepped_elements
 from shardbench.prediction.dtensor_update_probe import probe_dtensor_update
 from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.record_step_time import predict_record
@@ -24,7 +24,7 @@ SHAPES = [[16, 8], [16], [8, 16], [8]]
 GLOO = {"all_reduce": {"latency_s": 1e-4, "bandwidth": 1e9}}
 
 
-def _fsdp2_shapes(rank: int, world_size: int) -> tuple[list[list[int]] | None, list[list[int]]]:
+def _fsdp2_shapes(rank: int, world_size: int) -> tuple[Any, ...]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -39,13 +39,22 @@ def _fsdp2_shapes(rank: int, world_size: int) -> tuple[list[list[int]] | None, l
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     plain = torch.optim.AdamW([nn.Parameter(torch.zeros(3))])
-    return stepped_dtensor_shapes(optimizer), stepped_dtensor_shapes(plain) or []
+    return (
+        stepped_dtensor_shapes(optimizer),
+        stepped_dtensor_shapes(plain) or [],
+        stepped_elements(optimizer),
+        stepped_elements(plain),
+    )
 
 
 def test_fsdp2s_optimizer_steps_dtensors_of_the_models_global_shapes_in_order() -> None:
-    (shapes_0, plain_0), (shapes_1, _) = run_in_world(_fsdp2_shapes, 2, timeout_s=120)
+    (shapes_0, plain_0, elements_0, plain_elements), (shapes_1, _, elements_1, _) = run_in_world(
+        _fsdp2_shapes, 2, timeout_s=120
+    )
     assert shapes_0 == shapes_1 == SHAPES  # every rank: the global shapes, not its shard's
     assert plain_0 == [] and stepped_dtensor_shapes(object()) is None
+    # the elements each rank updates are its shard's: dim 0 split in two
+    assert elements_0 == elements_1 == [64, 8, 64, 4] and plain_elements == [3]
 
 
 def test_the_probe_times_the_dispatch_of_dtensors_beyond_plain_tensors() -> None:

@@ -94,6 +94,8 @@ class RankResult:
     bare_compute: dict[str, Any] | None = None
     #: the tensors this rank's optimizer steps over (``metrics/optimizer_tensors.py``)
     optimizer_tensors: int | None = None
+    #: the elements of each of them, in the order they are stepped
+    optimizer_tensor_elements: list[int] | None = None
     #: the global shapes of the DTensors among them, in the order they are stepped
     optimizer_dtensor_shapes: list[list[int]] | None = None
     #: rank 0 of a CUDA cell: its device's peak FLOP/s (``bench/prediction/peaks.py``)
@@ -265,6 +267,10 @@ def _add_measured(record: Record, resolved: ResolvedCell, plan: WorldPlan, resul
         max((r.bare_compute for r in results if r.bare_compute), key=lambda b: b["seconds"], default=None),
     )
     record.optimizer_tensors = max((r.optimizer_tensors or 0 for r in results), default=0) or None
+    # the rank that updates the most elements: its update is the slowest
+    record.optimizer_tensor_elements = max(
+        (r.optimizer_tensor_elements for r in results if r.optimizer_tensor_elements), key=sum, default=None
+    )
     record.optimizer_dtensor_shapes = next(
         (r.optimizer_dtensor_shapes for r in results if r.optimizer_dtensor_shapes), None
     )

@@ -66,7 +66,7 @@ from shardbench.harness.phases import (
 from shardbench.harness.resolved_cell import ResolvedCell
 from shardbench.harness.result import RankResult
 from shardbench.metrics.kernels import CudaAttention, pinned_factory
-from shardbench.metrics.optimizer_tensors import stepped_dtensor_shapes, stepped_tensors
+from shardbench.metrics.optimizer_tensors import stepped_dtensor_shapes, stepped_elements, stepped_tensors
 from shardbench.models.base import concat_inputs
 from shardbench.models.checkpointing import apply_activation_checkpointing
 from shardbench.prediction.zero_accounting import comm_shape_of
@@ -295,6 +295,7 @@ def _train_and_measure(
     # what the rank's optimizer steps over (``metrics/optimizer_tensors.py``), before teardown:
     # a peer's engine is gone after
     optimizer_tensors = _counted(stepped_tensors, optimizer)
+    tensor_elements = _counted(stepped_elements, optimizer)
     dtensor_shapes = _counted(stepped_dtensor_shapes, optimizer)
     strategy.teardown()
     return RankResult(
@@ -321,6 +322,7 @@ def _train_and_measure(
         peak=peak,
         bare_compute=bare,
         optimizer_tensors=optimizer_tensors,
+        optimizer_tensor_elements=tensor_elements,
         optimizer_dtensor_shapes=dtensor_shapes,
     )
 

@@ -9,7 +9,10 @@ as ``local``, FairScale's OSS and torch's ZeroRedundancyOptimizer as ``optim``, 
 shards), as the loop steps each, even one holding no elements on this rank; a plain tensor where it
 holds elements (our ZeRO's pieces: an empty one is not handed to the optimizer).
 
-Where those tensors are DTensors, each op of the update is dispatched through DTensor's sharding
+Its per-element cost follows each tensor's size, not only their sum (AdamW's loop allocates
+temporaries the size of the tensor it steps, and a large one is mapped afresh each time:
+``prediction/update_probe.py``), so ``stepped_elements`` lists them. Where those tensors are
+DTensors, each op of the update is dispatched through DTensor's sharding
 propagation, whose cost follows the tensors' shapes in the order they are stepped
 (``prediction/dtensor_update_probe.py``): ``stepped_dtensor_shapes`` lists them."""
 
@@ -34,30 +37,39 @@ def stepping_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
-def stepped_tensors(optimizer: Any) -> int | None:
-    """The tensors ``optimizer`` steps over on this rank (see the module docstring); None where it
-    has no parameter groups to count."""
+def stepped(optimizer: Any) -> list[torch.Tensor] | None:
+    """The tensors ``optimizer`` steps over on this rank, in the order it steps them (see the
+    module docstring); None where it has no parameter groups to read."""
     groups = getattr(stepping_optimizer(optimizer), "param_groups", None)
     if groups is None:
         return None
-    return sum(
-        1
+    return [
+        p
         for group in groups
         for p in group["params"]
         if p.requires_grad and (hasattr(p, "_local_tensor") or p.numel() > 0)
-    )
+    ]
+
+
+def stepped_tensors(optimizer: Any) -> int | None:
+    """How many tensors ``optimizer`` steps over on this rank; None where it cannot be read."""
+    tensors = stepped(optimizer)
+    return None if tensors is None else len(tensors)
+
+
+def stepped_elements(optimizer: Any) -> list[int] | None:
+    """The elements of each tensor ``optimizer`` steps over on this rank, in its order (a
+    DTensor's local shard's); None where it steps over none or cannot be read."""
+    tensors = stepped(optimizer)
+    return [_local(p).numel() for p in tensors] if tensors else None
 
 
 def stepped_dtensor_shapes(optimizer: Any) -> list[list[int]] | None:
     """The global shapes of the DTensors ``optimizer`` steps over on this rank, in the order it
     steps them; None where it steps over none (or has no parameter groups to read)."""
-    groups = getattr(stepping_optimizer(optimizer), "param_groups", None)
-    if groups is None:
-        return None
-    shapes = [
-        list(p.shape)
-        for group in groups
-        for p in group["params"]
-        if p.requires_grad and hasattr(p, "_local_tensor")
-    ]
+    shapes = [list(p.shape) for p in stepped(optimizer) or [] if hasattr(p, "_local_tensor")]
     return shapes or None
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p._local_tensor if hasattr(p, "_local_tensor") else p

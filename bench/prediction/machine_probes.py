@@ -71,12 +71,25 @@ def buffer_memory_key(threads: int, copies: int, device_name: str, torch_version
     return update_key(threads, 0, copies, device_name, torch_version) + " | buffer memory"
 
 
+def _digest(items: Sequence[Any]) -> str:
+    return hashlib.sha1(json.dumps(list(items)).encode()).hexdigest()[:12]
+
+
+def update_replay_key(
+    sizes: Sequence[int], threads: int, copies: int, device_name: str, torch_version: str
+) -> str:
+    """What makes two replays of an update the same measurement: as the update probe's, and the
+    tensors' sizes in their order (by digest)."""
+    machine = update_key(threads, sum(sizes), copies, device_name, torch_version)
+    return f"{machine} | replayed over {count(len(sizes), 'tensor')} {_digest(sizes)}"
+
+
 def dtensor_update_key(
     shapes: Sequence[Sequence[int]], threads: int, device_name: str, torch_version: str
 ) -> str:
     """What makes two DTensor update probes the same measurement: as the per-tensor probe's,
     and the shapes in their order (by digest)."""
-    digest = hashlib.sha1(json.dumps([list(s) for s in shapes]).encode()).hexdigest()[:12]
+    digest = _digest([list(s) for s in shapes])
     shown = f"{count(len(shapes), 'DTensor')} of {count(len(set(map(tuple, shapes))), 'shape')}"
     machine = update_key(threads, 0, 1, device_name, torch_version)
     return f"{machine} | DTensor dispatch over {shown} {digest}"
@@ -99,14 +112,16 @@ class MachineProbes:
     the user's); ``measure_network`` and ``measure_update``: the probes to run on a miss
     (default: ``gloo_probe.probe``, ``update_probe.probe``; a test gives stand-ins), and
     ``measure_update_per_tensor`` (default: ``update_probe.probe_per_tensor``),
-    ``measure_buffer_memory`` (default: ``update_probe.probe_buffer_memory``) and
-    ``measure_dtensor_update`` (default: ``dtensor_update_probe.probe_dtensor_update``)."""
+    ``measure_buffer_memory`` (default: ``update_probe.probe_buffer_memory``),
+    ``measure_update_replay`` (default: ``update_probe.replay``) and ``measure_dtensor_update``
+    (default: ``dtensor_update_probe.probe_dtensor_update``)."""
 
     home: Path | None = None
     measure_network: NetworkMeasure | None = None
     measure_update: UpdateMeasure | None = None
     measure_update_per_tensor: Callable[[int], dict[str, Any]] | None = None
     measure_buffer_memory: Callable[[int, int], dict[str, Any]] | None = None
+    measure_update_replay: Callable[[Sequence[int], int, int], dict[str, Any]] | None = None
     measure_dtensor_update: Callable[[Sequence[Sequence[int]], int], dict[str, Any]] | None = None
     #: the replays made or read so far, by ``compute_key``: many cells of one step replay it once
     _replayed: dict[str, ComputeReplay] = field(default_factory=dict, repr=False)
@@ -182,6 +197,25 @@ class MachineProbes:
         size = size_for(elements, copies, available_memory())
         key = update_key(threads, size, copies, device_name, torch_version)
         return cached("update", key, lambda: measure(threads, size, copies), self.home)["seconds_per_element"]
+
+    def replayed_update(
+        self, sizes: Sequence[int], threads: int, copies: int, device_name: str, torch_version: str
+    ) -> float | None:
+        """Seconds of an AdamW step on this CPU over tensors of ``sizes`` elements at ``threads``,
+        ``copies`` ranks at once (``update_probe.replay``), cached by the sizes; None where the
+        copies' optimizer state would not fit in half of the memory free."""
+        from shardbench.harness.config import available_memory
+        from shardbench.prediction.probe_cache import cached
+        from shardbench.prediction.update_probe import BYTES_PER_ELEMENT
+
+        memory = available_memory()
+        if memory is not None and copies * sum(sizes) * BYTES_PER_ELEMENT > memory / 2:
+            return None
+        measure = self.measure_update_replay
+        if measure is None:
+            from shardbench.prediction.update_probe import replay as measure
+        key = update_replay_key(sizes, threads, copies, device_name, torch_version)
+        return cached("update", key, lambda: measure(sizes, threads, copies), self.home)["seconds"]
 
     def update_tensor_seconds(self, threads: int, device_name: str, torch_version: str) -> float:
         """Seconds an AdamW step on this CPU spends per tensor it updates, at ``threads``

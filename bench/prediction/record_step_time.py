@@ -175,7 +175,8 @@ def predict_record(
     replayed = record.compute_replay if cpu and not bare and replay_usable(record.compute_replay) else None
     strategy = strategy or _strategy_of(record)
     elements, spe = _update(record, strategy, peak, share, probes)
-    tensors, spt = _update_tensors(record, share, probes)
+    replayed_update = _replayed_update(record, share, probes)
+    tensors, spt = _update_tensors(record, share, probes) if replayed_update is None else (0, 0.0)
     dispatch = _dtensor_dispatch(record, share, probes)
     profile, backend = _profile(record, network, probes, ranks_per_node)
     n = record.world_size
@@ -187,6 +188,7 @@ def predict_record(
         compute_s=bare.seconds if bare else replayed.seconds / share if replayed else None,
         update_elements=elements,
         seconds_per_element=spe,
+        update_s=replayed_update,
         update_tensors=tensors,
         seconds_per_tensor=spt,
         dtensor_dispatch_s=dispatch,
@@ -213,7 +215,7 @@ def predict_record(
         peak_kind=peak.get("kind"),
         efficiency=None if replayed or bare else efficiency,
         core_share=share,
-        seconds_per_update_element=spe,
+        seconds_per_update_element=spe if replayed_update is None else _per_element(record, replayed_update),
     ), None
 
 
@@ -263,6 +265,23 @@ def _update(
         return elements, probes.update_rate(threads, elements, copies, *_machine(record)) / share
     memory = peak.get("memory_bytes_per_s")
     return elements, UPDATE_BYTES / memory if memory else 0.0
+
+
+def _replayed_update(record: Record, share: float, probes: MachineProbes) -> float | None:
+    """The rank's update replayed over its own tensors' sizes on this CPU, over its core share
+    (``update_probe.replay``); None on CUDA, on a record that did not list them, or where the
+    copies would not fit in memory (the update is then the rate probe's and the per-tensor
+    cost)."""
+    sizes = record.optimizer_tensor_elements
+    if record.device != "cpu" or not sizes:
+        return None
+    seconds = probes.replayed_update(sizes, rank_threads(record), replay_copies(record), *_machine(record))
+    return None if seconds is None else seconds / share
+
+
+def _per_element(record: Record, update_s: float) -> float:
+    """A replayed update's seconds per element the rank updates (what ``plan`` shows)."""
+    return update_s / max(1, sum(record.optimizer_tensor_elements or ()))
 
 
 def _update_tensors(record: Record, share: float, probes: MachineProbes) -> tuple[int, float]:

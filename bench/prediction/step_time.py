@@ -16,6 +16,9 @@ collectives it issues and a network profile.
   core share, as its compute), or AdamW's bytes per element over the datasheet's memory bandwidth
   on CUDA; and on a CPU, whose pinned loop implementation launches a dozen kernels per tensor,
   each tensor the rank's optimizer steps over costs the fixed time ``update_probe`` measured.
+  Where the record lists the sizes of the tensors the rank's optimizer steps over, a CPU's
+  update is instead replayed over tensors of those sizes (``update_probe.replay``): the rate
+  follows each tensor's size, as a large one's temporaries are mapped afresh at every step.
   Where those tensors are DTensors (FSDP2's shards), each op is also dispatched through DTensor's
   sharding propagation: ``dtensor_update_probe`` steps over DTensors of the rank's own shapes, in
   its order, and the step pays what that took beyond plain tensors (over the core share).
@@ -99,6 +102,9 @@ class StepInputs:
     compute_s: float | None = None
     update_elements: int = 0
     seconds_per_element: float = 0.0
+    #: the update's seconds where they were measured (a replay over the rank's own tensors):
+    #: taken over ``update_elements x seconds_per_element`` and the per-tensor cost
+    update_s: float | None = None
     #: the tensors the rank's optimizer steps over, and the fixed seconds each costs
     update_tensors: int = 0
     seconds_per_tensor: float = 0.0
@@ -130,8 +136,11 @@ def predict_step(inputs: StepInputs, profile: NetworkProfile | ClusterNetwork) -
         compute = inputs.compute_s
     else:
         compute = inputs.flops / inputs.rate if inputs.rate > 0 else 0.0
-    per_element = inputs.update_elements * inputs.seconds_per_element
-    update = per_element + inputs.update_tensors * inputs.seconds_per_tensor + inputs.dtensor_dispatch_s
+    if inputs.update_s is not None:
+        update = inputs.update_s + inputs.dtensor_dispatch_s
+    else:
+        per_element = inputs.update_elements * inputs.seconds_per_element
+        update = per_element + inputs.update_tensors * inputs.seconds_per_tensor + inputs.dtensor_dispatch_s
     backward = BACKWARD_SHARE * compute
     total = exposed = overhead = 0.0
     for c in inputs.collectives:

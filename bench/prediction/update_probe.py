@@ -20,6 +20,16 @@ tensors weighs as much as its elements. ``probe_per_tensor`` measures it on ``MA
 tensors of ``SMALL`` elements each; the step-time model adds it per tensor the rank's optimizer
 steps over (``metrics/optimizer_tensors.py``).
 
+The rate also follows each tensor's size, not only their sum: the loop implementation allocates
+temporaries the size of the tensor it steps, and the allocator maps a large one (tens of MiB)
+afresh each time, paying a page fault and zeroing on every byte, where a small one reuses memory
+it has freed. On the 2-core machine at 64M elements in all, two copies at once: 6.1 ns per
+element over tensors of 32 MiB, 3.6 over tensors of 8 MiB, 3.4 over 2 MiB. So where the record
+lists the tensors the rank's optimizer steps over (``optimizer_tensor_elements``), ``replay``
+steps AdamW over tensors of exactly those sizes, in their order, at the rank's threads and
+copies: the update's seconds, per-tensor cost included. The rate probe stands where they are
+unknown or too large to replay beside the copies.
+
 ``probe_buffer_memory`` measures what a step pays per byte for communication buffers beyond
 their collectives: a copy through a buffer (FSDP2 copies each unit's gathered parameters out
 of its all-gather's buffer, and the gradients into a reduce-scatter buffer) and the first touch
@@ -34,7 +44,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 ELEMENTS = 1 << 22
@@ -48,6 +58,8 @@ REPEATS = 3
 COPY_BYTES = 1 << 25
 #: its timed copies: each costs milliseconds
 COPY_REPEATS = 5
+#: a replay's copies, all together: a large model's update takes seconds a step
+REPLAY_TIMEOUT_S = 600
 #: the sizes probed: from a cache-resident 1M elements to 128M (2 GiB of parameter, gradient
 #: and moments, past any cache)
 SIZES = tuple(1 << k for k in range(20, 28))
@@ -72,7 +84,7 @@ def probe_per_tensor(threads: int, copies: int = 1) -> dict[str, Any]:
     ``seconds_per_tensor`` (the median of the slowest copy's steps over ``MANY_TENSORS`` tensors
     of ``SMALL`` elements), ``mad_seconds_per_tensor``, ``tensors``, ``repeats``, ``threads``,
     ``copies``."""
-    measured = _timed_steps(threads, MANY_TENSORS, SMALL, copies)
+    measured = _timed_steps(threads, [SMALL] * MANY_TENSORS, copies)
     return {
         "seconds_per_tensor": measured["median"] / MANY_TENSORS,
         "mad_seconds_per_tensor": measured["mad"] / MANY_TENSORS,
@@ -131,7 +143,7 @@ def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, 
     """Measure ``elements`` at ``threads``, ``copies`` at once: ``seconds_per_element`` (the
     median of the slowest copy's steps), ``mad_seconds_per_element``, ``elements``, ``repeats``,
     ``threads``, ``copies``."""
-    measured = _timed_steps(threads, TENSORS, elements // TENSORS, copies)
+    measured = _timed_steps(threads, [elements // TENSORS] * TENSORS, copies)
     median = measured["median"] / elements
     return {
         "seconds_per_element": median,
@@ -143,33 +155,78 @@ def probe(threads: int, elements: int = ELEMENTS, copies: int = 1) -> dict[str, 
     }
 
 
-def _timed_steps(threads: int, tensors: int, size: int, copies: int) -> dict[str, float]:
-    """AdamW (the CPU's pinned implementation) over ``tensors`` fp32 tensors of ``size``
-    elements, gradients of ones: one untimed step, then ``REPEATS`` timed, ``copies`` at once;
-    the ``median`` and ``mad`` seconds of a step of the slowest copy."""
+def replay(sizes: Sequence[int], threads: int, copies: int = 1) -> dict[str, Any]:
+    """The update of a rank whose optimizer steps over tensors of ``sizes`` elements (in that
+    order), replayed at ``threads``, ``copies`` at once, each in a process of its own as the
+    ranks are (``processes_at_once``: a small model's update is Python between small kernels,
+    which threads of one process would take turns at): ``seconds`` (the median of the slowest
+    copy's steps), ``mad_seconds``, ``tensors``, ``elements``, ``repeats``, ``threads``,
+    ``copies``."""
+    from shardbench.prediction.processes_at_once import run_at_once
+
+    request = {"sizes": list(sizes), "threads": threads}
+    answers = run_at_once("shardbench.prediction.update_probe", request, copies, REPLAY_TIMEOUT_S)
+    per = slowest([a["times"] for a in answers])
+    median = statistics.median(per)
+    return {
+        "seconds": median,
+        "mad_seconds": statistics.median(abs(p - median) for p in per),
+        "tensors": len(sizes),
+        "elements": sum(sizes),
+        "repeats": REPEATS,
+        "threads": threads,
+        "copies": copies,
+    }
+
+
+def _replay_copy() -> None:
+    """One copy of ``replay``, in its own process."""
     import torch
 
-    from shardbench.metrics.kernels import pin_implementation
+    from shardbench.prediction.processes_at_once import Together, answer, read_request
+
+    request = read_request()
+    together = Together(request)
+    torch.set_num_threads(int(request["threads"]))
+    answer({"times": _steps(_optimizer(request["sizes"]), together)})
+
+
+def _timed_steps(threads: int, sizes: list[int], copies: int) -> dict[str, float]:
+    """AdamW (the CPU's pinned implementation) over fp32 tensors of ``sizes`` elements,
+    gradients of ones: one untimed step, then ``REPEATS`` timed, ``copies`` at once; the
+    ``median`` and ``mad`` seconds of a step of the slowest copy."""
     from shardbench.prediction.at_once import at_once
 
-    def optimizer() -> torch.optim.Optimizer:
-        params = [torch.nn.Parameter(torch.zeros(size)) for _ in range(tensors)]
-        for p in params:
-            p.grad = torch.ones_like(p)
-        return pin_implementation(torch.optim.AdamW(params, lr=1e-3), "cpu")
-
-    def steps(index: int, together: Callable[[], None]) -> list[float]:
-        opt = optimizer()
-        opt.step()
-        times = []
-        for _ in range(REPEATS):
-            together()
-            started = time.perf_counter()
-            opt.step()
-            times.append(time.perf_counter() - started)
-        return times
-
-    times = at_once(steps, copies, threads)
+    times = at_once(lambda index, together: _steps(_optimizer(sizes), together), copies, threads)
     per = slowest(times)
     median = statistics.median(per)
     return {"median": median, "mad": statistics.median(abs(p - median) for p in per)}
+
+
+def _optimizer(sizes: Sequence[int]) -> Any:
+    """AdamW, the CPU's pinned implementation, over fp32 tensors of ``sizes`` elements whose
+    gradients are ones."""
+    import torch
+
+    from shardbench.metrics.kernels import pin_implementation
+
+    params = [torch.nn.Parameter(torch.zeros(size)) for size in sizes]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    return pin_implementation(torch.optim.AdamW(params, lr=1e-3), "cpu")
+
+
+def _steps(optimizer: Any, together: Callable[[], None]) -> list[float]:
+    """One untimed step, then ``REPEATS`` timed, each after ``together()``: their seconds."""
+    optimizer.step()
+    times = []
+    for _ in range(REPEATS):
+        together()
+        started = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+if __name__ == "__main__":
+    _replay_copy()

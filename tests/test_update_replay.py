@@ -1,0 +1,93 @@
+"""The update replayed over the rank's own tensors (``update_probe.replay``): what it measures,
+and that the step-time model takes it over the rate probe and the per-tensor cost where a record
+lists the tensors' sizes, and falls back to them where the copies would not fit in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardbench.prediction.machine_probes import MachineProbes
+from shardbench.prediction.record_step_time import predict_record
+from shardbench.prediction.update_probe import REPEATS, replay
+from shardbench.step_figures import FlopsPerStep
+from tests.records import make_record
+
+PEAK = {"flops_per_s": 0.2e12, "kind": "measured"}
+SIZES = [4096, 16, 1024]
+
+
+def test_the_replay_steps_tensors_of_the_sizes_given() -> None:
+    out = replay(SIZES, threads=1, copies=2)
+    assert out["tensors"] == 3 and out["elements"] == sum(SIZES) and out["copies"] == 2
+    assert out["seconds"] > 0 and out["mad_seconds"] >= 0 and out["repeats"] == REPEATS
+
+
+def _record(ranks: int, sizes: list[int] | None) -> Any:
+    return make_record(
+        strategy="ddp",
+        world_size=ranks,
+        params=sum(SIZES),
+        flops_per_step=FlopsPerStep(model=1e9, hardware=1e9),
+        placement={"ranks": ranks, "cores": 2},
+        threads_per_rank=1,
+        predicted_mem_bytes={"optimizer": 8 * sum(SIZES)},
+        optimizer_tensors=len(SIZES),
+        optimizer_tensor_elements=sizes,
+    )
+
+
+def _probes(home: Path, asked: list[tuple[Any, ...]]) -> MachineProbes:
+    def replayed(sizes: list[int], threads: int, copies: int) -> dict[str, float]:
+        asked.append((list(sizes), threads, copies))
+        return {"seconds": 0.03}
+
+    return MachineProbes(
+        home=home,
+        measure_network=lambda n, threads: {"kinds": {"all_reduce": {"latency_s": 1e-4, "bandwidth": 1e9}}},
+        measure_update=lambda threads, size, copies: {"seconds_per_element": 1e-8},
+        measure_update_per_tensor=lambda threads: {"seconds_per_tensor": 2e-5},
+        measure_buffer_memory=lambda threads, copies: {
+            "seconds_per_copied_byte": 0.0,
+            "seconds_per_fresh_byte": 0.0,
+        },
+        measure_update_replay=replayed,
+    )
+
+
+@pytest.mark.parametrize("ranks", [2, 4], ids=["a core a rank", "two ranks a core"])
+def test_a_listed_rank_update_is_replayed_over_the_core_share(tmp_path: Path, ranks: int) -> None:
+    asked: list[tuple[Any, ...]] = []
+    predicted, why = predict_record(
+        _record(ranks, SIZES), network="gloo", peak=PEAK, probes=_probes(tmp_path, asked)
+    )
+    assert why is None, why
+    assert asked == [(SIZES, 1, 2)]  # the rank's sizes, at its threads, as many copies as cores
+    share = 2 / ranks
+    assert predicted.update == pytest.approx(0.03 / share)  # no rate, no per-tensor cost besides
+    assert predicted.seconds_per_update_element == pytest.approx(0.03 / share / sum(SIZES))
+    unlisted, _ = predict_record(
+        _record(ranks, None), network="gloo", peak=PEAK, probes=_probes(tmp_path, asked)
+    )
+    assert unlisted.update == pytest.approx((sum(SIZES) * 1e-8 + len(SIZES) * 2e-5) / share)
+    assert len(asked) == 1
+
+
+def test_an_update_too_large_to_replay_beside_its_copies_takes_the_rate(tmp_path: Path, monkeypatch) -> None:
+    import shardbench.harness.config as config
+
+    monkeypatch.setattr(config, "available_memory", lambda: 10_000)  # bytes: far too few
+    asked: list[tuple[Any, ...]] = []
+    predicted, _ = predict_record(
+        _record(2, SIZES), network="gloo", peak=PEAK, probes=_probes(tmp_path, asked)
+    )
+    assert asked == [] and predicted.update == pytest.approx(sum(SIZES) * 1e-8 + len(SIZES) * 2e-5)
+
+
+def test_a_copy_that_fails_ends_the_replay_with_its_last_line() -> None:
+    from shardbench.prediction.processes_at_once import run_at_once
+
+    with pytest.raises(RuntimeError, match="update_probe failed: .*threads"):
+        run_at_once("shardbench.prediction.update_probe", {"sizes": [4]}, copies=2, timeout_s=60)
