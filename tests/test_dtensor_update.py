@@ -17,11 +17,11 @@ from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.record_step_time import predict_record
 from shardbench.step_figures import FlopsPerStep
 from tests.dist import run_in_world
+from tests.probes import plain_probes
 from tests.records import make_record
 
 PEAK = {"flops_per_s": 0.2e12, "kind": "measured"}
 SHAPES = [[16, 8], [16], [8, 16], [8]]
-GLOO = {"all_reduce": {"latency_s": 1e-4, "bandwidth": 1e9}}
 
 
 def _fsdp2_shapes(rank: int, world_size: int) -> tuple[Any, ...]:
@@ -87,17 +87,7 @@ def test_the_update_adds_the_probed_dispatch_over_the_core_share(tmp_path: Path,
         return {"dispatch_seconds": 0.05}
 
     def probes(measure: Any) -> MachineProbes:
-        return MachineProbes(
-            home=tmp_path,
-            measure_network=lambda n, threads: {"kinds": GLOO},
-            measure_update=lambda threads, size, copies: {"seconds_per_element": 1e-8},
-            measure_update_per_tensor=lambda threads: {"seconds_per_tensor": 2e-5},
-            measure_buffer_memory=lambda threads, copies: {
-                "seconds_per_copied_byte": 0.0,
-                "seconds_per_fresh_byte": 0.0,
-            },
-            measure_dtensor_update=measure,
-        )
+        return plain_probes(tmp_path, measure_dtensor_update=measure)
 
     fsdp2, plain = _record(ranks=ranks), _record(shapes=None, ranks=ranks)
     with_dtensors, _ = predict_record(fsdp2, network="gloo", peak=PEAK, probes=probes(dispatch))

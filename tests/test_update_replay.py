@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.record_step_time import predict_record
 from shardbench.prediction.update_probe import REPEATS, replay
 from shardbench.step_figures import FlopsPerStep
+from tests.probes import plain_probes
 from tests.records import make_record
 
 PEAK = {"flops_per_s": 0.2e12, "kind": "measured"}
@@ -39,22 +39,12 @@ def _record(ranks: int, sizes: list[int] | None) -> Any:
     )
 
 
-def _probes(home: Path, asked: list[tuple[Any, ...]]) -> MachineProbes:
+def _probes(home: Path, asked: list[tuple[Any, ...]]) -> Any:
     def replayed(sizes: list[int], threads: int, copies: int) -> dict[str, float]:
         asked.append((list(sizes), threads, copies))
         return {"seconds": 0.03}
 
-    return MachineProbes(
-        home=home,
-        measure_network=lambda n, threads: {"kinds": {"all_reduce": {"latency_s": 1e-4, "bandwidth": 1e9}}},
-        measure_update=lambda threads, size, copies: {"seconds_per_element": 1e-8},
-        measure_update_per_tensor=lambda threads: {"seconds_per_tensor": 2e-5},
-        measure_buffer_memory=lambda threads, copies: {
-            "seconds_per_copied_byte": 0.0,
-            "seconds_per_fresh_byte": 0.0,
-        },
-        measure_update_replay=replayed,
-    )
+    return plain_probes(home, measure_update_replay=replayed)
 
 
 @pytest.mark.parametrize("ranks", [2, 4], ids=["a core a rank", "two ranks a core"])
