@@ -10,18 +10,19 @@ from typing import Any
 import pytest
 
 from shardbench.prediction.record_step_time import predict_record
-from shardbench.prediction.update_probe import REPEATS, replay
+from shardbench.prediction.update_probe import REPEATS, REPLAY_FROM, replay
 from shardbench.step_figures import FlopsPerStep
 from tests.probes import plain_probes
 from tests.records import make_record
 
 PEAK = {"flops_per_s": 0.2e12, "kind": "measured"}
-SIZES = [4096, 16, 1024]
+SIZES = [REPLAY_FROM, 16, 1024]
 
 
 def test_the_replay_steps_tensors_of_the_sizes_given() -> None:
-    out = replay(SIZES, threads=1, copies=2)
-    assert out["tensors"] == 3 and out["elements"] == sum(SIZES) and out["copies"] == 2
+    sizes = [4096, 16, 1024]
+    out = replay(sizes, threads=1, copies=2)
+    assert out["tensors"] == 3 and out["elements"] == sum(sizes) and out["copies"] == 2
     assert out["seconds"] > 0 and out["mad_seconds"] >= 0 and out["repeats"] == REPEATS
 
 
@@ -29,12 +30,12 @@ def _record(ranks: int, sizes: list[int] | None) -> Any:
     return make_record(
         strategy="ddp",
         world_size=ranks,
-        params=sum(SIZES),
+        params=sum(sizes or SIZES),
         flops_per_step=FlopsPerStep(model=1e9, hardware=1e9),
         placement={"ranks": ranks, "cores": 2},
         threads_per_rank=1,
-        predicted_mem_bytes={"optimizer": 8 * sum(SIZES)},
-        optimizer_tensors=len(SIZES),
+        predicted_mem_bytes={"optimizer": 8 * sum(sizes or SIZES)},
+        optimizer_tensors=len(sizes or SIZES),
         optimizer_tensor_elements=sizes,
     )
 
@@ -81,3 +82,11 @@ def test_a_copy_that_fails_ends_the_replay_with_its_last_line() -> None:
 
     with pytest.raises(RuntimeError, match="update_probe failed: .*threads"):
         run_at_once("shardbench.prediction.update_probe", {"sizes": [4]}, copies=2, timeout_s=60)
+
+
+def test_a_small_update_takes_the_rate_the_replay_would_cost_more_than_it_measures(tmp_path: Path) -> None:
+    asked: list[tuple[Any, ...]] = []
+    small = [REPLAY_FROM // 2 - 1, 1]
+    probes = _probes(tmp_path, asked)
+    predicted, _ = predict_record(_record(2, small), network="gloo", peak=PEAK, probes=probes)
+    assert asked == [] and predicted.update == pytest.approx(sum(small) * 1e-8 + 2 * 2e-5)

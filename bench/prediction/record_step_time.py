@@ -25,6 +25,7 @@ from shardbench.prediction.gloo_tiers import GlooTwoTier
 from shardbench.prediction.machine_probes import MachineProbes
 from shardbench.prediction.network_profiles import MEASURED, NAMED, LinkCost, NetworkProfile
 from shardbench.prediction.step_time import EFFICIENCY, Collective, StepInputs, core_share, predict_step
+from shardbench.prediction.update_probe import REPLAY_FROM
 from shardbench.records import UNNAMED_DEVICE, Record, placement_of
 from shardbench.step_figures import ComputeReplay, PredictedStep
 
@@ -269,11 +270,11 @@ def _update(
 
 def _replayed_update(record: Record, share: float, probes: MachineProbes) -> float | None:
     """The rank's update replayed over its own tensors' sizes on this CPU, over its core share
-    (``update_probe.replay``); None on CUDA, on a record that did not list them, or where the
-    copies would not fit in memory (the update is then the rate probe's and the per-tensor
-    cost)."""
+    (``update_probe.replay``); None on CUDA, on a record that did not list them, on a rank that
+    updates fewer than ``REPLAY_FROM`` elements, or where the copies would not fit in memory
+    (the update is then the rate probe's and the per-tensor cost)."""
     sizes = record.optimizer_tensor_elements
-    if record.device != "cpu" or not sizes:
+    if record.device != "cpu" or not sizes or sum(sizes) < REPLAY_FROM:
         return None
     seconds = probes.replayed_update(sizes, rank_threads(record), replay_copies(record), *_machine(record))
     return None if seconds is None else seconds / share

@@ -28,7 +28,7 @@ element over tensors of 32 MiB, 3.6 over tensors of 8 MiB, 3.4 over 2 MiB. So wh
 lists the tensors the rank's optimizer steps over (``optimizer_tensor_elements``), ``replay``
 steps AdamW over tensors of exactly those sizes, in their order, at the rank's threads and
 copies: the update's seconds, per-tensor cost included. The rate probe stands where they are
-unknown or too large to replay beside the copies.
+unknown, too large to replay beside the copies, or fewer than ``REPLAY_FROM`` elements.
 
 ``probe_buffer_memory`` measures what a step pays per byte for communication buffers beyond
 their collectives: a copy through a buffer (FSDP2 copies each unit's gathered parameters out
@@ -63,6 +63,12 @@ REPLAY_TIMEOUT_S = 600
 #: the sizes probed: from a cache-resident 1M elements to 128M (2 GiB of parameter, gradient
 #: and moments, past any cache)
 SIZES = tuple(1 << k for k in range(20, 28))
+
+
+#: the fewest elements a rank's update is replayed at: below, the rate probe's tensors (an eighth
+#: of its size each, at most 2 MiB) are in the same regime as a small model's, and the replay's
+#: processes would take longer to start than the update they measure
+REPLAY_FROM = 1 << 22
 
 
 #: bytes a probed element holds: parameter, gradient, two moments, and foreach AdamW's temporaries
