@@ -54,7 +54,8 @@ def _results_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def _stand_in_replays() -> Iterator[None]:
     """The probes keyed by a model's own tensors (its update's replay, its DTensor dispatch) are
     stand-ins in the tests' cells: each distinct model would start processes to measure them.
-    The tests of those probes call them directly."""
+    The tests of those probes import them by name as they are collected, before this patch, so
+    they call the real ones."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("shardbench.prediction.update_probe.replay", stand_in_update_replay)
         dtensor = "shardbench.prediction.dtensor_update_probe.probe_dtensor_update"

@@ -41,7 +41,7 @@ def _fsdp2_shapes(rank: int, world_size: int) -> tuple[Any, ...]:
     plain = torch.optim.AdamW([nn.Parameter(torch.zeros(3))])
     return (
         stepped_dtensor_shapes(optimizer),
-        stepped_dtensor_shapes(plain) or [],
+        stepped_dtensor_shapes(plain),
         stepped_elements(optimizer),
         stepped_elements(plain),
     )
@@ -52,7 +52,7 @@ def test_fsdp2s_optimizer_steps_dtensors_of_the_models_global_shapes_in_order() 
         _fsdp2_shapes, 2, timeout_s=120
     )
     assert shapes_0 == shapes_1 == SHAPES  # every rank: the global shapes, not its shard's
-    assert plain_0 == [] and stepped_dtensor_shapes(object()) is None
+    assert plain_0 is None and stepped_dtensor_shapes(object()) is None
     # the elements each rank updates are its shard's: dim 0 split in two
     assert elements_0 == elements_1 == [64, 8, 64, 4] and plain_elements == [3]
 

@@ -73,18 +73,28 @@ def test_an_entry_cached_without_its_load_is_provisional() -> None:
 def test_env_shows_every_cached_probe_with_when_and_how_it_was_measured(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
+    """What the step-time model's probes cache (a gloo profile, an update rate, a compute
+    replay), each with its figures, when and under what load, its lists left out."""
     import json
 
+    import torch
+
     from shardbench.cli import main
+    from shardbench.prediction.op_calls import OpCall, describe
+    from tests.probes import plain_probes
 
     monkeypatch.setenv("SHARDBENCH_HOME", str(tmp_path))
-    measure, _ = _measure(3.0)
-    probe_cache.cached(
-        "update", "k", lambda: {**measure(), "per_repeat": [1.0, 2.0]}, tmp_path, load=lambda: 0.25
-    )
+    probes = plain_probes(tmp_path)
+    probes.gloo_profile(2, 1, "cpu-x", "2.x")
+    probes.update_rate(1, 1000, 1, "cpu-x", "2.x")
+    call = OpCall("aten.add.Tensor", describe((torch.ones(4), torch.ones(4))), {}, 3, 16)
+    probes.replayed_compute([call], 1, 1, "cpu-x", "2.x")
     assert main(["env"]) == 0
     shown = json.loads(capsys.readouterr().out)["probes"]
-    assert set(shown) == set(probe_cache.NAMES) and shown["network"] == {}
-    (entry,) = shown["update"].values()
-    assert entry["load_per_core"] == 0.25 and entry["measured_at"] and "per_repeat" not in entry
-    assert {k: entry[k] for k in measure()} == measure()
+    (network,) = shown["network"].values()
+    (update,) = shown["update"].values()
+    (compute,) = shown["compute"].values()
+    assert network["kinds"]["all_reduce"]["latency_s"] == 1e-4 and update["seconds_per_element"] == 1e-8
+    assert compute["seconds"] > 0 and "seconds_per_copy" not in compute  # a list: left out
+    for entry in (network, update, compute):
+        assert "load_per_core" in entry and entry["measured_at"]

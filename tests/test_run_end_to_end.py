@@ -105,6 +105,14 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         assert p.compute == b.seconds and p.update > 0
         if r.strategy == "ddp":
             assert r.optimizer_tensors == n_parameter_tensors[r.workload]
+        # the elements of each tensor stepped, on the rank that updates the most (the count is the
+        # rank that steps the most tensors): ddp's every parameter's, zero2's pieces of its share
+        elements = r.optimizer_tensor_elements
+        assert 0 < len(elements) <= r.optimizer_tensors and r.optimizer_dtensor_shapes is None
+        if r.strategy == "ddp":
+            assert sum(elements) == r.params
+        else:
+            assert r.params / 2 <= sum(elements) < r.params
         # the collectives the loss issues itself, counted in the bare pass, which holds them
         own, counted = b.collectives, r.comm_per_step["ops"]
         if r.workload == "swav":  # its Sinkhorn sums the codes over the ranks in forward

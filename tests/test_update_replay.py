@@ -16,7 +16,7 @@ from tests.probes import plain_probes
 from tests.records import make_record
 
 PEAK = {"flops_per_s": 0.2e12, "kind": "measured"}
-SIZES = [REPLAY_FROM, 16, 1024]
+SIZES = [REPLAY_FROM - 1040, 16, 1024]  # REPLAY_FROM in all: the fewest replayed
 
 
 def test_the_replay_steps_tensors_of_the_sizes_given() -> None:
@@ -67,26 +67,36 @@ def test_a_listed_rank_update_is_replayed_over_the_core_share(tmp_path: Path, ra
 
 
 def test_an_update_too_large_to_replay_beside_its_copies_takes_the_rate(tmp_path: Path, monkeypatch) -> None:
+    """Unless a replay of it is kept: what was measured stands, whatever memory is free now."""
     import shardbench.harness.config as config
 
+    asked: list[tuple[Any, ...]] = []
     monkeypatch.setattr(config, "available_memory", lambda: 10_000)  # bytes: far too few
-    asked: list[tuple[Any, ...]] = []
-    predicted, _ = predict_record(
-        _record(2, SIZES), network="gloo", peak=PEAK, probes=_probes(tmp_path, asked)
-    )
+    record = _record(2, SIZES)
+    predicted, _ = predict_record(record, network="gloo", peak=PEAK, probes=_probes(tmp_path / "a", asked))
     assert asked == [] and predicted.update == pytest.approx(sum(SIZES) * 1e-8 + len(SIZES) * 2e-5)
+    monkeypatch.setattr(config, "available_memory", lambda: None)  # unknown: replayed, and kept
+    predict_record(record, network="gloo", peak=PEAK, probes=_probes(tmp_path / "b", asked))
+    monkeypatch.setattr(config, "available_memory", lambda: 10_000)
+    kept, _ = predict_record(record, network="gloo", peak=PEAK, probes=_probes(tmp_path / "b", asked))
+    assert len(asked) == 1 and kept.update == pytest.approx(0.03)
 
 
-def test_a_copy_that_fails_ends_the_replay_with_its_last_line() -> None:
-    from shardbench.prediction.processes_at_once import run_at_once
-
-    with pytest.raises(RuntimeError, match="update_probe failed: .*threads"):
-        run_at_once("shardbench.prediction.update_probe", {"sizes": [4]}, copies=2, timeout_s=60)
-
-
-def test_a_small_update_takes_the_rate_the_replay_would_cost_more_than_it_measures(tmp_path: Path) -> None:
+def test_a_small_update_takes_the_rate_and_the_per_tensor_cost(tmp_path: Path) -> None:
     asked: list[tuple[Any, ...]] = []
-    small = [REPLAY_FROM // 2 - 1, 1]
+    small = [REPLAY_FROM - 2, 1]  # one element fewer than the fewest replayed
     probes = _probes(tmp_path, asked)
     predicted, _ = predict_record(_record(2, small), network="gloo", peak=PEAK, probes=probes)
     assert asked == [] and predicted.update == pytest.approx(sum(small) * 1e-8 + 2 * 2e-5)
+
+
+def test_the_first_copy_to_fail_ends_the_others_and_says_why() -> None:
+    import time
+
+    from shardbench.prediction.processes_at_once import MEET_TIMEOUT_S, run_at_once
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="failing_copy failed: copy 1 fails on purpose"):
+        run_at_once("tests.failing_copy", {}, copies=2, timeout_s=60)
+    assert time.monotonic() - started < MEET_TIMEOUT_S / 4  # copy 0 did not wait out its meeting
+    assert run_at_once("tests.failing_copy", {}, copies=1, timeout_s=60) == [{"copy": 0}]

@@ -237,6 +237,9 @@ class Communication:
     #: the gradients into a reduce-scatter buffer of their own, both allocated afresh (FSDP2's
     #: copy-out and copy-in); our ZeRO computes in views of its flat buffers
     copies_through_buffers: bool = False
+    #: each gradient is copied into a bucket kept across steps, which is what gets reduced
+    #: (DDP's buckets, our ZeRO's reducer, DeepSpeed's): a copy of every gradient byte a step
+    copies_gradients_into_buckets: bool = False
     #: ZeRO++'s hierarchical partitioning (hpZ): where it shards in groups smaller than the
     #: world, backward gathers from a secondary copy of the parameters partitioned within the
     #: group, while forward's gathers and the gradients' reduction still span all N

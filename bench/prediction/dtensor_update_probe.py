@@ -2,11 +2,11 @@
 of the update's ops through DTensor's sharding propagation, which FSDP2's optimizer pays for
 every parameter it steps over (each is a DTensor shard).
 
-That cost is not one figure per tensor. DTensor caches what it propagated for an op by the op and
-its arguments' shapes, and one of its caches keeps only the most recent entries, so a step over
-many tensors of distinct shapes finds nothing cached and propagates every op again: on a small
-CPU about ten times the cost of a tensor whose shape recurs soon enough to stay cached. A model's
-own order of shapes decides how many ops miss. So the probe steps AdamW (the CPU's pinned
+That cost is not one figure per tensor. DTensor caches what it propagated for an op by the op,
+its arguments' shapes and its scalars, and AdamW's scalars change at every step: within a step,
+a tensor whose shape an earlier tensor had finds the propagation cached, and one of a new shape
+propagates every op again, on a small CPU about ten times the cost. A model's own shapes, and
+their order, decide how many ops miss. So the probe steps AdamW (the CPU's pinned
 implementation) over DTensors of exactly the shapes the rank's optimizer steps over, in its
 order, and over plain tensors of one element each: the difference is the DTensor dispatch, the
 figure (``dispatch_seconds``). Each DTensor holds one element locally under the model's global
@@ -15,42 +15,33 @@ probe takes about a second even for a large model.
 
 It runs in a process of its own: the DTensors need a process group, and the one it creates (a
 single rank over an in-memory store) must not become the calling process's. One untimed step,
-then ``REPEATS`` timed; the median.
+then ``REPEATS`` timed; the median. The mesh is one-dimensional, as FSDP2's is; hybrid sharding's
+DTensors lie on two dimensions, whose propagation costs more, so its figure is a floor there.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 REPEATS = 5
-#: the probe's own process: importing torch and creating the group take a few seconds
-TIMEOUT_S = 300
+#: the probe's own process: importing torch and creating the group take a few seconds, and six
+#: steps over a thousand DTensors whose shapes never repeat about seven more
+TIMEOUT_S = 120
 
 
 def probe_dtensor_update(shapes: Sequence[Sequence[int]], threads: int) -> dict[str, Any]:
     """Measure a step over DTensors of ``shapes`` at ``threads``, in a process of its own:
     ``dispatch_seconds`` (a step over the DTensors, less one over as many plain tensors; never
     below zero), ``dtensor_seconds``, ``plain_seconds``, ``tensors``, ``distinct_shapes``,
-    ``repeats``, ``threads``."""
-    request = json.dumps({"shapes": [list(s) for s in shapes], "threads": threads})
-    done = subprocess.run(
-        [sys.executable, "-m", "shardbench.prediction.dtensor_update_probe"],
-        input=request,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"the DTensor update probe failed: {last}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    ``repeats``, ``threads``. A probe that fails or outlasts ``TIMEOUT_S`` raises a
+    RuntimeError that says why in one line."""
+    from shardbench.prediction.processes_at_once import run_at_once
+
+    request = {"shapes": [list(s) for s in shapes], "threads": threads}
+    return run_at_once("shardbench.prediction.dtensor_update_probe", request, 1, TIMEOUT_S)[0]
 
 
 def _measure(shapes: list[tuple[int, ...]], threads: int) -> dict[str, Any]:
@@ -107,9 +98,11 @@ def _measure(shapes: list[tuple[int, ...]], threads: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    request = json.loads(sys.stdin.read())
+    from shardbench.prediction.processes_at_once import answer, read_request
+
+    request = read_request()
     shapes = [tuple(int(d) for d in s) for s in request["shapes"]]
-    print(json.dumps(_measure(shapes, int(request["threads"]))))
+    answer(_measure(shapes, int(request["threads"])))
 
 
 if __name__ == "__main__":

@@ -125,6 +125,8 @@ class MachineProbes:
     measure_dtensor_update: Callable[[Sequence[Sequence[int]], int], dict[str, Any]] | None = None
     #: the replays made or read so far, by ``compute_key``: many cells of one step replay it once
     _replayed: dict[str, ComputeReplay] = field(default_factory=dict, repr=False)
+    #: the probes that failed so far, by key, and why: asked again, they fail at once
+    _failed: dict[str, str] = field(default_factory=dict, repr=False)
 
     def gloo_profile(
         self,
@@ -202,19 +204,20 @@ class MachineProbes:
         self, sizes: Sequence[int], threads: int, copies: int, device_name: str, torch_version: str
     ) -> float | None:
         """Seconds of an AdamW step on this CPU over tensors of ``sizes`` elements at ``threads``,
-        ``copies`` ranks at once (``update_probe.replay``), cached by the sizes; None where the
-        copies' optimizer state would not fit in half of the memory free."""
+        ``copies`` ranks at once (``update_probe.replay``), cached by the sizes; None where none
+        is cached and the copies' optimizer state would not fit in half of the memory free."""
         from shardbench.harness.config import available_memory
-        from shardbench.prediction.probe_cache import cached
+        from shardbench.prediction.probe_cache import cached, read
         from shardbench.prediction.update_probe import BYTES_PER_ELEMENT
 
+        key = update_replay_key(sizes, threads, copies, device_name, torch_version)
         memory = available_memory()
         if memory is not None and copies * sum(sizes) * BYTES_PER_ELEMENT > memory / 2:
-            return None
+            kept = read("update", self.home).get(key)  # a replay kept stands, whatever is free now
+            return kept["seconds"] if kept else None
         measure = self.measure_update_replay
         if measure is None:
             from shardbench.prediction.update_probe import replay as measure
-        key = update_replay_key(sizes, threads, copies, device_name, torch_version)
         return cached("update", key, lambda: measure(sizes, threads, copies), self.home)["seconds"]
 
     def update_tensor_seconds(self, threads: int, device_name: str, torch_version: str) -> float:
@@ -255,7 +258,13 @@ class MachineProbes:
         if measure is None:
             from shardbench.prediction.dtensor_update_probe import probe_dtensor_update as measure
         key = dtensor_update_key(shapes, threads, device_name, torch_version)
-        return cached("update", key, lambda: measure(shapes, threads), self.home)["dispatch_seconds"]
+        if key in self._failed:  # every cell of a model would pay the failing probe again
+            raise RuntimeError(self._failed[key])
+        try:
+            return cached("update", key, lambda: measure(shapes, threads), self.home)["dispatch_seconds"]
+        except RuntimeError as e:
+            self._failed[key] = str(e)
+            raise
 
     def replayed_compute(
         self, calls: Sequence[OpCall], threads: int, copies: int, device_name: str, torch_version: str

@@ -99,7 +99,7 @@ NAMES = ("network", "update", "compute")
 
 def listing(home: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """Every cached figure, by cache and key, with when and under what load it was measured
-    (``shardbench env``); a figure's per-repeat lists are left out."""
+    (``shardbench env``); lists (a figure's per-repeat or per-copy values) are left out."""
     return {
         name: {
             key: {k: v for k, v in entry.items() if k != "key" and not isinstance(v, list)}

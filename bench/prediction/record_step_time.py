@@ -11,7 +11,9 @@ buckets and units, whatever the backend. Collectives outside the prediction (buf
 flags) are costed as the step counted them, but for those the model's loss issued itself where
 the compute is the cell's timed bare pass, which holds them (``bare_compute.collectives``).
 
-The ``gloo`` profile and the update rate are this machine's probes (``machine_probes``).
+The ``gloo`` profile, the update (its rate and per-tensor cost, or its replay over the rank's own
+tensors, and the DTensor dispatch), the buffer-memory rates and the compute's replay are this
+machine's probes (``machine_probes``).
 """
 
 from __future__ import annotations
@@ -175,9 +177,12 @@ def predict_record(
     bare = record.bare_compute if cpu and timed_compute else None
     replayed = record.compute_replay if cpu and not bare and replay_usable(record.compute_replay) else None
     strategy = strategy or _strategy_of(record)
-    elements, spe = _update(record, strategy, peak, share, probes)
     replayed_update = _replayed_update(record, share, probes)
-    tensors, spt = _update_tensors(record, share, probes) if replayed_update is None else (0, 0.0)
+    if replayed_update is None:
+        elements, spe = _update(record, strategy, peak, share, probes)
+        tensors, spt = _update_tensors(record, share, probes)
+    else:  # the replay stands for the rate and the per-tensor cost: neither is probed
+        elements, spe, tensors, spt = 0, 0.0, 0, 0.0
     dispatch = _dtensor_dispatch(record, share, probes)
     profile, backend = _profile(record, network, probes, ranks_per_node)
     n = record.world_size
@@ -317,20 +322,26 @@ def _buffer_memory(
 ) -> tuple[int, int, float, float]:
     """What the rank's communication buffers cost in a step beyond their collectives, as its
     strategy declares them (``Communication.gathers_into_fresh_memory``,
-    ``copies_through_buffers``), over the bytes of its step's collectives ``sent``: the bytes
-    copied (each gather's parameters copied out of its buffer, the gradients into a
-    reduce-scatter buffer) and the bytes of buffers allocated afresh (each gather's, and those
-    the copies write); and the seconds per byte of each: this CPU's buffer-memory probe over the
-    rank's core share, or on CUDA a read and a write at the datasheet's memory bandwidth and no
-    first touch (its caching allocator keeps freed blocks)."""
+    ``copies_through_buffers``, ``copies_gradients_into_buckets``), over the bytes of its step's
+    collectives ``sent``: the bytes copied (each gather's parameters copied out of its buffer,
+    the gradients into a reduce-scatter buffer or into buckets kept across steps) and the bytes
+    of buffers allocated afresh (each gather's, and those the copies out and in write); and the
+    seconds per byte of each: this CPU's buffer-memory probe over the rank's core share, or on
+    CUDA a read and a write at the datasheet's memory bandwidth and no first touch (its caching
+    allocator keeps freed blocks)."""
     backend = record.backend if record.backend != "none" else "gloo"
     declared = strategy.communication(record.precision, backend)
-    if declared is None or not declared.gathers_into_fresh_memory:
+    if declared is None:
         return 0, 0, 0.0, 0.0
-    gathered = sum(c.nbytes for c in sent if c.role.startswith("parameters"))
+    fresh_gathers = declared.gathers_into_fresh_memory
+    gathered = sum(c.nbytes for c in sent if c.role.startswith("parameters")) if fresh_gathers else 0
     scattered = sum(c.nbytes for c in sent if c.role == "gradients" and c.kind == "reduce_scatter")
-    copied = gathered + scattered if declared.copies_through_buffers else 0
-    fresh = gathered + copied
+    through = gathered + scattered if declared.copies_through_buffers else 0
+    bucketed = sum(c.nbytes for c in sent if c.role == "gradients")
+    bucketed = bucketed if declared.copies_gradients_into_buckets else 0
+    copied, fresh = through + bucketed, gathered + through
+    if not copied and not fresh:
+        return 0, 0, 0.0, 0.0
     if record.device == "cpu":
         copy_s, fresh_s = probes.buffer_memory_rates(
             rank_threads(record), replay_copies(record), *_machine(record)

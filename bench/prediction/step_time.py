@@ -10,15 +10,17 @@ collectives it issues and a network profile.
   its threads ask for, below 1 only where ranks outnumber cores). Elsewhere (a GPU, planned from
   its datasheet) it is ``hardware FLOPs / rate``, ``rate = peak x efficiency``: the FLOPs of
   ``flops.py`` (recompute included) at a stated fraction (``EFFICIENCY``) of the peak.
-* ``update = elements updated x seconds per element + tensors stepped x seconds per tensor``:
-  AdamW is memory-bound, so its time follows the optimizer-state elements a rank holds (all of
-  them under ddp, 1/N under ZeRO), at the rate ``update_probe`` measured on a CPU (over the rank's
+* ``update = elements updated x seconds per element + tensors stepped x seconds per tensor
+  (or a replay of the rank's own update) + DTensor dispatch``: AdamW is memory-bound, so its
+  time follows the optimizer-state elements a rank holds (all of them under ddp, 1/N under
+  ZeRO), at the rate ``update_probe`` measured on a CPU (over the rank's
   core share, as its compute), or AdamW's bytes per element over the datasheet's memory bandwidth
   on CUDA; and on a CPU, whose pinned loop implementation launches a dozen kernels per tensor,
   each tensor the rank's optimizer steps over costs the fixed time ``update_probe`` measured.
   Where the record lists the sizes of the tensors the rank's optimizer steps over, a CPU's
-  update is instead replayed over tensors of those sizes (``update_probe.replay``): the rate
-  follows each tensor's size, as a large one's temporaries are mapped afresh at every step.
+  update of ``update_probe.REPLAY_FROM`` elements or more is instead replayed over tensors of
+  those sizes (``update_probe.replay``): the rate follows each tensor's size, as a large one's
+  temporaries are mapped afresh at every step.
   Where those tensors are DTensors (FSDP2's shards), each op is also dispatched through DTensor's
   sharding propagation: ``dtensor_update_probe`` steps over DTensors of the rank's own shapes, in
   its order, and the step pays what that took beyond plain tensors (over the core share).
@@ -47,7 +49,9 @@ collectives it issues and a network profile.
   declares them. Where each gather writes into memory allocated for it and freed after its
   unit (zero3, FSDP2), every byte gathered is first touched afresh; where it then copies the
   gathered parameters out into memory of their own and the gradients into a reduce-scatter
-  buffer (FSDP2), those bytes are copied and first touched too. ``copied bytes x seconds per
+  buffer (FSDP2), those bytes are copied and first touched too; where each gradient is copied
+  into a bucket kept across steps before it is reduced (DDP, our ZeRO, DeepSpeed), its bytes
+  are copied. ``copied bytes x seconds per
   copied byte + fresh bytes x seconds per fresh byte``: on a CPU the buffer-memory probe's
   (``update_probe.probe_buffer_memory``); on CUDA a read and a write of each copied byte at the
   datasheet's memory bandwidth, and no first touch (the caching allocator keeps freed blocks).
@@ -55,7 +59,7 @@ collectives it issues and a network profile.
 What it leaves out: where compute is FLOPs over a rate, the elementwise work and memory traffic
 the FLOPs do not count (``EFFICIENCY`` stands for them); where it is replayed, what ``op_replay``
 leaves out (the autograd engine between ops, fresh memory for activations); copies into and out
-of the communication buckets of strategies that reuse them, the data loader, stragglers, and
+of the communication buckets beyond the gradients' copy in, the data loader, stragglers, and
 contention on a link shared by more ranks than the profile's figure assumes.
 """
 

@@ -66,8 +66,9 @@ SIZES = tuple(1 << k for k in range(20, 28))
 
 
 #: the fewest elements a rank's update is replayed at: below, the rate probe's tensors (an eighth
-#: of its size each, at most 2 MiB) are in the same regime as a small model's, and the replay's
-#: processes would take longer to start than the update they measure
+#: of its size each, at most 2 MiB) are in the same regime as a small model's, its per-tensor
+#: cost is measured as one process's own, and the replay's processes would take longer to start
+#: than the update they measure
 REPLAY_FROM = 1 << 22
 
 

@@ -55,8 +55,11 @@ def _fake_all_reduce(state, bucket):  # noqa: ANN001 - DDP checks the real (unst
     return fut
 
 
-#: DDP all-reduces the gradients, fp32 at either precision (bf16 is autocast over fp32 parameters)
-DDP_COMMUNICATION = Communication(gradients="all_reduce", gradient_bytes=4)
+#: DDP all-reduces the gradients, fp32 at either precision (bf16 is autocast over fp32 parameters),
+#: each copied into its bucket as it is ready
+DDP_COMMUNICATION = Communication(
+    gradients="all_reduce", gradient_bytes=4, copies_gradients_into_buckets=True
+)
 
 
 class DDPStrategy(Strategy, card="ddp"):

@@ -133,7 +133,8 @@ class DeepSpeedZeroStrategy(Strategy):
         path reduces each bucket with one all-reduce, its default multi-rank bucket all-reduce),
         then the updated partitions all-gathered. Stage 3: each parameter gathered in forward
         and again in backward, the gradients reduce-scattered. 16-bit in bf16 (its bf16 section
-        keeps 16-bit parameters and gradients, as does its fp16 section), else fp32."""
+        keeps 16-bit parameters and gradients, as does its fp16 section), else fp32. Each
+        gradient is copied into its reduction bucket (the engine's ``ipg`` buffer)."""
         size = element_bytes(precision)
         if self.stage == 3:
             return Communication(
@@ -142,9 +143,14 @@ class DeepSpeedZeroStrategy(Strategy):
                 parameters="all_gather",
                 parameter_bytes=size,
                 gathers=2,
+                copies_gradients_into_buckets=True,
             )
         return Communication(
-            gradients="all_reduce", gradient_bytes=size, parameters="all_gather", parameter_bytes=size
+            gradients="all_reduce",
+            gradient_bytes=size,
+            parameters="all_gather",
+            parameter_bytes=size,
+            copies_gradients_into_buckets=True,
         )
 
     def prepare_precision(self, model: nn.Module, precision: str) -> tuple[nn.Module, torch.dtype | None]:

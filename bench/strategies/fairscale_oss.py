@@ -66,7 +66,13 @@ class FairScaleOSSStrategy(Strategy):
         (ShardedDataParallel), then each updated parameter broadcast from its owner; fp32
         parameters (autocast), so 4 bytes an element either way."""
         gradients = "reduce" if self.sharded_gradients else "all_reduce"
-        return Communication(gradients=gradients, gradient_bytes=4, parameters="broadcast", parameter_bytes=4)
+        return Communication(
+            gradients=gradients,
+            gradient_bytes=4,
+            parameters="broadcast",
+            parameter_bytes=4,
+            copies_gradients_into_buckets=not self.sharded_gradients,  # ShardedDDP: buckets off
+        )
 
     def loss_scaler(self, optimizer: Any, ctx: RankContext) -> Any:
         """FairScale's ``ShardedGradScaler``, which it documents for OSS and ShardedDDP at fp16:

@@ -101,7 +101,8 @@ def reduced_then_gathered(
     ``gathers`` times a step, both in the parameters' dtype (bf16 parameters and gradients in a
     bf16 run). Gathered per unit (more than once a step), each unit's flat buffer is allocated
     at its gather and freed after (``sharded/gatherer.py``); gathered once, after the step, into
-    buffers kept across steps."""
+    buffers kept across steps. Each gradient is copied into its bucket's buffer as it is ready
+    (``sharded/reducer.py``)."""
     size = element_bytes(precision)
     return Communication(
         reducer_backend=backend,
@@ -112,6 +113,7 @@ def reduced_then_gathered(
         root_kept=root_kept,
         frozen_gathered=frozen_gathered,
         gathers_into_fresh_memory=gathers > 1,
+        copies_gradients_into_buckets=True,
     )
 
 

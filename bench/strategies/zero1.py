@@ -53,6 +53,7 @@ class Zero1Strategy(ShardedOptimizerStrategy, card="zero1"):
             parameters="all_gather",
             parameter_bytes=size,
             grouped_reducer_backend=backend,
+            copies_gradients_into_buckets=True,
         )
 
     def settings(self) -> dict[str, Any]:
