@@ -173,11 +173,10 @@ def replay(sizes: Sequence[int], threads: int, copies: int = 1) -> dict[str, Any
 
     request = {"sizes": list(sizes), "threads": threads}
     answers = run_at_once("shardbench.prediction.update_probe", request, copies, REPLAY_TIMEOUT_S)
-    per = slowest([a["times"] for a in answers])
-    median = statistics.median(per)
+    measured = _median_of_slowest([a["times"] for a in answers])
     return {
-        "seconds": median,
-        "mad_seconds": statistics.median(abs(p - median) for p in per),
+        "seconds": measured["median"],
+        "mad_seconds": measured["mad"],
         "tensors": len(sizes),
         "elements": sum(sizes),
         "repeats": REPEATS,
@@ -204,7 +203,15 @@ def _timed_steps(threads: int, sizes: list[int], copies: int) -> dict[str, float
     ``median`` and ``mad`` seconds of a step of the slowest copy."""
     from shardbench.prediction.at_once import at_once
 
-    times = at_once(lambda index, together: _steps(_optimizer(sizes), together), copies, threads)
+    def copy(index: int, together: Callable[[], None]) -> list[float]:
+        return _steps(_optimizer(sizes), together)
+
+    return _median_of_slowest(at_once(copy, copies, threads))
+
+
+def _median_of_slowest(times: list[list[float]]) -> dict[str, float]:
+    """The ``median`` and ``mad`` seconds of a step of the slowest copy, over the copies' timed
+    steps."""
     per = slowest(times)
     median = statistics.median(per)
     return {"median": median, "mad": statistics.median(abs(p - median) for p in per)}
