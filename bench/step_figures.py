@@ -72,13 +72,19 @@ class BareCompute:
     each pass's slowest rank, ``seconds``, its ``mad_seconds``, the timed ``repeats`` and the
     rank's ``threads``; and ``collectives``, those the model's own loss issued in a pass
     (``{kind: {calls, bytes}}``, SwAV's Sinkhorn sums): in ``seconds`` already, so the step-time
-    model does not cost them again among the step's."""
+    model does not cost them again among the step's. ``pooled_seconds`` is what the model takes
+    where kept."""
 
     seconds: float
     mad_seconds: float | None = None
     repeats: int | None = None
     threads: int | None = None
     collectives: dict[str, dict[str, int]] | None = None
+    #: the median of this machine's newest bare figures of the same model at the same placement,
+    #: this one included, and how many (``prediction/bare_pool.py``): the step-time model's
+    #: compute, which one cell's few passes would leave to a stall or a drift
+    pooled_seconds: float | None = None
+    pooled_cells: int | None = None
 
 
 @dataclass(frozen=True)

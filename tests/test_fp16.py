@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from shardbench.harness.validate import plan_cells
+from shardbench.strategies.registry import check_runnable, cpu_has_fp16_kernels
 from tests.cells import run_cell_here, tiny_cell
 from tests.dist import run_in_world
 from tests.parity import max_rel_diff, train_reference, train_strategy_rank
@@ -40,6 +41,10 @@ def reference() -> dict[str, torch.Tensor]:
 def test_fp16_trains_to_the_single_process_fp16_reference(strategy: str, reference) -> None:
     if strategy.startswith("deepspeed"):  # the 'peers' extra; DeepSpeed's own fp16 section and scaler
         pytest.importorskip("deepspeed")
+        if not cpu_has_fp16_kernels():  # refused in one line before anything runs
+            with pytest.raises(ValueError, match="cannot train fp16 on this CPU"):
+                check_runnable(strategy, "cpu", "fp16")
+            return
     states = run_in_world(
         train_strategy_rank, 2, strategy, "transformer", "tiny", STEPS, BATCH, _sgd, False, "fp16"
     )

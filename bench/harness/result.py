@@ -329,6 +329,7 @@ def _add_prediction(record: Record, probes: MachineProbes, strategy: Strategy) -
     from shardbench.prediction.network_profiles import default_network
     from shardbench.prediction.record_step_time import predict_record
 
+    _pool_bare_compute(record, probes.home)
     try:
         network = default_network(record.device)
         per_node = (record.comm_per_step or {}).get("ranks_per_node")  # nodes: gloo in two tiers
@@ -353,6 +354,20 @@ def _add_prediction(record: Record, probes: MachineProbes, strategy: Strategy) -
         except Exception:  # noqa: BLE001 - the cell's own prediction and check stand without it
             as_planned = None
         _keep_check(record, as_planned, probes.home)
+
+
+def _pool_bare_compute(record: Record, home: Path | None) -> None:
+    """Keep the cell's bare pass with this machine's others of the same model and placement,
+    and give the record their median (``prediction/bare_pool.py``); a pool that cannot be kept
+    leaves the cell's own figure."""
+    from shardbench.prediction.bare_pool import pooled
+
+    try:
+        kept = pooled(record, home)
+    except OSError:
+        return
+    if kept and record.bare_compute:
+        record.bare_compute = replace(record.bare_compute, pooled_seconds=kept[0], pooled_cells=kept[1])
 
 
 def _check_model(record: Record, home: Path | None) -> None:

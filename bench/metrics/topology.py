@@ -32,8 +32,17 @@ from dataclasses import dataclass
 
 #: the passes of a full tensor a ring makes per kind: a reduction or a spreading is one (each
 #: member sends (n-1)/n of the tensor), an all-reduce both (a reduce-scatter, then an all-gather);
-#: a broadcast or reduce is a pipelined ring, each member but the last forwarding it once
-PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1, "reduce": 1}
+#: a broadcast or reduce is a pipelined ring, each member but the last forwarding it once; a reduce
+#: of each of the tensor's n chunks to its own owner (our ZeRO's reducer on gloo) has each member
+#: send every chunk but its own once
+PASSES = {
+    "all_reduce": 2,
+    "all_gather": 1,
+    "reduce_scatter": 1,
+    "broadcast": 1,
+    "reduce": 1,
+    "reduce_to_owners": 1,
+}
 
 
 def ring_factor(kind: str, n: int) -> float:

@@ -10,6 +10,13 @@ process on the cores only ever slows a product down (on a shared 2-core machine 
 half the best, and would have changed with the load of the minute it was measured in); the
 median and the MAD of the rates are kept beside it. Inputs are standard-normal from a seeded
 generator. On a 2-core CPU it takes about a third of a second.
+
+A CPU without native kernels for a 16-bit dtype (bf16 or fp16 on a core without AVX-512's
+16-bit instructions) runs its products in a reference loop, two orders of magnitude below fp32:
+a 1024 product in bf16 took 1.4 s on such a 2-core machine, so the fixed repeats would take
+ten seconds. So on a CPU a ``MIN_N`` product is timed first, and ``n`` is halved (down to
+``MIN_N``) while a product would take longer than ``BUDGET_S`` at that rate: such a loop's rate
+hardly depends on the size, and the record names the ``n`` it was measured at.
 """
 
 from __future__ import annotations
@@ -19,10 +26,25 @@ import time
 from typing import Any
 
 SIZES = {"cpu": 1024, "cuda": 8192}
+#: the smallest product a slow dtype's probe shrinks to
+MIN_N = 128
 BUDGET_S = 0.25
 MIN_REPEATS = 5
 MAX_REPEATS = 200
 WARMUP = 2
+
+
+def _cpu_size(torch: Any, dtype: Any, n: int) -> int:
+    """``n``, halved (down to ``MIN_N``) while a product of that size would take longer than
+    ``BUDGET_S`` at the rate a ``MIN_N`` product runs at (the module docstring)."""
+    a = torch.ones(MIN_N, MIN_N, dtype=dtype)
+    torch.mm(a, a)
+    started = time.perf_counter()
+    torch.mm(a, a)
+    small = time.perf_counter() - started
+    while n > MIN_N and small * (n / MIN_N) ** 3 > BUDGET_S:
+        n //= 2  # a reference loop, not the GEMM library: a smaller product reads its rate
+    return n
 
 
 def probe(device: str, dtype: str, threads: int | None) -> dict[str, Any]:
@@ -45,6 +67,8 @@ def probe(device: str, dtype: str, threads: int | None) -> dict[str, Any]:
             torch.set_num_threads(threads)
         if device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        if device == "cpu":
+            n = _cpu_size(torch, dtypes[dtype], n)
         g = torch.Generator(target).manual_seed(0)
         a = torch.randn(n, n, generator=g, device=target).to(dtypes[dtype])
         b = torch.randn(n, n, generator=g, device=target).to(dtypes[dtype])

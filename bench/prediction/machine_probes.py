@@ -36,15 +36,15 @@ UpdateMeasure = Callable[[int, int, int], dict[str, Any]]
 def network_key(world_size: int, threads: int, device_name: str, torch_version: str, cores: int) -> str:
     """What makes two gloo probes the same measurement: the CPU, torch (gloo comes with it), the
     ranks, their threads, the cores they share and how they sit on them (``core_binding``), and
-    the calls timed at each size (a figure of fewer calls is another, noisier measurement) and
-    how a step's calls are timed (``gloo_probe.in_step``)."""
+    the kinds timed, the calls timed at each size (a figure of fewer calls is another, noisier
+    measurement) and how a step's calls are timed (``gloo_probe.in_step``)."""
     from shardbench.core_binding import binding_key
-    from shardbench.prediction.gloo_probe import IN_STEP_CALLS, IN_STEP_COMPUTE_S, REPEATS
+    from shardbench.prediction.gloo_probe import IN_STEP_CALLS, IN_STEP_COMPUTE_S, KINDS, REPEATS
 
     calls = "/".join(str(REPEATS[size]) for size in sorted(REPEATS))
     return (
         f"{device_name} | torch {torch_version} | {world_size} ranks | {threads} threads | {cores} cores"
-        f" | {binding_key(world_size)} | {calls} calls"
+        f" | {binding_key(world_size)} | {'/'.join(KINDS)} | {calls} calls"
         f" | in a step {IN_STEP_CALLS} calls in {IN_STEP_COMPUTE_S * 1e3:g} ms"
     )
 

@@ -8,7 +8,8 @@ model,
     calls * latency + RING[kind](n) * bytes / bandwidth
 
 (all-reduce sends ``2 (n-1)/n`` of the bytes per rank, all-gather, reduce-scatter, broadcast
-and reduce ``(n-1)/n``). ``bandwidth`` is what one rank sends per second, one direction.
+and reduce ``(n-1)/n``, as does a reduce of each chunk to its owner). ``bandwidth`` is what one rank
+sends per second, one direction.
 
 Named profiles are stated figures, not measurements: where each comes from is beside it. The
 ``gloo`` profile is measured on this machine at the run's world size (``gloo_probe``) and has a

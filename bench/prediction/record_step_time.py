@@ -7,9 +7,13 @@ The bytes of each collective are ``metrics.analytic.predicted_comm``'s for the p
 (gloo or nccl: a strategy reduces its gradients differently on each); the calls are those the
 cell's own step issued (``comm_per_step``: on real ranks, or on a simulated rank's fake group),
 matched by role (the gradients' reduction, the parameters' gathers), since the calls follow the
-buckets and units, whatever the backend. Collectives outside the prediction (buffer broadcasts,
-flags) are costed as the step counted them, but for those the model's loss issued itself where
-the compute is the cell's timed bare pass, which holds them (``bare_compute.collectives``).
+buckets and units, whatever the backend. Where our ZeRO's reducer reduces each bucket's chunks to
+their owners (gloo, from ``GLOO_REDUCE_FROM`` ranks), a bucket's calls run at once: they count as
+one ``reduce_to_owners`` per bucket, at the rate the gloo probe measured for that pattern.
+Collectives outside the prediction (buffer broadcasts, flags) are costed as the step counted
+them, but for those the model's loss issued itself where the compute is the cell's timed bare
+pass, which holds them (``bare_compute.collectives``). That compute is the median of this
+machine's newest timings of the same model at the same placement (``bare_pool``), where kept.
 
 The ``gloo`` profile, the update (its rate and per-tensor cost, or its replay over the rank's own
 tensors, and the DTensor dispatch), the buffer-memory rates and the compute's replay are this
@@ -111,13 +115,25 @@ def collectives(
     out = []
     for send in _sends(record, target, shape, s):
         calls = int((counted.get(own_kinds[send.purpose]) or {}).get("calls") or 1)
+        if send.purpose != "parameters" and _reduces_to_owners(own, own_kinds[send.purpose]):
+            calls = max(1, calls // s)  # one call per owner of each bucket: a bucket is one site
+        kind = send.kind
+        if send.purpose != "parameters" and _reduces_to_owners(target, kind):
+            kind = "reduce_to_owners"
         ranks = tuple(send.group_ranks(n, s))
-        out.append(Collective(send.kind, send.nbytes, calls, roles[send.purpose], ranks))
+        out.append(Collective(kind, send.nbytes, calls, roles[send.purpose], ranks))
     claimed = {own_grad, own.parameters} | ({"all_reduce"} if grouped else set())
     for kind, v in sorted(counted.items()):  # small collectives outside the prediction
         if kind not in claimed:
             out.append(Collective(kind, int(v["bytes"]), int(v["calls"])))
     return tuple(out)
+
+
+def _reduces_to_owners(communication: Any, kind: str) -> bool:
+    """Whether ``kind`` is our ZeRO reducer's reduce of each bucket's chunks to their owners: one
+    call per owner, issued back to back and waited together (``gloo_probe``'s
+    ``reduce_to_owners``), rather than a strategy's single reduce of a tensor to one rank."""
+    return kind == "reduce" and communication.gradients is None
 
 
 def _sends(record: Record, target: Any, shape: Any | None, shard_size: int) -> list[Send]:
@@ -133,6 +149,19 @@ def _sends(record: Record, target: Any, shape: Any | None, shard_size: int) -> l
         for kind, v in sorted(predicted.items())
         if kind in (grad_kind, target.parameters)
     ]
+
+
+def _bare_seconds(bare: Any) -> float:
+    """The compute of timed bare passes: the pooled median where kept, else the cell's own."""
+    return bare.pooled_seconds or bare.seconds
+
+
+def _bare_source(bare: Any) -> str:
+    """How a prediction reached its compute from timed bare passes: the cell's own, or the
+    median of this machine's newest cells' of the same model (``bare_pool``)."""
+    if bare.pooled_seconds and (bare.pooled_cells or 0) > 1:
+        return f"{BARE_SOURCE}: the median of this machine's newest {bare.pooled_cells} cells' timings of it"
+    return BARE_SOURCE
 
 
 def _compute_source(replay: ComputeReplay | None, used: ComputeReplay | None) -> str:
@@ -191,7 +220,7 @@ def predict_record(
     inputs = StepInputs(
         flops=counted.hardware,
         rate=rate,
-        compute_s=bare.seconds if bare else replayed.seconds / share if replayed else None,
+        compute_s=_bare_seconds(bare) if bare else replayed.seconds / share if replayed else None,
         update_elements=elements,
         seconds_per_element=spe,
         update_s=replayed_update,
@@ -215,7 +244,7 @@ def predict_record(
         shares_compute=profile.shares_compute,
         network=profile.name,
         network_source=profile.source if isinstance(profile, NetworkProfile) else profile.describe(),
-        compute_source=BARE_SOURCE if bare else _compute_source(record.compute_replay, replayed),
+        compute_source=_bare_source(bare) if bare else _compute_source(record.compute_replay, replayed),
         compute_basis="measured" if bare else "replayed" if replayed else "flops",
         rate_flops_per_s=None if replayed or bare else rate,
         peak_kind=peak.get("kind"),

@@ -78,6 +78,8 @@ class StrategyCard:
     cuda_only: bool = False
     #: why it trains fp16 only on CUDA ("" when fp16 runs wherever the strategy does)
     fp16_needs_cuda: str = ""
+    #: on a CPU it trains fp16 only where oneDNN has fp16 kernels for this CPU (why, or "")
+    fp16_needs_cpu_kernels: str = ""
     #: where it cannot follow the reference optimizer exactly, or cannot run somewhere, and why
     deviations: str = ""
     #: its tracked memory is the same to the byte whenever the same cell runs again (every
@@ -100,8 +102,11 @@ class StrategyCard:
 
 #: FairScale's fp16 loss scaler is built on torch.cuda.amp's
 FAIRSCALE_FP16_NEEDS_CUDA = (
-    "FairScale's ShardedGradScaler turns itself off without CUDA, so fp16 would train with no "
-    "loss scaling"
+    "FairScale's ShardedGradScaler turns itself off without CUDA, so fp16 would train with no loss scaling"
+)
+#: DeepSpeed's CPU accelerator lists fp16 among its dtypes only where oneDNN has fp16 kernels
+DEEPSPEED_FP16_NEEDS_CPU_KERNELS = (
+    "DeepSpeed's CPU accelerator refuses fp16 where oneDNN has no fp16 kernels for the CPU"
 )
 #: what every DeepSpeed stage does differently from single-process AdamW (parity tests pin it)
 _DEEPSPEED_NO_SIMULATION = (
@@ -132,6 +137,7 @@ def _deepspeed_card(stage: int, sharding: Sharding, order: int, color: str) -> S
         simulatable=False,
         requires=("deepspeed",),
         extra="peers",
+        fp16_needs_cpu_kernels=DEEPSPEED_FP16_NEEDS_CPU_KERNELS,
         deviations=DEEPSPEED_ZERO3_DEVIATIONS if stage == 3 else DEEPSPEED_DEVIATIONS,
     )
 

@@ -56,7 +56,8 @@ def cuda_only_at(name: str, precision: str = "fp32") -> bool:
 
 def check_runnable(name: str, device: str, precision: str = "fp32") -> None:
     """``ValueError`` in one line when ``name`` cannot run here: a package of its extra is not
-    installed, or it runs (at ``precision``) only on CUDA and the cell is not."""
+    installed, it runs (at ``precision``) only on CUDA and the cell is not, or its fp16 needs
+    CPU kernels this CPU lacks."""
     card = strategy_card(name)
     if missing := missing_packages(name):
         raise ValueError(
@@ -74,6 +75,24 @@ def check_runnable(name: str, device: str, precision: str = "fp32") -> None:
             f"fp16 on {device}: "
             + ", ".join(c.name for c in CARDS if not c.cuda_only and not c.fp16_needs_cuda)
         )
+    if precision == "fp16" and card.fp16_needs_cpu_kernels and device == "cpu" and not cpu_has_fp16_kernels():
+        raise ValueError(
+            f"strategy {card.name!r} cannot train fp16 on this CPU ({card.fp16_needs_cpu_kernels}, and "
+            "this CPU has none); allowed here: --precision fp32 or bf16, or fp16 with "
+            + ", ".join(
+                c.name for c in CARDS if not (c.cuda_only or c.fp16_needs_cuda or c.fp16_needs_cpu_kernels)
+            )
+        )
+
+
+def cpu_has_fp16_kernels() -> bool:
+    """Whether oneDNN has fp16 kernels for this CPU (what DeepSpeed's CPU accelerator asks)."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):  # a torch without the query: none assumed
+        return False
 
 
 def strategy_class(name: str) -> type[Strategy]:
