@@ -33,6 +33,17 @@ def tiny_cell(**overrides: Any) -> CellConfig:
     return CellConfig(**{**TINY_CELL, **overrides})
 
 
+#: the step counts this process made (``harness.counting``): one session's code, so a model's step
+#: counted once serves every later cell of it here, as a run's counts serve its later cells
+_COUNTS: dict[str, Any] = {}
+
+
+def shared_counts() -> Any:
+    from shardbench.harness.counting import StepCounts
+
+    return _COUNTS.setdefault("counts", StepCounts())
+
+
 def _world_rank(rank: int, world_size: int, cell: CellConfig, reported_world_size: int) -> Any:
     from shardbench.harness.worker import run_rank
 
@@ -45,6 +56,7 @@ def _world_rank(rank: int, world_size: int, cell: CellConfig, reported_world_siz
         processes=world_size,
         local_rank=rank,
         local_world_size=world_size,
+        counts=shared_counts(),
     )
 
 
@@ -67,7 +79,13 @@ def run_cell_here(cell: CellConfig, *, run_id: str = "t") -> Record:
             # two threads on a loaded machine, 14 s with one)
             results = [
                 run_rank_safely(
-                    cell, rank=0, world_size=plan.world_size, processes=1, local_rank=0, local_world_size=2
+                    cell,
+                    rank=0,
+                    world_size=plan.world_size,
+                    processes=1,
+                    local_rank=0,
+                    local_world_size=2,
+                    counts=shared_counts(),
                 )
             ]
         finally:

@@ -48,10 +48,13 @@ def missing_packages(name: str) -> list[str]:
 
 
 def cuda_only_at(name: str, precision: str = "fp32") -> bool:
-    """Whether ``name`` trains at ``precision`` only with ``--device cuda``: a CUDA-only
-    strategy, or one whose fp16 needs CUDA (``fp16_needs_cuda``), as ``check_runnable`` refuses."""
+    """Whether ``name`` trains at ``precision`` only with ``--device cuda`` here: a CUDA-only
+    strategy, one whose fp16 needs CUDA (``fp16_needs_cuda``), or one whose fp16 needs CPU
+    kernels this CPU lacks (``fp16_needs_cpu_kernels``), as ``check_runnable`` refuses."""
     card = strategy_card(name)
-    return card.cuda_only or (precision == "fp16" and bool(card.fp16_needs_cuda))
+    if card.cuda_only or (precision == "fp16" and bool(card.fp16_needs_cuda)):
+        return True
+    return precision == "fp16" and bool(card.fp16_needs_cpu_kernels) and not cpu_has_fp16_kernels()
 
 
 def check_runnable(name: str, device: str, precision: str = "fp32") -> None:
