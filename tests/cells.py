@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from shardbench.harness.config import CellConfig
+from shardbench.harness.counting import StepCounts
 from shardbench.records import Record
 
 #: the tiny transformer, two ranks, a few steps: small enough for a test
@@ -35,13 +36,7 @@ def tiny_cell(**overrides: Any) -> CellConfig:
 
 #: the step counts this process made (``harness.counting``): one session's code, so a model's step
 #: counted once serves every later cell of it here, as a run's counts serve its later cells
-_COUNTS: dict[str, Any] = {}
-
-
-def shared_counts() -> Any:
-    from shardbench.harness.counting import StepCounts
-
-    return _COUNTS.setdefault("counts", StepCounts())
+SHARED_COUNTS = StepCounts()
 
 
 def _world_rank(rank: int, world_size: int, cell: CellConfig, reported_world_size: int) -> Any:
@@ -56,7 +51,7 @@ def _world_rank(rank: int, world_size: int, cell: CellConfig, reported_world_siz
         processes=world_size,
         local_rank=rank,
         local_world_size=world_size,
-        counts=shared_counts(),
+        counts=SHARED_COUNTS,
     )
 
 
@@ -85,7 +80,7 @@ def run_cell_here(cell: CellConfig, *, run_id: str = "t") -> Record:
                     processes=1,
                     local_rank=0,
                     local_world_size=2,
-                    counts=shared_counts(),
+                    counts=SHARED_COUNTS,
                 )
             ]
         finally:

@@ -7,6 +7,7 @@ strategy has (an old record) is the report's to render with a fallback, not an e
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from typing import TYPE_CHECKING
@@ -88,8 +89,10 @@ def check_runnable(name: str, device: str, precision: str = "fp32") -> None:
         )
 
 
+@functools.cache
 def cpu_has_fp16_kernels() -> bool:
-    """Whether oneDNN has fp16 kernels for this CPU (what DeepSpeed's CPU accelerator asks)."""
+    """Whether oneDNN has fp16 kernels for this CPU (what DeepSpeed's CPU accelerator asks);
+    asked once, as the CPU does not change under a process."""
     import torch
 
     try:
