@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from tests.dist import run_distributed
+from tests.extras import LIGHTNING
 from tests.parity import max_rel_diff
 
-pytestmark = pytest.mark.xdist_group("test_lightning_callbacks")
-
-pl = pytest.importorskip("lightning.pytorch", reason="the 'lightning' extra is not installed")
+pytestmark = [pytest.mark.xdist_group("test_lightning_callbacks"), LIGHTNING]
 
 TOL = 1e-6
 STRATEGIES = ("ddp", "shardbench_zero1", "shardbench_zero2", "shardbench_zero3")

@@ -16,12 +16,11 @@ import pytest
 import torch
 
 from tests.dist import run_distributed
+from tests.extras import LIGHTNING
 from tests.parity import max_rel_diff
 
 #: one worker runs this module: its module-scoped world runs once (pytest-xdist, loadgroup)
-pytestmark = pytest.mark.xdist_group("test_lightning_strategy")
-
-pl = pytest.importorskip("lightning.pytorch", reason="the 'lightning' extra is not installed")
+pytestmark = [pytest.mark.xdist_group("test_lightning_strategy"), LIGHTNING]
 
 #: fp32 parity, as the suite's own sharded parity tests hold it (tests/test_sharded_parity.py)
 TOL = 1e-6
@@ -62,6 +61,8 @@ def _refusal(strategy: Any, model: Any) -> str:
 def _everything(rank: int, world_size: int, folder: str) -> dict[str, Any]:
     import logging
     import warnings
+
+    import lightning.pytorch as pl
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -236,6 +237,7 @@ def test_unshardable_configurations_are_refused(world: dict[str, Any]) -> None:
 
 
 def test_precision_and_options_are_refused_when_the_trainer_is_built() -> None:
+    import lightning.pytorch as pl
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from shardbench.integrations.lightning import ShardbenchStrategy

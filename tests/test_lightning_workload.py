@@ -14,8 +14,9 @@ from shardbench.harness import runner
 from shardbench.models.registry import get_workload
 from shardbench.records import read_records
 from tests.cells import run_cell_here
+from tests.extras import LIGHTNING
 
-pytest.importorskip("lightning.pytorch", reason="the 'lightning' extra is not installed")
+pytestmark = LIGHTNING
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the example GPT at a tiny shape, named by its file as a user would (relative to the checkout)

@@ -15,9 +15,9 @@ import pytest
 
 from shardbench.strategies.catalog import CARDS
 from tests.cells import run_cell_here, tiny_cell
+from tests.extras import LIGHTNING, TRANSFORMERS
 
-pytest.importorskip("lightning.pytorch", reason="the 'lightning' extra is not installed")
-pytest.importorskip("transformers", reason="hf: workloads need transformers")
+pytestmark = [LIGHTNING, TRANSFORMERS]
 
 ROOT = Path(__file__).resolve().parents[1]
 SIMULATABLE = [card.name for card in CARDS if card.simulatable]
