@@ -1,6 +1,6 @@
 """Skip marks for the optional extras, decided without importing them: Lightning alone takes
 seconds to import, and every pytest worker collects every module, so a module-level
-``importorskip`` made each worker pay for it whether or not it ran a test that needs it."""
+``importorskip`` would make each worker pay for it whether or not it ran a test that needs it."""
 
 from __future__ import annotations
 
