@@ -68,7 +68,7 @@ def run_grid(out: Path, args: argparse.Namespace) -> None:
             sys.executable, "-m", "shardbench", "run", "--workload", workload,
             "--preset", args.preset or preset, "--batch-size", str(batch), "--strategy", args.strategies,
             "--world-size", args.world_sizes, "--repeat", str(args.repeat), "--steps", str(args.steps),
-            "--no-charts", "--out", str(out / workload),
+            "--timeout", str(args.timeout), "--no-charts", "--out", str(out / workload),
         ]  # fmt: skip
         print("$", " ".join(command[2:]), flush=True)
         subprocess.run(command, check=False)
@@ -143,6 +143,8 @@ def main() -> int:
     ap.add_argument("--preset", help="one preset for every workload instead of the paper presets")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
+    # a paper preset's cell with four ranks on two cores runs past the smoke suite's 300 s
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per cell before it times out")
     args = ap.parse_args()
     if args.source is None:
         run_grid(args.out, args)
