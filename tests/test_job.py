@@ -164,6 +164,7 @@ JOBS_TIMEOUT_S = 400
 #: every cell, so each job runs the cheapest workload of a kind: the transformer (a Hugging Face
 #: model, counted on fake tensors) and deepspeech2 (an LSTM, counted on real ones). The whole suite
 #: in jobs would add imagegpt's cells and swav's (the suite's dearest on a 2-core CPU), and no path
+#: that these two cells leave untaken
 JOB_WORKLOADS = {"torchrun": ("deepspeech2",), "slurm": ("transformer",)}
 #: how long a job's last processes may take to be gone once its launchers have exited (a rank's
 #: fork server ends when the process that started it does)
