@@ -115,6 +115,35 @@ def test_a_rank_that_exits_is_blamed_not_the_peer_it_left(tmp_path: Path, strate
     assert record.error.startswith("rank 1: exited with code 3"), record.error
 
 
+def test_a_rank_the_oom_killer_ends_is_recorded_as_out_of_memory(tmp_path: Path, monkeypatch) -> None:
+    """A rank killed by SIGKILL while the kernel's count of OOM kills rises (its OOM killer
+    ran: played here by the count) is an "oom" cell, which a size search reads as "does not
+    fit"; the same death with the count still (a ``kill -9``) stays an error, as above."""
+    from shardbench.harness import launch
+
+    kills = iter(range(100))
+    monkeypatch.setattr(launch, "oom_kills", lambda: next(kills))
+    monkeypatch.setenv("SHARDBENCH_FAULT", "crash:rank=1")
+    (record,) = run_cells(plan_cells([_cell("ddp", steps=1)]), out_dir=tmp_path, run_id="oom-kill").records
+    assert record.status == "oom" and record.failure["rank"] == 1, record.error
+    assert record.failure["signal"] == "SIGKILL"
+    killed = "rank 1: killed by SIGKILL while the kernel's OOM killer ran"
+    assert record.error.startswith(killed), record.error
+
+
+def test_the_oom_kill_count_is_read_from_the_kernel(tmp_path: Path, monkeypatch) -> None:
+    from shardbench.harness import launch
+
+    vmstat = tmp_path / "vmstat"
+    monkeypatch.setattr(launch, "VMSTAT", vmstat)
+    vmstat.write_text("nr_free_pages 10\noom_kill 7\npgfault 3\n")
+    assert launch.oom_kills() == 7
+    vmstat.write_text("nr_free_pages 10\n")  # a kernel older than the counter
+    assert launch.oom_kills() is None
+    vmstat.unlink()  # not Linux
+    assert launch.oom_kills() is None
+
+
 def test_slow_lengthens_every_timed_step_by_its_fraction(monkeypatch) -> None:
     """``slow:frac=F`` adds F times a step's own time to the step, inside its timing: on a clock
     that only the step and the sleep move, a 0.2 s step is timed 0.2 x 1.15 s, exactly."""

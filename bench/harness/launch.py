@@ -68,6 +68,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: the kernel's count of the processes its OOM killer has killed since boot (Linux)
+VMSTAT = Path("/proc/vmstat")
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot, or None where the
+    kernel does not say. A rank the OOM killer ends gets SIGKILL and writes nothing; the
+    count rising while its cell ran is what tells that death from a ``kill -9``."""
+    try:
+        for line in VMSTAT.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def _tail(path: Path, chars: int = 4000) -> str:
     try:
         return path.read_text(errors="replace")[-chars:]
@@ -237,6 +255,7 @@ class RankWorld:
         self.procs: list[Any] = []  # multiprocessing processes (forked) or _ExecRank (exec'd), as ranks
         self.stopped: set[int] = set()  # ranks the launcher stopped after a peer failed
         self.exited_at: dict[int, float] = {}
+        self.oom_kills_at_start = oom_kills()
         cell_file = tmpdir / "cell.json"
         cell_file.write_text(json.dumps(cell_for_ranks(cell).to_json()))
         self.counts.export(tmpdir / counting.HANDED, cell=cell)
@@ -358,10 +377,13 @@ class RankWorld:
             else:
                 sig = signal_name(proc.exitcode)
                 how = f"killed by {sig}" if sig else f"exited with code {proc.exitcode}"
+                out_of_memory = sig == "SIGKILL" and self._oom_killer_ran()
+                if out_of_memory:
+                    how += " while the kernel's OOM killer ran (the host ran out of memory)"
                 out.append(
                     RankResult(
                         rank=rank,
-                        status="error",
+                        status="oom" if out_of_memory else "error",
                         error=f"rank {rank}: {how} and no result; its output ends:\n{_tail(log)}",
                         failed_at=self.exited_at.get(rank),
                         signal=sig,
@@ -369,6 +391,11 @@ class RankWorld:
                     )
                 )
         return out
+
+    def _oom_killer_ran(self) -> bool:
+        """Whether the kernel's OOM killer killed a process since this cell's ranks started."""
+        now = oom_kills()
+        return self.oom_kills_at_start is not None and now is not None and now > self.oom_kills_at_start
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
