@@ -243,8 +243,8 @@ class Record:
     #: ``devices`` (CUDA devices); read by ``oversubscription``. ``bound_cores_each``: the cores
     #: each rank was bound to (``core_binding``), absent where the ranks were free to move
     placement: dict[str, int] | None = None
-    #: one rank's training step of its own batch, forward and backward, as torch's
-    #: FlopCounterMode counts it (``bench/prediction/flops.py``): ``model`` (the math once, MFU's)
+    #: one rank's training step of its own batch, forward and backward, as torch's FLOP
+    #: formulas count it (``bench/prediction/flops.py``): ``model`` (the math once, MFU's)
     #: and ``hardware`` (activation checkpointing's recompute included, HFU's), ``per_sample``,
     #: ``per_token`` (a sequence workload), the matmul ``dtype``, ``by_op``, ``counted_on``
     flops_per_step: FlopsPerStep | None = None

@@ -30,7 +30,7 @@ def from_json(cls: type[T], data: T | dict[str, Any] | None) -> T | None:
 @dataclass(frozen=True)
 class FlopsPerStep:
     """One rank's training step of its own batch, forward and backward, as torch's
-    FlopCounterMode counts it: ``model`` (the math once, MFU's) and ``hardware`` (activation
+    FLOP formulas count it: ``model`` (the math once, MFU's) and ``hardware`` (activation
     checkpointing's recompute included, HFU's), per sample and per token (a sequence workload),
     the matmul ``dtype``, the count ``by_op``, what it was ``counted_on`` and how long it took."""
 

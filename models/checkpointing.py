@@ -29,15 +29,14 @@ Three things a recompute must not change:
   another kernel for the recompute than for the forward, which saves other tensors, and
   checkpointing refuses the step.
 
-``without_recompute()`` runs every checkpointed unit as the plain module for a while: one
-forward and one backward, nothing recomputed. Counting a step's FLOPs under it gives the math
-the step does once (model FLOPs), beside what a checkpointed step executes (hardware FLOPs).
+``recomputing()`` says whether a recompute is running: a FLOP count of a checkpointed step
+books what runs then as the recompute (hardware FLOPs only), so the rest is the math the step
+does once (model FLOPs), from one pass.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -52,8 +51,9 @@ try:  # private: present in the torch both machines run; without it a recompute 
 except ImportError:  # pragma: no cover
     _get_current_function_mode_stack = None  # type: ignore[assignment]
 
-#: set by ``without_recompute``: checkpointed units run their original forward
-_PLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("shardbench_checkpointing_plain", default=False)
+#: the recomputes running now, in any thread: on CUDA the autograd engine runs backward, and the
+#: recompute inside it, on a thread of its own
+_recomputes_running = 0
 
 #: original class -> its checkpointed subclass (one per class, so isinstance and FSDP2's
 #: per-class wrapper cache keep working)
@@ -107,8 +107,18 @@ class ForwardFunctionModes:
 
 @contextlib.contextmanager
 def _recompute_context(unit: nn.Module, modes: ForwardFunctionModes) -> Iterator[None]:
+    global _recomputes_running
     with modes, RestoreNormBuffers(unit):
-        yield
+        _recomputes_running += 1
+        try:
+            yield
+        finally:
+            _recomputes_running -= 1
+
+
+def recomputing() -> bool:
+    """Whether a checkpointed unit is recomputing its forward now (see the module docstring)."""
+    return _recomputes_running > 0
 
 
 def _contexts(unit: nn.Module) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
@@ -123,7 +133,7 @@ def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
         original: Callable[..., Any] = cls.forward
 
         def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled() or _PLAIN.get():  # nothing to recompute, or asked not to
+            if not torch.is_grad_enabled():  # nothing to recompute
                 return original(self, *args, **kwargs)
             return checkpoint(
                 original,
@@ -140,17 +150,6 @@ def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
             f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "__module__": cls.__module__}
         )
     return _CHECKPOINTED[cls]
-
-
-@contextlib.contextmanager
-def without_recompute() -> Iterator[None]:
-    """Within it, checkpointed units keep their activations like plain modules and recompute
-    nothing (see the module docstring); the checkpointing itself stays applied."""
-    token = _PLAIN.set(True)
-    try:
-        yield
-    finally:
-        _PLAIN.reset(token)
 
 
 def is_checkpointed(module: nn.Module) -> bool:

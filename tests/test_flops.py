@@ -43,7 +43,7 @@ def test_transformer_count_is_the_closed_form_and_6_psi_tokens_says_how_far() ->
 
     With Ψ every parameter, as 6·Ψ·T is usually quoted, the closed form overcounts, by exactly
     what is no matmul per token: the embeddings (a lookup), LayerNorms and biases (elementwise:
-    FlopCounterMode counts only matrix products, convolutions and attention), and the pooler and
+    torch's formulas count only matrix products, convolutions and attention), and the pooler and
     head counted per token instead of per sequence. For the tiny preset that is 41% over the
     count (its 1024 x 128 embedding is a quarter of its 0.56M parameters, the attention term 4%
     of the count); for bert-base, whose count of 134,090,606,592 FLOPs at batch 2 this closed

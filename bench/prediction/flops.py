@@ -1,5 +1,5 @@
-"""The FLOPs of one training step on one rank, counted by torch's ``FlopCounterMode`` over the
-forward and backward of the rank's own batch.
+"""The FLOPs of one training step on one rank, counted with torch's FLOP formulas
+(``torch.utils.flop_counter``'s registry) over the forward and backward of the rank's own batch.
 
 Two counts per step:
 
@@ -7,6 +7,9 @@ Two counts per step:
   (PaLM's model FLOPs utilisation). Activation checkpointing does not change it.
 * **hardware FLOPs**: what the step executes, activation checkpointing's recompute of each
   unit's forward included; the numerator of HFU. Without checkpointing the two are equal.
+
+One pass gives both: what runs while a checkpointed unit recomputes its forward
+(``models.checkpointing.recomputing``) is booked as the recompute, and the rest is the model's.
 
 Counted on the model as the workload built it, before a strategy wraps it: no collective runs
 and no strategy hook sees the pass. A rank computes its own micro-batch through the whole model
@@ -22,7 +25,7 @@ copies, so the model itself is untouched. A workload whose shapes depend on its 
 and backward outside the timed steps, its gradients going to detached leaves, its norm buffers
 to copies.
 
-What is counted is what ``FlopCounterMode`` has formulas for: matrix products (``mm``,
+What is counted is what torch has formulas for: matrix products (``mm``,
 ``addmm``, ``bmm``, ``baddbmm``), convolutions and the attention kernels, forward and backward,
 2 FLOPs per multiply-add. Elementwise ops, normalisation, softmax, embedding lookups, the loss
 and the optimizer step count 0: at the sizes benchmarked they are a few percent of the matmul
@@ -45,12 +48,20 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 
-from shardbench.models.checkpointing import is_checkpointed, without_recompute
+try:
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError as e:  # a private module: name what is missing
+    raise RuntimeError(
+        f"torch {torch.__version__} has no torch.utils._python_dispatch.TorchDispatchMode; "
+        "counting a step's FLOPs needs it"
+    ) from e
+
+from shardbench.models.checkpointing import recomputing
 from shardbench.precision import is_half
 from shardbench.step_figures import FlopsPerStep
 
@@ -104,7 +115,7 @@ def sdpa_backward_flops(grad_out: Any, query: Any, key: Any, value: Any) -> int:
 
 
 def _attention_mapping(recomputed: list[int]) -> dict[Any, Any]:
-    """FlopCounterMode formulas for attention: the fused kernels (the CPU's too, which torch
+    """Formulas for attention: the fused kernels (the CPU's too, which torch
     has no formula for) counted as torch counts CUDA's but for grouped-query attention too, and
     every fused backward counted without its recompute of the score matrix (the 5th of its
     products torch counts: ``Q Kᵀ`` again), which goes to ``recomputed`` instead. A fused kernel
@@ -122,20 +133,14 @@ def _attention_mapping(recomputed: list[int]) -> dict[Any, Any]:
     for name in _SDPA_KERNELS:
         kernel, kernel_backward = getattr(aten, name, None), getattr(aten, f"{name}_backward", None)
         if kernel is not None:
-            mapping[kernel] = _raw(forward)
+            mapping[kernel] = forward
         if kernel_backward is not None:
-            mapping[kernel_backward] = _raw(_without_score_recompute(backward, recomputed))
+            mapping[kernel_backward] = _without_score_recompute(backward, recomputed)
     for name in _KERNEL_BACKWARD:
         packet = getattr(aten, name, None)
         if packet is not None and packet in flop_counter.flop_registry:
-            mapping[packet] = _raw(_without_score_recompute(flop_counter.flop_registry[packet], recomputed))
+            mapping[packet] = _without_score_recompute(flop_counter.flop_registry[packet], recomputed)
     return mapping
-
-
-def _raw(formula: Callable[..., int]) -> Callable[..., int]:
-    """Marked for FlopCounterMode to call with the op's own arguments (as its registry does)."""
-    formula._get_raw = True  # type: ignore[attr-defined]
-    return formula
 
 
 def _without_score_recompute(formula: Callable[..., int], recomputed: list[int]) -> Callable[..., int]:
@@ -294,16 +299,11 @@ def _count_step(
     with _counting_context(device), mode:
         state = _substitute_state(step, mode if tensors == "fake" else None)
         inputs = make_inputs()
-        (executed, scores, by_op), calls = _hardware_pass(step, state, inputs, record)
-        if any(is_checkpointed(m) for m in model.modules()):
-            _clear_grads(state)
-            with without_recompute():
-                model_flops, _, _ = _count(step, state, inputs)
-        else:
-            model_flops = executed
+        counted, calls = _hardware_pass(step, state, inputs, record)
         del state, inputs
     counted_on = "real tensors" if tensors == "real" else "fake tensors"
-    return StepFlops(model_flops, executed + scores, by_op, counted_on), calls
+    model_flops = counted.executed - counted.recompute
+    return StepFlops(model_flops, counted.executed + counted.scores, counted.by_op, counted_on), calls
 
 
 def _substitute_state(step: ForwardBackward, fake: Any | None) -> dict[str, torch.Tensor]:
@@ -317,7 +317,7 @@ def _substitute_state(step: ForwardBackward, fake: Any | None) -> dict[str, torc
 
 def _hardware_pass(
     step: ForwardBackward, state: dict[str, torch.Tensor], inputs: Any, record: bool
-) -> tuple[tuple[int, int, dict[str, int]], tuple[OpCall, ...] | None]:
+) -> tuple[PassCount, tuple[OpCall, ...] | None]:
     """The executed pass's count, and with ``record`` its calls: a recording that fails costs
     the calls only, the pass is counted again without it."""
     if not record:
@@ -341,21 +341,66 @@ def _clear_grads(state: dict[str, torch.Tensor]) -> None:
         t.grad = None
 
 
+class PassCount(NamedTuple):
+    """One counted pass: ``executed``, the FLOPs of every call but the fused attention's score
+    recompute, which is ``scores``; ``recompute``, the part of ``executed`` that activation
+    checkpointing's recompute ran; ``by_op``, per operator what ran (the score recompute under
+    ``SCORE_RECOMPUTE``)."""
+
+    executed: int
+    scores: int
+    recompute: int
+    by_op: dict[str, int]
+
+
 def _count(
     step: ForwardBackward, state: dict[str, torch.Tensor], inputs: Any, recorder: Any = None
-) -> tuple[int, int, dict[str, int]]:
-    """One pass: its model FLOPs, the fused attention's score recompute, and per op both (the
-    recompute under ``SCORE_RECOMPUTE``); its calls go to ``recorder`` where one is given."""
+) -> PassCount:
+    """One pass, counted; its calls go to ``recorder`` where one is given."""
     from torch.func import functional_call
-    from torch.utils.flop_counter import FlopCounterMode
 
     recomputed: list[int] = []
     recording = recorder if recorder is not None else contextlib.nullcontext()
-    with FlopCounterMode(display=False, custom_mapping=_attention_mapping(recomputed)) as counter, recording:
+    with StepFlopCounter(_attention_mapping(recomputed)) as counter, recording:
         functional_call(step, state, (inputs,))
-    by_op = {
-        str(op): int(n) for op, n in sorted(counter.get_flop_counts().get("Global", {}).items(), key=str)
-    }
+    by_op = {str(op): n for op, n in sorted(counter.by_op.items(), key=str)}
     if recomputed:
         by_op[SCORE_RECOMPUTE] = sum(recomputed)
-    return counter.get_total_flops(), sum(recomputed), by_op
+    return PassCount(sum(counter.by_op.values()), sum(recomputed), counter.recompute, by_op)
+
+
+class StepFlopCounter(TorchDispatchMode):
+    """The FLOPs of every operator call dispatched while it is active, by operator: torch's
+    formulas (``flop_registry``, the ones ``FlopCounterMode`` applies) with ``formulas`` over
+    them. Only the step's totals by operator are wanted, so unlike ``FlopCounterMode`` it tracks
+    no module hierarchy: that tracking's hooks on every module call took a third to a half of a
+    small model's count."""
+
+    def __init__(self, formulas: dict[Any, Callable[..., int]]) -> None:
+        super().__init__()
+        self.formulas = {**_torch_formulas(), **formulas}
+        self.by_op: dict[Any, int] = {}
+        #: of those, what ran while a checkpointed unit recomputed its forward
+        self.recompute = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        op = func._overloadpacket
+        if (formula := self.formulas.get(op)) is not None:
+            flops = int(formula(*args, **kwargs, out_val=out))
+            self.by_op[op] = self.by_op.get(op, 0) + flops
+            if recomputing():
+                self.recompute += flops
+        return out
+
+
+def _torch_formulas() -> dict[Any, Callable[..., int]]:
+    try:
+        from torch.utils.flop_counter import flop_registry
+    except ImportError as e:  # a module-level table, not a documented API: name what is missing
+        raise RuntimeError(
+            f"torch {torch.__version__} has no torch.utils.flop_counter.flop_registry; counting a "
+            "step's FLOPs needs torch's FLOP formulas"
+        ) from e
+    return flop_registry

@@ -203,7 +203,7 @@ def mfu_charts(records: Sequence[Record]) -> list[Chart]:
         panel = Panel(ylabel="MFU (%)", bars=bars, title="model FLOPs utilisation of one rank")
         kinds = sorted({str(p.get("kind")) for r in recs if (p := r.peak_flops_per_s) and r.mfu is not None})
         notes = [
-            "MFU: one rank's model FLOPs per step (torch's FlopCounterMode) over its median step time, "
+            "MFU: one rank's model FLOPs per step (torch's FLOP formulas) over its median step time, "
             f"against the device's peak ({' / '.join(kinds)}; which peak: the table's peak columns).",
         ]
         if left := sum(1 for r in all_recs if r.simulated or r.fake):
