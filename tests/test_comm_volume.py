@@ -42,14 +42,14 @@ def test_counter_sees_each_kind_with_ring_bytes() -> None:
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_measured_volume_equals_zero_accounting(strategy: str) -> None:
-    """On real gloo ranks at N = 2, and at N = 4 for zero2 and zero3, whose reducer's gloo path
-    changes there (each chunk reduced to its owner; zero1 reduces with DDP at every N); in the
-    fake group at 64 in fp32 and at 8 in (fake) bf16. A peer's or DDP's collectives are the same
-    calls at any N, so their larger worlds are counted where they cost no process."""
+    """On real gloo ranks in fp32 at N = 2, and at N = 4 for zero2 and zero3, whose reducer's
+    gloo path changes there (each chunk reduced to its owner; zero1 reduces with DDP at every N);
+    in the fake group at 64 in (fake) bf16, so a size per element or a share per rank counted
+    wrong at scale shows too. A peer's or DDP's collectives are the same calls at any N, so their
+    larger worlds are counted where they cost no process."""
     real = (2, 4) if strategy in ("zero2", "zero3") else (2,)
     cells = [tiny_cell(strategy=strategy, world_size=n, steps=1) for n in real]
-    cells.append(tiny_cell(strategy=strategy, world_size=64, fake=True, simulate=True))
-    cells.append(tiny_cell(strategy=strategy, world_size=8, fake=True, simulate=True, precision="bf16"))
+    cells.append(tiny_cell(strategy=strategy, world_size=64, fake=True, simulate=True, precision="bf16"))
     for cell in cells:
         _assert_measured_equals_predicted(cell)
 
