@@ -52,14 +52,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
-
-try:
-    from torch.utils._python_dispatch import TorchDispatchMode
-except ImportError as e:  # a private module: name what is missing
-    raise RuntimeError(
-        f"torch {torch.__version__} has no torch.utils._python_dispatch.TorchDispatchMode; "
-        "counting a step's FLOPs needs it"
-    ) from e
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardbench.models.checkpointing import recomputing
 from shardbench.precision import is_half
