@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -51,9 +52,9 @@ try:  # private: present in the torch both machines run; without it a recompute 
 except ImportError:  # pragma: no cover
     _get_current_function_mode_stack = None  # type: ignore[assignment]
 
-#: the recomputes running now, in any thread: on CUDA the autograd engine runs backward, and the
-#: recompute inside it, on a thread of its own
-_recomputes_running = 0
+#: the recomputes running now, per thread: a recompute and the operator calls it makes run on one
+#: thread (on CUDA the autograd engine's, which runs backward), and another thread's are not its
+_recomputes = threading.local()
 
 #: original class -> its checkpointed subclass (one per class, so isinstance and FSDP2's
 #: per-class wrapper cache keep working)
@@ -107,18 +108,18 @@ class ForwardFunctionModes:
 
 @contextlib.contextmanager
 def _recompute_context(unit: nn.Module, modes: ForwardFunctionModes) -> Iterator[None]:
-    global _recomputes_running
     with modes, RestoreNormBuffers(unit):
-        _recomputes_running += 1
+        _recomputes.running = getattr(_recomputes, "running", 0) + 1
         try:
             yield
         finally:
-            _recomputes_running -= 1
+            _recomputes.running -= 1
 
 
 def recomputing() -> bool:
-    """Whether a checkpointed unit is recomputing its forward now (see the module docstring)."""
-    return _recomputes_running > 0
+    """Whether a checkpointed unit is recomputing its forward now, on this thread (see the
+    module docstring)."""
+    return getattr(_recomputes, "running", 0) > 0
 
 
 def _contexts(unit: nn.Module) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:

@@ -81,6 +81,91 @@ def test_checkpointing_raises_hardware_flops_by_one_forward_of_its_units() -> No
     assert ac.hardware - ac.model == n_layers * layer_forward
 
 
+def _by_op(counted: dict) -> dict[str, int]:
+    return {str(op): int(n) for op, n in counted.items() if n}
+
+
+@pytest.mark.parametrize("case", ["inference-mode", "cond", "convolution", "products"])
+def test_the_step_counter_counts_what_torchs_flop_counter_does(case: str) -> None:
+    """Per operator, what ``FlopCounterMode`` counts (its global counts), with no module
+    tracking: an operator that reaches the mode whole is counted by what it decomposes into
+    (``nn.Linear`` under ``inference_mode``), ``torch.cond`` as its costlier branch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from shardbench.prediction.flops import StepFlopCounter
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    if case == "inference-mode":
+        layer = nn.Linear(8, 8)
+
+        def run() -> None:
+            with torch.inference_mode():
+                layer(x)
+
+    elif case == "cond":
+
+        def run() -> None:
+            def costly(t):
+                return t @ torch.ones(8, 8) @ torch.ones(8, 8)
+
+            def cheap(t):
+                return t @ torch.ones(8, 8)
+
+            torch.cond(x.sum() > 0, costly, cheap, (x,))
+
+    elif case == "convolution":
+        net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ConvTranspose2d(4, 2, 3))
+
+        def run() -> None:
+            net(torch.randn(2, 3, 8, 8)).sum().backward()
+
+    else:
+        w = torch.randn(2, 8, 8, requires_grad=True)
+
+        def run() -> None:
+            y = torch.einsum("bij,bjk->bik", w, w)
+            torch.baddbmm(y, y, w).sum().backward()
+
+    with StepFlopCounter({}) as ours:
+        run()
+    with FlopCounterMode(display=False) as torchs:
+        run()
+    assert _by_op(ours.by_op) == _by_op(torchs.get_flop_counts()["Global"])
+    assert sum(ours.by_op.values()) > 0  # a case that counts nothing would prove nothing
+
+
+def test_a_recompute_on_one_thread_is_not_another_threads() -> None:
+    """A count books what runs during a recompute as the recompute; a recompute running on
+    another thread at the time is not its own (on CUDA, backward and its recomputes run on the
+    autograd engine's thread, where the counted calls are made too)."""
+    import threading
+
+    from shardbench.models.checkpointing import recomputing
+
+    inside, release, seen = threading.Event(), threading.Event(), []
+
+    class Waits(nn.Module):
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            if recomputing():
+                seen.append(True)
+                inside.set()
+                release.wait(timeout=30)
+            return t * t  # saves t for backward, so backward recomputes it
+
+    model = nn.Sequential(Waits())
+    apply_activation_checkpointing(model, [model[0]])
+    worker = threading.Thread(target=lambda: model(torch.ones(2, requires_grad=True)).sum().backward())
+    worker.start()
+    try:
+        assert inside.wait(timeout=30), "the recompute never ran"
+        assert not recomputing()  # this thread is not recomputing, whatever the other one does
+    finally:
+        release.set()
+        worker.join(timeout=30)
+    assert seen == [True] and not recomputing()
+
+
 class _Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -365,9 +365,14 @@ def _count(
 class StepFlopCounter(TorchDispatchMode):
     """The FLOPs of every operator call dispatched while it is active, by operator: torch's
     formulas (``flop_registry``, the ones ``FlopCounterMode`` applies) with ``formulas`` over
-    them. Only the step's totals by operator are wanted, so unlike ``FlopCounterMode`` it tracks
-    no module hierarchy: that tracking's hooks on every module call took a third to a half of a
-    small model's count."""
+    them, and what ``FlopCounterMode`` does beside them: an operator without a formula is counted
+    by the operators it decomposes into, where it has a decomposition (``nn.Linear`` under
+    ``inference_mode`` reaches a mode whole), and ``torch.cond`` as its costlier branch. Only the
+    step's totals by operator are wanted, so unlike ``FlopCounterMode`` it tracks no module
+    hierarchy: that tracking's hooks on every module call took a third to a half of a small
+    model's count."""
+
+    supports_higher_order_operators = True
 
     def __init__(self, formulas: dict[Any, Callable[..., int]]) -> None:
         super().__init__()
@@ -378,14 +383,58 @@ class StepFlopCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return self._higher_order(func, args)
         op = func._overloadpacket
-        if (formula := self.formulas.get(op)) is not None:
+        formula = self.formulas.get(op)
+        if formula is None and _decomposes(func):
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
+        if formula is not None:
             flops = int(formula(*args, **kwargs, out_val=out))
             self.by_op[op] = self.by_op.get(op, 0) + flops
             if recomputing():
                 self.recompute += flops
         return out
+
+    def _higher_order(self, func: Any, args: Any) -> Any:
+        """``torch.cond``: under fake tensors the branch a step takes is unknown, so both are
+        run and the costlier one counted, operator by operator, and the first branch's output
+        returned (as ``FlopCounterMode`` does); any other higher-order operator is not counted
+        (NotImplemented, which fails the count)."""
+        if func is not getattr(torch.ops.higher_order, "cond", None):
+            return NotImplemented
+        _, true_branch, false_branch, operands = args
+        before, recompute_before = self.by_op, self.recompute
+        outputs, branches = [], []
+        for branch in (true_branch, false_branch):
+            self.by_op, self.recompute = {}, 0
+            with self:
+                outputs.append(branch(*operands))
+            branches.append((self.by_op, self.recompute))
+        self.by_op = dict(before)
+        for op in {op for counted, _ in branches for op in counted}:
+            self.by_op[op] = before.get(op, 0) + max(counted.get(op, 0) for counted, _ in branches)
+        self.recompute = recompute_before + max(recompute for _, recompute in branches)
+        return outputs[0]
+
+
+#: operator -> whether it has a decomposition (asked once: asking every call doubled a count)
+_DECOMPOSES: dict[Any, bool] = {}
+
+
+def _decomposes(func: Any) -> bool:
+    """Whether ``func.decompose`` would break ``func`` down (a CompositeImplicitAutograd kernel,
+    in C++ or Python), as ``FlopCounterMode`` asks of an operator without a formula."""
+    if (known := _DECOMPOSES.get(func)) is None:
+        key = torch._C.DispatchKey.CompositeImplicitAutograd
+        known = _DECOMPOSES[func] = func is not torch.ops.prim.device.default and (
+            key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
+        )
+    return known
 
 
 def _torch_formulas() -> dict[Any, Callable[..., int]]:
