@@ -375,8 +375,10 @@ class StepFlopCounter(TorchDispatchMode):
     supports_higher_order_operators = True
 
     def __init__(self, formulas: dict[Any, Callable[..., int]]) -> None:
+        from torch.utils.flop_counter import flop_registry
+
         super().__init__()
-        self.formulas = {**_torch_formulas(), **formulas}
+        self.formulas = {**flop_registry, **formulas}
         self.by_op: dict[Any, int] = {}
         #: of those, what ran while a checkpointed unit recomputed its forward
         self.recompute = 0
@@ -422,7 +424,7 @@ class StepFlopCounter(TorchDispatchMode):
         return outputs[0]
 
 
-#: operator -> whether it has a decomposition (asked once: asking every call doubled a count)
+#: operator -> whether it has a decomposition: asked once per operator, not on each of its calls
 _DECOMPOSES: dict[Any, bool] = {}
 
 
@@ -435,14 +437,3 @@ def _decomposes(func: Any) -> bool:
             key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
         )
     return known
-
-
-def _torch_formulas() -> dict[Any, Callable[..., int]]:
-    try:
-        from torch.utils.flop_counter import flop_registry
-    except ImportError as e:  # a module-level table, not a documented API: name what is missing
-        raise RuntimeError(
-            f"torch {torch.__version__} has no torch.utils.flop_counter.flop_registry; counting a "
-            "step's FLOPs needs torch's FLOP formulas"
-        ) from e
-    return flop_registry
