@@ -51,6 +51,19 @@ def _results_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _fork_servers_import_what_ranks_do() -> None:
+    """Each test process's one fork server (the launcher's and tests.dist's) starts with what
+    the ranks of any strategy or Lightning workload import at set-up, as a run of them all would
+    (``launch.import_for``): the suite forks hundreds of ranks, and DeepSpeed's alone would each
+    import torch's inductor again."""
+    from shardbench.harness.launch import import_for
+    from shardbench.strategies.registry import strategy_names
+
+    import_for(cells.tiny_cell(strategy=name) for name in strategy_names())
+    import_for([cells.tiny_cell(workload="lightning:tests.lightning_models:TinyLit")])
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _stand_in_replays() -> Iterator[None]:
     """The probes keyed by a model's own tensors (its update's replay, its DTensor dispatch) are
     stand-ins in the tests' cells: each distinct model would start processes to measure them.

@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardbench.harness.launch import PRELOAD
+from shardbench.harness.launch import fork_server_preload
+from shardbench.harness.nvml_check import drop_where_nvml_cannot_answer
 
 
 class RankFailed(RuntimeError):
@@ -61,13 +62,20 @@ def _context() -> Any:
     """Process start method: a forkserver with torch preloaded. Forking from it is safe where
     forking the test process is not (it holds no threads, no process group, no open worlds)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (first use)
+    # one fork server per process: the launcher's list, so both find it warm (torch, the
+    # strategies, the worker, the tiny transformer's BERT, and what conftest.py's
+    # ``import_for`` added); it takes effect when the server starts (first use)
+    ctx.set_forkserver_preload(fork_server_preload())
     return ctx
 
 
-#: what most ranks import, imported once by the forkserver (a missing module is skipped):
-#: torch, the strategies (FSDP: ~2 s), the worker, the tiny transformer's BERT (~4 s)
-_PRELOAD = PRELOAD  # one fork server per process: the launcher's list, so both find it warm
+def _start_rank() -> None:
+    """What a test rank sets first: one thread (N ranks share the 2 CI cores), and torch's NVML
+    check off where NVML cannot load, as a rank of the worker has it (the fork server's imports
+    may have switched it on, and a host without NVML would pay it at every device query; a rank
+    the launcher forks gets its launcher's variables instead)."""
+    torch.set_num_threads(1)
+    drop_where_nvml_cannot_answer()
 
 
 def _entry(
@@ -79,7 +87,7 @@ def _entry(
     results: Any,
     args: tuple[Any, ...],
 ) -> None:
-    torch.set_num_threads(1)  # N ranks share the 2 CI cores
+    _start_rank()
     try:
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(
@@ -192,7 +200,7 @@ def run_simulated(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s
 
 def _serve(rank: int, world_size: int, store_path: str, timeout_s: float, tasks: Any, results: Any) -> None:
     """A rank of a ``World``: run each task from ``tasks`` until ``None`` arrives."""
-    torch.set_num_threads(1)
+    _start_rank()
     try:
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(

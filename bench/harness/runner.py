@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 
 from shardbench.harness.config import CellConfig
-from shardbench.harness.launch import CellEndsRun, JobCells, run_cell
+from shardbench.harness.launch import CellEndsRun, JobCells, import_for, run_cell
 from shardbench.harness.result import build_record, with_slow_start
 from shardbench.records import CellKey, Record, append_record, flat_as_none, read_records
 from shardbench.wording import count, wrap
@@ -159,6 +159,7 @@ def run_cells(
     outcome = RunOutcome()
     todo = interleave_repeats([c for c in cells if c.key() not in (skip or set())])
     outcome.skipped = len(cells) - len(todo)
+    import_for(todo)  # before the first cell starts the fork server
     with _progress(len(todo)) as progress, _Interrupts().installed() as interrupts:
         for cell in todo:
             progress.start(_label(cell))

@@ -91,6 +91,10 @@ class StrategyCard:
     #: shards within groups of S ranks and replicates across the N/S groups when a cell gives a
     #: shard width (``shard_group``; hybrid sharding); a strategy without it shards over all N
     shard_group: bool = False
+    #: modules its ranks import while they set it up, beyond what every rank imports: a run that
+    #: forks its ranks has the fork server import them once (``launch.import_for``), so no rank
+    #: pays them again
+    rank_imports: tuple[str, ...] = ()
 
     @property
     def not_simulatable_because(self) -> str:
@@ -137,6 +141,10 @@ def _deepspeed_card(stage: int, sharding: Sharding, order: int, color: str) -> S
         simulatable=False,
         requires=("deepspeed",),
         extra="peers",
+        # the engine's optimizer check imports DeepSpeed's Muon optimizer, which imports torch's
+        # inductor: 1.3-1.6 s a rank on the 2-core CPU. Not DeepSpeed itself, whose import
+        # would print its accelerator warning on the launcher's terminal
+        rank_imports=("torch._inductor.compile_fx",),
         fp16_needs_cpu_kernels=DEEPSPEED_FP16_NEEDS_CPU_KERNELS,
         deviations=DEEPSPEED_ZERO3_DEVIATIONS if stage == 3 else DEEPSPEED_DEVIATIONS,
     )
@@ -195,6 +203,7 @@ CARDS: tuple[StrategyCard, ...] = (
         sharding=Sharding(optimizer_state=True, whole_parameters=True),
         display=Display(order=21, color="#9ecae1", role="peer"),
         exact_memory=True,
+        rank_imports=("torch.distributed.optim",),
     ),
     StrategyCard(
         name="fsdp2-zero2",
