@@ -80,11 +80,14 @@ class BareCompute:
     repeats: int | None = None
     threads: int | None = None
     collectives: dict[str, dict[str, int]] | None = None
-    #: the median of this machine's newest bare figures of the same model at the same placement,
-    #: this one included, and how many (``prediction/bare_pool.py``): the step-time model's
-    #: compute, which one cell's few passes would leave to a stall or a drift
+    #: each timed pass, its slowest rank's: what the pool below keeps
+    pass_seconds: list[float] | None = None
+    #: the median over the passes of this machine's newest cells of the same model at the same
+    #: placement, this one included, and how many cells and passes (``prediction/bare_pool.py``):
+    #: the step-time model's compute, which one cell's few passes would leave to a stall or a drift
     pooled_seconds: float | None = None
     pooled_cells: int | None = None
+    pooled_passes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """`shardbench run` end to end on the tiny preset, failure handling, and torchrun."""
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -105,9 +106,12 @@ def test_run_writes_records_and_tables(smoke_run: Path) -> None:
         assert p.compute_source.startswith(BARE_SOURCE) and p.compute_basis == "measured"
         # the median of this machine's newest timings of the same bare model at the same
         # placement, this cell's included: each strategy's cell times the same model
-        kept = [e["seconds"] for e in json.loads(pool_path().read_text())["entries"][bare_key(r)]]
-        assert p.compute == b.pooled_seconds and 1 <= b.pooled_cells <= len(kept) <= KEPT
-        assert min(kept) <= p.compute <= max(kept) and p.update > 0
+        pooled_cells = json.loads(pool_path().read_text())["entries"][bare_key(r)]
+        kept = [t for e in pooled_cells for t in e["passes"]]
+        assert len(b.pass_seconds) == b.repeats and b.seconds == statistics.median(b.pass_seconds)
+        assert p.compute == b.pooled_seconds and 1 <= b.pooled_cells <= len(pooled_cells) <= KEPT
+        assert b.repeats <= b.pooled_passes <= len(kept) and min(kept) <= p.compute <= max(kept)
+        assert p.update > 0
         if r.strategy == "ddp":
             assert r.optimizer_tensors == n_parameter_tensors[r.workload]
         # the elements of each tensor stepped, on the rank that updates the most (the count is the

@@ -367,7 +367,10 @@ def _pool_bare_compute(record: Record, home: Path | None) -> None:
     except OSError:
         return
     if kept and record.bare_compute:
-        record.bare_compute = replace(record.bare_compute, pooled_seconds=kept[0], pooled_cells=kept[1])
+        seconds, cells, passes = kept
+        record.bare_compute = replace(
+            record.bare_compute, pooled_seconds=seconds, pooled_cells=cells, pooled_passes=passes
+        )
 
 
 def _check_model(record: Record, home: Path | None) -> None:

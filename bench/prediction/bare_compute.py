@@ -116,6 +116,7 @@ def time_forward_backward(
         "seconds": median,
         "mad_seconds": statistics.median(abs(t - median) for t in times),
         "repeats": len(times),
+        "pass_seconds": times,
         "threads": torch.get_num_threads(),
         "collectives": {k: {"calls": v["calls"], "bytes": v["bytes"]} for k, v in counter.ops.items()}
         if counter

@@ -3,12 +3,17 @@ same forward and backward before its strategy wraps it (``bare_compute``), whate
 
 One cell's figure is the median of a few passes taken in a fraction of a second: a stall in them,
 or the few percent a machine drifts between cells, would show as a difference between two
-strategies that is neither's. So each cell's figure is kept under ``<home>/peaks/bare.json``,
-keyed by what makes two passes the same (``bare_key``: the machine, torch, the model and its
-batch, precision, world size, threads and placement), and the compute the step-time model takes
-is the median of the newest ``KEPT`` figures of that key, the cell's own included
-(``BareCompute.pooled_seconds``). The newest only, so that the figure follows a machine that
-changed. Imports no torch."""
+strategies that is neither's. So each cell's timed passes are kept under
+``<home>/peaks/bare.json``, keyed by what makes two passes the same (``bare_key``: the machine,
+torch, the model and its batch, precision, world size, threads and placement), and the compute
+the step-time model takes is the median over every pass of the newest ``KEPT`` cells of that key,
+the cell's own included (``BareCompute.pooled_seconds``). The newest only, so that the figure
+follows a machine that changed.
+
+Passes, not cells' medians: a cell of one timed step times one pass, and with more ranks than
+cores one pass can read half again the others. As one cell's figure among a few that single pass
+would weigh as much as another cell's median of ten; as one pass among the pool's tens it moves
+the median by one place. Imports no torch."""
 
 from __future__ import annotations
 
@@ -64,19 +69,33 @@ def _read(path: Path) -> dict[str, list[dict[str, Any]]]:
     return {k: v for k, v in (entries or {}).items() if isinstance(v, list)}
 
 
-def pooled(record: Record, home: Path | None = None) -> tuple[float, int] | None:
-    """Keep the record's bare figure under its key; the median of the newest ``KEPT`` of that
-    key, this one included, and how many that is. None where the record timed no bare pass."""
+def _passes(entry: Any) -> list[float]:
+    """An entry's timed passes; an entry kept before passes were (its cell's median) as one."""
+    if not isinstance(entry, dict):
+        return []
+    passes = entry.get("passes")
+    if isinstance(passes, list):
+        return [float(t) for t in passes if isinstance(t, int | float) and t > 0]
+    seconds = entry.get("seconds")
+    return [float(seconds)] if isinstance(seconds, int | float) and seconds > 0 else []
+
+
+def pooled(record: Record, home: Path | None = None) -> tuple[float, int, int] | None:
+    """Keep the record's bare passes under its key; the median over the passes of the newest
+    ``KEPT`` cells of that key, this one included, how many cells and how many passes. None where
+    the record timed no bare pass."""
     bare = record.bare_compute
     if bare is None or not bare.seconds:
         return None
+    own = [t for t in bare.pass_seconds or [] if t > 0] or [bare.seconds]
     path = pool_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
     key = bare_key(record)
     with file_lock(path):
         entries = _read(path)
-        mine = [*entries.get(key, []), {"seconds": bare.seconds, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}]
-        mine = [e for e in mine if isinstance(e, dict) and isinstance(e.get("seconds"), int | float)][-KEPT:]
+        mine = [*entries.get(key, []), {"passes": own, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}]
+        mine = [e for e in mine if _passes(e)][-KEPT:]
         entries[key] = mine
         atomic_write_text(path, json.dumps({"entries": entries}, indent=1) + "\n")
-    return statistics.median(e["seconds"] for e in mine), len(mine)
+    passes = [t for e in mine for t in _passes(e)]
+    return statistics.median(passes), len(mine), len(passes)

@@ -158,9 +158,10 @@ def _bare_seconds(bare: Any) -> float:
 
 def _bare_source(bare: Any) -> str:
     """How a prediction reached its compute from timed bare passes: the cell's own, or the
-    median of this machine's newest cells' of the same model (``bare_pool``)."""
+    median over this machine's newest cells' passes of the same model (``bare_pool``)."""
     if bare.pooled_seconds and (bare.pooled_cells or 0) > 1:
-        return f"{BARE_SOURCE}: the median of this machine's newest {bare.pooled_cells} cells' timings of it"
+        passes = f"{bare.pooled_passes} passes" if bare.pooled_passes else "the passes"
+        return f"{BARE_SOURCE}: the median of {passes} over this machine's newest {bare.pooled_cells} cells"
     return BARE_SOURCE
 
 
