@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardbench.harness.launch import fork_server_preload
+from shardbench.harness.launch import forkserver_context
 from shardbench.harness.nvml_check import drop_where_nvml_cannot_answer
 
 
@@ -61,12 +61,10 @@ def describe_exit(code: int | None) -> str:
 def _context() -> Any:
     """Process start method: a forkserver with torch preloaded. Forking from it is safe where
     forking the test process is not (it holds no threads, no process group, no open worlds)."""
-    ctx = mp.get_context("forkserver")
-    # one fork server per process: the launcher's list, so both find it warm (torch, the
+    # one fork server per process: the launcher's, so both find it warm (torch, the
     # strategies, the worker, the tiny transformer's BERT, and what conftest.py's
-    # ``import_for`` added); it takes effect when the server starts (first use)
-    ctx.set_forkserver_preload(fork_server_preload())
-    return ctx
+    # ``import_for`` added); its imports take effect when the server starts (first use)
+    return forkserver_context()
 
 
 def _start_rank() -> None:

@@ -65,3 +65,35 @@ def test_a_lightning_workloads_rank_imports_are_modules_that_exist() -> None:
     assert rank_imports("lightning:a/b.py:Lit") and rank_imports("transformer") == ()
     for module in rank_imports("lightning:a/b.py:Lit"):
         assert importlib.util.find_spec(module) is not None, module
+
+
+_SERVER_WITH_A_MODULE_THAT_RAISES = """
+import sys
+from shardbench.harness.launch import forkserver_context
+
+def rank():
+    # the server imported the module after the one that raised, and not that one
+    sys.exit(0 if "fine_at_import" in sys.modules and "raises_at_import" not in sys.modules else 3)
+
+if __name__ == "__main__":
+    ctx = forkserver_context(["shardbench.harness.fork_server_guard", "raises_at_import", "fine_at_import"])
+    process = ctx.Process(target=rank)
+    process.start()
+    process.join(60)
+    sys.exit(process.exitcode)
+"""
+
+
+def test_a_module_that_raises_at_import_leaves_the_fork_server_forking(tmp_path) -> None:
+    """multiprocessing's own server stops at such a module, and every rank of the run with it:
+    the guard imports each module on its own and leaves that one to the rank that needs it."""
+    import subprocess
+    import sys
+
+    (tmp_path / "raises_at_import.py").write_text("raise RuntimeError('broken at import')\n")
+    (tmp_path / "fine_at_import.py").write_text("")
+    (tmp_path / "server.py").write_text(_SERVER_WITH_A_MODULE_THAT_RAISES)
+    done = subprocess.run(
+        [sys.executable, "server.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -66,7 +66,7 @@ def _check_in_child(
 ) -> str:
     log, verdict = tmp / "check.log", tmp / "verdict.json"
     env = dict(os.environ, SHARDBENCH_CALLER_CWD=os.getcwd())
-    proc = launch._rank_context().Process(
+    proc = launch.forkserver_context().Process(
         target=_child_main,
         args=(name, preset, fake, checkpointing, env, str(log), str(verdict)),
         name="workload-check",

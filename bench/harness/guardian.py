@@ -5,7 +5,8 @@ socket) lives in one private directory per launcher process, made short on purpo
 socket path must fit 108 bytes, whatever ``TMPDIR`` is (``private_dir``).
 
 The fork server, which forks the CPU ranks, can only be given modules to import: it imports
-``fork_server_guard`` first (``PRELOAD``), which calls ``guard_launcher_child``. That starts a
+``fork_server_guard`` (``launch.forkserver_context``), which calls ``guard_launcher_child``
+before it imports anything else. That starts a
 thread that waits on the launcher's pid (a pidfd: it becomes readable when the process
 is gone, with no pid-reuse race); when the launcher dies, the server removes the private
 directory and exits, and the ranks it forked, whose parent-death signal is tied to it, are killed
@@ -35,6 +36,9 @@ from pathlib import Path
 #: set by the launcher for the processes it starts: whom to watch, and what to remove
 LAUNCHER_PID = "SHARDBENCH_LAUNCHER_PID"
 PRIVATE_DIR = "SHARDBENCH_PRIVATE_DIR"
+#: set by the launcher for its fork server: what the server imports after its guard,
+#: comma-separated (``fork_server_guard``)
+FORK_SERVER_IMPORTS = "SHARDBENCH_FORK_SERVER_IMPORTS"
 #: a Unix socket path holds at most 107 bytes; multiprocessing adds ~25 for its listener
 MAX_BASE = 60
 _NAME = re.compile(r"^sb-(\d+)-")

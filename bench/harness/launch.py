@@ -94,7 +94,7 @@ def _tail(path: Path, chars: int = 4000) -> str:
 
 
 #: imported once in the fork server, so ranks start warm: the worker (torch, the strategies) and
-#: each workload's library; a module that is not installed is skipped by the server
+#: each workload's library; a module that fails to import is skipped by the server
 PRELOAD = [
     "shardbench.harness.fork_server_guard",  # first: the server ends with its launcher
     "shardbench.harness.worker",
@@ -139,9 +139,15 @@ def fork_server_preload() -> list[str]:
     return [*PRELOAD, *_IMPORTED_FOR_CELLS]
 
 
-def _rank_context() -> multiprocessing.context.BaseContext:
+def forkserver_context(imports: list[str] | None = None) -> multiprocessing.context.BaseContext:
+    """multiprocessing's fork-server context, its server (when it starts, at the first forked
+    rank) importing ``imports`` (``fork_server_preload()`` unless given) through its guard, each
+    on its own: a module that raises there is left to the rank that needs it
+    (``fork_server_guard``)."""
+    guard, *rest = fork_server_preload() if imports is None else imports
+    os.environ[guardian.FORK_SERVER_IMPORTS] = ",".join(rest)
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(fork_server_preload())
+    ctx.set_forkserver_preload([guard])
     return ctx
 
 
@@ -309,7 +315,7 @@ class RankWorld:
                 if exec_rank(cell):
                     self.procs.append(_ExecRank(argv, env, log))
                     continue
-                proc = _rank_context().Process(
+                proc = forkserver_context().Process(
                     target=_rank_main, args=(argv, env, str(log)), name=f"rank{rank}"
                 )
                 proc.start()
