@@ -80,6 +80,10 @@ def test_the_prediction_takes_the_pooled_compute_where_kept(tmp_path: Path) -> N
     assert pooled_step.compute == 0.03 and pooled_step.step == pytest.approx(alone.step + 0.01)
     assert pooled_step.compute_source.startswith(BARE_SOURCE)
     assert "40 passes over this machine's newest 5 cells" in pooled_step.compute_source
+    # a record whose pool held each cell's median says so
+    own.bare_compute = BareCompute(seconds=0.02, threads=1, pooled_seconds=0.03, pooled_cells=5)
+    earlier, _ = predict_record(own, network="gloo", peak=PEAK, probes=probes)
+    assert earlier.compute == 0.03 and "newest 5 cells' timings of it" in earlier.compute_source
 
 
 def _comm_record(strategy: str, ranks: int, grad_kind: str, calls: int) -> Any:

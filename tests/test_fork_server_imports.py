@@ -72,11 +72,12 @@ import sys
 from shardbench.harness.launch import forkserver_context
 
 def rank():
-    # the server imported the module after the one that raised, and not that one
-    sys.exit(0 if "fine_at_import" in sys.modules and "raises_at_import" not in sys.modules else 3)
+    # the server imported the module after the one that raised, and forgot what that one had
+    # imported before it raised
+    sys.exit(0 if "fine_at_import" in sys.modules and "imported_by_it" not in sys.modules else 3)
 
 if __name__ == "__main__":
-    ctx = forkserver_context(["shardbench.harness.fork_server_guard", "raises_at_import", "fine_at_import"])
+    ctx = forkserver_context(["raises_at_import", "fine_at_import"])
     process = ctx.Process(target=rank)
     process.start()
     process.join(60)
@@ -90,10 +91,13 @@ def test_a_module_that_raises_at_import_leaves_the_fork_server_forking(tmp_path)
     import subprocess
     import sys
 
-    (tmp_path / "raises_at_import.py").write_text("raise RuntimeError('broken at import')\n")
+    (tmp_path / "raises_at_import.py").write_text("import imported_by_it\nraise RuntimeError('broken')\n")
+    (tmp_path / "imported_by_it.py").write_text("")
     (tmp_path / "fine_at_import.py").write_text("")
     (tmp_path / "server.py").write_text(_SERVER_WITH_A_MODULE_THAT_RAISES)
     done = subprocess.run(
         [sys.executable, "server.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    left = "fork server: left raises_at_import to the ranks that need it: RuntimeError('broken')"
+    assert left in done.stderr

@@ -12,19 +12,28 @@ it imports it itself and fails as that rank, in its own cell's record.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
+import sys
 
 from shardbench.harness.guardian import FORK_SERVER_IMPORTS, guard_launcher_child
 
 
 def import_each(modules: list[str]) -> None:
-    """Import each of ``modules``; one that raises is skipped (see the module's docstring)."""
+    """Import each of ``modules``. One that raises is named on stderr (the launcher's, whose
+    terminal or log the server shares) and skipped, and what it imported before it raised is
+    forgotten too, so a rank that imports it again starts it afresh as it would without the
+    server."""
     for module in modules:
-        with contextlib.suppress(Exception, SystemExit):
+        before = set(sys.modules)
+        try:
             importlib.import_module(module)
+        except (Exception, SystemExit) as error:  # noqa: BLE001 - any failure: the rank's to report
+            for partial in set(sys.modules) - before:
+                sys.modules.pop(partial, None)
+            print(f"fork server: left {module} to the ranks that need it: {error!r}", file=sys.stderr)
 
 
 guard_launcher_child()
-import_each([m for m in os.environ.get(FORK_SERVER_IMPORTS, "").split(",") if m])
+# read once: the ranks this server forks get their environment from the launcher, without it
+import_each([m for m in os.environ.pop(FORK_SERVER_IMPORTS, "").split(",") if m])

@@ -95,8 +95,13 @@ def _tail(path: Path, chars: int = 4000) -> str:
 
 #: imported once in the fork server, so ranks start warm: the worker (torch, the strategies) and
 #: each workload's library; a module that fails to import is skipped by the server
+#: the fork server's first import, which imports the rest (``forkserver_context``)
+GUARD = "shardbench.harness.fork_server_guard"
+
+#: imported once in the fork server, so ranks start warm: the worker (torch, the strategies) and
+#: each workload's library; a module that fails to import is skipped by the server
 PRELOAD = [
-    "shardbench.harness.fork_server_guard",  # first: the server ends with its launcher
+    GUARD,  # first: the server ends with its launcher
     "shardbench.harness.worker",
     "shardbench.models.transformer",
     "shardbench.models.imagegpt",
@@ -144,10 +149,10 @@ def forkserver_context(imports: list[str] | None = None) -> multiprocessing.cont
     rank) importing ``imports`` (``fork_server_preload()`` unless given) through its guard, each
     on its own: a module that raises there is left to the rank that needs it
     (``fork_server_guard``)."""
-    guard, *rest = fork_server_preload() if imports is None else imports
+    rest = [m for m in (fork_server_preload() if imports is None else imports) if m != GUARD]
     os.environ[guardian.FORK_SERVER_IMPORTS] = ",".join(rest)
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([guard])
+    ctx.set_forkserver_preload([GUARD])
     return ctx
 
 
@@ -302,7 +307,8 @@ class RankWorld:
                 env = {
                     k: v
                     for k, v in os.environ.items()
-                    if not k.startswith(AGENT_VARIABLES) and k != core_binding.RANK_CORES
+                    if not k.startswith(AGENT_VARIABLES)
+                    and k not in (core_binding.RANK_CORES, guardian.FORK_SERVER_IMPORTS)
                 }
                 env.update(
                     self.places[rank],

@@ -57,7 +57,8 @@ def time_forward_backward(
     world_size: int | None = None,
 ) -> dict[str, Any] | None:
     """The model's forward and backward on ``inputs``: ``seconds`` (the median of the timed
-    passes), ``mad_seconds``, ``repeats`` and ``threads``; None where this rank or another could
+    passes), ``mad_seconds``, ``repeats``, ``pass_seconds`` (each pass's slowest rank's) and
+    ``threads``; None where this rank or another could
     not copy the model or make a pass (each tells the others through ``agree``, an infinite
     pass, so that all give up together rather than leave one waiting; but a rank that fails
     inside a loss that issues its own collectives leaves the others in that collective, which

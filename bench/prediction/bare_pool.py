@@ -70,7 +70,8 @@ def _read(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def _passes(entry: Any) -> list[float]:
-    """An entry's timed passes; an entry kept before passes were (its cell's median) as one."""
+    """An entry's timed passes; an entry holding only ``seconds`` (a cell's median) counts as
+    one pass."""
     if not isinstance(entry, dict):
         return []
     passes = entry.get("passes")

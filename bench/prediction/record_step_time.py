@@ -12,8 +12,9 @@ their owners (gloo, from ``GLOO_REDUCE_FROM`` ranks), a bucket's calls run at on
 one ``reduce_to_owners`` per bucket, at the rate the gloo probe measured for that pattern.
 Collectives outside the prediction (buffer broadcasts, flags) are costed as the step counted
 them, but for those the model's loss issued itself where the compute is the cell's timed bare
-pass, which holds them (``bare_compute.collectives``). That compute is the median of this
-machine's newest timings of the same model at the same placement (``bare_pool``), where kept.
+pass, which holds them (``bare_compute.collectives``). That compute is the median over the
+passes of this machine's newest cells of the same model at the same placement (``bare_pool``),
+where kept.
 
 The ``gloo`` profile, the update (its rate and per-tensor cost, or its replay over the rank's own
 tensors, and the DTensor dispatch), the buffer-memory rates and the compute's replay are this
@@ -160,8 +161,10 @@ def _bare_source(bare: Any) -> str:
     """How a prediction reached its compute from timed bare passes: the cell's own, or the
     median over this machine's newest cells' passes of the same model (``bare_pool``)."""
     if bare.pooled_seconds and (bare.pooled_cells or 0) > 1:
-        passes = f"{bare.pooled_passes} passes" if bare.pooled_passes else "the passes"
-        return f"{BARE_SOURCE}: the median of {passes} over this machine's newest {bare.pooled_cells} cells"
+        newest = f"this machine's newest {bare.pooled_cells} cells"
+        if not bare.pooled_passes:  # a record whose pool held each cell's median
+            return f"{BARE_SOURCE}: the median of {newest}' timings of it"
+        return f"{BARE_SOURCE}: the median of {bare.pooled_passes} passes over {newest}"
     return BARE_SOURCE
 
 
