@@ -51,7 +51,9 @@ class GridCell:
     strategy: str
     world_size: int
     measured: float  # the median over repeats of each repeat's median step, seconds
-    noise: float  # the spread of the repeats' medians: half of (max - min)
+    # the spread of the repeats' medians: half of (max - min); None for one repeat, which has no
+    # spread to judge a difference by
+    noise: float | None
     predicted: float
     interval: tuple[float, float] | None
 
@@ -83,27 +85,32 @@ def grid_cells(records: list[Record]) -> list[GridCell]:
     cells = []
     for (workload, strategy, n), repeats in sorted(by_cell.items()):
         medians = [r.step_time_s["median"] for r in repeats]
+        noise = (max(medians) - min(medians)) / 2 if len(medians) > 1 else None
         predicted = statistics.median(r.predicted_step_time.step for r in repeats)
         interval = repeats[0].predicted_step_time.interval
         cells.append(
             GridCell(
-                workload, strategy, n, statistics.median(medians), (max(medians) - min(medians)) / 2,
+                workload, strategy, n, statistics.median(medians), noise,
                 predicted, tuple(interval) if interval else None,
             )
         )  # fmt: skip
     return cells
 
 
-def ranking(cells: list[GridCell]) -> tuple[int, int, list[str]]:
+def ranking(cells: list[GridCell]) -> tuple[int, int, list[str], int]:
     """Pairs (same workload and N) measured apart beyond their noise: how many, how many the
-    prediction orders alike, and the ones it orders the other way."""
+    prediction orders alike, the ones it orders the other way, and how many pairs were not
+    judged (a cell of one repeat has no noise to judge by)."""
     groups: dict[tuple[str, int], list[GridCell]] = defaultdict(list)
     for c in cells:
         groups[(c.workload, c.world_size)].append(c)
-    apart = agree = 0
+    apart = agree = unjudged = 0
     wrong = []
     for group in groups.values():
         for a, b in itertools.combinations(group, 2):
+            if a.noise is None or b.noise is None:
+                unjudged += 1
+                continue
             if abs(a.measured - b.measured) <= a.noise + b.noise:
                 continue
             apart += 1
@@ -111,18 +118,21 @@ def ranking(cells: list[GridCell]) -> tuple[int, int, list[str]]:
                 agree += 1
             else:
                 wrong.append(f"{a.workload} N={a.world_size}: {a.strategy} vs {b.strategy}")
-    return apart, agree, wrong
+    return apart, agree, wrong, unjudged
 
 
 def report(cells: list[GridCell]) -> None:
     print(f"{'cell':<40} {'measured':>10} {'noise':>8} {'predicted':>10} {'pred/meas':>9}")
     for c in cells:
         name = f"{c.workload} {c.strategy} N={c.world_size}"
-        print(f"{name:<40} {c.measured:>9.4f}s {c.noise:>7.4f}s {c.predicted:>9.4f}s {c.ratio:>9.3f}")
+        noise = f"{c.noise:>7.4f}s" if c.noise is not None else f"{'-':>8}"
+        print(f"{name:<40} {c.measured:>9.4f}s {noise} {c.predicted:>9.4f}s {c.ratio:>9.3f}")
     errors = [abs(c.ratio - 1) for c in cells]
     print(f"MAPE {statistics.mean(errors):.1%} over {len(cells)} cells; largest error {max(errors):.1%}")
-    apart, agree, wrong = ranking(cells)
+    apart, agree, wrong, unjudged = ranking(cells)
     print(f"ranking: {agree} of {apart} pairs measured apart beyond noise ordered alike")
+    if unjudged:
+        print(f"  not judged: {unjudged} pairs with a cell of one repeat (no noise between repeats)")
     for line in wrong:
         print(f"  ordered the other way: {line}")
     covered = [c for c in cells if c.interval is not None]
