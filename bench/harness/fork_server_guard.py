@@ -21,16 +21,14 @@ from shardbench.harness.guardian import FORK_SERVER_IMPORTS, guard_launcher_chil
 
 def import_each(modules: list[str]) -> None:
     """Import each of ``modules``. One that raises is named on stderr (the launcher's, whose
-    terminal or log the server shares) and skipped, and what it imported before it raised is
-    forgotten too, so a rank that imports it again starts it afresh as it would without the
-    server."""
+    terminal or log the server shares) and skipped. Python drops the failed module itself, so a
+    rank that imports it runs it again and fails as it would without the server; what it
+    imported before it raised stays imported, as in any process whose import failed (dropping
+    that too would make a second copy of modules that others already hold)."""
     for module in modules:
-        before = set(sys.modules)
         try:
             importlib.import_module(module)
         except (Exception, SystemExit) as error:  # noqa: BLE001 - any failure: the rank's to report
-            for partial in set(sys.modules) - before:
-                sys.modules.pop(partial, None)
             print(f"fork server: left {module} to the ranks that need it: {error!r}", file=sys.stderr)
 
 
