@@ -93,8 +93,6 @@ def _tail(path: Path, chars: int = 4000) -> str:
         return ""
 
 
-#: imported once in the fork server, so ranks start warm: the worker (torch, the strategies) and
-#: each workload's library; a module that fails to import is skipped by the server
 #: the fork server's first import, which imports the rest (``forkserver_context``)
 GUARD = "shardbench.harness.fork_server_guard"
 
