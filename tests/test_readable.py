@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from shardbench.report.plan_report import plan_markdown, table, wrap
 from shardbench.report.tables import records_to_frame, to_markdown, write_tables
 from shardbench.report.terminal import WIDTH, terminal_table
@@ -151,6 +153,29 @@ def test_a_slow_start_is_said_on_the_terminal_and_in_the_record() -> None:
     assert "slow start: setup (imports, process group, model, strategy) took 55 s" in slow.note
     assert "slow start: setup" in done_line(cell, slow)
     assert "slow start" not in (fast.note or "") and "slow start" not in done_line(cell, fast)
+
+
+@pytest.mark.parametrize(
+    ("first_step", "step", "slow"), [(27.0, 30.0, False), (41.0, 30.0, True), (11.0, 0.06, True)]
+)
+def test_a_first_step_is_a_slow_start_only_beyond_a_timed_step(
+    first_step: float, step: float, slow: bool
+) -> None:
+    """igpt-s at N = 4 takes 30 s a step: its first warm-up step of 27 s is a step, not a cold
+    start. A first step 10 s beyond the timed steps' median is one, whatever the step."""
+    from shardbench.harness.config import CellConfig
+    from shardbench.harness.result import RankResult, build_record
+    from shardbench.harness.runner import done_line
+
+    cell = CellConfig(workload="transformer", preset="tiny", strategy="ddp", world_size=2, steps=3)
+    results = [
+        RankResult(rank=i, step_times=[step] * 3, startup_s={"setup": 2.0, "first_step": first_step})
+        for i in range(2)
+    ]
+    record = build_record(cell, cell.world_plan(), results, run_id="r", wall_s=100.0, processes=2)
+    said = f"slow start: the first warm-up step took {first_step:.0f} s"
+    assert (said in (record.note or "")) is slow
+    assert (said in done_line(cell, record)) is slow
 
 
 def test_env_names_every_package_a_record_can_name(capsys) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -515,13 +516,16 @@ def _startup(results: list[RankResult]) -> dict[str, float | None] | None:
     return {k: max((m[k] for m in measured if m.get(k) is not None), default=None) for k in _PHASES}
 
 
-def slow_start(startup: dict[str, float | None] | None) -> str | None:
+def slow_start(startup: dict[str, float | None] | None, step_s: float | None = None) -> str | None:
     """What took a cell's start past ``SLOW_START_S``, or None: "slow start: setup (...) took
-    55 s (...)" (DeepSpeed building an op just in time, a first import, a cold cache)."""
+    55 s (...)" (DeepSpeed building an op just in time, a first import, a cold cache). The first
+    warm-up step is slow only by what it took beyond a timed step (``step_s``, the median): where
+    every step of a large model takes 30 s, a first step of 30 s is the step, not a cold start."""
+    expected = {"setup": 0.0, "first_step": step_s or 0.0}
     slow = [
         f"{_PHASES[k]} took {v:.0f} s"
         for k, v in (startup or {}).items()
-        if k in _PHASES and v is not None and v > SLOW_START_S
+        if k in _PHASES and v is not None and v - expected[k] > SLOW_START_S
     ]
     if not slow:
         return None
@@ -533,14 +537,15 @@ def slow_start(startup: dict[str, float | None] | None) -> str | None:
 
 def with_slow_start(line: str, record: Record) -> str:
     """A cell's progress line, with its slow start after it where it had one."""
-    slow = slow_start(record.startup_s)
+    slow = slow_start(record.startup_s, (record.step_time_s or {}).get("median"))
     return f"{line}; {slow}" if slow else line
 
 
 def _note(
     cell: CellConfig, plan: WorldPlan, ok: list[RankResult], startup: dict[str, float | None] | None = None
 ) -> str:
-    parts = [plan.note, slow_start(startup)]
+    timed = [t for r in ok for t in r.step_times]
+    parts = [plan.note, slow_start(startup, statistics.median(timed) if timed else None)]
     if cell.fake:
         parts.append(FAKE_NOTE)
         planned = ok[0].settings.get("planned") if ok else None
