@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -541,11 +540,20 @@ def with_slow_start(line: str, record: Record) -> str:
     return f"{line}; {slow}" if slow else line
 
 
+def _median_step(ok: list[RankResult]) -> float | None:
+    """The timed steps' median as the record gives it (``step_time_s``: per step, the slowest
+    rank's), so that the note and the terminal judge a slow start by the same step; None where
+    the ranks timed nothing or not alike."""
+    per_rank = [r.step_times for r in ok]
+    if not per_rank or len({len(t) for t in per_rank}) != 1:
+        return None
+    return (summarize(slowest_rank(per_rank)) or {}).get("median")
+
+
 def _note(
     cell: CellConfig, plan: WorldPlan, ok: list[RankResult], startup: dict[str, float | None] | None = None
 ) -> str:
-    timed = [t for r in ok for t in r.step_times]
-    parts = [plan.note, slow_start(startup, statistics.median(timed) if timed else None)]
+    parts = [plan.note, slow_start(startup, _median_step(ok))]
     if cell.fake:
         parts.append(FAKE_NOTE)
         planned = ok[0].settings.get("planned") if ok else None
